@@ -1,0 +1,99 @@
+"""`launch`: a thin Hydra entry point around launcher.run.run().
+
+    launch [key=value ...]          one run (Hydra overrides; `launch --help` lists them)
+    launch -m key=a,b,c ...         a sweep, one run after another
+    launch doctor                   an environment report
+    launch --cfg job                the composed config, nothing started
+
+Hydra's own error output is a traceback or a block of text; here every error a user can fix becomes
+one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from launcher.errors import describe_hydra_error
+
+# Exit codes of the runs of this invocation (several in a sweep); the worst one is the process's.
+_exit_codes: list[int] = []
+
+
+def _task(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from launcher.run import run
+
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    outcome = run(cfg, run_dir)
+    if cfg.dry_run:
+        _remove_if_only_hydra_files(run_dir)
+    if outcome.error:
+        print(f"launch: {outcome.error}", file=sys.stderr, flush=True)
+    _exit_codes.append(outcome.exit_code)
+    if outcome.exit_code and hydra_cfg.mode != RunMode.MULTIRUN:
+        raise SystemExit(outcome.exit_code)
+
+
+def _remove_if_only_hydra_files(run_dir: Path) -> None:
+    """A dry run starts nothing and should leave nothing: drop the dir Hydra made if it holds only .hydra/."""
+    entries = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+    if entries <= {".hydra"}:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _joined_overrides(argv: list[str]) -> list[str]:
+    """Inside torchrun/srun every rank runs `launch`: give them one shared run dir, written by rank 0."""
+    from launcher.distenv import existing_world, joined_run_id
+
+    world = existing_world()
+    if world is None:
+        return []
+    extra = []
+    if not any(a.startswith("hydra.run.dir=") for a in argv):
+        extra.append(f"hydra.run.dir=outputs/{joined_run_id(os.environ)}")
+    if world.rank != 0:
+        extra.append("hydra.output_subdir=null")
+    return extra
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["doctor"]:
+        from launcher.doctor import main as doctor_main
+
+        raise SystemExit(doctor_main(argv[1:]))
+
+    import hydra
+
+    from launcher.config import register
+
+    register()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us; they are reworded below
+    argv += _joined_overrides(argv)
+    entry = hydra.main(config_path="pkg://launcher.conf", config_name="config", version_base="1.3")(_task)
+    saved_argv = sys.argv
+    sys.argv = [saved_argv[0] if saved_argv else "launch", *argv]
+    try:
+        entry()
+    except Exception as exc:  # noqa: BLE001 - anything Hydra or OmegaConf raises at compose time
+        if os.environ.get("LAUNCH_DEBUG"):
+            raise
+        print(f"launch: {describe_hydra_error(exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    finally:
+        sys.argv = saved_argv
+    if _exit_codes and max(_exit_codes):
+        failed = sum(1 for c in _exit_codes if c)
+        if len(_exit_codes) > 1:
+            print(f"launch: {failed} of {len(_exit_codes)} sweep runs failed", file=sys.stderr)
+        raise SystemExit(max(_exit_codes))
+
+
+if __name__ == "__main__":
+    main()

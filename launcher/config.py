@@ -1,0 +1,185 @@
+"""Config schemas (Hydra structured configs) and the checks that turn bad values into one clear line.
+
+The schema makes a typo in a key or a wrong type fail when Hydra composes the config; `validate`
+then checks ranges and combinations that a type cannot express. Every failure is a `ConfigError`
+whose message names the key, the bad value, what is allowed and what to type instead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+
+
+class LaunchError(Exception):
+    """Something the user can fix (a value, a missing file). `str(err)` is the whole one-line message; exit 2."""
+
+    exit_code = 2
+
+
+class ConfigError(LaunchError, ValueError):
+    """A bad value a user typed, with the key, what is allowed and an example."""
+
+    def __init__(self, key: str, value: Any, allowed: str, example: str | None = None):
+        shown = _show(value)
+        text = f"{key}={shown} is not valid: {allowed}"
+        if example:
+            text += f" (e.g. launch {example})"
+        super().__init__(text)
+        self.key = key
+        self.value = value
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (ListConfig, DictConfig)):
+        value = OmegaConf.to_container(value)
+    if isinstance(value, list):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+@dataclass
+class RecipeConfig:
+    """What is trained and how: each recipe's YAML fills these; `recipe.model` picks among its models."""
+
+    name: str = MISSING
+    model: str = MISSING
+    optimizer: str = "sgd"  # sgd (Nesterov momentum) | adamw
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 5e-4
+    label_smoothing: float = 0.0
+    warmup_epochs: float = 1.0  # triangular schedule: linear warm-up to `lr`, then linear decay to 0
+    augment: bool = True
+    eval_batch_size: int = 1024  # global, like batch_size
+    precision: str = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU | bf16 | fp32
+    channels_last: bool = True  # GPU only
+
+
+@dataclass
+class StrategyConfig:
+    """How devices share the work. Options that do not apply to the chosen strategy are ignored."""
+
+    name: str = "auto"  # auto | single | dp | ddp
+    # ddp: process-group backend (auto: nccl on GPUs, gloo on CPU) and DistributedDataParallel options
+    backend: str = "auto"
+    timeout_s: int = 600  # a collective that waits longer than this ends the launch instead of hanging
+    gradient_as_bucket_view: bool = True
+    static_graph: bool = False
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+
+
+@dataclass
+class BackendConfig:
+    """Where the workers run. `local` spawns them on this host."""
+
+    name: str = "local"
+
+
+@dataclass
+class DataConfig:
+    root: str = "${oc.env:LAUNCH_DATA_ROOT,'~/.cache/launcher/data'}"
+    download: bool = True  # fetch a missing dataset (checksummed); offline, an error says where to put it
+    synthetic: bool = False  # generate data of the real shape for timing runs; never used unless asked for
+
+
+@dataclass
+class FaultConfig:
+    """Deliberate failures, to test supervision: rank `rank` fails at global step `step` with `kind`."""
+
+    rank: int | None = None
+    step: int = 0
+    kind: str = "raise"  # raise | exit | hang | kill
+    attempt: int = 0  # only on this restart attempt (-1: on every attempt)
+
+
+@dataclass
+class Config:
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    # The keys people type most sit at the top level.
+    gpus: Any = "auto"  # [0,1] ids | 2 a count | all | auto (all visible, else CPU) | [] CPU
+    nprocs: int | None = None  # CPU ranks for ddp on CPU (gpus=[]); with GPUs it is one per GPU
+    batch_size: int = 64  # GLOBAL: samples per optimizer step summed over all devices, for every strategy
+    epochs: int = 10
+    lr: float = 0.1
+    seed: int = 0
+    resume: str | None = None  # a run dir or checkpoint file to continue from, or `latest`
+    max_restarts: int = 0  # restart the worker group this many times after a failure; it resumes
+    dry_run: bool = False  # print the plan, start nothing
+    checkpoint: bool = True  # write checkpoints/last.pt every epoch (atomically)
+
+
+TOP_LEVEL_KEYS = [f for f in Config.__dataclass_fields__]
+STRATEGIES = ("auto", "single", "dp", "ddp")
+PRECISIONS = ("auto", "bf16", "fp32")
+OPTIMIZERS = ("sgd", "adamw")
+FAULT_KINDS = ("raise", "exit", "hang", "kill")
+
+
+def register() -> None:
+    """Register the schema with Hydra's ConfigStore and the resolvers the YAML uses. Idempotent."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="launch_schema", node=Config)
+    if not OmegaConf.has_resolver("launch_uid"):
+        # A short random suffix keeps two launches started in the same second in separate run dirs.
+        OmegaConf.register_new_resolver("launch_uid", lambda: secrets.token_hex(2), use_cache=True)
+
+
+def _check_int(key: str, value: Any, low: int, example: str, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+        raise ConfigError(key, value, f"must be {bound}", example)
+
+
+def _check_float(key: str, value: Any, example: str, *, positive: bool = True, high: float | None = None) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > 0 if positive else value >= 0) and (high is None or value <= high)
+    if not ok:
+        rule = "a finite number > 0" if positive else "a finite number >= 0"
+        if high is not None:
+            rule += f" and <= {high}"
+        raise ConfigError(key, value, f"must be {rule}", example)
+
+
+def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(key, value, "choose one of " + ", ".join(choices), f"{key}={choices[0]}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Range and combination checks that the schema's types cannot express. Raises ConfigError."""
+    _check_int("epochs", cfg.epochs, 1, "epochs=10")
+    _check_int("batch_size", cfg.batch_size, 1, "batch_size=256")
+    _check_float("lr", cfg.lr, "lr=0.1")
+    _check_int("seed", cfg.seed, 0, "seed=0")
+    _check_int("max_restarts", cfg.max_restarts, 0, "max_restarts=2", high=100)
+    if cfg.nprocs is not None:
+        _check_int("nprocs", cfg.nprocs, 1, "gpus=[] strategy=ddp nprocs=2", high=os.cpu_count() or 1024)
+    _check_choice("strategy", cfg.strategy.name, STRATEGIES)
+    _check_int("strategy.timeout_s", cfg.strategy.timeout_s, 1, "strategy.timeout_s=600")
+    _check_int("strategy.bucket_cap_mb", cfg.strategy.bucket_cap_mb, 1, "strategy.bucket_cap_mb=25")
+    _check_choice("strategy.backend", cfg.strategy.backend, ("auto", "nccl", "gloo"))
+    r = cfg.recipe
+    _check_choice("recipe.optimizer", r.optimizer, OPTIMIZERS)
+    _check_choice("recipe.precision", r.precision, PRECISIONS)
+    _check_float("recipe.momentum", r.momentum, "recipe.momentum=0.9", positive=False, high=1.0)
+    _check_float("recipe.weight_decay", r.weight_decay, "recipe.weight_decay=5e-4", positive=False)
+    _check_float("recipe.label_smoothing", r.label_smoothing, "recipe.label_smoothing=0.1", positive=False, high=1.0)
+    _check_float("recipe.warmup_epochs", r.warmup_epochs, "recipe.warmup_epochs=1", positive=False)
+    _check_int("recipe.eval_batch_size", r.eval_batch_size, 1, "recipe.eval_batch_size=1024")
+    _check_choice("fault.kind", cfg.fault.kind, FAULT_KINDS)
+    if cfg.resume is not None and str(cfg.resume).strip().lower() in ("", "true", "false", "none"):
+        raise ConfigError("resume", cfg.resume, "give a run dir or checkpoint file, or `latest`", "resume=latest")

@@ -1,0 +1,79 @@
+"""The torch.distributed environment contract: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT. Read it, and recognise when `launch` already runs inside one
+(started by torchrun, or as one task of `srun`), in which case it joins instead of spawning.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    restart_count: int = 0  # TORCHELASTIC_RESTART_COUNT: >0 after the group was restarted
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorldInfo:
+        env = os.environ if env is None else env
+        return cls(
+            rank=int(env.get("RANK", 0)),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            world_size=int(env.get("WORLD_SIZE", 1)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", 1))),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        )
+
+    def as_env(self) -> dict[str, str]:
+        return {"RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank), "WORLD_SIZE": str(self.world_size),
+                "LOCAL_WORLD_SIZE": str(self.local_world_size), "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port)}
+
+
+def started_by_torchrun(env: Mapping[str, str]) -> bool:
+    return "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def in_srun_with_tasks(env: Mapping[str, str]) -> bool:
+    """One task of a multi-task `srun` step: SLURM started the processes, one per rank."""
+    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1
+
+
+def existing_world(env: Mapping[str, str] | None = None) -> WorldInfo | None:
+    """The world this process already belongs to, or None when `launch` should spawn its own workers."""
+    env = os.environ if env is None else env
+    if started_by_torchrun(env):
+        return WorldInfo.from_env(env)
+    if in_srun_with_tasks(env):
+        return _from_slurm()
+    return None
+
+
+def _from_slurm() -> WorldInfo:
+    # submitit derives the rendezvous from SLURM's variables (first node of the allocation, a port
+    # from the job id); reuse it rather than parse SLURM_JOB_NODELIST again here.
+    from submitit.helpers import TorchDistributedEnvironment
+
+    slurm = TorchDistributedEnvironment()
+    return WorldInfo(slurm.rank, slurm.local_rank, slurm.world_size, slurm.local_world_size,
+                     slurm.master_addr, slurm.master_port)
+
+
+def joined_run_id(env: Mapping[str, str]) -> str:
+    """A name every rank of a joined world agrees on, for the one shared run dir."""
+    if "TORCHELASTIC_RUN_ID" in env:
+        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
+    if "SLURM_JOB_ID" in env:
+        return f"slurm-{env['SLURM_JOB_ID']}-{env.get('SLURM_STEP_ID', '0')}"
+    return f"world-{env.get('MASTER_ADDR', 'local')}-{env.get('MASTER_PORT', '0')}"

@@ -1,0 +1,83 @@
+"""Which rank failed first, and why: the root cause, not the wall of secondary errors it sets off.
+
+When one rank dies, its peers fail too (gloo "Connection closed by peer", NCCL aborts, timeouts). Each
+worker that fails writes a record here with a high-resolution time and whether its error looks like
+such an echo; the launcher then names the earliest primary failure and shows its traceback alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+FAILURES = "failures"
+
+# Errors that mean "a peer went away" rather than "this rank is broken".
+_ECHO_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError")
+_ECHO_PHRASES = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket timeout",
+                 "nccl communicator was aborted", "watchdog caught collective operation timeout",
+                 "process group watchdog", "gloo", "timed out", "connection refused")
+
+
+@dataclass
+class FailureRecord:
+    rank: int
+    attempt: int
+    time: float
+    exc_type: str
+    message: str
+    traceback: str
+    secondary: bool
+    exit_code: int
+
+    @property
+    def headline(self) -> str:
+        first = self.message.strip().splitlines()[0] if self.message.strip() else ""
+        return f"{self.exc_type}: {first}" if first else self.exc_type
+
+
+def looks_secondary(exc: BaseException) -> bool:
+    if type(exc).__name__ in _ECHO_TYPES:
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(p in text for p in _ECHO_PHRASES)
+
+
+def write_record(run_dir: Path, rank: int, attempt: int, exc: BaseException, exit_code: int) -> None:
+    folder = Path(run_dir) / FAILURES
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {
+        "rank": rank, "attempt": attempt, "time": time.time(), "exc_type": type(exc).__name__,
+        "message": str(exc), "traceback": "".join(traceback.format_exception(exc)),
+        "secondary": looks_secondary(exc), "exit_code": exit_code,
+    }
+    tmp = folder / f".attempt{attempt}-rank{rank}.json.tmp"
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, folder / f"attempt{attempt}-rank{rank}.json")
+
+
+def read_records(run_dir: Path) -> list[FailureRecord]:
+    folder = Path(run_dir) / FAILURES
+    if not folder.is_dir():
+        return []
+    records = []
+    for path in folder.glob("attempt*-rank*.json"):
+        try:
+            records.append(FailureRecord(**json.loads(path.read_text())))
+        except (ValueError, TypeError):
+            continue
+    return records
+
+
+def root_cause(records: list[FailureRecord]) -> FailureRecord | None:
+    """The earliest primary failure of the last attempt; the earliest failure if all look secondary."""
+    if not records:
+        return None
+    last = max(r.attempt for r in records)
+    latest = [r for r in records if r.attempt == last]
+    primary = [r for r in latest if not r.secondary]
+    return min(primary or latest, key=lambda r: r.time)

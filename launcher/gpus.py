@@ -1,0 +1,133 @@
+"""GPU list -> device ids and the CUDA_VISIBLE_DEVICES value for the workers. No CUDA here.
+
+Ids the user types are relative to what this process may see: if an inherited CUDA_VISIBLE_DEVICES
+(SLURM sets one) says `4,5`, then `gpus=[1]` means physical GPU 5, exactly as the CUDA runtime
+would number it. The launcher never initializes CUDA itself; it counts GPUs through NVML, which
+leaves the mask free to be set for the workers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from omegaconf import ListConfig
+
+from launcher.config import ConfigError
+
+CPU_EXAMPLE = "gpus=[]"
+
+
+def physical_gpu_count() -> int:
+    """GPUs the driver knows, ignoring any mask. 0 when there is no driver. Never initializes CUDA."""
+    try:
+        import pynvml
+    except ImportError:  # nvidia-ml-py is a dependency; without it, ask a throwaway child process
+        return _count_in_child()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return 0  # no driver, no GPUs
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _count_in_child() -> int:
+    import subprocess
+    import sys
+
+    code = "import torch; print(torch.cuda.device_count())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return int(out.stdout.strip() or 0) if out.returncode == 0 else 0
+
+
+def visible_devices(env: Mapping[str, str], physical_count: int) -> list[str]:
+    """The device tokens this process may use, in CUDA's order: its index in this list is the id users type.
+
+    Follows the CUDA runtime: an inherited CUDA_VISIBLE_DEVICES lists physical indices or UUIDs, and
+    the list ends at the first entry that is not a valid device.
+    """
+    mask = env.get("CUDA_VISIBLE_DEVICES")
+    if mask is None:
+        return [str(i) for i in range(physical_count)]
+    tokens: list[str] = []
+    for raw in mask.split(","):
+        token = raw.strip()
+        if token.startswith(("GPU-", "MIG-")):
+            tokens.append(token)
+        elif token.isdigit() and int(token) < physical_count and token not in tokens:
+            tokens.append(token)
+        else:
+            break  # CUDA ignores this entry and everything after it
+    return tokens
+
+
+def describe_visible(visible: Sequence[str], env: Mapping[str, str]) -> str:
+    if not visible:
+        mask = env.get("CUDA_VISIBLE_DEVICES")
+        return "no GPU is visible" + (f" (CUDA_VISIBLE_DEVICES={mask!r})" if mask is not None else "")
+    ids = f"id 0" if len(visible) == 1 else f"ids 0-{len(visible) - 1}"
+    text = f"{len(visible)} GPU{'s' if len(visible) != 1 else ''} visible ({ids}"
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
+        text += f", inherited CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}"
+    return text + ")"
+
+
+def select_gpus(spec: Any, visible: Sequence[str], env: Mapping[str, str] | None = None) -> list[int]:
+    """Parse the `gpus` value into relative device ids (empty list: CPU). Raises ConfigError.
+
+    [0,1] ids | 2 the first two | all every visible GPU | auto all visible, or CPU when none | [] CPU.
+    """
+    env = os.environ if env is None else env
+    n = len(visible)
+    where = describe_visible(visible, env)
+    if isinstance(spec, ListConfig):
+        spec = list(spec)
+    if isinstance(spec, str):
+        word = spec.strip().lower()
+        if word == "auto":
+            return list(range(n))
+        if word == "cpu":
+            return []
+        if word == "all":
+            if n == 0:
+                raise ConfigError("gpus", spec, f"{where}; train on CPU instead", CPU_EXAMPLE)
+            return list(range(n))
+        raise ConfigError("gpus", spec, "use a list of ids like [0,1], a count like 2, all, auto, or [] for CPU",
+                          "gpus=[0,1]")
+    if isinstance(spec, bool) or spec is None or isinstance(spec, float):
+        raise ConfigError("gpus", spec, "use a list of ids like [0,1], a count like 2, all, auto, or [] for CPU",
+                          "gpus=[0,1]")
+    if isinstance(spec, int):
+        if spec == 0:
+            raise ConfigError("gpus", spec, "ambiguous: write gpus=[0] for GPU 0 or gpus=[] for CPU", "gpus=[0]")
+        if spec < 0:
+            raise ConfigError("gpus", spec, f"a count must be >= 1; {where}", "gpus=1")
+        if spec > n:
+            raise ConfigError("gpus", spec, f"asks for {spec} GPUs but {where}",
+                              f"gpus={n}" if n else CPU_EXAMPLE)
+        return list(range(spec))
+    if isinstance(spec, list):
+        ids: list[int] = []
+        for item in spec:
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise ConfigError("gpus", spec, f"ids must be integers, got {item!r}", "gpus=[0,1]")
+            if item < 0:
+                raise ConfigError("gpus", spec, f"ids cannot be negative; {where}", "gpus=[0]")
+            if item >= n:
+                raise ConfigError("gpus", spec, f"GPU {item} does not exist: {where}",
+                                  f"gpus=[{','.join(str(i) for i in range(min(n, 2)))}]" if n else CPU_EXAMPLE)
+            if item in ids:
+                raise ConfigError("gpus", spec, f"GPU {item} is listed twice", "gpus=[0,1]")
+            ids.append(item)
+        return ids
+    raise ConfigError("gpus", spec, "use a list of ids like [0,1], a count like 2, all, auto, or [] for CPU",
+                      "gpus=[0,1]")
+
+
+def cuda_visible_devices(ids: Sequence[int], visible: Sequence[str]) -> str:
+    """The mask for the workers: the chosen devices' tokens in the order given. '' hides every GPU (CPU runs)."""
+    return ",".join(visible[i] for i in ids)

@@ -1,0 +1,70 @@
+"""Logging: one log file per run (`train.log`), every line prefixed with who wrote it.
+
+The launcher writes `[launcher]` lines, each worker `[rank N]` lines, all appending to the same file
+(one write per record, so lines never interleave). On the console only rank 0 and the launcher speak;
+other ranks print warnings and errors only, so a healthy 8-GPU run reads like a 1-GPU run.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+LOG_NAME = "train.log"
+FILE_FORMAT = "%(asctime)s [{who}] %(levelname)s %(name)s: %(message)s"
+
+# Libraries whose chatter the launcher replaces with its own summary (see spawn.py).
+_QUIET_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
+
+
+class _DropLibraryChatter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(_QUIET_PREFIXES)
+
+
+class _FileOnly(logging.Filter):
+    """Records logged with extra={"file_only": True} stay out of the console (the launcher summarizes them)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "file_only", False)
+
+
+def _reset_root() -> logging.Logger:
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, "_launcher", False):
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(logging.INFO)
+    return root
+
+
+def _add(root: logging.Logger, handler: logging.Handler, fmt: str, level: int, quiet: bool) -> None:
+    handler.setFormatter(logging.Formatter(fmt, datefmt="%H:%M:%S"))
+    handler.setLevel(level)
+    if quiet:
+        handler.addFilter(_DropLibraryChatter())
+    if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+        handler.addFilter(_FileOnly())
+    handler._launcher = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+
+
+def setup_launcher_logging(run_dir: Path | None, debug: bool = False) -> None:
+    root = _reset_root()
+    _add(root, logging.StreamHandler(sys.stdout), "launch: %(message)s", logging.INFO, quiet=not debug)
+    if run_dir is not None:
+        _add(root, logging.FileHandler(run_dir / LOG_NAME), FILE_FORMAT.format(who="launcher"),
+             logging.DEBUG if debug else logging.INFO, quiet=not debug)
+
+
+def setup_worker_logging(run_dir: Path, rank: int) -> None:
+    root = _reset_root()
+    if rank == 0:
+        _add(root, logging.StreamHandler(sys.stdout), "%(message)s", logging.INFO, quiet=True)
+    else:
+        _add(root, logging.StreamHandler(sys.stderr), f"[rank {rank}] %(levelname)s %(message)s", logging.WARNING,
+             quiet=True)
+    _add(root, logging.FileHandler(run_dir / LOG_NAME), FILE_FORMAT.format(who=f"rank {rank}"), logging.INFO,
+         quiet=True)

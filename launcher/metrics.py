@@ -1,0 +1,56 @@
+"""What a run leaves behind for people and tools: metrics.jsonl (one JSON line per epoch) and results.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+METRICS = "metrics.jsonl"
+RESULTS = "results.json"
+
+
+def _clean(value: Any) -> Any:
+    # JSON has no NaN/inf; write null so every line stays valid JSON for jq, pandas and friends.
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class MetricsLog:
+    """metrics.jsonl of a run dir. Only rank 0 writes it."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / METRICS
+
+    def rewrite(self, rows: list[dict[str, Any]]) -> None:
+        """Replace the file with `rows` (on resume: the history the checkpoint carries, no duplicates)."""
+        _write_atomic(self.path, "".join(json.dumps({k: _clean(v) for k, v in r.items()}) + "\n" for r in rows))
+
+    def append(self, row: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / METRICS
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_results(run_dir: Path, results: dict[str, Any]) -> None:
+    _write_atomic(Path(run_dir) / RESULTS, json.dumps({k: _clean(v) for k, v in results.items()}, indent=2) + "\n")
+
+
+def read_results(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / RESULTS
+    return json.loads(path.read_text()) if path.exists() else None

@@ -1,0 +1,104 @@
+"""From a composed config to a plan: which devices, which strategy, how many workers, and the
+environment they start with. Pure apart from counting GPUs (through NVML, never CUDA).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.config import ConfigError
+from launcher.distenv import WorldInfo
+from launcher.gpus import cuda_visible_devices, describe_visible, physical_gpu_count, select_gpus, visible_devices
+from launcher.strategy import Layout, choose
+
+
+@dataclass
+class Plan:
+    layout: Layout
+    gpu_ids: list[int]  # relative to the inherited mask, as the user typed them
+    visible: list[str]  # the devices this process could see (tokens of the inherited mask)
+    env: dict[str, str] = field(default_factory=dict)  # what every worker starts with
+    joined: WorldInfo | None = None  # set when torchrun/srun already started the ranks
+
+    def describe(self) -> str:
+        lay = self.layout
+        if lay.device_type == "cpu":
+            where = f"CPU, {lay.nprocs} process{'es' if lay.nprocs > 1 else ''}"
+        else:
+            mask = self.env.get("CUDA_VISIBLE_DEVICES", "")
+            where = f"GPU{'s' if len(self.gpu_ids) > 1 else ''} {self.gpu_ids} (CUDA_VISIBLE_DEVICES={mask})"
+        batch = f"batch {lay.global_batch} global"
+        if lay.strategy == "ddp" and lay.nprocs > 1:
+            batch += f" = {lay.batch_per_process} x {lay.nprocs} ranks"
+        backend = f", {lay.dist_backend}" if lay.dist_backend else ""
+        joined = ", joining an existing world" if self.joined else ""
+        return f"{lay.strategy}{backend} on {where}, {batch}{joined}"
+
+
+def _gpus_text(spec) -> str:
+    value = OmegaConf.to_container(spec) if OmegaConf.is_config(spec) else spec
+    return "[" + ",".join(map(str, value)) + "]" if isinstance(value, list) else str(value)
+
+
+def _thread_env(env: Mapping[str, str], nprocs: int) -> dict[str, str]:
+    # torchrun sets OMP_NUM_THREADS=1 for several workers; on CPU that starves them. Share the cores.
+    if "OMP_NUM_THREADS" in env:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nprocs))}
+
+
+def make_plan(cfg: DictConfig, joined: WorldInfo | None = None, env: Mapping[str, str] | None = None,
+              physical_count: int | None = None) -> Plan:
+    env = os.environ if env is None else env
+    physical = physical_gpu_count() if physical_count is None else physical_count
+    visible = visible_devices(env, physical)
+    ids = select_gpus(cfg.gpus, visible, env)
+    if joined is None:
+        layout = choose(cfg.strategy.name, len(ids), cfg.nprocs, cfg.batch_size, cfg.strategy.backend,
+                        _gpus_text(cfg.gpus))
+        worker_env = {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(ids, visible)}
+        worker_env.update(_thread_env(env, layout.nprocs))
+        return Plan(layout, ids, visible, worker_env)
+    return _joined_plan(cfg, joined, ids, visible, env)
+
+
+def _joined_plan(cfg: DictConfig, world: WorldInfo, ids: list[int], visible: list[str],
+                 env: Mapping[str, str]) -> Plan:
+    """torchrun or srun started one process per rank already: this process is one of them."""
+    name = cfg.strategy.name
+    if name == "dp" or (name == "single" and world.world_size > 1):
+        raise ConfigError("strategy", name, f"launch runs inside a world of {world.world_size} ranks "
+                          "(started by torchrun or srun), which is ddp", "strategy=ddp")
+    if cfg.nprocs not in (None, world.world_size):
+        raise ConfigError("nprocs", cfg.nprocs, f"torchrun/srun already started {world.world_size} ranks; drop nprocs",
+                          "strategy=ddp")
+    worker_env: dict[str, str] = {}
+    if ids:
+        # One GPU per local rank: torchrun's convention is cuda:LOCAL_RANK among the visible devices;
+        # srun with --gpus-per-task gives each task a mask of its own single GPU.
+        if len(ids) >= world.local_world_size:
+            mine = ids[world.local_rank]
+        elif len(ids) == 1:
+            mine = ids[0]
+        else:
+            raise ConfigError("gpus", _gpus_text(cfg.gpus), f"{world.local_world_size} local ranks need as many "
+                              f"GPUs but {describe_visible(visible, env)}", "gpus=auto")
+        worker_env["CUDA_VISIBLE_DEVICES"] = visible[mine]
+        worker_env["LAUNCH_DEVICE_INDEX"] = "0"
+    else:
+        worker_env["CUDA_VISIBLE_DEVICES"] = ""
+    worker_env.update(_thread_env(env, world.local_world_size))
+    strategy = "ddp" if world.world_size > 1 else "single"
+    backend = None
+    if strategy == "ddp":
+        backend = cfg.strategy.backend if cfg.strategy.backend != "auto" else ("nccl" if ids else "gloo")
+    if cfg.batch_size % world.world_size:
+        low = max(1, cfg.batch_size // world.world_size) * world.world_size
+        raise ConfigError("batch_size", cfg.batch_size,
+                          f"the global batch must split evenly over {world.world_size} ranks", f"batch_size={low}")
+    layout = Layout(strategy, "cuda" if ids else "cpu", 1 if ids else 0, world.world_size, cfg.batch_size, backend)
+    return Plan(layout, ids, visible, worker_env, joined=world)

@@ -1,0 +1,120 @@
+"""One launch, from a composed config to a finished run dir. Importable and tested without the CLI.
+
+    validate -> plan (devices, strategy, worker env) -> dry run? -> prepare data once -> workers -> summary
+
+The run dir is the one Hydra made for this launch; workers write into it and never create their own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher import checkpoint, distenv, logs
+from launcher.config import LaunchError, validate
+from launcher.plan import Plan, make_plan
+from launcher.recipes import get_recipe, prepare
+from launcher.spawn import Outcome
+from launcher.strategy import DP_COST
+
+log = logging.getLogger("launcher")
+
+RESOLVED_CONFIG = "config.yaml"
+PLAN = "plan.json"
+
+
+def run(cfg: DictConfig, run_dir: Path) -> Outcome:
+    """Launch the run described by `cfg` into `run_dir`. Errors a user can fix come back as exit code 2."""
+    started = time.time()
+    run_dir = Path(run_dir).resolve()
+    try:
+        validate(cfg)
+        joined = distenv.existing_world()
+        plan = make_plan(cfg, joined)
+        recipe = get_recipe(cfg.recipe.name)
+        resume_from = str(checkpoint.resolve_resume(cfg.resume).resolve()) if cfg.resume else None
+    except LaunchError as err:
+        return Outcome(err.exit_code, error=str(err))
+    if cfg.dry_run:
+        print(describe_dry_run(cfg, plan, run_dir, resume_from))
+        return Outcome(0)
+
+    is_main = joined is None or joined.rank == 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logs.setup_launcher_logging(run_dir if is_main else None, debug=bool(os.environ.get("LAUNCH_DEBUG")))
+    if is_main:
+        _write_run_files(cfg, plan, run_dir, resume_from)
+        log.info("%s: %s", cfg.recipe.name, plan.describe())
+        log.info("run dir: %s", run_dir)
+        if plan.layout.strategy == "dp":
+            log.warning(DP_COST)
+    try:
+        if joined is None or joined.local_rank == 0:
+            prepare(recipe, cfg)  # download or check data once per host, before any worker needs it
+    except LaunchError as err:
+        return Outcome(err.exit_code, error=str(err))
+
+    from launcher.trainer import WorkerSpec
+
+    spec = WorkerSpec(OmegaConf.to_container(cfg, resolve=True), str(run_dir), plan.layout, plan.env,
+                      resume_from, started)
+    outcome = _execute(spec, plan, cfg.max_restarts)
+    if outcome.exit_code == 0 and is_main:
+        _summarize(outcome, run_dir, time.time() - started)
+    return outcome
+
+
+def _execute(spec, plan: Plan, max_restarts: int) -> Outcome:
+    if plan.joined is not None:
+        from launcher.worker import worker_main
+
+        return Outcome(0, results=worker_main(spec))  # worker_main exits the process on failure
+    from launcher.spawn import launch_local
+
+    return launch_local(spec, plan.layout.nprocs, max_restarts)
+
+
+def _write_run_files(cfg: DictConfig, plan: Plan, run_dir: Path, resume_from: str | None) -> None:
+    (run_dir / RESOLVED_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    lay = plan.layout
+    record = {
+        "strategy": lay.strategy, "device_type": lay.device_type, "nprocs": lay.nprocs,
+        "gpu_ids": plan.gpu_ids, "visible_devices": plan.visible, "worker_env": plan.env,
+        "global_batch": lay.global_batch, "batch_per_process": lay.batch_per_process,
+        "dist_backend": lay.dist_backend, "resume_from": resume_from,
+        "joined": plan.joined.as_env() if plan.joined else None,
+    }
+    (run_dir / PLAN).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def describe_dry_run(cfg: DictConfig, plan: Plan, run_dir: Path, resume_from: str | None) -> str:
+    lay = plan.layout
+    lines = [
+        f"dry run: nothing started. {cfg.recipe.name} ({cfg.recipe.model}): {plan.describe()}",
+        f"  workers       {lay.nprocs} process{'es' if lay.nprocs > 1 else ''}"
+        + (" (torch.distributed.elastic, c10d rendezvous on localhost:0)" if plan.joined is None else " (already started)"),
+        f"  worker env    " + " ".join(f"{k}={v!r}" for k, v in sorted(plan.env.items())),
+        f"  training      epochs={cfg.epochs} batch_size={cfg.batch_size} (global) lr={cfg.lr} seed={cfg.seed}",
+        f"  data          " + ("synthetic (data.synthetic=true)" if cfg.data.synthetic else f"root={cfg.data.root}"),
+        f"  run dir       {run_dir} (not created)",
+    ]
+    if resume_from:
+        lines.append(f"  resume from   {resume_from}")
+    if lay.strategy == "dp":
+        lines.append(f"  warning       {DP_COST}")
+    return "\n".join(lines)
+
+
+def _summarize(outcome: Outcome, run_dir: Path, elapsed: float) -> None:
+    results = outcome.results or {}
+    acc = results.get("test_acc")
+    acc_text = f"test accuracy {100 * acc:.2f}%" if isinstance(acc, float) else "no epochs trained"
+    log.info("done in %.1fs: %s. results: %s  checkpoints: %s  log: %s", elapsed, acc_text,
+             run_dir / "results.json", run_dir / "checkpoints", run_dir / logs.LOG_NAME)
+    if results and not results.get("ranks_agree", True):
+        log.warning("the ranks ended with different weights: see weights_sha256 in results.json")

@@ -1,0 +1,149 @@
+"""Start one worker per device with torch.distributed.elastic (what torchrun uses) and supervise them.
+
+- Rendezvous is c10d on loopback at port 0: the OS picks a free port, so launches never collide.
+- One rank failing ends all of them within the agent's monitor interval; the launcher then prints the
+  root cause (see failures.py) instead of elastic's table of every rank's exit.
+- SIGINT/SIGTERM to the launcher: the agent forwards the signal, waits briefly, then kills; the
+  workers also die with their parent (PR_SET_PDEATHSIG), so nothing is orphaned.
+- `max_restarts`: the agent restarts the whole group; workers see TORCHELASTIC_RESTART_COUNT>0 and
+  resume from the run's last checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import textwrap
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher import failures
+from launcher.logs import LOG_NAME
+
+log = logging.getLogger("launcher.spawn")
+
+SHUTDOWN_GRACE_S = 5  # after SIGTERM, how long workers get before SIGKILL
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    results: dict[str, Any] | None = None
+    error: str | None = None  # what to print, already formatted
+
+
+@contextlib.contextmanager
+def patched_environ(changes: Mapping[str, str]) -> Iterator[None]:
+    """Apply `changes` to os.environ for the duration (workers inherit it), then restore it exactly."""
+    saved = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def restored_signal_handlers() -> Iterator[None]:
+    # elastic installs handlers that raise SignalException; a later sweep job must not inherit them.
+    signals = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT]
+    saved = {s: signal.getsignal(s) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(s, handler)
+
+
+def _quiet_elastic() -> None:
+    """Elastic logs every rank's exit with its own handler; the launcher reports the root cause instead."""
+    if os.environ.get("LAUNCH_DEBUG"):
+        return
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _launch_config(nprocs: int, max_restarts: int, log_dir: str):
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
+
+    options: dict[str, Any] = dict(
+        min_nodes=1, max_nodes=1, nproc_per_node=nprocs,
+        run_id=f"launch-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+        max_restarts=max_restarts, monitor_interval=0.1, start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+    )
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    if "shutdown_timeout" in known:  # newer torch; older ones read TORCH_ELASTIC_SHUTDOWN_TIMEOUT or wait 30 s
+        options["shutdown_timeout"] = SHUTDOWN_GRACE_S
+    return LaunchConfig(**options)
+
+
+def launch_local(spec, nprocs: int, max_restarts: int) -> Outcome:
+    """Run `worker_main(spec)` in `nprocs` supervised processes on this host."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from launcher.worker import worker_main
+
+    _quiet_elastic()
+    run_dir = Path(spec.run_dir)
+    scratch = tempfile.mkdtemp(prefix="launch-elastic-")  # elastic's per-attempt error files
+    env = dict(spec.env)
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_GRACE_S))
+    try:
+        with patched_environ(env), restored_signal_handlers():
+            config = _launch_config(nprocs, max_restarts, scratch)
+            try:
+                returns = elastic_launch(config, worker_main)(spec)
+            except ChildFailedError as err:
+                return describe_failure(run_dir, err, nprocs, max_restarts)
+            except SignalException as sig:
+                name = signal.Signals(sig.sigval).name
+                return Outcome(128 + int(sig.sigval), error=f"stopped by {name}: all {nprocs} worker"
+                               f"{'s' if nprocs > 1 else ''} ended; what was written is in {run_dir}")
+        return Outcome(0, results=returns.get(0))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int) -> Outcome:
+    """Turn elastic's ChildFailedError into the root cause: which rank, what it raised, where the log is."""
+    records = failures.read_records(run_dir)
+    cause = failures.root_cause(records)
+    log_path = run_dir / LOG_NAME
+    others = nprocs - 1
+    stopped = f"; the other {others} rank{'s were' if others > 1 else ' was'} stopped" if others else ""
+    restarts = f" after {max_restarts} restart{'s' if max_restarts > 1 else ''}" if max_restarts else ""
+    if cause is not None:
+        if cause.exit_code == 2:  # a LaunchError: the message is the whole story
+            return Outcome(2, error=cause.message)
+        trace = textwrap.indent(cause.traceback.rstrip(), "  | ")
+        text = (f"rank {cause.rank} failed{restarts}: {cause.headline}\n{trace}\n"
+                f"root cause: rank {cause.rank}{stopped}. Log: {log_path}")
+        return Outcome(1, error=text)
+    rank, failure = err.get_first_failure()
+    if failure.exitcode is not None and failure.exitcode < 0:
+        sig = failure.signal_name()
+        hint = " (SIGKILL with no traceback is often the out-of-memory killer)" if sig == "SIGKILL" else ""
+        text = f"rank {rank} (pid {failure.pid}) was killed by {sig}{hint}{restarts}{stopped}. Log: {log_path}"
+    else:
+        text = (f"rank {rank} (pid {failure.pid}) exited with code {failure.exitcode} without a Python "
+                f"traceback{restarts}{stopped}. Log: {log_path}")
+    return Outcome(1, error=text)

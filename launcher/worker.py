@@ -1,0 +1,47 @@
+"""The function each worker process runs: apply the environment, set up logging, train, report failure.
+
+It is the entrypoint handed to torch.distributed.elastic (spawned workers) and the one called in
+place when `launch` joins a world that torchrun or srun already started.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from launcher.config import LaunchError
+
+
+def worker_main(spec) -> dict[str, Any] | None:
+    # The mask and thread counts go in before anything can start CUDA in this process.
+    os.environ.update(spec.env)
+    from launcher import failures, logs
+    from launcher.distenv import WorldInfo
+
+    world = WorldInfo.from_env()
+    run_dir = Path(spec.run_dir)
+    logs.setup_worker_logging(run_dir, world.rank)
+    try:
+        from launcher.trainer import train
+
+        return train(spec, world)
+    except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then the process ends
+        code = exc.exit_code if isinstance(exc, LaunchError) else 1
+        if isinstance(exc, KeyboardInterrupt):
+            code = 130
+        elif isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else 1
+            if code == 0:
+                raise
+        failures.write_record(run_dir, world.rank, world.restart_count, exc, code)
+        if not isinstance(exc, LaunchError | KeyboardInterrupt):
+            logging.getLogger("launcher.worker").error("rank %d failed: %s: %s", world.rank, type(exc).__name__, exc,
+                                                       exc_info=exc, extra={"file_only": True})
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Exit now: a process group torn down politely can block on peers that are already gone.
+        os._exit(code)

@@ -1,0 +1,61 @@
+"""Training recipes. A recipe is a module with this small interface (see `Recipe`):
+
+    prepare(cfg) -> None            once, in the launcher process, before any worker starts: fetch or
+                                    check data. Must not touch CUDA (the launcher has not set the mask).
+    load(cfg) -> Splits             in every worker: the whole dataset as uint8/int64 CPU tensors.
+    build_model(cfg, num_classes)   the nn.Module; `cfg.recipe.model` picks among the recipe's models.
+    augment(x, generator) -> x      optional: batched augmentation on the batch's own device.
+
+The shared training loop (launcher/trainer.py) does the rest: strategy, batching, metrics, checkpoints.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from launcher.config import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+BUILTIN = ("digits", "cifar10")
+
+
+@dataclass
+class Splits:
+    """A dataset held in memory: images (N, C, H, W) uint8 and labels (N,) int64, with per-channel stats."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    mean: tuple[float, ...]  # per channel, in the stored pixel units
+    std: tuple[float, ...]
+    synthetic: bool = False
+
+
+def get_recipe(name: str) -> ModuleType:
+    """The recipe module for `recipe.name`: a built-in name, or a dotted path to a user's module."""
+    module_name = f"launcher.recipes.{name}" if name in BUILTIN else name
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ConfigError("recipe", name, "choose one of " + ", ".join(BUILTIN) +
+                              " or a module path on PYTHONPATH", "recipe=digits") from None
+        raise
+    missing = [f for f in ("load", "build_model") if not callable(getattr(module, f, None))]
+    if missing:
+        raise ConfigError("recipe", name, f"module {module_name} lacks {', '.join(missing)}() "
+                          "(see launcher/recipes/__init__.py for the interface)", "recipe=digits")
+    return module
+
+
+def prepare(module: ModuleType, cfg) -> None:
+    fn = getattr(module, "prepare", None)
+    if fn is not None:
+        fn(cfg)

@@ -1,0 +1,144 @@
+"""Image classifiers for 32x32 inputs, written for this project from their papers' descriptions.
+
+- `airbench`: a fast three-block conv net in the style of Keller Jordan's CIFAR-10 speed records
+  (conv -> max-pool -> BatchNorm -> GELU blocks of width 64/256/256 after a 2x2 patch stem).
+- `resnet18`: He et al. 2016, the CIFAR variant (3x3 stem, no max-pool), 11.2M parameters.
+- `mobilenetv3_small`: Howard et al. 2019, the small network's block table, with the stem and first
+  block at stride 1 so that 32x32 inputs keep enough resolution.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class _AirbenchBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
+        self.pool = nn.MaxPool2d(2)
+        self.norm1 = nn.BatchNorm2d(c_out, momentum=0.4)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.norm2 = nn.BatchNorm2d(c_out, momentum=0.4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.norm1(self.pool(self.conv1(x))))
+        return F.gelu(self.norm2(self.conv2(x)))
+
+
+class AirbenchNet(nn.Module):
+    def __init__(self, num_classes: int = 10, widths: tuple[int, int, int] = (64, 256, 256)):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 24, 2, bias=True)  # 2x2 patches: 32x32 -> 31x31
+        self.blocks = nn.Sequential(
+            _AirbenchBlock(24, widths[0]), _AirbenchBlock(widths[0], widths[1]), _AirbenchBlock(widths[1], widths[2])
+        )
+        self.head = nn.Linear(widths[2], num_classes, bias=False)
+        self.scale = 1 / 9  # keeps the initial logits small, which the records found to train faster
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(F.gelu(self.stem(x)))
+        x = torch.amax(x, dim=(2, 3))
+        return self.head(x) * self.scale
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True))
+        layers, c_in = [], 64
+        for c_out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers += [_BasicBlock(c_in, c_out, stride), _BasicBlock(c_out, c_out, 1)]
+            c_in = c_out
+        self.layers = nn.Sequential(*layers)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers(self.stem(x))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def _make_divisible(v: float, divisor: int = 8) -> int:
+    new = max(divisor, int(v + divisor / 2) // divisor * divisor)
+    return new + divisor if new < 0.9 * v else new
+
+
+class _SqueezeExcite(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        squeezed = _make_divisible(channels / 4)
+        self.fc1 = nn.Conv2d(channels, squeezed, 1)
+        self.fc2 = nn.Conv2d(squeezed, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = F.adaptive_avg_pool2d(x, 1)
+        return x * F.hardsigmoid(self.fc2(F.relu(self.fc1(s))))
+
+
+class _InvertedResidual(nn.Module):
+    def __init__(self, c_in: int, kernel: int, expanded: int, c_out: int, se: bool, hswish: bool, stride: int):
+        super().__init__()
+        act = nn.Hardswish if hswish else nn.ReLU
+        layers: list[nn.Module] = []
+        if expanded != c_in:
+            layers += [nn.Conv2d(c_in, expanded, 1, bias=False), nn.BatchNorm2d(expanded), act()]
+        layers += [nn.Conv2d(expanded, expanded, kernel, stride, kernel // 2, groups=expanded, bias=False),
+                   nn.BatchNorm2d(expanded), act()]
+        if se:
+            layers.append(_SqueezeExcite(expanded))
+        layers += [nn.Conv2d(expanded, c_out, 1, bias=False), nn.BatchNorm2d(c_out)]
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and c_in == c_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.body(x)
+        return x + out if self.residual else out
+
+
+# kernel, expanded, out, squeeze-excite, hard-swish, stride: the paper's MobileNetV3-Small table,
+# with the first block's stride 2 -> 1 for 32x32 inputs.
+_MOBILENETV3_SMALL = [
+    (3, 16, 16, True, False, 1), (3, 72, 24, False, False, 2), (3, 88, 24, False, False, 1),
+    (5, 96, 40, True, True, 2), (5, 240, 40, True, True, 1), (5, 240, 40, True, True, 1),
+    (5, 120, 48, True, True, 1), (5, 144, 48, True, True, 1), (5, 288, 96, True, True, 2),
+    (5, 576, 96, True, True, 1), (5, 576, 96, True, True, 1),
+]
+
+
+class MobileNetV3Small(nn.Module):
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish()]
+        c_in = 16
+        for kernel, expanded, c_out, se, hswish, stride in _MOBILENETV3_SMALL:
+            layers.append(_InvertedResidual(c_in, kernel, expanded, c_out, se, hswish, stride))
+            c_in = c_out
+        layers += [nn.Conv2d(c_in, 576, 1, bias=False), nn.BatchNorm2d(576), nn.Hardswish()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Linear(576, 1024), nn.Hardswish(), nn.Dropout(0.2),
+                                        nn.Linear(1024, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+MODELS = {"airbench": AirbenchNet, "resnet18": ResNet18, "mobilenetv3_small": MobileNetV3Small}
