@@ -11,6 +11,7 @@ one line on stderr and exit code 2.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -31,8 +32,7 @@ def _task(cfg) -> None:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     outcome = run(cfg, run_dir)
-    if cfg.dry_run:
-        _remove_if_only_hydra_files(run_dir)
+    _remove_if_only_hydra_files(run_dir)  # a dry run, or input refused before anything started
     if outcome.error:
         print(f"launch: {outcome.error}", file=sys.stderr, flush=True)
     _exit_codes.append(outcome.exit_code)
@@ -41,10 +41,12 @@ def _task(cfg) -> None:
 
 
 def _remove_if_only_hydra_files(run_dir: Path) -> None:
-    """A dry run starts nothing and should leave nothing: drop the dir Hydra made if it holds only .hydra/."""
+    """A launch that started nothing should leave nothing: drop the dir Hydra made if it holds only .hydra/."""
     entries = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
     if entries <= {".hydra"}:
         shutil.rmtree(run_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            run_dir.parent.rmdir()  # the date folder, if this run was its only content
 
 
 def _joined_overrides(argv: list[str]) -> list[str]:

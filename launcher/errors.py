@@ -56,14 +56,15 @@ def describe_hydra_error(exc: BaseException) -> str:
     names = [type(e).__name__ for e in chain]
 
     # `launch foo` or `launch gpus=[0,1`: not a key=value override.
-    m = re.search(r"Error parsing override '([^']*)'", text)
-    if m:
-        bad = m.group(1)
-        if "=" not in bad:
+    unparsed = next((e for e in chain if type(e).__name__ == "OverrideParseException"), None)
+    if unparsed is not None:
+        bad = getattr(unparsed, "override", "") or ""
+        if bad and "=" not in bad:
             return (f"'{bad}' is not a command or a key=value override; commands: doctor; "
                     f"overrides look like: launch recipe=cifar10 gpus=[0,1] epochs=5")
-        detail = _first_line(text.split(m.group(0), 1)[1]) if text.split(m.group(0), 1)[1].strip() else "syntax error"
-        return f"cannot parse '{bad}' ({detail}); lists are written gpus=[0,1], strings with commas are quoted"
+        detail = _first_line(getattr(unparsed, "message", "") or str(unparsed))
+        return (f"cannot parse '{bad}' ({detail}): lists are written gpus=[0,1], text with commas or "
+                "brackets is quoted: key='a,b'")
 
     m = re.search(r"Ambiguous value for argument '([^']*)'", text)
     if m:
@@ -80,8 +81,11 @@ def describe_hydra_error(exc: BaseException) -> str:
 
     m = re.search(r"full_key: (\S+)", text)
     full_key = m.group(1) if m else None
-    if full_key and any(n in ("ConfigKeyError", "ConfigAttributeError") for n in names) and "not in struct" in text:
-        return _unknown_key(full_key)
+    if any(n in ("ConfigKeyError", "ConfigAttributeError") for n in names):
+        m_key = re.search(r"Could not override '([^']+)'", text) or re.search(r"Key '([^']+)' (?:is )?not in", text)
+        if full_key or m_key:
+            return _unknown_key(m_key.group(1) if m_key and "Could not override" in m_key.group(0) else full_key
+                                or m_key.group(1))
     if full_key and "ValidationError" in names:
         m2 = re.search(r"Value '([^']*)' of type '(\w+)' could not be converted to (\w+)", text)
         if m2:

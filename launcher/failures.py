@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import traceback
 from dataclasses import dataclass
@@ -38,6 +39,13 @@ class FailureRecord:
     def headline(self) -> str:
         first = self.message.strip().splitlines()[0] if self.message.strip() else ""
         return f"{self.exc_type}: {first}" if first else self.exc_type
+
+
+def short_headline(headline: str, limit: int = 160) -> str:
+    """gloo/NCCL messages start with a source location and end with advice; keep the middle."""
+    text = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", headline)
+    text = text.split(". This is typically")[0]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def looks_secondary(exc: BaseException) -> bool:

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher import checkpoint, distenv, logs
 from launcher.config import LaunchError, validate
 from launcher.plan import Plan, make_plan
-from launcher.recipes import get_recipe, prepare
+from launcher.recipes import check_model, get_recipe, prepare
 from launcher.spawn import Outcome
 from launcher.strategy import DP_COST
 
@@ -37,12 +37,19 @@ def run(cfg: DictConfig, run_dir: Path) -> Outcome:
         joined = distenv.existing_world()
         plan = make_plan(cfg, joined)
         recipe = get_recipe(cfg.recipe.name)
+        check_model(recipe, cfg)
         resume_from = str(checkpoint.resolve_resume(cfg.resume).resolve()) if cfg.resume else None
     except LaunchError as err:
         return Outcome(err.exit_code, error=str(err))
     if cfg.dry_run:
         print(describe_dry_run(cfg, plan, run_dir, resume_from))
         return Outcome(0)
+
+    try:
+        if joined is None or joined.local_rank == 0:
+            prepare(recipe, cfg)  # download or check data once per host, before any worker needs it
+    except LaunchError as err:
+        return Outcome(err.exit_code, error=str(err))
 
     is_main = joined is None or joined.rank == 0
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -53,17 +60,14 @@ def run(cfg: DictConfig, run_dir: Path) -> Outcome:
         log.info("run dir: %s", run_dir)
         if plan.layout.strategy == "dp":
             log.warning(DP_COST)
-    try:
-        if joined is None or joined.local_rank == 0:
-            prepare(recipe, cfg)  # download or check data once per host, before any worker needs it
-    except LaunchError as err:
-        return Outcome(err.exit_code, error=str(err))
 
     from launcher.trainer import WorkerSpec
 
     spec = WorkerSpec(OmegaConf.to_container(cfg, resolve=True), str(run_dir), plan.layout, plan.env,
                       resume_from, started)
     outcome = _execute(spec, plan, cfg.max_restarts)
+    if plan.joined is not None:  # this process was a worker too: back to the launcher's own logging
+        logs.setup_launcher_logging(run_dir if is_main else None, debug=bool(os.environ.get("LAUNCH_DEBUG")))
     if outcome.exit_code == 0 and is_main:
         _summarize(outcome, run_dir, time.time() - started)
     return outcome

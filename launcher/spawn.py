@@ -131,19 +131,37 @@ def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int) -> Outc
     others = nprocs - 1
     stopped = f"; the other {others} rank{'s were' if others > 1 else ' was'} stopped" if others else ""
     restarts = f" after {max_restarts} restart{'s' if max_restarts > 1 else ''}" if max_restarts else ""
-    if cause is not None:
-        if cause.exit_code == 2:  # a LaunchError: the message is the whole story
-            return Outcome(2, error=cause.message)
-        trace = textwrap.indent(cause.traceback.rstrip(), "  | ")
-        text = (f"rank {cause.rank} failed{restarts}: {cause.headline}\n{trace}\n"
-                f"root cause: rank {cause.rank}{stopped}. Log: {log_path}")
-        return Outcome(1, error=text)
-    rank, failure = err.get_first_failure()
-    if failure.exitcode is not None and failure.exitcode < 0:
-        sig = failure.signal_name()
-        hint = " (SIGKILL with no traceback is often the out-of-memory killer)" if sig == "SIGKILL" else ""
-        text = f"rank {rank} (pid {failure.pid}) was killed by {sig}{hint}{restarts}{stopped}. Log: {log_path}"
-    else:
-        text = (f"rank {rank} (pid {failure.pid}) exited with code {failure.exitcode} without a Python "
-                f"traceback{restarts}{stopped}. Log: {log_path}")
+    if cause is not None and cause.exit_code == 2:  # a LaunchError: the message is the whole story
+        return Outcome(2, error=cause.message)
+    # A rank that died without a traceback (killed, os._exit, segfault) leaves no record. When the
+    # records only show peers complaining that someone vanished, the silent rank is the root cause.
+    if cause is None or cause.secondary:
+        attempt = cause.attempt if cause else 0
+        silent = sorted(set(range(nprocs)) - {r.rank for r in records if r.attempt == attempt})
+        if silent:
+            return Outcome(1, error=_silent_death(silent, err, cause, restarts, stopped, log_path))
+    if cause is None:
+        return Outcome(1, error=f"a worker failed{restarts} without a report{stopped}. Log: {log_path}")
+    trace = textwrap.indent(cause.traceback.rstrip(), "  | ")
+    text = (f"rank {cause.rank} failed{restarts}: {cause.headline}\n{trace}\n"
+            f"root cause: rank {cause.rank}{stopped}. Log: {log_path}")
     return Outcome(1, error=text)
+
+
+def _silent_death(silent: list[int], err, echo, restarts: str, stopped: str, log_path: Path) -> str:
+    known = {rank: f for rank, f in err.failures.items() if rank in silent}
+    if len(silent) == 1 or known:
+        rank = silent[0] if len(silent) == 1 else min(known, key=lambda r: known[r].timestamp)
+        failure = known.get(rank)
+        if failure is not None and failure.exitcode is not None and failure.exitcode < 0:
+            sig = failure.signal_name()
+            hint = " (SIGKILL with no traceback is often the out-of-memory killer)" if sig == "SIGKILL" else ""
+            what = f"rank {rank} (pid {failure.pid}) was killed by {sig}{hint}"
+        elif failure is not None:
+            what = f"rank {rank} (pid {failure.pid}) exited with code {failure.exitcode} without a Python traceback"
+        else:
+            what = f"rank {rank} died without a Python traceback (killed by a signal, or os._exit)"
+    else:
+        what = f"one of ranks {silent} died without a Python traceback"
+    seen = f"; rank {echo.rank} then saw: {failures.short_headline(echo.headline)}" if echo else ""
+    return f"{what}{restarts}{seen}{stopped}. Log: {log_path}"

@@ -1,7 +1,8 @@
-"""Training recipes. A recipe is a module with this small interface (see `Recipe`):
+"""Training recipes. A recipe is a module with this small interface:
 
     prepare(cfg) -> None            once, in the launcher process, before any worker starts: fetch or
                                     check data. Must not touch CUDA (the launcher has not set the mask).
+    MODELS                          optional: the names `recipe.model` may take (checked up front).
     load(cfg) -> Splits             in every worker: the whole dataset as uint8/int64 CPU tensors.
     build_model(cfg, num_classes)   the nn.Module; `cfg.recipe.model` picks among the recipe's models.
     augment(x, generator) -> x      optional: batched augmentation on the batch's own device.
@@ -53,6 +54,15 @@ def get_recipe(name: str) -> ModuleType:
         raise ConfigError("recipe", name, f"module {module_name} lacks {', '.join(missing)}() "
                           "(see launcher/recipes/__init__.py for the interface)", "recipe=digits")
     return module
+
+
+def check_model(module: ModuleType, cfg) -> None:
+    """A recipe that lists its models in MODELS gets `recipe.model` checked before any worker starts."""
+    models = getattr(module, "MODELS", None)
+    if models is not None and cfg.recipe.model not in models:
+        first = next(iter(models))
+        raise ConfigError("recipe.model", cfg.recipe.model, f"{cfg.recipe.name} has: {', '.join(models)}",
+                          f"recipe={cfg.recipe.name} recipe.model={first}")
 
 
 def prepare(module: ModuleType, cfg) -> None:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from launcher.augment import random_flip, random_translate
-from launcher.config import ConfigError, LaunchError
+from launcher.config import LaunchError
 from launcher.recipes import Splits
 from launcher.recipes.vision_models import MODELS
 
@@ -179,7 +179,4 @@ def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 
 
 def build_model(cfg, num_classes: int) -> nn.Module:
-    if cfg.recipe.model not in MODELS:
-        raise ConfigError("recipe.model", cfg.recipe.model, "cifar10 has: " + ", ".join(MODELS),
-                          "recipe=cifar10 recipe.model=resnet18")
     return MODELS[cfg.recipe.model](num_classes)

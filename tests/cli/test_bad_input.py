@@ -1,0 +1,44 @@
+"""Bad input: one clear line on stderr (what was wrong, what is allowed, what to type), exit code 2,
+no traceback, and no run dir left behind. These start the CLI but never a worker."""
+
+import pytest
+
+CASES = [
+    ("epochs=0", "epochs=0 is not valid: must be an integer >= 1"),
+    ("epochs=abc", "epochs=abc is not valid: must be an integer"),
+    ("epoch=3", "unknown key 'epoch': did you mean epochs?"),
+    ("recipe.modle=cnn", "did you mean recipe.model?"),
+    ("recipe=imagenet", "recipe=imagenet is not valid: choose one of cifar10, digits"),
+    ("strategy=fast", "strategy=fast is not valid: choose one of auto, ddp, dp, single"),
+    ("gpus=[0]", "gpus=[0] is not valid: GPU 0 does not exist: no GPU is visible"),
+    ("gpus=2", "gpus=2 is not valid: asks for 2 GPUs but no GPU is visible"),
+    ("gpus=all", "gpus=all is not valid: no GPU is visible"),
+    ("gpus=[-1]", "ids cannot be negative"),
+    ("gpus=0", "ambiguous: write gpus=[0] for GPU 0 or gpus=[] for CPU"),
+    ("gpus=[a]", "ids must be integers"),
+    ("gpus=0,1", "gpus=0,1 is ambiguous: write gpus=[0,1] for a list"),
+    ("gpus=[0,1", "cannot parse 'gpus=[0,1'"),
+    ("lr=-1", "lr=-1.0 is not valid: must be a finite number > 0"),
+    ("strategy=dp gpus=[]", "DataParallel needs GPUs"),
+    ("gpus=[] strategy=ddp nprocs=2 batch_size=63", "must split evenly over 2 ranks (e.g. launch batch_size=62)"),
+    ("recipe.model=vgg", "recipe.model=vgg is not valid: digits has: cnn"),
+    ("resume=/no/such/run", "resume=/no/such/run is not valid"),
+    ("recipe=cifar10 data.download=false data.root=/no/data", "CIFAR-10 not found: put cifar-10-python.tar.gz"),
+    ("train", "'train' is not a command or a key=value override"),
+]
+
+
+@pytest.mark.parametrize("args, expected", CASES, ids=[c[0] for c in CASES])
+def test_one_clear_line_and_exit_2(launch, args, expected):
+    result = launch(*args.split(), timeout=60)
+    assert result.returncode == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("launch: ") and expected in lines[0], lines[0]
+    assert "Traceback" not in result.output
+    assert not list(result.cwd.glob("outputs/*/*")), "a refused launch must not leave a run dir"
+
+
+def test_doctor_rejects_arguments(launch):
+    result = launch("doctor", "--verbose")
+    assert result.returncode == 2 and "doctor takes no arguments" in result.stderr

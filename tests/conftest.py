@@ -1,0 +1,111 @@
+"""Shared helpers: run `launch` as a user would (a subprocess in a scratch directory) and inspect what it left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Launch:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    cwd: Path
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def run_dirs(self) -> list[Path]:
+        return sorted(p.parent for p in self.cwd.glob("outputs/**/.hydra"))
+
+    def run_dir(self) -> Path:
+        dirs = self.run_dirs()
+        assert len(dirs) == 1, f"expected one run dir, found {dirs}\n{self.output}"
+        return dirs[0]
+
+    def results(self) -> dict:
+        return json.loads((self.run_dir() / "results.json").read_text())
+
+
+def launch_command(*overrides: str) -> list[str]:
+    return [sys.executable, "-m", "launcher.cli", *overrides]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                "HYDRA_FULL_ERROR", "LAUNCH_DEBUG"):
+        env.pop(key, None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def launch(tmp_path):
+    """launch(*overrides, timeout=...) -> Launch, run in a fresh directory like a user's project."""
+
+    def run(*overrides: str, timeout: float = 240, env: dict[str, str] | None = None) -> Launch:
+        start = time.monotonic()
+        proc = subprocess.run(launch_command(*overrides), cwd=tmp_path, capture_output=True, text=True,
+                              timeout=timeout, env=env or clean_env())
+        return Launch(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start, tmp_path)
+
+    return run
+
+
+def descendants(pid: int) -> set[int]:
+    """All live processes below `pid`, read from /proc (no psutil needed)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has exited; only its parent's bookkeeping remains
+
+
+def stop_tree(pid: int) -> None:
+    for p in descendants(pid) | {pid}:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def cifar_root(tmp_path_factory) -> Path:
+    """A small CIFAR-10 stand-in in the official python format (the real archive is not on these machines)."""
+    from launcher.recipes.cifar10 import FOLDER, synthetic_splits, write_official_format
+
+    root = tmp_path_factory.mktemp("cifar")
+    write_official_format(root / FOLDER, synthetic_splits(500, 100, seed=3))
+    return root

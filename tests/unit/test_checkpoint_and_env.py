@@ -1,0 +1,43 @@
+"""Checkpoints resolve from a run dir, a file or `latest`; a torchrun/srun environment is recognised."""
+
+import os
+import time
+
+import pytest
+import torch
+
+from launcher import checkpoint
+from launcher.config import LaunchError
+from launcher.distenv import WorldInfo, existing_world
+
+
+def test_atomic_save_and_weights_only_load(tmp_path):
+    path = tmp_path / "checkpoints" / "last.pt"
+    checkpoint.save_atomic({"net_state_dict": {"w": torch.ones(2)}, "epoch": 3, "history": [{"loss": 1.0}]}, path)
+    state = checkpoint.load(path)
+    assert state["epoch"] == 3 and torch.equal(state["net_state_dict"]["w"], torch.ones(2))
+    assert [p.name for p in path.parent.iterdir()] == ["last.pt"]  # no temporary file left
+
+
+def test_resolve_resume(tmp_path):
+    older, newer = tmp_path / "outputs" / "a", tmp_path / "outputs" / "b"
+    for run in (older, newer):
+        checkpoint.save_atomic({"epoch": 1}, run / "checkpoints" / "last.pt")
+        time.sleep(0.01)
+    os.utime(older / "checkpoints" / "last.pt", (1, 1))
+    assert checkpoint.resolve_resume(str(newer)) == newer / "checkpoints" / "last.pt"
+    assert checkpoint.resolve_resume(str(older / "checkpoints" / "last.pt")).parent.parent == older
+    assert checkpoint.resolve_resume("latest", tmp_path / "outputs") == newer / "checkpoints" / "last.pt"
+    with pytest.raises(LaunchError, match="does not exist"):
+        checkpoint.resolve_resume(str(tmp_path / "nope"))
+    with pytest.raises(LaunchError, match="no checkpoint"):
+        checkpoint.resolve_resume("latest", tmp_path / "empty")
+
+
+def test_torchrun_environment_is_joined():
+    env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h",
+           "MASTER_PORT": "1234", "TORCHELASTIC_RUN_ID": "x"}
+    assert existing_world(env) == WorldInfo(1, 1, 2, 2, "h", 1234)
+    assert existing_world({"PATH": "/bin"}) is None
+    # an sbatch script (no srun step) or a one-task step: launch spawns its own workers
+    assert existing_world({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"}) is None
