@@ -70,15 +70,29 @@ def train(spec: WorkerSpec, world: WorldInfo) -> dict[str, Any] | None:
         torch.set_float32_matmul_precision("high")
     distributed = layout.strategy == "ddp"
     if distributed:
-        dist.init_process_group(
-            backend=layout.dist_backend, timeout=timedelta(seconds=cfg.strategy.timeout_s),
-            device_id=device if device.type == "cuda" else None,
-        )
+        init_process_group(layout.dist_backend, world, timedelta(seconds=cfg.strategy.timeout_s), device)
     try:
         return _Run(cfg, spec, world, device).fit()
     finally:
         if distributed and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def init_process_group(backend: str, world: WorldInfo, timeout: timedelta, device: torch.device) -> None:
+    """init_process_group on a store namespaced by restart attempt.
+
+    Under torchelastic the workers share the agent's TCPStore, which outlives a restart; without a
+    per-attempt prefix, restarted ranks can read the dead ranks' addresses and fail to connect
+    (pytorch/pytorch#167288). Outside elastic (srun), rank 0 hosts the store itself.
+    """
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(world.master_addr, world.master_port, world.world_size,
+                          is_master=not agent_hosts_store and world.rank == 0, timeout=timeout)
+    dist.init_process_group(
+        backend=backend, store=dist.PrefixStore(f"launcher/attempt{world.restart_count}", store),
+        rank=world.rank, world_size=world.world_size, timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
 
 
 def triangular_schedule(total_steps: int, warmup_steps: int):

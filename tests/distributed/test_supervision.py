@@ -1,0 +1,130 @@
+"""Supervision: a failing rank takes the launch down fast with the root cause named; signals leave no
+process behind; restarts resume from the checkpoint; launches never collide."""
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import alive, clean_env, descendants, launch_command, stop_tree
+
+pytestmark = pytest.mark.distributed
+
+DDP_CPU = ("gpus=[]", "strategy=ddp", "nprocs=2")
+
+
+def test_rank_that_raises_brings_every_rank_down_with_its_traceback(launch):
+    result = launch(*DDP_CPU, "epochs=50", "fault.rank=1", "fault.step=30")
+    assert result.returncode == 1, result.output
+    err = result.stderr
+    assert "launch: rank 1 failed: RuntimeError: injected failure (fault.kind=raise) on rank 1 at step 30" in err
+    assert "Traceback (most recent call last)" in err and "_maybe_fail" in err
+    assert "root cause: rank 1" in err
+    assert "Connection closed by peer" not in err and "Connection reset" not in err  # no wall of echoes
+    # the launch ends within 10 s of the failure, which happens ~2 s after start-up
+    run_dir = result.run_dir()
+    records = {p.name: json.loads(p.read_text()) for p in (run_dir / "failures").glob("*.json")}
+    failed_at = records["attempt0-rank1.json"]["time"]
+    assert (run_dir / "train.log").stat().st_mtime - failed_at < 10
+    assert result.seconds < 60
+
+
+def test_rank_killed_without_traceback_is_named(launch):
+    result = launch(*DDP_CPU, "epochs=50", "fault.rank=1", "fault.step=30", "fault.kind=kill")
+    assert result.returncode == 1
+    assert "rank 1" in result.stderr and "without a Python traceback" in result.stderr
+
+
+def test_sigint_ends_every_worker_and_leaves_no_process(tmp_path):
+    proc = subprocess.Popen(launch_command(*DDP_CPU, "epochs=500"), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=clean_env())
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch"):
+                break
+        workers = descendants(proc.pid)
+        assert len(workers) >= 2, workers
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 130, out
+        assert "stopped by SIGINT" in out
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in workers if alive(p)], "orphaned worker processes"
+    finally:
+        stop_tree(proc.pid)
+
+
+def test_sigterm_too(tmp_path):
+    proc = subprocess.Popen(launch_command(*DDP_CPU, "epochs=500"), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=clean_env())
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch"):
+                break
+        workers = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in out
+        time.sleep(1)
+        assert not [p for p in workers if alive(p)]
+    finally:
+        stop_tree(proc.pid)
+
+
+def test_restart_resumes_from_last_checkpoint(launch):
+    steps_per_epoch = 1438 // 64
+    result = launch(*DDP_CPU, "epochs=4", "max_restarts=1", "fault.rank=1", f"fault.step={2 * steps_per_epoch + 3}")
+    assert result.returncode == 0, result.output
+    results = result.results()
+    assert results["restarts"] == 1 and results["resumed_from"].endswith("checkpoints/last.pt")
+    rows = [json.loads(x) for x in (result.run_dir() / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4]  # epochs 1-2 not trained again
+    assert "resumed from" in result.stdout and "after epoch 2" in result.stdout
+
+
+def test_resume_continues_a_finished_run_in_a_new_dir(launch):
+    first = launch("epochs=2")
+    assert first.returncode == 0
+    old_dir = first.run_dir()
+    second = launch("epochs=3", f"resume={old_dir}")
+    assert second.returncode == 0, second.output
+    new_dirs = [d for d in second.run_dirs() if d != old_dir]
+    assert len(new_dirs) == 1
+    rows = [json.loads(x) for x in (new_dirs[0] / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert len((old_dir / "metrics.jsonl").read_text().splitlines()) == 2  # the old run is untouched
+
+
+def test_two_launches_at_once_both_finish(tmp_path):
+    procs = [subprocess.Popen(launch_command(*DDP_CPU, "epochs=3"), cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=clean_env()) for _ in range(2)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    run_dirs = sorted(p.parent for p in tmp_path.glob("outputs/**/results.json"))
+    assert len(run_dirs) == 2
+
+
+def test_sequential_sweep(launch):
+    result = launch("-m", "epochs=1", "batch_size=32,64")
+    assert result.returncode == 0, result.output
+    sweep = sorted(p.parent for p in result.cwd.glob("multirun/**/results.json"))
+    assert len(sweep) == 2
+    assert {json.loads((d / "results.json").read_text())["batch_size"] for d in sweep} == {32, 64}
+
+
+def test_joins_a_world_started_by_torchrun(tmp_path):
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "launcher.cli", "gpus=[]", "epochs=2"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180, env=clean_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dirs = [p.parent for p in tmp_path.glob("outputs/**/results.json")]
+    assert len(run_dirs) == 1 and run_dirs[0].name.startswith("torchrun-")
+    results = json.loads((run_dirs[0] / "results.json").read_text())
+    assert results["world_size"] == 2 and results["strategy"] == "ddp" and results["ranks_agree"]
+    assert "joining an existing world" in proc.stdout
