@@ -1,0 +1,65 @@
+"""GPU runs (marked `gpu`, skipped without CUDA): run on the device machine, reported in the closing note.
+
+    python -m pytest -m gpu tests/gpu -v
+"""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+
+SYNTHETIC = ("recipe=cifar10", "data.synthetic=true", "epochs=2")
+
+
+@two_gpus
+def test_ddp_on_two_gpus(launch):
+    result = launch(*SYNTHETIC, "gpus=[0,1]", timeout=600)
+    assert result.returncode == 0, result.output
+    r = result.results()
+    assert r["strategy"] == "ddp" and r["world_size"] == 2 and r["device_type"] == "cuda"
+    assert r["cuda_visible_devices"] == "0,1" and r["ranks_agree"] and r["synthetic_data"]
+    rows = [json.loads(x) for x in (result.run_dir() / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["max_mem_allocated_mb"] > 0 and rows[-1]["img_per_s"] > 0
+
+
+@two_gpus
+def test_dataparallel_on_two_gpus_warns_of_its_cost(launch):
+    result = launch(*SYNTHETIC, "gpus=[0,1]", "strategy=dp", timeout=600)
+    assert result.returncode == 0, result.output
+    r = result.results()
+    assert r["strategy"] == "dp" and r["world_size"] == 1 and len(r["devices"]) == 2
+    assert "DataParallel" in result.output and "img/s" in result.output
+
+
+@two_gpus
+def test_second_gpu_only(launch):
+    result = launch(*SYNTHETIC, "gpus=[1]", timeout=600)
+    assert result.returncode == 0, result.output
+    r = result.results()
+    assert r["strategy"] == "single" and r["cuda_visible_devices"] == "1" and len(r["devices"]) == 1
+
+
+def test_one_gpu_each_model(launch):
+    for model in ("airbench", "resnet18", "mobilenetv3_small"):
+        result = launch(*SYNTHETIC[:2], "epochs=1", "gpus=[0]", f"recipe.model={model}", timeout=600)
+        assert result.returncode == 0, result.output
+        assert result.results()["model"] == model
+        for d in result.run_dirs():  # one run dir per launch: clear it for the next model
+            import shutil
+
+            shutil.rmtree(d)
+
+
+def test_digits_default_on_gpu(launch):
+    result = launch("gpus=[0]")
+    assert result.returncode == 0, result.output
+    assert result.results()["test_acc"] >= 0.95
+
+
+def test_doctor_lists_the_gpus(launch):
+    result = launch("doctor")
+    assert result.returncode == 0 and "cuda:0" in result.stdout
