@@ -14,10 +14,11 @@ from launcher.config import ConfigError
 if TYPE_CHECKING:
     import torch
 
-# Measured on 2x H200 (NVLink), torch 2.11, 2026-11-22, ResNet-18, batch 512 per GPU, bf16 (issue 5).
+# Measured through `launch` itself (bench/strategies.py, BENCHMARKS.md): 2x H200, torch 2.11, 2026-11-22,
+# CIFAR-shaped data, bf16, ResNet-18 at batch 512 per GPU.
 DP_COST = (
-    "strategy=dp runs nn.DataParallel in one process, which is slow: measured on 2x H200 with ResNet-18 at "
-    "batch 512/GPU it gave 14.6k img/s, against 49.3k on ONE GPU and 76.5k with DDP on two. "
+    "strategy=dp runs nn.DataParallel in one process, which is slow: on 2x H200 with ResNet-18 at batch "
+    "512/GPU it gave 21.0k img/s, against 57.7k on ONE GPU and 79.3k with DDP on two (BENCHMARKS.md). "
     "Use strategy=ddp (the default for several GPUs) unless you need one process."
 )
 

@@ -66,7 +66,10 @@ def train(spec: WorkerSpec, world: WorldInfo) -> dict[str, Any] | None:
     layout = spec.layout
     device = pick_device(layout, world)
     if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
+        # DataParallel runs each replica in a new thread every step, and cuDNN's autotuning results do not
+        # carry over between those threads, so with benchmark on it re-tunes every step: on 2x H200 the
+        # fast net ran at 2.5k img/s under dp with it on, 63.7k with it off (BENCHMARKS.md).
+        torch.backends.cudnn.benchmark = layout.strategy != "dp"
         torch.set_float32_matmul_precision("high")
     distributed = layout.strategy == "ddp"
     if distributed:
@@ -356,35 +359,40 @@ class _Run:
                          100 * row["test_acc"], f"{row['img_per_s']:,.0f}", row["epoch_s"])
                 if not math.isfinite(row["loss"]):
                     log.warning("loss is %s at epoch %d", row["loss"], epoch + 1)
-        digests = self._gather_digests()
+        digests, devices = self._gather_rank_facts()
         if not self.is_main:
             return None
-        return self._results(history, digests, resumed_from, train_time, time.perf_counter() - t_start, splits)
+        return self._results(history, digests, devices, resumed_from, train_time, time.perf_counter() - t_start,
+                             splits)
 
-    def _gather_digests(self) -> list[str]:
-        mine = weights_digest(self.model)
+    def _gather_rank_facts(self) -> tuple[list[str], list[str]]:
+        """Every rank's weights digest and device name, in rank order (one entry for single and dp)."""
+        mine = (weights_digest(self.model), self._device_names())
         if self.layout.strategy != "ddp":
-            return [mine]
-        everyone: list[str] = [""] * self.world_size
+            return [mine[0]], mine[1]
+        everyone: list[tuple[str, list[str]]] = [("", [])] * self.world_size
         dist.all_gather_object(everyone, mine)
-        if len(set(everyone)) > 1 and self.is_main:
-            log.warning("ranks ended with DIFFERENT weights (digests %s): the replicas diverged", everyone)
-        return everyone
+        digests = [d for d, _ in everyone]
+        if len(set(digests)) > 1 and self.is_main:
+            log.warning("ranks ended with DIFFERENT weights (digests %s): the replicas diverged", digests)
+        return digests, [name for _, names in everyone for name in names]
 
-    def _results(self, history, digests, resumed_from, train_time, total_s, splits) -> dict[str, Any]:
+    def _device_names(self) -> list[str]:
+        if self.device.type != "cuda":
+            return []
+        indices = range(self.layout.num_devices) if self.layout.strategy == "dp" else [self.device.index]
+        return [torch.cuda.get_device_name(i) for i in indices]
+
+    def _results(self, history, digests, devices, resumed_from, train_time, total_s, splits) -> dict[str, Any]:
         cfg = self.cfg
         final = history[-1] if history else {}
-        names = []
-        if self.device.type == "cuda":
-            count = self.layout.num_devices if self.layout.strategy == "dp" else 1
-            names = [torch.cuda.get_device_name(i) for i in range(count)]
         results = {
             "recipe": cfg.recipe.name,
             "model": cfg.recipe.model,
             "strategy": self.layout.strategy,
             "world_size": self.world_size,
             "device_type": self.device.type,
-            "devices": names,
+            "devices": devices,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "epochs": cfg.epochs,
             "batch_size": cfg.batch_size,

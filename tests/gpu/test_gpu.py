@@ -22,6 +22,7 @@ def test_ddp_on_two_gpus(launch):
     r = result.results()
     assert r["strategy"] == "ddp" and r["world_size"] == 2 and r["device_type"] == "cuda"
     assert r["cuda_visible_devices"] == "0,1" and r["ranks_agree"] and r["synthetic_data"]
+    assert len(r["devices"]) == 2
     rows = [json.loads(x) for x in (result.run_dir() / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["max_mem_allocated_mb"] > 0 and rows[-1]["img_per_s"] > 0
 
