@@ -126,6 +126,7 @@ STRATEGIES = ("auto", "single", "dp", "ddp")
 PRECISIONS = ("auto", "bf16", "fp32")
 OPTIMIZERS = ("sgd", "adamw")
 FAULT_KINDS = ("raise", "exit", "hang", "kill")
+BACKENDS = ("local",)  # slurm (submitit) is issue 6
 
 
 def register() -> None:
@@ -181,5 +182,6 @@ def validate(cfg: DictConfig) -> None:
     _check_float("recipe.warmup_epochs", r.warmup_epochs, "recipe.warmup_epochs=1", positive=False)
     _check_int("recipe.eval_batch_size", r.eval_batch_size, 1, "recipe.eval_batch_size=1024")
     _check_choice("fault.kind", cfg.fault.kind, FAULT_KINDS)
+    _check_choice("backend.name", cfg.backend.name, BACKENDS)
     if cfg.resume is not None and str(cfg.resume).strip().lower() in ("", "true", "false", "none"):
         raise ConfigError("resume", cfg.resume, "give a run dir or checkpoint file, or `latest`", "resume=latest")

@@ -56,18 +56,22 @@ def existing_world(env: Mapping[str, str] | None = None) -> WorldInfo | None:
     if started_by_torchrun(env):
         return WorldInfo.from_env(env)
     if in_srun_with_tasks(env):
-        return _from_slurm()
+        return _from_slurm()  # reads os.environ, as SLURM set it
     return None
 
 
 def _from_slurm() -> WorldInfo:
-    # submitit derives the rendezvous from SLURM's variables (first node of the allocation, a port
-    # from the job id); reuse it rather than parse SLURM_JOB_NODELIST again here.
-    from submitit.helpers import TorchDistributedEnvironment
+    # submitit parses SLURM's variables (the compressed node list included). Its generic
+    # JobEnvironment() only recognises jobs that submitit itself submitted, so use the SLURM one directly.
+    import random
 
-    slurm = TorchDistributedEnvironment()
-    return WorldInfo(slurm.rank, slurm.local_rank, slurm.world_size, slurm.local_world_size,
-                     slurm.master_addr, slurm.master_port)
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    job = SlurmJobEnvironment()
+    # Every task must agree on a port without talking: derive it from the job id, unless one is given.
+    port = int(os.environ.get("MASTER_PORT") or random.Random(job.job_id).randint(20000, 60000))
+    return WorldInfo(job.global_rank, job.local_rank, job.num_tasks, job.num_tasks // job.num_nodes,
+                     job.hostnames[0], port)
 
 
 def joined_run_id(env: Mapping[str, str]) -> str:

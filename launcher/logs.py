@@ -15,7 +15,8 @@ LOG_NAME = "train.log"
 FILE_FORMAT = "%(asctime)s [{who}] %(levelname)s %(name)s: %(message)s"
 
 # Libraries whose chatter the launcher replaces with its own summary (see spawn.py).
-_QUIET_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run")
+_QUIET_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run",
+                   "torch.multiprocessing")
 
 
 class _DropLibraryChatter(logging.Filter):

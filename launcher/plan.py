@@ -76,7 +76,8 @@ def _joined_plan(cfg: DictConfig, world: WorldInfo, ids: list[int], visible: lis
     if cfg.nprocs not in (None, world.world_size):
         raise ConfigError("nprocs", cfg.nprocs, f"torchrun/srun already started {world.world_size} ranks; drop nprocs",
                           "strategy=ddp")
-    worker_env: dict[str, str] = {}
+    # The env contract, so the worker reads the same world whether torchrun or SLURM described it.
+    worker_env: dict[str, str] = world.as_env()
     if ids:
         # One GPU per local rank: torchrun's convention is cuda:LOCAL_RANK among the visible devices;
         # srun with --gpus-per-task gives each task a mask of its own single GPU.

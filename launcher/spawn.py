@@ -73,7 +73,7 @@ def _quiet_elastic() -> None:
     if os.environ.get("LAUNCH_DEBUG"):
         return
     for name in list(logging.root.manager.loggerDict):
-        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
@@ -107,6 +107,9 @@ def launch_local(spec, nprocs: int, max_restarts: int) -> Outcome:
     scratch = tempfile.mkdtemp(prefix="launch-elastic-")  # elastic's per-attempt error files
     env = dict(spec.env)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_GRACE_S))
+    # elastic asks torch.cuda.is_available() in this process; answer it from NVML so that the
+    # launcher never starts CUDA (it costs seconds, and the workers need the devices, not us).
+    env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     try:
         with patched_environ(env), restored_signal_handlers():
             config = _launch_config(nprocs, max_restarts, scratch)

@@ -64,6 +64,9 @@ def train(spec: WorkerSpec, world: WorldInfo) -> dict[str, Any] | None:
     """Train one worker's part of the run. Returns the results on rank 0, None elsewhere."""
     cfg = OmegaConf.create(spec.config)
     layout = spec.layout
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        # torch may have been imported before the worker env was applied (a joined world): apply it now.
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     device = pick_device(layout, world)
     if device.type == "cuda":
         # DataParallel runs each replica in a new thread every step, and cuDNN's autotuning results do not

@@ -105,7 +105,10 @@ def _extract(archive: Path, root: Path) -> None:
         for member in members:  # only plain files inside the one folder: nothing escapes data.root
             if ".." in Path(member.name).parts:
                 raise DataError(f"{archive} holds an unsafe path {member.name!r}: delete it")
-        tar.extractall(root, members=members)
+        if hasattr(tarfile, "data_filter"):  # refuses links, devices and absolute paths as well
+            tar.extractall(root, members=members, filter="data")
+        else:
+            tar.extractall(root, members=members)
 
 
 def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:

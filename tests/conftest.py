@@ -23,6 +23,7 @@ class Launch:
     stderr: str
     seconds: float
     cwd: Path
+    finished_at: float  # time.time() when the launch process had exited
 
     @property
     def output(self) -> str:
@@ -62,7 +63,7 @@ def launch(tmp_path):
         start = time.monotonic()
         proc = subprocess.run(launch_command(*overrides), cwd=tmp_path, capture_output=True, text=True,
                               timeout=timeout, env=env or clean_env())
-        return Launch(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start, tmp_path)
+        return Launch(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start, tmp_path, time.time())
 
     return run
 

@@ -42,3 +42,16 @@ def test_one_clear_line_and_exit_2(launch, args, expected):
 def test_doctor_rejects_arguments(launch):
     result = launch("doctor", "--verbose")
     assert result.returncode == 2 and "doctor takes no arguments" in result.stderr
+
+
+def test_the_launch_command_is_installed():
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / "launch"  # where pip puts scripts of this interpreter's packages
+    exe = str(beside) if beside.exists() else shutil.which("launch")
+    assert exe, "`pip install -e .` should put `launch` on PATH"
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "launch recipe=cifar10 gpus=[0,1]" in out.stdout
