@@ -39,6 +39,13 @@ class Plan:
         return f"{lay.strategy}{backend} on {where}, {batch}{joined}"
 
 
+def torch_has_cuda() -> bool:
+    """Whether this torch was built with CUDA (reads the build, does not start CUDA)."""
+    import torch
+
+    return torch.version.cuda is not None
+
+
 def _gpus_text(spec) -> str:
     value = OmegaConf.to_container(spec) if OmegaConf.is_config(spec) else spec
     return "[" + ",".join(map(str, value)) + "]" if isinstance(value, list) else str(value)
@@ -57,6 +64,11 @@ def make_plan(cfg: DictConfig, joined: WorldInfo | None = None, env: Mapping[str
     physical = physical_gpu_count() if physical_count is None else physical_count
     visible = visible_devices(env, physical)
     ids = select_gpus(cfg.gpus, visible, env)
+    if ids and not torch_has_cuda():
+        import torch
+
+        raise ConfigError("gpus", _gpus_text(cfg.gpus), f"this torch ({torch.__version__}) is a CPU build; install a "
+                          "CUDA build of torch to use the GPUs, or train on CPU", "gpus=[]")
     if joined is None:
         layout = choose(cfg.strategy.name, len(ids), cfg.nprocs, cfg.batch_size, cfg.strategy.backend,
                         _gpus_text(cfg.gpus))

@@ -194,8 +194,10 @@ class _Run:
         self.optimizer.load_state_dict(state["optimizer_state_dict"])
         self.scheduler.load_state_dict(state["scheduler_state_dict"])
         rng = state.get("rng", {})
-        if "cpu" in rng:
+        if "cpu" in rng:  # dropout and other global randomness continue where they stopped
             torch.set_rng_state(rng["cpu"].cpu())
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"].cpu(), self.device)
         return int(state["epoch"]), list(state.get("history", [])), source
 
     # ---- the loop -----------------------------------------------------------------------------
@@ -324,7 +326,8 @@ class _Run:
             "scheduler_state_dict": self.scheduler.state_dict(),
             "epoch": epoch,
             "history": history,
-            "rng": {"cpu": torch.get_rng_state()},
+            "rng": {"cpu": torch.get_rng_state(),
+                    **({"cuda": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {})},
             "config": self.spec.config,
         }
         checkpoint.save_atomic(state, checkpoint.checkpoint_dir(self.run_dir) / checkpoint.LAST)
@@ -341,11 +344,13 @@ class _Run:
             if resumed_from:
                 log.info("resumed from %s after epoch %d", resumed_from, start_epoch)
         self.first_step_s: float | None = None
-        aug_gen = torch.Generator(device=self.device).manual_seed(cfg.seed * 7919 + self.rank)
+        aug_gen = torch.Generator(device=self.device)
         train_time = 0.0
         for epoch in range(start_epoch, cfg.epochs):
             epoch_start = time.perf_counter()
             row: dict[str, Any] = {"epoch": epoch + 1}
+            # Seeded per (seed, epoch, rank), so a resumed run augments exactly as an uninterrupted one.
+            aug_gen.manual_seed((cfg.seed * 100_003 + epoch) * 1_009 + self.rank)
             row.update(self._train_epoch(epoch, aug_gen))
             self._average_buffers()
             row.update(self._evaluate())

@@ -29,15 +29,15 @@ def worker_main(spec) -> dict[str, Any] | None:
 
         return train(spec, world)
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then the process ends
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C reached the whole group: the launcher says so
+            os._exit(130)
         code = exc.exit_code if isinstance(exc, LaunchError) else 1
-        if isinstance(exc, KeyboardInterrupt):
-            code = 130
-        elif isinstance(exc, SystemExit):
+        if isinstance(exc, SystemExit):
             code = exc.code if isinstance(exc.code, int) else 1
             if code == 0:
                 raise
         failures.write_record(run_dir, world.rank, world.restart_count, exc, code)
-        if not isinstance(exc, LaunchError | KeyboardInterrupt):
+        if not isinstance(exc, LaunchError):
             logging.getLogger("launcher.worker").error("rank %d failed: %s: %s", world.rank, type(exc).__name__, exc,
                                                        exc_info=exc, extra={"file_only": True})
         logging.shutdown()

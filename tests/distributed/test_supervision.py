@@ -2,8 +2,10 @@
 process behind; restarts resume from the checkpoint; launches never collide."""
 
 import json
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -114,8 +116,6 @@ def test_sequential_sweep(launch):
 
 
 def test_joins_a_world_started_by_torchrun(tmp_path):
-    import sys
-
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "-m", "launcher.cli", "gpus=[]", "epochs=2"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180, env=clean_env())
@@ -141,3 +141,47 @@ def test_joins_a_world_that_srun_started(tmp_path):
     assert [d.name for d in run_dirs] == ["slurm-4242-0"]
     results = json.loads((run_dirs[0] / "results.json").read_text())
     assert results["world_size"] == 2 and results["ranks_agree"] and results["test_acc"] > 0.9
+
+
+def test_launcher_killed_outright_leaves_no_worker(tmp_path):
+    """SIGKILL gives the launcher no chance to clean up: the workers must still die with it."""
+    proc = subprocess.Popen(launch_command(*DDP_CPU, "epochs=500"), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=clean_env())
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch"):
+                break
+        workers = descendants(proc.pid)
+        assert len(workers) >= 2
+        proc.kill()
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while any(alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in workers if alive(p)], "workers outlived a killed launcher"
+    finally:
+        stop_tree(proc.pid)
+        for p in descendants(proc.pid):
+            stop_tree(p)
+
+
+def test_sweep_goes_on_after_a_failed_run_and_exits_nonzero(launch):
+    result = launch("-m", "epochs=1", "fault.rank=0,null", "fault.step=3")
+    assert result.returncode == 1, result.output
+    assert "rank 0 failed" in result.stderr and "1 of 2 sweep runs failed" in result.stderr
+    assert len(list(result.cwd.glob("multirun/**/results.json"))) == 1  # the healthy run finished
+
+
+def test_resumed_run_matches_an_uninterrupted_one(launch):
+    """Checkpoint + per-epoch seeding: stopping after epoch 2 and resuming gives the same weights."""
+    whole = launch("epochs=3", "recipe.warmup_epochs=0")
+    assert whole.returncode == 0
+    whole_digest = whole.results()["weights_sha256"]
+    for d in whole.run_dirs():
+        shutil.rmtree(d)  # so that resume=latest finds the interrupted run
+    first = launch("epochs=3", "recipe.warmup_epochs=0", "fault.rank=0", f"fault.step={2 * (1438 // 64)}")
+    assert first.returncode == 1
+    second = launch("epochs=3", "recipe.warmup_epochs=0", "resume=latest")
+    assert second.returncode == 0, second.output
+    resumed = [d for d in second.run_dirs() if (d / "results.json").exists()]
+    assert json.loads((resumed[0] / "results.json").read_text())["weights_sha256"] == whole_digest

@@ -4,6 +4,7 @@
 """
 
 import json
+import shutil
 
 import pytest
 
@@ -50,8 +51,6 @@ def test_one_gpu_each_model(launch):
         assert result.returncode == 0, result.output
         assert result.results()["model"] == model
         for d in result.run_dirs():  # one run dir per launch: clear it for the next model
-            import shutil
-
             shutil.rmtree(d)
 
 
