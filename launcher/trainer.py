@@ -13,6 +13,7 @@ on the device and read once per epoch.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import math
@@ -77,10 +78,15 @@ def train(spec: WorkerSpec, world: WorldInfo) -> dict[str, Any] | None:
     distributed = layout.strategy == "ddp"
     if distributed:
         init_process_group(layout.dist_backend, world, timedelta(seconds=cfg.strategy.timeout_s), device)
+    run = _Run(cfg, spec, world, device)
     try:
-        return _Run(cfg, spec, world, device).fit()
+        return run.fit()
     finally:
         if distributed and dist.is_initialized():
+            # DDP's reducer holds the process group and sits in reference cycles; free it now, while
+            # the interpreter is whole, or gloo's threads may be torn down at exit ("terminate called").
+            del run
+            gc.collect()
             dist.destroy_process_group()
 
 

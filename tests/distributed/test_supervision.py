@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -36,7 +37,9 @@ def test_rank_killed_without_traceback_is_named(launch):
     assert "rank 1" in result.stderr and "without a Python traceback" in result.stderr
 
 
-def test_sigint_ends_every_worker_and_leaves_no_process(tmp_path):
+@contextmanager
+def training_launch(tmp_path):
+    """A long 2-rank launch, yielded once its first epoch is done, with its worker pids. Always cleaned up."""
     proc = subprocess.Popen(launch_command(*DDP_CPU, "epochs=500"), cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=clean_env())
     try:
@@ -45,33 +48,36 @@ def test_sigint_ends_every_worker_and_leaves_no_process(tmp_path):
                 break
         workers = descendants(proc.pid)
         assert len(workers) >= 2, workers
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == 130, out
-        assert "stopped by SIGINT" in out
-        deadline = time.monotonic() + 10
-        while any(alive(p) for p in workers) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in workers if alive(p)], "orphaned worker processes"
+        yield proc, workers
     finally:
         stop_tree(proc.pid)
 
 
-def test_sigterm_too(tmp_path):
-    proc = subprocess.Popen(launch_command(*DDP_CPU, "epochs=500"), cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=clean_env())
-    try:
-        for line in proc.stdout:
-            if line.startswith("epoch"):
-                break
-        workers = descendants(proc.pid)
-        proc.send_signal(signal.SIGTERM)
+def assert_all_gone(pids, within: float = 10) -> None:
+    deadline = time.monotonic() + within
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)], "orphaned worker processes"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_ends_every_worker_and_leaves_no_process(tmp_path, sig):
+    with training_launch(tmp_path) as (proc, workers):
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in out
-        time.sleep(1)
-        assert not [p for p in workers if alive(p)]
-    finally:
-        stop_tree(proc.pid)
+        assert proc.returncode == 128 + sig, out
+        assert f"stopped by {sig.name}" in out
+        assert_all_gone(workers)
+
+
+def test_launcher_killed_outright_leaves_no_worker(tmp_path):
+    """SIGKILL gives the launcher no chance to clean up: the workers must still die with it."""
+    with training_launch(tmp_path) as (proc, workers):
+        proc.kill()
+        proc.wait(timeout=10)
+        assert_all_gone(workers, within=15)
+        for p in workers:
+            stop_tree(p)
 
 
 def test_restart_resumes_from_last_checkpoint(launch):
@@ -83,105 +89,3 @@ def test_restart_resumes_from_last_checkpoint(launch):
     rows = [json.loads(x) for x in (result.run_dir() / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4]  # epochs 1-2 not trained again
     assert "resumed from" in result.stdout and "after epoch 2" in result.stdout
-
-
-def test_resume_continues_a_finished_run_in_a_new_dir(launch):
-    first = launch("epochs=2")
-    assert first.returncode == 0
-    old_dir = first.run_dir()
-    second = launch("epochs=3", f"resume={old_dir}")
-    assert second.returncode == 0, second.output
-    new_dirs = [d for d in second.run_dirs() if d != old_dir]
-    assert len(new_dirs) == 1
-    rows = [json.loads(x) for x in (new_dirs[0] / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in rows] == [1, 2, 3]
-    assert len((old_dir / "metrics.jsonl").read_text().splitlines()) == 2  # the old run is untouched
-
-
-def test_two_launches_at_once_both_finish(tmp_path):
-    procs = [subprocess.Popen(launch_command(*DDP_CPU, "epochs=3"), cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=clean_env()) for _ in range(2)]
-    outs = [p.communicate(timeout=180)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    run_dirs = sorted(p.parent for p in tmp_path.glob("outputs/**/results.json"))
-    assert len(run_dirs) == 2
-
-
-def test_sequential_sweep(launch):
-    result = launch("-m", "epochs=1", "batch_size=32,64")
-    assert result.returncode == 0, result.output
-    sweep = sorted(p.parent for p in result.cwd.glob("multirun/**/results.json"))
-    assert len(sweep) == 2
-    assert {json.loads((d / "results.json").read_text())["batch_size"] for d in sweep} == {32, 64}
-
-
-def test_joins_a_world_started_by_torchrun(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "launcher.cli", "gpus=[]", "epochs=2"]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180, env=clean_env())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    run_dirs = [p.parent for p in tmp_path.glob("outputs/**/results.json")]
-    assert len(run_dirs) == 1 and run_dirs[0].name.startswith("torchrun-")
-    results = json.loads((run_dirs[0] / "results.json").read_text())
-    assert results["world_size"] == 2 and results["strategy"] == "ddp" and results["ranks_agree"]
-    assert "joining an existing world" in proc.stdout
-
-
-def test_joins_a_world_that_srun_started(tmp_path):
-    """Two processes with the variables `srun --ntasks=2` gives its tasks (no SLURM daemon needed)."""
-    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
-             "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost"}
-    procs = [subprocess.Popen(launch_command("gpus=[]", "epochs=2"), cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True,
-                              env=clean_env(**slurm, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)))
-             for r in range(2)]
-    outs = [p.communicate(timeout=180)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    run_dirs = [p.parent for p in tmp_path.glob("outputs/**/results.json")]
-    assert [d.name for d in run_dirs] == ["slurm-4242-0"]
-    results = json.loads((run_dirs[0] / "results.json").read_text())
-    assert results["world_size"] == 2 and results["ranks_agree"] and results["test_acc"] > 0.9
-
-
-def test_launcher_killed_outright_leaves_no_worker(tmp_path):
-    """SIGKILL gives the launcher no chance to clean up: the workers must still die with it."""
-    proc = subprocess.Popen(launch_command(*DDP_CPU, "epochs=500"), cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=clean_env())
-    try:
-        for line in proc.stdout:
-            if line.startswith("epoch"):
-                break
-        workers = descendants(proc.pid)
-        assert len(workers) >= 2
-        proc.kill()
-        proc.wait(timeout=10)
-        deadline = time.monotonic() + 15
-        while any(alive(p) for p in workers) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in workers if alive(p)], "workers outlived a killed launcher"
-    finally:
-        stop_tree(proc.pid)
-        for p in descendants(proc.pid):
-            stop_tree(p)
-
-
-def test_sweep_goes_on_after_a_failed_run_and_exits_nonzero(launch):
-    result = launch("-m", "epochs=1", "fault.rank=0,null", "fault.step=3")
-    assert result.returncode == 1, result.output
-    assert "rank 0 failed" in result.stderr and "1 of 2 sweep runs failed" in result.stderr
-    assert len(list(result.cwd.glob("multirun/**/results.json"))) == 1  # the healthy run finished
-
-
-def test_resumed_run_matches_an_uninterrupted_one(launch):
-    """Checkpoint + per-epoch seeding: stopping after epoch 2 and resuming gives the same weights."""
-    whole = launch("epochs=3", "recipe.warmup_epochs=0")
-    assert whole.returncode == 0
-    whole_digest = whole.results()["weights_sha256"]
-    for d in whole.run_dirs():
-        shutil.rmtree(d)  # so that resume=latest finds the interrupted run
-    first = launch("epochs=3", "recipe.warmup_epochs=0", "fault.rank=0", f"fault.step={2 * (1438 // 64)}")
-    assert first.returncode == 1
-    second = launch("epochs=3", "recipe.warmup_epochs=0", "resume=latest")
-    assert second.returncode == 0, second.output
-    resumed = [d for d in second.run_dirs() if (d / "results.json").exists()]
-    assert json.loads((resumed[0] / "results.json").read_text())["weights_sha256"] == whole_digest

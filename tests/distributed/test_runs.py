@@ -1,0 +1,95 @@
+"""Whole runs as users chain them: resume, concurrent launches, sweeps, and joining a world that
+torchrun or srun started."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import clean_env, launch_command
+
+pytestmark = pytest.mark.distributed
+
+DDP_CPU = ("gpus=[]", "strategy=ddp", "nprocs=2")
+
+
+def test_resume_continues_a_finished_run_in_a_new_dir(launch):
+    first = launch("epochs=2")
+    assert first.returncode == 0
+    old_dir = first.run_dir()
+    second = launch("epochs=3", f"resume={old_dir}")
+    assert second.returncode == 0, second.output
+    new_dirs = [d for d in second.run_dirs() if d != old_dir]
+    assert len(new_dirs) == 1
+    rows = [json.loads(x) for x in (new_dirs[0] / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert len((old_dir / "metrics.jsonl").read_text().splitlines()) == 2  # the old run is untouched
+
+
+def test_two_launches_at_once_both_finish(tmp_path):
+    procs = [subprocess.Popen(launch_command(*DDP_CPU, "epochs=3"), cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=clean_env()) for _ in range(2)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    run_dirs = sorted(p.parent for p in tmp_path.glob("outputs/**/results.json"))
+    assert len(run_dirs) == 2
+
+
+def test_sequential_sweep(launch):
+    result = launch("-m", "epochs=1", "batch_size=32,64")
+    assert result.returncode == 0, result.output
+    sweep = sorted(p.parent for p in result.cwd.glob("multirun/**/results.json"))
+    assert len(sweep) == 2
+    assert {json.loads((d / "results.json").read_text())["batch_size"] for d in sweep} == {32, 64}
+
+
+def test_joins_a_world_started_by_torchrun(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "launcher.cli", "gpus=[]", "epochs=2"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180, env=clean_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dirs = [p.parent for p in tmp_path.glob("outputs/**/results.json")]
+    assert len(run_dirs) == 1 and run_dirs[0].name.startswith("torchrun-")
+    results = json.loads((run_dirs[0] / "results.json").read_text())
+    assert results["world_size"] == 2 and results["strategy"] == "ddp" and results["ranks_agree"]
+    assert "joining an existing world" in proc.stdout
+
+
+def test_joins_a_world_that_srun_started(tmp_path):
+    """Two processes with the variables `srun --ntasks=2` gives its tasks (no SLURM daemon needed)."""
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
+             "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost"}
+    procs = [subprocess.Popen(launch_command("gpus=[]", "epochs=2"), cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True,
+                              env=clean_env(**slurm, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)))
+             for r in range(2)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    run_dirs = [p.parent for p in tmp_path.glob("outputs/**/results.json")]
+    assert [d.name for d in run_dirs] == ["slurm-4242-0"]
+    results = json.loads((run_dirs[0] / "results.json").read_text())
+    assert results["world_size"] == 2 and results["ranks_agree"] and results["test_acc"] > 0.9
+
+
+def test_sweep_goes_on_after_a_failed_run_and_exits_nonzero(launch):
+    result = launch("-m", "epochs=1", "fault.rank=0,null", "fault.step=3")
+    assert result.returncode == 1, result.output
+    assert "rank 0 failed" in result.stderr and "1 of 2 sweep runs failed" in result.stderr
+    assert len(list(result.cwd.glob("multirun/**/results.json"))) == 1  # the healthy run finished
+
+
+def test_resumed_run_matches_an_uninterrupted_one(launch):
+    """Checkpoint + per-epoch seeding: stopping after epoch 2 and resuming gives the same weights."""
+    whole = launch("epochs=3", "recipe.warmup_epochs=0")
+    assert whole.returncode == 0
+    whole_digest = whole.results()["weights_sha256"]
+    for d in whole.run_dirs():
+        shutil.rmtree(d)  # so that resume=latest finds the interrupted run
+    first = launch("epochs=3", "recipe.warmup_epochs=0", "fault.rank=0", f"fault.step={2 * (1438 // 64)}")
+    assert first.returncode == 1
+    second = launch("epochs=3", "recipe.warmup_epochs=0", "resume=latest")
+    assert second.returncode == 0, second.output
+    resumed = [d for d in second.run_dirs() if (d / "results.json").exists()]
+    assert json.loads((resumed[0] / "results.json").read_text())["weights_sha256"] == whole_digest
