@@ -63,3 +63,12 @@ def test_digits_default_on_gpu(launch):
 def test_doctor_lists_the_gpus(launch):
     result = launch("doctor")
     assert result.returncode == 0 and "cuda:0" in result.stdout
+
+
+@two_gpus
+def test_nccl_rank_failure_brings_the_launch_down_fast(launch):
+    result = launch(*SYNTHETIC, "gpus=[0,1]", "fault.rank=1", "fault.step=20", timeout=300)
+    assert result.returncode == 1, result.output
+    assert "rank 1 failed: RuntimeError: injected failure" in result.stderr
+    records = {p.name: json.loads(p.read_text()) for p in (result.run_dir() / "failures").glob("*.json")}
+    assert result.finished_at - records["attempt0-rank1.json"]["time"] < 10
