@@ -79,15 +79,16 @@ def train(spec: WorkerSpec, world: WorldInfo) -> dict[str, Any] | None:
     if distributed:
         init_process_group(layout.dist_backend, world, timedelta(seconds=cfg.strategy.timeout_s), device)
     run = _Run(cfg, spec, world, device)
-    try:
-        return run.fit()
-    finally:
-        if distributed and dist.is_initialized():
-            # DDP's reducer holds the process group and sits in reference cycles; free it now, while
-            # the interpreter is whole, or gloo's threads may be torn down at exit ("terminate called").
-            del run
-            gc.collect()
-            dist.destroy_process_group()
+    # On failure the process group is left alone: destroying an NCCL communicator while peers are
+    # still inside a collective blocks forever (seen on 2x H200). The worker exits at once instead.
+    results = run.fit()
+    if distributed:
+        # DDP's reducer holds the process group and sits in reference cycles; free it while the
+        # interpreter is whole, or gloo's threads may be torn down at exit ("terminate called").
+        del run
+        gc.collect()
+        dist.destroy_process_group()
+    return results
 
 
 def init_process_group(backend: str, world: WorldInfo, timeout: timedelta, device: torch.device) -> None:
