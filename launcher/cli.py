@@ -15,12 +15,14 @@ import contextlib
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from launcher.errors import describe_hydra_error
 
 # Exit codes of the runs of this invocation (several in a sweep); the worst one is the process's.
 _exit_codes: list[int] = []
+_started_at: float | None = None  # when `launch` began; the first run's time-to-first-step counts from it
 
 
 def _task(cfg) -> None:
@@ -31,7 +33,7 @@ def _task(cfg) -> None:
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    outcome = run(cfg, run_dir)
+    outcome = run(cfg, run_dir, started=_started_at if not _exit_codes else time.time())
     _remove_if_only_hydra_files(run_dir)  # a dry run, or input refused before anything started
     if outcome.error:
         print(f"launch: {outcome.error}", file=sys.stderr, flush=True)
@@ -65,6 +67,8 @@ def _joined_overrides(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    global _started_at
+    _started_at = time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["doctor"]:
         from launcher.doctor import main as doctor_main

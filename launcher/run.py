@@ -28,13 +28,18 @@ RESOLVED_CONFIG = "config.yaml"
 PLAN = "plan.json"
 
 
-def run(cfg: DictConfig, run_dir: Path) -> Outcome:
-    """Launch the run described by `cfg` into `run_dir`. Errors a user can fix come back as exit code 2."""
-    started = time.time()
+def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> Outcome:
+    """Launch the run described by `cfg` into `run_dir`. Errors a user can fix come back as exit code 2.
+
+    `started` is when the launch began (time.time()); the time to the first training step counts from it.
+    """
+    started = time.time() if started is None else started
     run_dir = Path(run_dir).resolve()
     try:
         validate(cfg)
         joined = distenv.existing_world()
+        if joined is None:
+            _refuse_finished_run_dir(run_dir)
         plan = make_plan(cfg, joined)
         recipe = get_recipe(cfg.recipe.name)
         check_model(recipe, cfg)
@@ -53,7 +58,8 @@ def run(cfg: DictConfig, run_dir: Path) -> Outcome:
 
     is_main = joined is None or joined.rank == 0
     run_dir.mkdir(parents=True, exist_ok=True)
-    logs.setup_launcher_logging(run_dir if is_main else None, debug=bool(os.environ.get("LAUNCH_DEBUG")))
+    debug = bool(os.environ.get("LAUNCH_DEBUG"))
+    logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
     if is_main:
         _write_run_files(cfg, plan, run_dir, resume_from)
         log.info("%s: %s", cfg.recipe.name, plan.describe())
@@ -67,10 +73,17 @@ def run(cfg: DictConfig, run_dir: Path) -> Outcome:
                       resume_from, started)
     outcome = _execute(spec, plan, cfg.max_restarts)
     if plan.joined is not None:  # this process was a worker too: back to the launcher's own logging
-        logs.setup_launcher_logging(run_dir if is_main else None, debug=bool(os.environ.get("LAUNCH_DEBUG")))
+        logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
     if outcome.exit_code == 0 and is_main:
         _summarize(outcome, run_dir, time.time() - started)
     return outcome
+
+
+def _refuse_finished_run_dir(run_dir: Path) -> None:
+    """A run dir named by hand (hydra.run.dir=...) may already hold a run; never write over it."""
+    if (run_dir / "results.json").exists() or (checkpoint.checkpoint_dir(run_dir) / checkpoint.LAST).exists():
+        raise LaunchError(f"hydra.run.dir={run_dir} already holds a run: continue it with resume={run_dir} "
+                          "in a new dir, or pick another hydra.run.dir")
 
 
 def _execute(spec, plan: Plan, max_restarts: int) -> Outcome:

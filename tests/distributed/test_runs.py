@@ -93,3 +93,13 @@ def test_resumed_run_matches_an_uninterrupted_one(launch):
     assert second.returncode == 0, second.output
     resumed = [d for d in second.run_dirs() if (d / "results.json").exists()]
     assert json.loads((resumed[0] / "results.json").read_text())["weights_sha256"] == whole_digest
+
+
+def test_a_finished_run_dir_is_never_written_over(launch):
+    first = launch("epochs=1")
+    assert first.returncode == 0
+    run_dir = first.run_dir()
+    before = (run_dir / "metrics.jsonl").read_text()
+    again = launch("epochs=1", f"hydra.run.dir={run_dir}")
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    assert (run_dir / "metrics.jsonl").read_text() == before
