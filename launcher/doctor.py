@@ -101,7 +101,8 @@ def render(r: dict[str, Any]) -> str:
                      f"{d['multiprocessors']} SMs  {d['free_mib']:,} / {d['total_mib']:,} MiB free")
     if r["nvml_devices"] and not r["cuda_devices"]:
         for d in r["nvml_devices"]:
-            lines.append(f"  physical {d['physical_index']}  {d['name']}  {d['free_mib']:,} / {d['total_mib']:,} MiB free")
+            free = f"{d['free_mib']:,} / {d['total_mib']:,} MiB free"
+            lines.append(f"  physical {d['physical_index']}  {d['name']}  {free}")
     if not r["cuda_devices"] and not r["nvml_devices"]:
         lines.append("  no GPU: `launch` trains on CPU (gpus=[]), and strategy=ddp nprocs=N runs N gloo ranks")
     lines.append("SLURM        " + (" ".join(f"{k}={v}" for k, v in r["slurm"].items()) or "(not in a SLURM job)"))

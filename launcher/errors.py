@@ -76,8 +76,9 @@ def describe_hydra_error(exc: BaseException) -> str:
     if m:
         group, option = m.group(1), m.group(2)
         options = re.findall(r"^\t(\S+)$", text.split("Available options", 1)[-1], flags=re.M)
-        allowed = ", ".join(options) if options else "see launch --help"
-        return f"{group}={option} is not valid: choose one of {allowed} (e.g. launch {group}={options[0] if options else ''})"
+        if not options:
+            return f"{group}={option} is not valid: see launch --help for the options of {group}"
+        return f"{group}={option} is not valid: choose one of {', '.join(options)} (e.g. launch {group}={options[0]})"
 
     m = re.search(r"full_key: (\S+)", text)
     full_key = m.group(1) if m else None

@@ -69,7 +69,7 @@ def describe_visible(visible: Sequence[str], env: Mapping[str, str]) -> str:
     if not visible:
         mask = env.get("CUDA_VISIBLE_DEVICES")
         return "no GPU is visible" + (f" (CUDA_VISIBLE_DEVICES={mask!r})" if mask is not None else "")
-    ids = f"id 0" if len(visible) == 1 else f"ids 0-{len(visible) - 1}"
+    ids = "id 0" if len(visible) == 1 else f"ids 0-{len(visible) - 1}"
     text = f"{len(visible)} GPU{'s' if len(visible) != 1 else ''} visible ({ids}"
     if env.get("CUDA_VISIBLE_DEVICES") is not None:
         text += f", inherited CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}"

@@ -111,13 +111,13 @@ def _write_run_files(cfg: DictConfig, plan: Plan, run_dir: Path, resume_from: st
 
 def describe_dry_run(cfg: DictConfig, plan: Plan, run_dir: Path, resume_from: str | None) -> str:
     lay = plan.layout
+    how = "torch.distributed.elastic, c10d rendezvous on localhost:0" if plan.joined is None else "already started"
     lines = [
         f"dry run: nothing started. {cfg.recipe.name} ({cfg.recipe.model}): {plan.describe()}",
-        f"  workers       {lay.nprocs} process{'es' if lay.nprocs > 1 else ''}"
-        + (" (torch.distributed.elastic, c10d rendezvous on localhost:0)" if plan.joined is None else " (already started)"),
-        f"  worker env    " + " ".join(f"{k}={v!r}" for k, v in sorted(plan.env.items())),
+        f"  workers       {lay.nprocs} process{'es' if lay.nprocs > 1 else ''} ({how})",
+        "  worker env    " + " ".join(f"{k}={v!r}" for k, v in sorted(plan.env.items())),
         f"  training      epochs={cfg.epochs} batch_size={cfg.batch_size} (global) lr={cfg.lr} seed={cfg.seed}",
-        f"  data          " + ("synthetic (data.synthetic=true)" if cfg.data.synthetic else f"root={cfg.data.root}"),
+        "  data          " + ("synthetic (data.synthetic=true)" if cfg.data.synthetic else f"root={cfg.data.root}"),
         f"  run dir       {run_dir} (not created)",
     ]
     if resume_from:

@@ -34,7 +34,7 @@ from launcher.config import ConfigError
 from launcher.distenv import WorldInfo
 from launcher.metrics import MetricsLog, write_results
 from launcher.recipes import Splits, get_recipe
-from launcher.strategy import Layout, unwrap, wrap_model
+from launcher.strategy import Layout, wrap_model
 
 log = logging.getLogger("launcher.train")
 

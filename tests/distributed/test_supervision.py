@@ -2,10 +2,8 @@
 process behind; restarts resume from the checkpoint; launches never collide."""
 
 import json
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 

@@ -9,7 +9,14 @@ import torch
 from omegaconf import OmegaConf
 
 from launcher.recipes import cifar10
-from launcher.recipes.cifar10 import ARCHIVE, FOLDER, DataError, ensure_extracted, synthetic_splits, write_official_format
+from launcher.recipes.cifar10 import (
+    ARCHIVE,
+    FOLDER,
+    DataError,
+    ensure_extracted,
+    synthetic_splits,
+    write_official_format,
+)
 
 
 def cfg_for(root, synthetic=False, download=False):
