@@ -64,6 +64,8 @@ def make_plan(cfg: DictConfig, joined: WorldInfo | None = None, env: Mapping[str
     physical = physical_gpu_count() if physical_count is None else physical_count
     visible = visible_devices(env, physical)
     ids = select_gpus(cfg.gpus, visible, env)
+    if cfg.gpus == "auto" and cfg.strategy.name == "single":
+        ids = ids[:1]  # "all visible" adapts to an explicit one-device strategy
     if ids and not torch_has_cuda():
         import torch
 

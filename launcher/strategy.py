@@ -55,7 +55,8 @@ def choose(name: str, num_gpus: int, nprocs: int | None, global_batch: int, back
     shown_gpus = gpus_text or str(num_gpus)
     if on_gpu and nprocs is not None and nprocs != num_gpus:
         raise ConfigError("nprocs", nprocs, f"nprocs sets CPU ranks; on GPUs there is one process per GPU "
-                          f"({num_gpus} for gpus={shown_gpus}); drop nprocs", "gpus=[0,1] strategy=ddp")
+                          f"({num_gpus} for gpus={shown_gpus}); drop nprocs, or add gpus=[] for CPU ranks",
+                          f"gpus=[] strategy=ddp nprocs={nprocs}")
     if name == "auto":
         devices = num_gpus if on_gpu else (nprocs or 1)
         name = "ddp" if devices > 1 else "single"

@@ -54,3 +54,10 @@ def test_joined_world_refuses_dp(cuda_build):
     world = WorldInfo(0, 0, 2, 2, "localhost", 1)
     with pytest.raises(ConfigError, match="which is ddp"):
         make_plan(composed("strategy=dp"), joined=world, env={}, physical_count=2)
+
+
+def test_auto_gpus_with_single_takes_the_first_gpu(cuda_build):
+    plan = make_plan(composed("strategy=single"), env={}, physical_count=2)
+    assert plan.gpu_ids == [0] and plan.layout.strategy == "single"
+    with pytest.raises(ConfigError, match="single uses one device"):
+        make_plan(composed("strategy=single", "gpus=[0,1]"), env={}, physical_count=2)
