@@ -46,8 +46,12 @@ def started_by_torchrun(env: Mapping[str, str]) -> bool:
 
 
 def in_srun_with_tasks(env: Mapping[str, str]) -> bool:
-    """One task of a multi-task `srun` step: SLURM started the processes, one per rank."""
-    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1
+    """One task of a multi-task `srun` step: SLURM started the processes, one per rank.
+
+    The step's own task count decides, not the job's: a batch script of a `--ntasks=2` job is one
+    process, and must spawn its workers rather than wait for a second rank that nobody starts.
+    """
+    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env and int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1
 
 
 def existing_world(env: Mapping[str, str] | None = None) -> WorldInfo | None:

@@ -59,7 +59,8 @@ def test_joins_a_world_started_by_torchrun(tmp_path):
 
 def test_joins_a_world_that_srun_started(tmp_path):
     """Two processes with the variables `srun --ntasks=2` gives its tasks (no SLURM daemon needed)."""
-    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NUM_NODES": "1",
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
+             "SLURM_JOB_NUM_NODES": "1",
              "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost"}
     procs = [subprocess.Popen(launch_command("gpus=[]", "epochs=2"), cwd=tmp_path, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True,

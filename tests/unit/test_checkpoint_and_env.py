@@ -39,5 +39,7 @@ def test_torchrun_environment_is_joined():
            "MASTER_PORT": "1234", "TORCHELASTIC_RUN_ID": "x"}
     assert existing_world(env) == WorldInfo(1, 1, 2, 2, "h", 1234)
     assert existing_world({"PATH": "/bin"}) is None
-    # an sbatch script (no srun step) or a one-task step: launch spawns its own workers
-    assert existing_world({"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"}) is None
+    # a batch script of a 2-task job, or a one-task step: launch spawns its own workers
+    batch = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}
+    assert existing_world(batch) is None
+    assert existing_world({**batch, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"}) is None
