@@ -2,6 +2,7 @@
 torchrun or srun started."""
 
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -59,7 +60,8 @@ def test_joins_a_world_started_by_torchrun(tmp_path):
 
 def test_joins_a_world_that_srun_started(tmp_path):
     """Two processes with the variables `srun --ntasks=2` gives its tasks (no SLURM daemon needed)."""
-    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
+    job_id = str(random.randint(10_000, 99_999))  # the rendezvous port derives from it: vary it per run
+    slurm = {"SLURM_JOB_ID": job_id, "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2",
              "SLURM_JOB_NUM_NODES": "1",
              "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "localhost"}
     procs = [subprocess.Popen(launch_command("gpus=[]", "epochs=2"), cwd=tmp_path, stdout=subprocess.PIPE,
@@ -69,7 +71,7 @@ def test_joins_a_world_that_srun_started(tmp_path):
     outs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     run_dirs = [p.parent for p in tmp_path.glob("outputs/**/results.json")]
-    assert [d.name for d in run_dirs] == ["slurm-4242-0"]
+    assert [d.name for d in run_dirs] == [f"slurm-{job_id}-0"]
     results = json.loads((run_dirs[0] / "results.json").read_text())
     assert results["world_size"] == 2 and results["ranks_agree"] and results["test_acc"] > 0.9
 

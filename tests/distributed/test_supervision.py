@@ -87,3 +87,12 @@ def test_restart_resumes_from_last_checkpoint(launch):
     rows = [json.loads(x) for x in (result.run_dir() / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows] == [1, 2, 3, 4]  # epochs 1-2 not trained again
     assert "resumed from" in result.stdout and "after epoch 2" in result.stdout
+
+
+def test_an_input_error_found_inside_a_worker_is_still_one_line(launch):
+    result = launch(*DDP_CPU, "batch_size=5000")  # only the loaded dataset knows it has 1,438 images
+    assert result.returncode == 2, result.output
+    lines = [x for x in result.stderr.splitlines() if x.startswith("launch:")]
+    assert lines == ["launch: batch_size=5000 is not valid: larger than the 1438 training images of digits "
+                     "(e.g. launch batch_size=359)"], result.stderr
+    assert "Traceback" not in result.output
