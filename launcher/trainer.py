@@ -177,6 +177,7 @@ class _Run:
         warmup = round(r.warmup_epochs * self.steps_per_epoch)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, triangular_schedule(total, warmup))
         self.loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=r.label_smoothing)
+        self.fault_step = cfg.fault.step if cfg.fault.rank is not None else -1
         use_bf16 = r.precision == "bf16" or (r.precision == "auto" and self.device.type == "cuda")
         self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16)
 
@@ -224,10 +225,11 @@ class _Run:
         return order.to(self.device)
 
     def _maybe_fail(self, global_step: int) -> None:
-        fault = self.cfg.fault
-        if fault.rank is None or fault.rank != self.world.rank or global_step != fault.step:
+        # Called every step, so it compares plain ints first (OmegaConf attribute access is slow).
+        if global_step != self.fault_step:
             return
-        if fault.attempt not in (-1, self.world.restart_count):
+        fault = self.cfg.fault
+        if fault.rank != self.world.rank or fault.attempt not in (-1, self.world.restart_count):
             return
         log.warning("injecting fault.kind=%s at step %d", fault.kind, global_step)
         if fault.kind == "raise":
