@@ -9,8 +9,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
 
 @dataclass(frozen=True)
 class WorldInfo:

@@ -40,17 +40,5 @@ class MetricsLog:
             f.write(json.dumps({k: _clean(v) for k, v in row.items()}) + "\n")
 
 
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = Path(run_dir) / METRICS
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def write_results(run_dir: Path, results: dict[str, Any]) -> None:
     _write_atomic(Path(run_dir) / RESULTS, json.dumps({k: _clean(v) for k, v in results.items()}, indent=2) + "\n")
-
-
-def read_results(run_dir: Path) -> dict[str, Any] | None:
-    path = Path(run_dir) / RESULTS
-    return json.loads(path.read_text()) if path.exists() else None

@@ -114,8 +114,3 @@ def wrap_model(model: torch.nn.Module, layout: Layout, device: torch.device, opt
             find_unused_parameters=options.find_unused_parameters,
         )
     return model
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's module inside a DataParallel or DistributedDataParallel wrapper (for checkpoints)."""
-    return getattr(model, "module", model)
