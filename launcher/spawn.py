@@ -128,7 +128,8 @@ def launch_local(spec, nprocs: int, max_restarts: int) -> Outcome:
 
 def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int) -> Outcome:
     """Turn elastic's ChildFailedError into the root cause: which rank, what it raised, where the log is."""
-    records = failures.read_records(run_dir)
+    # elastic gives up only after its last restart, so the failure to explain is that attempt's.
+    records = [r for r in failures.read_records(run_dir) if r.attempt == max_restarts]
     cause = failures.root_cause(records)
     log_path = run_dir / LOG_NAME
     others = nprocs - 1
@@ -139,8 +140,7 @@ def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int) -> Outc
     # A rank that died without a traceback (killed, os._exit, segfault) leaves no record. When the
     # records only show peers complaining that someone vanished, the silent rank is the root cause.
     if cause is None or cause.secondary:
-        attempt = cause.attempt if cause else 0
-        silent = sorted(set(range(nprocs)) - {r.rank for r in records if r.attempt == attempt})
+        silent = sorted(set(range(nprocs)) - {r.rank for r in records})
         if silent:
             return Outcome(1, error=_silent_death(silent, err, cause, restarts, stopped, log_path))
     if cause is None:

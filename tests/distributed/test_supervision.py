@@ -96,3 +96,11 @@ def test_an_input_error_found_inside_a_worker_is_still_one_line(launch):
     assert lines == ["launch: batch_size=5000 is not valid: larger than the 1438 training images of digits "
                      "(e.g. launch batch_size=359)"], result.stderr
     assert "Traceback" not in result.output
+
+
+def test_failure_on_every_attempt_reports_the_last_one(launch):
+    result = launch(*DDP_CPU, "epochs=3", "max_restarts=1", "fault.rank=1", "fault.step=5", "fault.attempt=-1")
+    assert result.returncode == 1, result.output
+    assert "rank 1 failed after 1 restart: RuntimeError: injected failure" in result.stderr
+    names = {p.name for p in (result.run_dir() / "failures").glob("*.json")}
+    assert {"attempt0-rank1.json", "attempt1-rank1.json"} <= names
