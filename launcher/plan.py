@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from launcher.config import ConfigError
 from launcher.distenv import WorldInfo
 from launcher.gpus import cuda_visible_devices, describe_visible, physical_gpu_count, select_gpus, visible_devices
-from launcher.strategy import Layout, choose
+from launcher.strategy import Layout, check_batch_splits, choose
 
 
 @dataclass
@@ -111,9 +111,6 @@ def _joined_plan(cfg: DictConfig, world: WorldInfo, ids: list[int], visible: lis
     backend = None
     if strategy == "ddp":
         backend = cfg.strategy.backend if cfg.strategy.backend != "auto" else ("nccl" if ids else "gloo")
-    if cfg.batch_size % world.world_size:
-        low = max(1, cfg.batch_size // world.world_size) * world.world_size
-        raise ConfigError("batch_size", cfg.batch_size,
-                          f"the global batch must split evenly over {world.world_size} ranks", f"batch_size={low}")
+    check_batch_splits(cfg.batch_size, world.world_size)
     layout = Layout(strategy, "cuda" if ids else "cpu", 1 if ids else 0, world.world_size, cfg.batch_size, backend)
     return Plan(layout, ids, visible, worker_env, joined=world)

@@ -44,6 +44,14 @@ class Layout:
         return self.global_batch // self.nprocs
 
 
+def check_batch_splits(global_batch: int, ranks: int) -> None:
+    """The global batch must divide evenly over the ranks (each rank takes batch_size / ranks)."""
+    if global_batch % ranks:
+        low, high = (global_batch // ranks) * ranks, (global_batch // ranks + 1) * ranks
+        raise ConfigError("batch_size", global_batch, f"the global batch must split evenly over {ranks} ranks",
+                          f"batch_size={low if low > 0 else high}")
+
+
 def choose(name: str, num_gpus: int, nprocs: int | None, global_batch: int, backend: str = "auto",
            gpus_text: str = "") -> Layout:
     """Resolve `strategy`, `gpus` and `nprocs` into a Layout, or raise ConfigError with the fix.
@@ -79,11 +87,7 @@ def choose(name: str, num_gpus: int, nprocs: int | None, global_batch: int, back
         procs = num_gpus if on_gpu else (nprocs or 1)
     else:
         raise ConfigError("strategy", name, "choose one of auto, single, dp, ddp", "strategy=ddp")
-    if global_batch % procs:
-        low, high = (global_batch // procs) * procs, (global_batch // procs + 1) * procs
-        suggestion = low if low > 0 else high
-        raise ConfigError("batch_size", global_batch, f"the global batch must split evenly over {procs} ranks",
-                          f"batch_size={suggestion}")
+    check_batch_splits(global_batch, procs)
     dist_backend = None
     if name == "ddp":
         if backend == "auto":
