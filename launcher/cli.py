@@ -11,7 +11,6 @@ one line on stderr and exit code 2.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import sys
@@ -47,8 +46,14 @@ def _remove_if_only_hydra_files(run_dir: Path) -> None:
     entries = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
     if entries <= {".hydra"}:
         shutil.rmtree(run_dir, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            run_dir.parent.rmdir()  # the date folder, if this run was its only content
+        stop = Path.cwd().resolve()
+        for parent in run_dir.resolve().parents:  # outputs/DATE/ too, when this run was all they held
+            if parent == stop or not parent.is_relative_to(stop):
+                break
+            try:
+                parent.rmdir()
+            except OSError:
+                break
 
 
 def _joined_overrides(argv: list[str]) -> list[str]:
