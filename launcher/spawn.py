@@ -158,8 +158,8 @@ def _silent_death(silent: list[int], err, echo, restarts: str, stopped: str, log
         failure = known.get(rank)
         if failure is not None and failure.exitcode is not None and failure.exitcode < 0:
             sig = failure.signal_name()
-            hint = " (SIGKILL with no traceback is often the out-of-memory killer)" if sig == "SIGKILL" else ""
-            what = f"rank {rank} (pid {failure.pid}) was killed by {sig}{hint}"
+            hint = " (SIGKILL is often the out-of-memory killer)" if sig == "SIGKILL" else ""
+            what = f"rank {rank} (pid {failure.pid}) was killed by {sig} without a Python traceback{hint}"
         elif failure is not None:
             what = f"rank {rank} (pid {failure.pid}) exited with code {failure.exitcode} without a Python traceback"
         else:
