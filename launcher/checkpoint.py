@@ -1,7 +1,8 @@
 """Checkpoints: written atomically every epoch, read back with weights_only=True.
 
 Layout of a checkpoint (a plain dict, so `torch.load(..., weights_only=True)` reads it):
-    net_state_dict, optimizer_state_dict, scheduler_state_dict   the training state
+    net_state_dict                  the model's weights and buffers
+    optimizer_state_dicts, scheduler_state_dicts   one per optimizer (two under recipe.optimizer=muon)
     epoch          epochs completed
     history        the per-epoch metrics so far (metrics.jsonl is rewritten from it on resume)
     rng            torch CPU and CUDA generator states
@@ -57,3 +58,10 @@ def resolve_resume(value: str, search_root: Path = Path("outputs")) -> Path:
         raise LaunchError(f"resume={value} is not valid: {path} does not exist; give a run dir that holds "
                           "checkpoints/last.pt, a .pt file, or latest (e.g. launch resume=latest)")
     return path
+
+
+def optimizer_states(state: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+    """(optimizer states, scheduler states), also from checkpoints written with one optimizer (launcher 0.1)."""
+    if "optimizer_state_dicts" in state:
+        return list(state["optimizer_state_dicts"]), list(state["scheduler_state_dicts"])
+    return [state["optimizer_state_dict"]], [state["scheduler_state_dict"]]

@@ -51,16 +51,28 @@ class RecipeConfig:
 
     name: str = MISSING
     model: str = MISSING
-    optimizer: str = "sgd"  # sgd (Nesterov momentum) | adamw
-    momentum: float = 0.9
+    optimizer: str = "sgd"  # sgd (Nesterov momentum) | adamw | muon (see launcher/optim.py)
+    momentum: float = 0.9  # SGD's momentum (under muon: of the SGD groups)
     nesterov: bool = True
-    weight_decay: float = 5e-4
+    weight_decay: float = 5e-4  # under muon: decay per step at full LR of the SGD groups
     label_smoothing: float = 0.0
     warmup_epochs: float = 1.0  # triangular schedule: linear warm-up to `lr`, then linear decay to 0
+    # muon only: `lr` is Muon's; these are the SGD groups' (linear decay to 0, no warm-up)
+    muon_momentum: float = 0.6
+    sgd_lr: float = 0.05  # BatchNorm biases and the stem's bias
+    head_lr: float = 0.5  # the classifier
+    stem_bias_epochs: float = 3.0  # the stem's bias trains only this long
+    # augmentation on the training device (recipes that augment read these)
     augment: bool = True
+    flip: str = "random"  # random | alternating (each image the other way round every other epoch) | none
+    translate: int = 2  # random shift by up to this many pixels (reflect padding)
+    tta: int = 0  # test-time augmentation: 0 none | 1 mirror | 2 mirror + 1-pixel shifts
     eval_batch_size: int = 1024  # global, like batch_size
+    eval_every: int = 1  # evaluate after every N-th epoch (0: only after the last)
     precision: str = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU | bf16 | fp32
     channels_last: bool = True  # GPU only
+    compile: bool = False  # torch.compile the model; compile warm-up runs before the clock starts
+    compile_mode: str = "default"  # torch.compile's mode: default | reduce-overhead | max-autotune | ...
 
 
 @dataclass
@@ -89,6 +101,8 @@ class DataConfig:
     root: str = "${oc.env:LAUNCH_DATA_ROOT,'~/.cache/launcher/data'}"
     download: bool = True  # fetch a missing dataset (checksummed); offline, an error says where to put it
     synthetic: bool = False  # generate data of the real shape for timing runs; never used unless asked for
+    placement: str = "auto"  # gpu: whole split on the GPU | host: pinned host memory + side-stream prefetch | auto
+    prefetch_depth: int = 2  # placement=host: batches copied ahead of the step that uses them
 
 
 @dataclass
@@ -119,12 +133,15 @@ class Config:
     max_restarts: int = 0  # restart the worker group this many times after a failure; it resumes
     dry_run: bool = False  # print the plan, start nothing
     checkpoint: bool = True  # write checkpoints/last.pt every epoch (atomically)
+    profile: bool = False  # torch.profiler over the second epoch: profile.txt and trace.json in the run dir
 
 
 TOP_LEVEL_KEYS = [f for f in Config.__dataclass_fields__]
 STRATEGIES = ("auto", "single", "dp", "ddp")
 PRECISIONS = ("auto", "bf16", "fp32")
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = ("sgd", "adamw", "muon")
+FLIPS = ("random", "alternating", "none")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 FAULT_KINDS = ("raise", "exit", "hang", "kill")
 BACKENDS = ("local",)  # slurm (submitit) is issue 6
 
@@ -181,6 +198,17 @@ def validate(cfg: DictConfig) -> None:
     _check_float("recipe.label_smoothing", r.label_smoothing, "recipe.label_smoothing=0.1", positive=False, high=1.0)
     _check_float("recipe.warmup_epochs", r.warmup_epochs, "recipe.warmup_epochs=1", positive=False)
     _check_int("recipe.eval_batch_size", r.eval_batch_size, 1, "recipe.eval_batch_size=1024")
+    _check_int("recipe.eval_every", r.eval_every, 0, "recipe.eval_every=1")
+    _check_choice("recipe.flip", r.flip, FLIPS)
+    _check_int("recipe.translate", r.translate, 0, "recipe.translate=2", high=8)
+    _check_int("recipe.tta", r.tta, 0, "recipe.tta=2", high=2)
+    _check_choice("recipe.compile_mode", r.compile_mode, COMPILE_MODES)
+    _check_float("recipe.muon_momentum", r.muon_momentum, "recipe.muon_momentum=0.6", positive=False, high=1.0)
+    _check_float("recipe.sgd_lr", r.sgd_lr, "recipe.sgd_lr=0.05")
+    _check_float("recipe.head_lr", r.head_lr, "recipe.head_lr=0.5")
+    _check_float("recipe.stem_bias_epochs", r.stem_bias_epochs, "recipe.stem_bias_epochs=3", positive=False)
+    _check_choice("data.placement", cfg.data.placement, ("auto", "gpu", "host"))
+    _check_int("data.prefetch_depth", cfg.data.prefetch_depth, 1, "data.prefetch_depth=2", high=64)
     _check_choice("fault.kind", cfg.fault.kind, FAULT_KINDS)
     _check_choice("backend.name", cfg.backend.name, BACKENDS)
     if cfg.resume is not None and str(cfg.resume).strip().lower() in ("", "true", "false", "none"):

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launcher import checkpoint, distenv, logs
-from launcher.config import LaunchError, validate
+from launcher.config import ConfigError, LaunchError, validate
 from launcher.plan import Plan, make_plan
 from launcher.recipes import check_model, get_recipe, prepare
 from launcher.spawn import Outcome
@@ -41,6 +41,9 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> Outcome
         if joined is None:
             _refuse_finished_run_dir(run_dir)
         plan = make_plan(cfg, joined)
+        if cfg.data.placement == "gpu" and plan.layout.device_type == "cpu":
+            raise ConfigError("data.placement", "gpu", "this run trains on the CPU (gpus=[] or no GPU visible); "
+                              "use data.placement=auto", "data.placement=auto")
         recipe = get_recipe(cfg.recipe.name)
         check_model(recipe, cfg)
         resume_from = str(checkpoint.resolve_resume(cfg.resume).resolve()) if cfg.resume else None
@@ -117,7 +120,8 @@ def describe_dry_run(cfg: DictConfig, plan: Plan, run_dir: Path, resume_from: st
         f"  workers       {lay.nprocs} process{'es' if lay.nprocs > 1 else ''} ({how})",
         "  worker env    " + " ".join(f"{k}={v!r}" for k, v in sorted(plan.env.items())),
         f"  training      epochs={cfg.epochs} batch_size={cfg.batch_size} (global) lr={cfg.lr} seed={cfg.seed}",
-        "  data          " + ("synthetic (data.synthetic=true)" if cfg.data.synthetic else f"root={cfg.data.root}"),
+        "  data          " + ("synthetic (data.synthetic=true)" if cfg.data.synthetic else f"root={cfg.data.root}")
+        + f", placement={cfg.data.placement}",
         f"  run dir       {run_dir} (not created)",
     ]
     if resume_from:

@@ -5,7 +5,16 @@
     MODELS                          optional: the names `recipe.model` may take (checked up front).
     load(cfg) -> Splits             in every worker: the whole dataset as uint8/int64 CPU tensors.
     build_model(cfg, num_classes)   the nn.Module; `cfg.recipe.model` picks among the recipe's models.
-    augment(x, generator) -> x      optional: batched augmentation on the batch's own device.
+    augment(x, generator, *, indices, epoch, cfg) -> x
+                                    optional: batched augmentation on the batch's own device; `indices`
+                                    are the batch's rows in the training set (on the same device).
+    prepare_model(cfg, model, sample)
+                                    optional: set up the model from data before training (e.g. a
+                                    whitening layer); `sample` is up to 5,000 normalized training images.
+    predict(cfg, net, x) -> logits  optional: evaluation forward pass (e.g. test-time augmentation).
+
+A model trained with `recipe.optimizer=muon` says which of its parameters are which through
+`parameter_roles()` (see launcher/optim.py).
 
 The shared training loop (launcher/trainer.py) does the rest: strategy, batching, metrics, checkpoints.
 """

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from launcher.augment import random_flip, random_translate
+from launcher.augment import augment_images, tta_logits
 from launcher.config import LaunchError
 from launcher.recipes import Splits
 from launcher.recipes.vision_models import MODELS
@@ -177,9 +177,20 @@ def write_official_format(folder: Path, splits: Splits, per_batch: int | None = 
         pickle.dump({b"label_names": names, b"num_cases_per_batch": per_batch, b"num_vis": 3072}, f)
 
 
-def augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    return random_translate(random_flip(x, generator), 2, generator)
+def augment(x: torch.Tensor, generator: torch.Generator, *, indices: torch.Tensor, epoch: int, cfg) -> torch.Tensor:
+    r = cfg.recipe
+    return augment_images(x, generator, indices=indices, epoch=epoch, seed=cfg.seed, flip=r.flip,
+                          translate=r.translate)
 
 
 def build_model(cfg, num_classes: int) -> nn.Module:
     return MODELS[cfg.recipe.model](num_classes)
+
+
+def prepare_model(cfg, model: nn.Module, sample: torch.Tensor) -> None:
+    if hasattr(model, "init_whitening"):
+        model.init_whitening(sample)
+
+
+def predict(cfg, net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return tta_logits(net, x, cfg.recipe.tta)

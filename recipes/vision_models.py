@@ -2,12 +2,16 @@
 
 - `airbench`: a fast three-block conv net in the style of Keller Jordan's CIFAR-10 speed records
   (conv -> max-pool -> BatchNorm -> GELU blocks of width 64/256/256 after a 2x2 patch stem).
+- `airbench94`: the records' network itself as published in words: frozen patch-whitening stem,
+  shift-only BatchNorm, filter matrices for Muon (the `cifar10_fast` configuration).
 - `resnet18`: He et al. 2016, the CIFAR variant (3x3 stem, no max-pool), 11.2M parameters.
 - `mobilenetv3_small`: Howard et al. 2019, the small network's block table, with the stem and first
   block at stride 1 so that 32x32 inputs keep enough resolution.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -42,6 +46,95 @@ class AirbenchNet(nn.Module):
         x = self.blocks(F.gelu(self.stem(x)))
         x = torch.amax(x, dim=(2, 3))
         return self.head(x) * self.scale
+
+
+class MatrixConv2d(nn.Module):
+    """A 'same'-padded convolution whose filters are stored as one (out, in*k*k) matrix.
+
+    That is the shape Muon orthogonalizes (torch.optim.Muon takes 2-D parameters only); the forward
+    pass views it back as (out, in, k, k). The first `in` filters start as identities (Dirac), the rest
+    with nn.Conv2d's default initialization, as in the speed records.
+    """
+
+    def __init__(self, c_in: int, c_out: int, kernel: int = 3):
+        super().__init__()
+        weight = torch.empty(c_out, c_in, kernel, kernel)
+        nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+        nn.init.dirac_(weight[:c_in])
+        self.filter_shape = (c_out, c_in, kernel, kernel)
+        self.weight = nn.Parameter(weight.reshape(c_out, -1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, self.weight.view(self.filter_shape), padding=self.filter_shape[2] // 2)
+
+
+class ShiftOnlyBatchNorm(nn.BatchNorm2d):
+    """BatchNorm with a learned shift and no learned scale (the scale stays 1)."""
+
+    def __init__(self, channels: int, momentum: float = 0.4, eps: float = 1e-12):
+        super().__init__(channels, eps=eps, momentum=momentum)
+        self.weight.requires_grad_(False)
+
+
+class _SpeedBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int):
+        super().__init__()
+        self.conv1 = MatrixConv2d(c_in, c_out)
+        self.pool = nn.MaxPool2d(2)
+        self.norm1 = ShiftOnlyBatchNorm(c_out)
+        self.conv2 = MatrixConv2d(c_out, c_out)
+        self.norm2 = ShiftOnlyBatchNorm(c_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.gelu(self.norm1(self.pool(self.conv1(x))))
+        return F.gelu(self.norm2(self.conv2(x)))
+
+
+class Airbench94(nn.Module):
+    """The record-speed network of Jordan 2024 ("94% on CIFAR-10 in 3.29 seconds"), from its description.
+
+    A frozen 2x2 patch-whitening stem (24 filters: the whitened eigenvectors of the training set's
+    2x2 patches and their negatives; only its bias trains), three conv blocks of width 64/256/256 with
+    shift-only BatchNorm and GELU, a 3x3 max-pool to 1x1, and a bias-free linear head with unit-std
+    weights whose output is divided by its width. Call `init_whitening` with normalized training
+    images before training.
+    """
+
+    def __init__(self, num_classes: int = 10, widths: tuple[int, int, int] = (64, 256, 256)):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 24, 2, bias=True)  # 32x32 -> 31x31
+        self.stem.weight.requires_grad_(False)
+        self.blocks = nn.Sequential(_SpeedBlock(24, widths[0]), _SpeedBlock(widths[0], widths[1]),
+                                    _SpeedBlock(widths[1], widths[2]))  # 31 -> 15 -> 7 -> 3
+        self.pool = nn.MaxPool2d(3)  # 3x3 -> 1x1
+        self.head = nn.Linear(widths[2], num_classes, bias=False)
+        with torch.no_grad():
+            self.head.weight.div_(self.head.weight.std())
+        self.scale = 1 / widths[2]  # with unit-std weights: small initial logits, as the records found best
+
+    @torch.no_grad()
+    def init_whitening(self, images: torch.Tensor, eps: float = 5e-4) -> None:
+        """Set the stem to whiten 2x2 patches: filters v / sqrt(lambda + eps) and their negatives."""
+        c, k = images.shape[1], self.stem.kernel_size[0]
+        patches = images.float().unfold(2, k, 1).unfold(3, k, 1)  # (N, C, H', W', k, k)
+        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, c * k * k).double()
+        covariance = patches.T @ patches / len(patches)
+        eigenvalues, eigenvectors = torch.linalg.eigh(covariance)  # ascending
+        eigenvalues, eigenvectors = eigenvalues.flip(0), eigenvectors.flip(1)
+        filters = (eigenvectors / torch.sqrt(eigenvalues.clamp_min(0) + eps)).T.reshape(-1, c, k, k)
+        self.stem.weight.copy_(torch.cat([filters, -filters]).to(self.stem.weight))
+        self.stem.bias.zero_()
+
+    def parameter_roles(self) -> dict[str, list[nn.Parameter]]:
+        """Which parameters are which, for recipe.optimizer=muon (launcher/optim.py)."""
+        convs = [m for m in self.modules() if isinstance(m, MatrixConv2d)]
+        norms = [m for m in self.modules() if isinstance(m, ShiftOnlyBatchNorm)]
+        return {"matrices": [m.weight for m in convs], "biases": [m.bias for m in norms],
+                "stem_bias": [self.stem.bias], "head": [self.head.weight]}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.blocks(F.gelu(self.stem(x))))
+        return self.head(torch.flatten(x, 1)) * self.scale
 
 
 class _BasicBlock(nn.Module):
@@ -141,4 +234,5 @@ class MobileNetV3Small(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
-MODELS = {"airbench": AirbenchNet, "resnet18": ResNet18, "mobilenetv3_small": MobileNetV3Small}
+MODELS = {"airbench": AirbenchNet, "airbench94": Airbench94, "resnet18": ResNet18,
+          "mobilenetv3_small": MobileNetV3Small}

@@ -8,7 +8,7 @@ CASES = [
     ("epochs=abc", "epochs=abc is not valid: must be an integer"),
     ("epoch=3", "unknown key 'epoch': did you mean epochs?"),
     ("recipe.modle=cnn", "did you mean recipe.model?"),
-    ("recipe=imagenet", "recipe=imagenet is not valid: choose one of cifar10, digits"),
+    ("recipe=imagenet", "recipe=imagenet is not valid: choose one of cifar10, cifar10_fast, digits"),
     ("strategy=fast", "strategy=fast is not valid: choose one of auto, ddp, dp, single"),
     ("gpus=[0]", "gpus=[0] is not valid: GPU 0 does not exist: no GPU is visible"),
     ("gpus=2", "gpus=2 is not valid: asks for 2 GPUs but no GPU is visible"),
@@ -25,6 +25,11 @@ CASES = [
     ("resume=/no/such/run", "resume=/no/such/run is not valid"),
     ("recipe=cifar10 data.download=false data.root=/no/data", "CIFAR-10 not found: put cifar-10-python.tar.gz"),
     ("train", "'train' is not a command or a key=value override"),
+    ("data.placement=gpu gpus=[]", "data.placement=gpu is not valid: this run trains on the CPU"),
+    ("data.placement=disk", "data.placement=disk is not valid: choose one of auto, gpu, host"),
+    ("recipe.tta=3", "recipe.tta=3 is not valid: must be an integer from 0 to 2"),
+    ("recipe.flip=sometimes", "recipe.flip=sometimes is not valid: choose one of random, alternating, none"),
+    ("recipe.optimizer=lion", "choose one of sgd, adamw, muon"),
 ]
 
 

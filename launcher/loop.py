@@ -1,0 +1,460 @@
+"""The training loop every recipe shares: one `TrainingRun` per worker process.
+
+Per epoch: this rank's shard of the epoch's order (launcher/batches.py) streams through the data path
+(`data.placement`), augmentation and normalization run on the training device, and nothing syncs the
+host inside an epoch: losses and accuracies are summed on the device and read once per epoch. Training
+and evaluation are timed on the device's own clock (CUDA events), along with the share of each epoch
+the compute stream spent waiting for input (launcher/stall.py).
+
+With `recipe.compile=true` the model is compiled and warmed up (a few steps on the real shapes, then
+the weights, BatchNorm statistics and optimizer state are put back) before any clock starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+
+from launcher import checkpoint, optim
+from launcher.batches import choose_placement, eval_chunks, make_data, rank_order
+from launcher.config import ConfigError
+from launcher.distenv import WorldInfo
+from launcher.metrics import MetricsLog, write_results
+from launcher.recipes import Splits, get_recipe
+from launcher.stall import SpanTimer, StepClock, input_advice
+from launcher.strategy import wrap_model
+
+log = logging.getLogger("launcher.train")
+
+WARMUP_STEPS = 3
+WHITENING_SAMPLE = 5000  # training images a recipe's prepare_model sees
+
+
+class TrainingRun:
+    def __init__(self, cfg: DictConfig, spec, world: WorldInfo, device: torch.device):
+        self.cfg, self.spec, self.world, self.device = cfg, spec, world, device
+        self.layout = spec.layout
+        self.run_dir = Path(spec.run_dir)
+        self.ddp = self.layout.strategy == "ddp"
+        self.rank = world.rank if self.ddp else 0
+        self.world_size = self.layout.world_size
+        self.is_main = self.rank == 0
+        self.recipe = get_recipe(cfg.recipe.name)
+        self.first_step_s: float | None = None
+
+    # ---- set-up -------------------------------------------------------------------------------
+    def _load_data(self) -> Splits:
+        cfg = self.cfg
+        splits = self.recipe.load(cfg)
+        n = len(splits.train_y)
+        if cfg.batch_size > n:
+            raise ConfigError("batch_size", cfg.batch_size,
+                              f"larger than the {n} training images of {cfg.recipe.name}", f"batch_size={n // 4}")
+        if splits.synthetic and self.is_main:
+            log.warning("SYNTHETIC data (data.synthetic=true): for timing only, accuracy says nothing about "
+                        "the real dataset")
+        nbytes = sum(t.numel() * t.element_size() for t in (splits.train_x, splits.train_y, splits.test_x,
+                                                           splits.test_y))
+        self.data_mb = nbytes / 2**20
+        self.placement, why = choose_placement(cfg.data.placement, self.device, nbytes)
+        if self.is_main and self.device.type == "cuda":
+            where = "on the GPU" if self.placement == "gpu" else "in pinned host memory, prefetched on a side stream"
+            log.info("data: %s, %.0f MB, %s (%s)", cfg.recipe.name, self.data_mb, where, why)
+        depth = cfg.data.prefetch_depth
+        self.train_data = make_data(splits.train_x, splits.train_y, self.device, self.placement, depth)
+        self.test_data = make_data(splits.test_x, splits.test_y, self.device, self.placement, depth)
+        self.mean = torch.tensor(splits.mean, device=self.device).view(1, -1, 1, 1)
+        self.std = torch.tensor(splits.std, device=self.device).view(1, -1, 1, 1)
+        return splits
+
+    def _build(self, splits: Splits) -> None:
+        cfg, r = self.cfg, self.cfg.recipe
+        torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts them)
+        model = self.recipe.build_model(cfg, splits.num_classes).to(self.device)
+        self.channels_last = self.device.type == "cuda" and r.channels_last and splits.train_x.dim() == 4
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        prepare_model = getattr(self.recipe, "prepare_model", None)
+        if prepare_model is not None:
+            sample = splits.train_x[:WHITENING_SAMPLE].to(self.device)
+            prepare_model(cfg, model, self._normalize(sample))
+        self.model = model
+        self.steps_per_epoch = len(splits.train_y) // cfg.batch_size
+        self.steppers = optim.build(cfg, model, self.steps_per_epoch, fused=self.device.type == "cuda")
+        net = wrap_model(model, self.layout, self.device, cfg.strategy)
+        self.compiled = bool(r.compile)
+        if self.compiled and self.layout.strategy == "dp":
+            self.compiled = False
+            if self.is_main:
+                log.warning("recipe.compile=true is ignored under strategy=dp (DataParallel re-replicates the "
+                            "model every step); use ddp to compile")
+        if self.compiled:
+            # Under ddp, compiling the DDP module lets dynamo split the graph at gradient buckets so
+            # the all-reduce still overlaps the backward pass; evaluation compiles the bare model.
+            self.train_net = torch.compile(net, mode=_mode(r.compile_mode))
+            self.eval_net = torch.compile(model, mode=_mode(r.compile_mode)) if self.ddp else self.train_net
+        else:
+            self.train_net = net
+            self.eval_net = net if self.layout.strategy == "dp" else model
+        self.loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=r.label_smoothing)
+        self.fault_step = cfg.fault.step if cfg.fault.rank is not None else -1
+        use_bf16 = r.precision == "bf16" or (r.precision == "auto" and self.device.type == "cuda")
+        self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16)
+        self.augment = getattr(self.recipe, "augment", None) if r.augment else None
+        predict = getattr(self.recipe, "predict", None)
+        self.predict = (lambda net, x: predict(cfg, net, x)) if predict is not None else (lambda net, x: net(x))
+
+    def _resume(self) -> tuple[int, list[dict[str, Any]], str | None]:
+        """Where to start: after a restart, this run's own last checkpoint; else `resume`, if given."""
+        own = checkpoint.checkpoint_dir(self.run_dir) / checkpoint.LAST
+        source = None
+        if self.world.restart_count > 0 and own.exists():
+            source = str(own)
+        elif self.spec.resume_from:
+            source = self.spec.resume_from
+        if source is None:
+            return 0, [], None
+        state = checkpoint.load(source, map_location=self.device)
+        saved = state.get("config", {}).get("recipe", {})
+        for key in ("name", "model", "optimizer"):
+            if saved.get(key) not in (None, self.cfg.recipe[key]):
+                raise ConfigError(f"recipe.{key}", self.cfg.recipe[key],
+                                  f"the checkpoint {source} was trained with recipe.{key}={saved[key]}",
+                                  f"recipe.{key}={saved[key]} resume={self.spec.resume_from or source}")
+        self.model.load_state_dict(state["net_state_dict"])
+        optimizers, schedulers = checkpoint.optimizer_states(state)
+        for stepper, opt_state, sched_state in zip(self.steppers, optimizers, schedulers, strict=True):
+            stepper.optimizer.load_state_dict(opt_state)
+            stepper.scheduler.load_state_dict(sched_state)
+        rng = state.get("rng", {})
+        if "cpu" in rng:  # dropout and other global randomness continue where they stopped
+            torch.set_rng_state(rng["cpu"].cpu())
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"].cpu(), self.device)
+        return int(state["epoch"]), list(state.get("history", [])), source
+
+    # ---- one step -----------------------------------------------------------------------------
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        x = (x.float() - self.mean) / self.std
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int,
+              aug_gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.augment is not None:
+            x = self.augment(x, aug_gen, indices=idx, epoch=epoch, cfg=self.cfg)
+        with self.autocast():
+            logits = self.train_net(self._normalize(x))
+            loss = self.loss_fn(logits, y)
+        self.model.zero_grad(set_to_none=True)
+        loss.backward()
+        for stepper in self.steppers:
+            stepper.step()
+        return loss, logits
+
+    def _maybe_fail(self, global_step: int) -> None:
+        # Called every step, so it compares plain ints first (OmegaConf attribute access is slow).
+        if global_step != self.fault_step:
+            return
+        fault = self.cfg.fault
+        if fault.rank != self.world.rank or fault.attempt not in (-1, self.world.restart_count):
+            return
+        log.warning("injecting fault.kind=%s at step %d", fault.kind, global_step)
+        if fault.kind == "raise":
+            raise RuntimeError(f"injected failure (fault.kind=raise) on rank {self.world.rank} at step {global_step}")
+        if fault.kind == "exit":
+            os._exit(3)
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fault.kind == "hang":
+            while True:
+                time.sleep(60)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        rank, world = (self.rank, self.world_size) if self.ddp else (0, 1)
+        return rank_order(len(self.train_data), self.cfg.batch_size, self.cfg.seed, epoch, world, rank)
+
+    # ---- epochs -------------------------------------------------------------------------------
+    def _train_epoch(self, epoch: int, aug_gen: torch.Generator) -> dict[str, float]:
+        self.train_net.train()
+        order = self._order(epoch)
+        loss_sum = torch.zeros((), device=self.device)
+        correct = torch.zeros((), device=self.device, dtype=torch.long)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        clock = StepClock(self.device)
+        clock.start()
+        host_start = time.perf_counter()
+        for step, (x, y, idx) in enumerate(self.train_data.batches(order)):
+            clock.batch_ready()
+            self._maybe_fail(epoch * self.steps_per_epoch + step)
+            loss, logits = self._step(x, y, idx, epoch, aug_gen)
+            loss_sum += loss.detach().float() * len(y)
+            correct += (logits.argmax(1) == y).sum()
+            clock.step_end()
+            if self.first_step_s is None:
+                self._sync()
+                self.first_step_s = time.time() - self.spec.started_at
+        # How long the host took to issue the epoch. Close to the device's span: the host is what limits
+        # the speed (Python, launches), and CUDA graphs or a larger batch would help more than kernels.
+        host_s = time.perf_counter() - host_start
+        timing = clock.finish()
+        totals = self._all_reduce(torch.stack([loss_sum, correct.float(), torch.tensor(
+            float(order.numel()), device=self.device)]))
+        # The slowest rank sets the pace: report its span and its input wait.
+        slowest = self._all_reduce(torch.tensor([timing.span_s, timing.stall_fraction], device=self.device),
+                                   op=dist.ReduceOp.MAX if self.ddp else None)
+        train_s = slowest[0].item()
+        return {"loss": (totals[0] / totals[2]).item(), "train_acc": (totals[1] / totals[2]).item(),
+                "train_s": train_s, "img_per_s": self.steps_per_epoch * self.cfg.batch_size / train_s,
+                "input_stall": round(slowest[1].item(), 4), "host_issue_s": round(host_s, 4)}
+
+    @torch.no_grad()
+    def _evaluate(self) -> dict[str, float]:
+        # Under ddp every rank holds the same weights (buffers are averaged first), so each scores a
+        # disjoint shard and the counts are summed. DataParallel scores the whole set across its GPUs.
+        self.eval_net.eval()
+        rank, world = (self.rank, self.world_size) if self.ddp else (0, 1)
+        chunks = eval_chunks(len(self.test_data), max(1, self.cfg.recipe.eval_batch_size // world), world, rank)
+        loss_sum = torch.zeros((), device=self.device)
+        correct = torch.zeros((), device=self.device)
+        with SpanTimer(self.device) as timer:
+            for x, y, _ in self.test_data.batches(chunks):
+                with self.autocast():
+                    logits = self.predict(self.eval_net, self._normalize(x))
+                loss_sum += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+                correct += (logits.argmax(1) == y).sum()
+        count = float(sum(len(c) for c in chunks))
+        totals = self._all_reduce(torch.stack([loss_sum, correct, torch.tensor(count, device=self.device)]))
+        return {"test_loss": (totals[0] / totals[2]).item(), "test_acc": (totals[1] / totals[2]).item(),
+                "eval_s": timer.seconds}
+
+    def _warm_up(self) -> float:
+        """Compile and autotune on the real shapes, then put the model and optimizers back as they were."""
+        start = time.perf_counter()
+        saved_model = {k: v.clone() for k, v in self.model.state_dict().items()}
+        saved_opt = [(s.optimizer.state_dict(), s.scheduler.state_dict()) for s in self.steppers]
+        rng = torch.get_rng_state(), (torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None)
+        self.train_net.train()
+        gen = torch.Generator(device=self.device).manual_seed(0)
+        rows = self._order(0)[:WARMUP_STEPS]
+        for x, y, idx in self.train_data.batches(rows):
+            self._step(x, y, idx, 0, gen)
+        self._evaluate()
+        self.model.load_state_dict(saved_model)
+        for stepper, (opt_state, sched_state) in zip(self.steppers, saved_opt, strict=True):
+            stepper.optimizer.load_state_dict(opt_state)  # from before any step: empty momentum buffers
+            stepper.scheduler.load_state_dict(sched_state)
+        torch.set_rng_state(rng[0])
+        if rng[1] is not None:
+            torch.cuda.set_rng_state(rng[1], self.device)
+        self.model.zero_grad(set_to_none=True)
+        self._sync()
+        return time.perf_counter() - start
+
+    def _all_reduce(self, t: torch.Tensor, op=None) -> torch.Tensor:
+        if self.ddp:
+            dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+        return t
+
+    def _average_buffers(self) -> None:
+        """BatchNorm running stats drift apart across ranks (each sees its own batches): average them."""
+        if not self.ddp:
+            return
+        for buf in self.model.buffers():
+            if buf.is_floating_point():
+                dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+                buf.div_(self.world_size)
+
+    def _memory_mb(self) -> tuple[float | None, float | None]:
+        if self.device.type != "cuda":
+            return None, None
+        devices = range(self.layout.num_devices) if self.layout.strategy == "dp" else [self.device.index]
+        alloc = max(torch.cuda.max_memory_allocated(d) for d in devices) / 2**20
+        reserved = max(torch.cuda.max_memory_reserved(d) for d in devices) / 2**20
+        both = self._all_reduce(torch.tensor([alloc, reserved], device=self.device),
+                                op=dist.ReduceOp.MAX if self.ddp else None)
+        return round(both[0].item(), 1), round(both[1].item(), 1)
+
+    def _save(self, epoch: int, history: list[dict[str, Any]]) -> None:
+        if not (self.is_main and self.cfg.checkpoint):
+            return
+        state = {
+            "net_state_dict": self.model.state_dict(),
+            "optimizer_state_dicts": [s.optimizer.state_dict() for s in self.steppers],
+            "scheduler_state_dicts": [s.scheduler.state_dict() for s in self.steppers],
+            "epoch": epoch,
+            "history": history,
+            "rng": {"cpu": torch.get_rng_state(),
+                    **({"cuda": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {})},
+            "config": self.spec.config,
+        }
+        checkpoint.save_atomic(state, checkpoint.checkpoint_dir(self.run_dir) / checkpoint.LAST)
+
+    def _evaluates_after(self, epoch: int) -> bool:
+        every = self.cfg.recipe.eval_every
+        return epoch + 1 == self.cfg.epochs or (every > 0 and (epoch + 1) % every == 0)
+
+    def fit(self) -> dict[str, Any] | None:
+        cfg = self.cfg
+        t_start = time.perf_counter()
+        splits = self._load_data()
+        self._build(splits)
+        start_epoch, history, resumed_from = self._resume()
+        warmup_s = self._warm_up() if self.compiled else None
+        if warmup_s is not None and self.is_main:
+            log.info("compiled and warmed up in %.1fs (not counted in the timings)", warmup_s)
+        metrics_log = MetricsLog(self.run_dir)
+        if self.is_main:
+            metrics_log.rewrite(history)
+            if resumed_from:
+                log.info("resumed from %s after epoch %d", resumed_from, start_epoch)
+        aug_gen = torch.Generator(device=self.device)
+        timed = {"train_s": 0.0, "eval_s": 0.0}
+        advised = False
+        for epoch in range(start_epoch, cfg.epochs):
+            epoch_start = time.perf_counter()
+            row: dict[str, Any] = {"epoch": epoch + 1}
+            # Seeded per (seed, epoch, rank), so a resumed run augments exactly as an uninterrupted one.
+            aug_gen.manual_seed((cfg.seed * 100_003 + epoch) * 1_009 + self.rank)
+            if cfg.profile and epoch == min(start_epoch + 1, cfg.epochs - 1) and self.is_main:
+                with profiled(self.run_dir):
+                    row.update(self._train_epoch(epoch, aug_gen))
+            else:
+                row.update(self._train_epoch(epoch, aug_gen))
+            self._average_buffers()
+            if self._evaluates_after(epoch):
+                row.update(self._evaluate())
+                timed["eval_s"] += row["eval_s"]
+            timed["train_s"] += row["train_s"]
+            row["lr"] = self.steppers[0].scheduler.get_last_lr()[0]
+            row["max_mem_allocated_mb"], row["max_mem_reserved_mb"] = self._memory_mb()
+            row["epoch_s"] = time.perf_counter() - epoch_start
+            history.append(row)
+            self._save(epoch + 1, history)
+            if self.is_main:
+                metrics_log.append(row)
+                self._log_epoch(row)
+                advised = advised or self._advise(row, epoch)
+        digests, devices = self._gather_rank_facts()
+        if not self.is_main:
+            return None
+        timed["train_eval_s"] = timed["train_s"] + timed["eval_s"]
+        timed["clock"] = "cuda events" if self.device.type == "cuda" else "host clock"
+        timed["compile_warmup_s"] = warmup_s
+        return self._results(history, digests, devices, resumed_from, timed, time.perf_counter() - t_start,
+                             splits)
+
+    def _log_epoch(self, row: dict[str, Any]) -> None:
+        cfg = self.cfg
+        test = f"{100 * row['test_acc']:.2f}%" if "test_acc" in row else "-"
+        log.info("epoch %*d/%d  loss %.4f  train %.2f%%  test %s  %s img/s  input wait %.1f%%  %.2fs",
+                 len(str(cfg.epochs)), row["epoch"], cfg.epochs, row["loss"], 100 * row["train_acc"], test,
+                 f"{row['img_per_s']:,.0f}", 100 * row["input_stall"], row["epoch_s"])
+        if not math.isfinite(row["loss"]):
+            log.warning("loss is %s at epoch %d", row["loss"], row["epoch"])
+
+    def _advise(self, row: dict[str, Any], epoch: int) -> bool:
+        """Say once per run when training was input-bound (not judged on a first epoch that has more)."""
+        if self.device.type != "cuda" or (epoch == 0 and self.cfg.epochs > 1):
+            return False
+        advice = input_advice(row["input_stall"], self.placement, self.data_mb, self.compiled)
+        if advice:
+            log.warning(advice)
+        return advice is not None
+
+    def _gather_rank_facts(self) -> tuple[list[str], list[str]]:
+        """Every rank's weights digest and device name, in rank order (one entry for single and dp)."""
+        mine = (weights_digest(self.model), self._device_names())
+        if not self.ddp:
+            return [mine[0]], mine[1]
+        everyone: list[tuple[str, list[str]]] = [("", [])] * self.world_size
+        dist.all_gather_object(everyone, mine)
+        digests = [d for d, _ in everyone]
+        if len(set(digests)) > 1 and self.is_main:
+            log.warning("ranks ended with DIFFERENT weights (digests %s): the replicas diverged", digests)
+        return digests, [name for _, names in everyone for name in names]
+
+    def _device_names(self) -> list[str]:
+        if self.device.type != "cuda":
+            return []
+        indices = range(self.layout.num_devices) if self.layout.strategy == "dp" else [self.device.index]
+        return [torch.cuda.get_device_name(i) for i in indices]
+
+    def _results(self, history, digests, devices, resumed_from, timed, total_s, splits) -> dict[str, Any]:
+        cfg = self.cfg
+        final = history[-1] if history else {}
+        scored = [r["test_acc"] for r in history if "test_acc" in r]
+        stalls = [r["input_stall"] for r in history]
+        results = {
+            "recipe": cfg.recipe.name,
+            "model": cfg.recipe.model,
+            "strategy": self.layout.strategy,
+            "world_size": self.world_size,
+            "device_type": self.device.type,
+            "devices": devices,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "epochs": cfg.epochs,
+            "batch_size": cfg.batch_size,
+            "batch_per_process": self.layout.batch_per_process,
+            "synthetic_data": splits.synthetic,
+            "data_placement": self.placement,
+            "compiled": self.compiled,
+            "final": final,
+            "test_acc": final.get("test_acc"),
+            "best_test_acc": max(scored, default=None),
+            "train_s": timed["train_s"],
+            "timed": timed,
+            "input_stall": round(sum(stalls) / len(stalls), 4) if stalls else None,
+            "worker_s": total_s,
+            "first_step_s": self.first_step_s,
+            "resumed_from": resumed_from,
+            "restarts": self.world.restart_count,
+            "weights_sha256": digests,
+            "ranks_agree": len(set(digests)) == 1,
+            "torch": torch.__version__,
+        }
+        write_results(self.run_dir, results)
+        return results
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter and buffer, to show that all ranks ended with the same model."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().to("cpu", torch.float64 if tensor.is_floating_point() else torch.int64)
+                 .contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def profiled(run_dir: Path):
+    """torch.profiler over one epoch: profile.txt (ops by device time) and trace.json (chrome://tracing)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        yield
+    sort = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    (run_dir / "profile.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40) + "\n")
+    prof.export_chrome_trace(str(run_dir / "trace.json"))
+    log.info("profile of this epoch: %s (and trace.json for chrome://tracing or Perfetto)", run_dir / "profile.txt")
+
+
+def _mode(name: str) -> str | None:
+    return None if name == "default" else name

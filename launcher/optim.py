@@ -1,0 +1,126 @@
+"""Optimizers and learning-rate schedules the trainer builds from `recipe.optimizer`.
+
+- sgd / adamw: one optimizer over all parameters, triangular schedule (linear warm-up, linear decay).
+- muon: torch.optim.Muon for the model's filter matrices, Nesterov SGD for everything else, as in
+  Keller Jordan's CIFAR-10 speed records. The model says which parameters are which through
+  `parameter_roles()` (see recipes/vision_models.py); each role gets its own learning rate.
+
+A schedule is a function of the step returning a multiplier of each group's base learning rate; the
+trainer wraps every optimizer in a LambdaLR so schedules are checkpointed with the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from launcher.config import ConfigError
+
+Schedule = Callable[[int], float]
+
+
+def triangular_schedule(total_steps: int, warmup_steps: int) -> Schedule:
+    """LR multiplier: linear warm-up from ~0 to 1 over warmup_steps, then linear decay to 0 at the end."""
+    warmup_steps = min(max(warmup_steps, 0), total_steps - 1)
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor
+
+
+def linear_decay(total_steps: int) -> Schedule:
+    """1 at the first step, falling linearly to 0 at `total_steps` and staying there."""
+
+    def factor(step: int) -> float:
+        return max(0.0, 1.0 - step / max(1, total_steps))
+
+    return factor
+
+
+@dataclass
+class Stepper:
+    """An optimizer and its schedule, stepped together."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+
+    def step(self) -> None:
+        self.optimizer.step()
+        self.scheduler.step()
+
+
+def _stepper(optimizer: torch.optim.Optimizer, schedules: Schedule | list[Schedule]) -> Stepper:
+    return Stepper(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedules))
+
+
+def build(cfg, model: nn.Module, steps_per_epoch: int, fused: bool) -> list[Stepper]:
+    r = cfg.recipe
+    total = steps_per_epoch * cfg.epochs
+    if r.optimizer == "muon":
+        return _muon_and_sgd(cfg, model, steps_per_epoch, fused)
+    schedule = triangular_schedule(total, round(r.warmup_epochs * steps_per_epoch))
+    if r.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=r.momentum,
+                              nesterov=r.nesterov and r.momentum > 0, weight_decay=r.weight_decay)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=r.weight_decay)
+    return [_stepper(opt, schedule)]
+
+
+def parameter_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+    roles = getattr(model, "parameter_roles", None)
+    if roles is None:
+        raise ConfigError("recipe.optimizer", "muon", f"the model {type(model).__name__} does not say which of its "
+                          "parameters are filter matrices (parameter_roles()); use recipe.optimizer=sgd",
+                          "recipe=cifar10_fast")
+    return roles()
+
+
+def _muon_and_sgd(cfg, model: nn.Module, steps_per_epoch: int, fused: bool) -> list[Stepper]:
+    """Muon on the filter matrices; Nesterov SGD on biases, the head and the stem's bias.
+
+    `lr` is Muon's learning rate. The SGD groups take `recipe.sgd_lr` (norm biases, the stem bias) and
+    `recipe.head_lr` (the classifier), and `recipe.weight_decay` is the decay per step at full LR
+    (SGD's coupled decay is divided by each group's LR so that LR x decay stays that number).
+    The stem's bias trains only for `recipe.stem_bias_epochs` epochs, then its LR is 0.
+    """
+    r = cfg.recipe
+    roles = parameter_roles(model)
+    total = steps_per_epoch * cfg.epochs
+    decay = linear_decay(total)
+    sgd_groups, schedules = [], []
+    for role, lr in (("stem_bias", r.sgd_lr), ("biases", r.sgd_lr), ("head", r.head_lr)):
+        if roles.get(role):
+            sgd_groups.append({"params": roles[role], "lr": lr, "weight_decay": r.weight_decay / lr})
+            schedules.append(linear_decay(round(r.stem_bias_epochs * steps_per_epoch)) if role == "stem_bias"
+                             else decay)
+    sgd = torch.optim.SGD(sgd_groups, momentum=r.momentum, nesterov=True, fused=fused)
+    muon = torch.optim.Muon(roles["matrices"], lr=cfg.lr, momentum=r.muon_momentum, nesterov=True, weight_decay=0.0)
+    keep_unit_rms(muon, roles["matrices"])
+    return [_stepper(sgd, schedules), _stepper(muon, decay)]
+
+
+def keep_unit_rms(optimizer: torch.optim.Optimizer, matrices: list[nn.Parameter]) -> None:
+    """Rescale each matrix to norm sqrt(rows) now and after every step of `optimizer`.
+
+    The filters feed BatchNorm, so their scale does not change the function; fixing it keeps Muon's
+    fixed-size orthogonal updates a constant relative step instead of one that shrinks as the weights
+    grow (the speed records normalize the same way before each update).
+    """
+
+    @torch.no_grad()
+    def normalize(*_) -> None:
+        scale = torch._foreach_reciprocal(torch._foreach_clamp_min(torch._foreach_norm(matrices), 1e-12))
+        torch._foreach_mul_(scale, targets)
+        torch._foreach_mul_(matrices, scale)
+
+    targets = [len(p) ** 0.5 for p in matrices]
+
+    normalize()
+    optimizer.register_step_post_hook(normalize)

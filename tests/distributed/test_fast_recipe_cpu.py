@@ -1,0 +1,45 @@
+"""The record-speed configuration end to end on CPU (small official-format data, compile off for speed)."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+SMALL_FAST = ("recipe=cifar10_fast", "batch_size=100", "recipe.eval_batch_size=100", "recipe.compile=false",
+              "gpus=[]")
+
+
+def test_fast_recipe_with_two_gloo_ranks(launch, cifar_root):
+    result = launch(*SMALL_FAST, f"data.root={cifar_root}", "epochs=2", "strategy=ddp", "nprocs=2")
+    assert result.returncode == 0, result.output
+    r = result.results()
+    assert r["model"] == "airbench94" and r["strategy"] == "ddp" and r["ranks_agree"]
+    assert r["timed"]["clock"] == "host clock" and r["timed"]["train_eval_s"] > 0
+    rows = [json.loads(x) for x in (result.run_dir() / "metrics.jsonl").read_text().splitlines()]
+    # eval_every=0: scored once, after the last epoch; every epoch reports its input wait
+    assert "test_acc" not in rows[0] and "test_acc" in rows[1]
+    assert all(0 <= row["input_stall"] <= 1 and row["host_issue_s"] > 0 for row in rows)
+    assert "input wait" in result.stdout
+
+
+def test_a_restart_resumes_both_optimizers_exactly(launch, cifar_root):
+    # 5 steps per epoch: a failure at step 7 restarts from the epoch-1 checkpoint (Muon and SGD state).
+    plain = launch(*SMALL_FAST, f"data.root={cifar_root}", "epochs=2")
+    assert plain.returncode == 0, plain.output
+    digest = plain.results()["weights_sha256"]
+    for d in plain.run_dirs():
+        d.rename(d.with_name(d.name + "-plain"))
+        (d.with_name(d.name + "-plain") / ".hydra").rename(d.with_name(d.name + "-plain") / "hydra-config")
+    restarted = launch(*SMALL_FAST, f"data.root={cifar_root}", "epochs=2", "fault.rank=0", "fault.step=7",
+                       "max_restarts=1")
+    assert restarted.returncode == 0, restarted.output
+    r = restarted.results()
+    assert r["restarts"] == 1 and r["resumed_from"].endswith("last.pt")  # resumed, not started over
+    assert r["weights_sha256"] == digest
+
+
+def test_muon_with_a_model_that_has_no_matrices_is_refused_in_one_line(launch):
+    result = launch("recipe.optimizer=muon", "epochs=1", "gpus=[]")
+    assert result.returncode == 2, result.output
+    assert "parameter_roles" in result.stderr and "Traceback" not in result.output

@@ -1,0 +1,87 @@
+"""The data path on CPU: prefetcher passthrough, the host gatherer, placement choice and the stall clock."""
+
+import time
+
+import pytest
+import torch
+
+from launcher.batches import HostData, ResidentData, choose_placement, make_data, rank_order
+from launcher.prefetch import CudaPrefetcher
+from launcher.stall import INPUT_BOUND, StepClock, input_advice
+
+CPU = torch.device("cpu")
+
+
+def test_prefetcher_passes_batches_through_unchanged_on_cpu():
+    batches = [(torch.arange(4) + i, torch.ones(2) * i) for i in range(5)]
+    out = list(CudaPrefetcher(iter(batches), CPU, depth=2))
+    assert out == batches and all(o is b for o, b in zip(out, batches, strict=True))  # the same tuples
+
+
+def test_prefetcher_rejects_a_depth_below_one():
+    with pytest.raises(ValueError, match="depth"):
+        CudaPrefetcher([], CPU, depth=0)
+
+
+def small_set(n=100):
+    x = torch.arange(n, dtype=torch.uint8).view(n, 1, 1, 1).expand(n, 3, 4, 4).contiguous()
+    return x, torch.arange(n)
+
+
+def test_host_gatherer_yields_each_steps_rows_in_order():
+    x, y = small_set()
+    order = rank_order(100, 20, seed=1, epoch=0, world_size=2, rank=1)
+    host = HostData(x, y, CPU, depth=2)
+    got = list(host.batches(order))
+    assert len(got) == len(order) == 5
+    for (bx, by, idx), rows in zip(got, order, strict=True):
+        assert torch.equal(idx, rows) and torch.equal(by, y[rows]) and torch.equal(bx, x[rows])
+
+
+def test_host_gatherer_stops_its_thread_when_the_loop_stops_early():
+    x, y = small_set()
+    host = HostData(x, y, CPU, depth=1)
+    stream = host.batches(rank_order(100, 10, seed=0, epoch=0))
+    next(stream)
+    stream.close()  # what a training loop that raises does to its generator
+    time.sleep(0.2)
+    import threading
+
+    assert not [t for t in threading.enumerate() if t.name == "launcher-gather" and t.is_alive()]
+
+
+def test_host_gatherer_hands_errors_to_the_training_loop():
+    x, y = small_set()
+    bad = [torch.tensor([0, 1]), torch.tensor([5, 500])]
+    with pytest.raises(IndexError):
+        list(HostData(x, y, CPU).batches(bad))
+
+
+def test_on_cpu_the_data_stays_where_it_is_and_gathers_match():
+    x, y = small_set()
+    data = make_data(x, y, CPU, "host", 2)
+    assert isinstance(data, ResidentData) and data.placement == "host"
+    assert choose_placement("auto", CPU, 10**12) == ("host", "the device is the CPU")
+    bx, by, idx = next(data.batches(torch.tensor([[3, 7]])))
+    assert torch.equal(by, torch.tensor([3, 7])) and bx[1, 0, 0, 0] == 7
+
+
+def test_stall_clock_counts_only_the_waits_for_input():
+    clock = StepClock(CPU)
+    clock.start()
+    for _ in range(3):
+        time.sleep(0.03)  # waiting for a batch
+        clock.batch_ready()
+        time.sleep(0.01)  # the step
+        clock.step_end()
+    timing = clock.finish()
+    assert 0.11 < timing.span_s < 0.3
+    assert 0.6 < timing.stall_fraction < 0.85
+
+
+def test_input_bound_advice_names_the_setting_that_helps():
+    assert input_advice(INPUT_BOUND / 2, "host", 180, False) is None
+    host = input_advice(0.4, "host", 180, False)
+    assert "40%" in host and "data.placement=gpu" in host
+    assert "recipe.compile=true" in input_advice(0.4, "gpu", 180, False)
+    assert "batch_size" in input_advice(0.4, "gpu", 180, True)

@@ -1,0 +1,97 @@
+"""The record-speed recipe's parts on CPU: whitening, alternating flips, TTA, and Muon's parameter groups."""
+
+import torch
+from omegaconf import OmegaConf
+
+from launcher import optim
+from launcher.augment import alternating_flip, tta_logits, tta_views
+from launcher.checkpoint import optimizer_states
+from launcher.config import Config
+from launcher.recipes.vision_models import Airbench94
+
+
+def fast_cfg(**recipe):
+    cfg = OmegaConf.structured(Config)
+    cfg.recipe.name, cfg.recipe.model = "cifar10", "airbench94"
+    cfg.recipe.optimizer = "muon"
+    cfg.epochs, cfg.lr = 4, 0.24
+    for key, value in recipe.items():
+        cfg.recipe[key] = value
+    return cfg
+
+
+def test_whitening_stem_decorrelates_2x2_patches():
+    torch.manual_seed(0)
+    mix = torch.randn(3, 3) * 3
+    images = torch.einsum("dc,nchw->ndhw", mix, torch.randn(400, 3, 32, 32))  # correlated channels
+    net = Airbench94()
+    net.init_whitening(images)
+    assert not net.stem.weight.requires_grad and net.stem.weight.shape == (24, 3, 2, 2)
+    out = torch.nn.functional.conv2d(images, net.stem.weight[:12])  # the positive half, no bias
+    flat = out.permute(0, 2, 3, 1).reshape(-1, 12)
+    cov = flat.T @ flat / len(flat)
+    assert torch.allclose(cov, torch.eye(12), atol=0.05)
+    assert torch.allclose(net.stem.weight[12:], -net.stem.weight[:12])
+
+
+def test_alternating_flip_mirrors_complementary_halves_on_even_and_odd_epochs():
+    x = torch.arange(8 * 4, dtype=torch.float32).view(8, 1, 1, 4)
+    idx = torch.arange(8)
+    even, odd = alternating_flip(x, idx, epoch=0, seed=0), alternating_flip(x, idx, epoch=1, seed=0)
+    flipped_even = (even != x).any(dim=3).view(-1)
+    flipped_odd = (odd != x).any(dim=3).view(-1)
+    assert torch.equal(flipped_even, ~flipped_odd) and 0 < flipped_even.sum() < 8
+    assert torch.equal(alternating_flip(x, idx, epoch=2, seed=0), even)  # a property of the image, not the call
+
+
+def test_tta_views_and_weights():
+    x = torch.randn(5, 3, 8, 8)
+    for level, count in ((0, 1), (1, 2), (2, 6)):
+        views, weights = tta_views(x, level)
+        assert views.shape[0] == 5 * count and abs(sum(weights) - 1) < 1e-9
+    views, _ = tta_views(x, 2)
+    assert torch.equal(views[5:10], x.flip(3))
+
+    def net(v):  # a "network" that ignores mirroring and shifts: TTA must give back its plain logits
+        return v.mean(dim=(1, 2, 3)).unsqueeze(1).expand(-1, 4) * 0 + torch.arange(4.0)
+
+    assert torch.allclose(tta_logits(net, x, 2), torch.arange(4.0).expand(5, 4))
+
+
+def test_muon_groups_train_matrices_and_keep_their_scale():
+    torch.manual_seed(0)
+    net = Airbench94()
+    steppers = optim.build(fast_cfg(), net, steps_per_epoch=2, fused=False)
+    sgd, muon = (s.optimizer for s in steppers)
+    assert isinstance(muon, torch.optim.Muon) and isinstance(sgd, torch.optim.SGD)
+    matrices = net.parameter_roles()["matrices"]
+    assert {id(p) for p in matrices} == {id(p) for g in muon.param_groups for p in g["params"]}
+    before = [p.detach().clone() for p in matrices]
+    for _ in range(3):
+        net.zero_grad()
+        net(torch.randn(8, 3, 32, 32)).square().mean().backward()
+        for s in steppers:
+            s.step()
+    for p, old in zip(matrices, before, strict=True):
+        assert not torch.equal(p, old)
+        assert abs(p.norm().item() - len(p) ** 0.5) < 1e-3  # norm sqrt(rows) after every step
+    # the stem bias trains for stem_bias_epochs (3 of 4 epochs = 6 steps), the rest decay over 8 steps
+    stem_lr = sgd.param_groups[0]["lr"]
+    assert 0 < stem_lr < fast_cfg().recipe.sgd_lr
+    for _ in range(3):
+        steppers[0].scheduler.step()
+    assert sgd.param_groups[0]["lr"] == 0.0 and sgd.param_groups[1]["lr"] > 0
+
+
+def test_muon_needs_a_model_that_names_its_matrices():
+    import pytest
+
+    from launcher.config import ConfigError
+
+    with pytest.raises(ConfigError, match="parameter_roles"):
+        optim.build(fast_cfg(), torch.nn.Linear(3, 3), steps_per_epoch=2, fused=False)
+
+
+def test_checkpoints_from_one_optimizer_still_load():
+    assert optimizer_states({"optimizer_state_dict": {"a": 1}, "scheduler_state_dict": {"b": 2}}) == (
+        [{"a": 1}], [{"b": 2}])
