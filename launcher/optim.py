@@ -103,7 +103,7 @@ def _muon_and_sgd(cfg, model: nn.Module, steps_per_epoch: int, fused: bool) -> l
     sgd = torch.optim.SGD(sgd_groups, momentum=r.momentum, nesterov=True, fused=fused)
     muon = torch.optim.Muon(roles["matrices"], lr=cfg.lr, momentum=r.muon_momentum, nesterov=True, weight_decay=0.0)
     keep_unit_rms(muon, roles["matrices"])
-    return [_stepper(sgd, schedules), _stepper(muon, decay)]
+    return [_stepper(muon, decay), _stepper(sgd, schedules)]  # the first one's LR is the one logged
 
 
 def keep_unit_rms(optimizer: torch.optim.Optimizer, matrices: list[nn.Parameter]) -> None:

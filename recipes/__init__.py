@@ -16,7 +16,8 @@
 A model trained with `recipe.optimizer=muon` says which of its parameters are which through
 `parameter_roles()` (see launcher/optim.py).
 
-The shared training loop (launcher/trainer.py) does the rest: strategy, batching, metrics, checkpoints.
+The shared training loop (launcher/loop.py) does the rest: strategy, data placement, batching, metrics,
+checkpoints.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def test_muon_groups_train_matrices_and_keep_their_scale():
     torch.manual_seed(0)
     net = Airbench94()
     steppers = optim.build(fast_cfg(), net, steps_per_epoch=2, fused=False)
-    sgd, muon = (s.optimizer for s in steppers)
+    muon, sgd = (s.optimizer for s in steppers)
     assert isinstance(muon, torch.optim.Muon) and isinstance(sgd, torch.optim.SGD)
     matrices = net.parameter_roles()["matrices"]
     assert {id(p) for p in matrices} == {id(p) for g in muon.param_groups for p in g["params"]}
@@ -79,7 +79,7 @@ def test_muon_groups_train_matrices_and_keep_their_scale():
     stem_lr = sgd.param_groups[0]["lr"]
     assert 0 < stem_lr < fast_cfg().recipe.sgd_lr
     for _ in range(3):
-        steppers[0].scheduler.step()
+        steppers[1].scheduler.step()
     assert sgd.param_groups[0]["lr"] == 0.0 and sgd.param_groups[1]["lr"] > 0
 
 
