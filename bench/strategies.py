@@ -21,11 +21,11 @@ from pathlib import Path
 PER_GPU_BATCH = {"airbench": 1024, "resnet18": 512, "mobilenetv3_small": 512}
 
 
-def run(model: str, gpus: list[int], strategy: str, epochs: int, workdir: Path) -> dict:
+def run(model: str, gpus: list[int], strategy: str, epochs: int, workdir: Path, extra: tuple[str, ...] = ()) -> dict:
     per_gpu = PER_GPU_BATCH[model]
     n = len(gpus)
     overrides = ["recipe=cifar10", "data.synthetic=true", f"recipe.model={model}", f"epochs={epochs}",
-                 f"batch_size={per_gpu * n}", f"gpus=[{','.join(map(str, gpus))}]", f"strategy={strategy}"]
+                 f"batch_size={per_gpu * n}", f"gpus=[{','.join(map(str, gpus))}]", f"strategy={strategy}", *extra]
     cwd = Path(tempfile.mkdtemp(dir=workdir))
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "launcher.cli", *overrides], cwd=cwd, capture_output=True, text=True)
@@ -43,6 +43,7 @@ def run(model: str, gpus: list[int], strategy: str, epochs: int, workdir: Path) 
     record.update({
         "img_per_s": round(sum(r["img_per_s"] for r in steady) / len(steady)),
         "first_step_s": round(res["first_step_s"], 2),
+        "startup": res.get("startup"),
         "max_mem_allocated_mb": rows[-1]["max_mem_allocated_mb"],
         "device": (res["devices"] or ["cpu"])[0],
         "torch": res["torch"],

@@ -34,6 +34,7 @@ from launcher.metrics import MetricsLog, write_results
 from launcher.recipes import Splits, get_recipe
 from launcher.stall import SpanTimer, StepClock, input_advice
 from launcher.strategy import wrap_model
+from launcher.timeline import StartupTimeline
 
 log = logging.getLogger("launcher.train")
 
@@ -42,8 +43,10 @@ WHITENING_SAMPLE = 5000  # training images a recipe's prepare_model sees
 
 
 class TrainingRun:
-    def __init__(self, cfg: DictConfig, spec, world: WorldInfo, device: torch.device):
+    def __init__(self, cfg: DictConfig, spec, world: WorldInfo, device: torch.device,
+                 timeline: StartupTimeline | None = None):
         self.cfg, self.spec, self.world, self.device = cfg, spec, world, device
+        self.timeline = timeline or StartupTimeline(spec.started_at)
         self.layout = spec.layout
         self.run_dir = Path(spec.run_dir)
         self.ddp = self.layout.strategy == "ddp"
@@ -209,6 +212,9 @@ class TrainingRun:
             if self.first_step_s is None:
                 self._sync()
                 self.first_step_s = time.time() - self.spec.started_at
+                self.timeline.mark("first_step")
+                if self.is_main:
+                    log.info(self.timeline.describe())
         # How long the host took to issue the epoch. Close to the device's span: the host is what limits
         # the speed (Python, launches), and CUDA graphs or a larger batch would help more than kernels.
         host_s = time.perf_counter() - host_start
@@ -313,9 +319,13 @@ class TrainingRun:
         cfg = self.cfg
         t_start = time.perf_counter()
         splits = self._load_data()
+        self.timeline.mark("data_loaded")
         self._build(splits)
         start_epoch, history, resumed_from = self._resume()
+        self.timeline.mark("model_built")
         warmup_s = self._warm_up() if self.compiled else None
+        if warmup_s is not None:
+            self.timeline.mark("warmed_up")
         if warmup_s is not None and self.is_main:
             log.info("compiled and warmed up in %.1fs (not counted in the timings)", warmup_s)
         metrics_log = MetricsLog(self.run_dir)
@@ -422,6 +432,7 @@ class TrainingRun:
             "input_stall": round(sum(stalls) / len(stalls), 4) if stalls else None,
             "worker_s": total_s,
             "first_step_s": self.first_step_s,
+            "startup": self.timeline.as_dict(),
             "resumed_from": resumed_from,
             "restarts": self.world.restart_count,
             "weights_sha256": digests,

@@ -73,7 +73,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> Outcome
     from launcher.trainer import WorkerSpec
 
     spec = WorkerSpec(OmegaConf.to_container(cfg, resolve=True), str(run_dir), plan.layout, plan.env,
-                      resume_from, started)
+                      resume_from, started, spawned_s=round(time.time() - started, 3))
     outcome = _execute(spec, plan, cfg.max_restarts)
     if plan.joined is not None:  # this process was a worker too: back to the launcher's own logging
         logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)

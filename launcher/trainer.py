@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from launcher.distenv import WorldInfo
 from launcher.loop import TrainingRun
 from launcher.strategy import Layout
+from launcher.timeline import StartupTimeline
 
 log = logging.getLogger("launcher.train")
 
@@ -36,6 +37,7 @@ class WorkerSpec:
     env: dict[str, str]  # applied in the worker before CUDA starts
     resume_from: str | None = None
     started_at: float = 0.0  # the launcher's time.time() when it started, for time-to-first-step
+    spawned_s: float | None = None  # seconds after started_at when the launcher started the workers
 
 
 def pick_device(layout: Layout, world: WorldInfo) -> torch.device:
@@ -48,14 +50,16 @@ def pick_device(layout: Layout, world: WorldInfo) -> torch.device:
     return torch.device("cuda", index)
 
 
-def train(spec: WorkerSpec, world: WorldInfo) -> dict[str, Any] | None:
+def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline | None = None) -> dict[str, Any] | None:
     """Train one worker's part of the run. Returns the results on rank 0, None elsewhere."""
+    timeline = timeline or StartupTimeline(spec.started_at)
     cfg = OmegaConf.create(spec.config)
     layout = spec.layout
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         # torch may have been imported before the worker env was applied (a joined world): apply it now.
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     device = pick_device(layout, world)
+    timeline.mark("device_set")
     if device.type == "cuda":
         # DataParallel runs each replica in a new thread every step, and cuDNN's autotuning results do not
         # carry over between those threads, so with benchmark on it re-tunes every step: on 2x H200 the
@@ -65,7 +69,8 @@ def train(spec: WorkerSpec, world: WorldInfo) -> dict[str, Any] | None:
     distributed = layout.strategy == "ddp"
     if distributed:
         init_process_group(layout.dist_backend, world, timedelta(seconds=cfg.strategy.timeout_s), device)
-    run = TrainingRun(cfg, spec, world, device)
+        timeline.mark("process_group")
+    run = TrainingRun(cfg, spec, world, device, timeline)
     # On failure the process group is left alone: destroying an NCCL communicator while peers are
     # still inside a collective blocks forever (seen on 2x H200). The worker exits at once instead.
     results = run.fit()

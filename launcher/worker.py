@@ -20,14 +20,18 @@ def worker_main(spec) -> dict[str, Any] | None:
     os.environ.update(spec.env)
     from launcher import failures, logs
     from launcher.distenv import WorldInfo
+    from launcher.timeline import StartupTimeline
 
+    timeline = StartupTimeline(spec.started_at, {"spawn": spec.spawned_s} if spec.spawned_s is not None else None)
+    timeline.mark("worker_process")
     world = WorldInfo.from_env()
     run_dir = Path(spec.run_dir)
     logs.setup_worker_logging(run_dir, world.rank)
     try:
         from launcher.trainer import train
 
-        return train(spec, world)
+        timeline.mark("torch_imported")
+        return train(spec, world, timeline)
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then the process ends
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C reached the whole group: the launcher says so
             os._exit(130)

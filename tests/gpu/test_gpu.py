@@ -72,3 +72,23 @@ def test_nccl_rank_failure_brings_the_launch_down_fast(launch):
     assert "rank 1 failed: RuntimeError: injected failure" in result.stderr
     records = {p.name: json.loads(p.read_text()) for p in (result.run_dir() / "failures").glob("*.json")}
     assert result.finished_at - records["attempt0-rank1.json"]["time"] < 10
+
+
+@two_gpus
+def test_ddp_on_two_gpus_follows_the_one_gpu_run(launch):
+    """Same seed, same global batch: step s sees the same images on 1 GPU and on 2 (each rank half).
+
+    Not bit-identical: BatchNorm normalizes each rank's 512 images rather than all 1024, and the
+    reductions run in a different order. Stated tolerance: per-epoch training loss within 5%.
+    """
+    common = ("recipe=cifar10", "data.synthetic=true", "epochs=3", "batch_size=1024", "seed=3")
+    losses = {}
+    for gpus in ("[0]", "[0,1]"):
+        result = launch(*common, f"gpus={gpus}", timeout=600)
+        assert result.returncode == 0, result.output
+        rows = [json.loads(x) for x in (result.run_dir() / "metrics.jsonl").read_text().splitlines()]
+        losses[gpus] = [r["loss"] for r in rows]
+        for d in result.run_dirs():
+            shutil.rmtree(d)
+    for one, two in zip(losses["[0]"], losses["[0,1]"], strict=True):
+        assert abs(one - two) / one < 0.05, losses

@@ -1,0 +1,101 @@
+"""Multi-GPU scaling and start-up: `launch` (1 GPU, dp, ddp) beside plain DDP under torchrun, in one call.
+
+    python bench/scaling.py                         # needs 2 GPUs; fast net @1024/GPU, ResNet-18 @512/GPU
+    python bench/scaling.py --models resnet18 --epochs 4
+
+Throughput: each configuration runs as its own command (a subprocess, as a user types it) on
+CIFAR-shaped synthetic data; img/s excludes the first epoch. `vs_one_gpu` compares with the same
+tool's 1-GPU run. The torchrun rows run bench/torchrun_ddp.py, a plain DDP script on the same networks.
+
+Start-up: seconds from the command starting to (a) `import torch; torch.cuda.init()` finishing,
+(b) torchrun's 2 processes having initialized NCCL and all-reduced one tensor, (c) `launch`'s first
+training step on 2 GPUs (the tiny digits recipe, so data and model cost little), with launch's own
+itemized timeline (launcher/timeline.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from strategies import PER_GPU_BATCH, run  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+def torchrun(args: list[str], nprocs: int) -> dict:
+    env = {**os.environ, "BENCH_T0": repr(time.time())}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
+               str(HERE / "torchrun_ddp.py"), *args]
+    start = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - start
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"exit_code": proc.returncode, "error": (proc.stderr or proc.stdout).strip().splitlines()[-3:]}
+    return {**json.loads(lines[-1]), "exit_code": 0, "wall_s": round(wall, 2)}
+
+
+def cuda_init_seconds() -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch; torch.cuda.init()"], check=True)
+    return round(time.perf_counter() - start, 2)
+
+
+def launch_startup(workdir: Path) -> dict:
+    cwd = Path(tempfile.mkdtemp(dir=workdir))
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "recipe=digits", "gpus=[0,1]", "epochs=1"],
+                          cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    found = list(cwd.glob("outputs/**/results.json"))
+    if proc.returncode != 0 or not found:
+        return {"exit_code": proc.returncode, "error": (proc.stderr or proc.stdout).strip().splitlines()[-3:]}
+    r = json.loads(found[0].read_text())
+    return {"what": "launch_startup", "recipe": "digits", "world_size": r["world_size"],
+            "first_step_s": round(r["first_step_s"], 2), "startup": r["startup"], "wall_s": round(wall, 2)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["airbench", "resnet18"])
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--skip-throughput", action="store_true")
+    args = parser.parse_args()
+    stamp = {"date": time.strftime("%Y-%m-%d")}
+    with tempfile.TemporaryDirectory() as tmp:
+        # Start-up first, on a machine that has not run anything yet in this call.
+        print(json.dumps({"what": "python_cuda_init", "seconds": cuda_init_seconds(), **stamp}), flush=True)
+        print(json.dumps({**torchrun(["--startup-only"], 2), **stamp}), flush=True)
+        startup = launch_startup(Path(tmp))
+        print(json.dumps({**startup, **stamp}), flush=True)
+        if args.skip_throughput:
+            return
+        for model in args.models:
+            per_gpu = PER_GPU_BATCH[model]
+            base = None
+            for gpus, strategy in (([0], "single"), ([0, 1], "dp"), ([0, 1], "ddp")):
+                record = {"what": "launch", **run(model, gpus, strategy, args.epochs, Path(tmp))}
+                base = record.get("img_per_s") if strategy == "single" else base
+                if base and record.get("img_per_s"):
+                    record["vs_one_gpu"] = round(record["img_per_s"] / base, 3)
+                print(json.dumps({**record, **stamp}), flush=True)
+            base = None
+            for nprocs in (1, 2):
+                record = torchrun(["--model", model, "--batch-per-gpu", str(per_gpu), "--epochs", str(args.epochs)],
+                                  nprocs)
+                base = record.get("img_per_s") if nprocs == 1 else base
+                if base and record.get("img_per_s"):
+                    record["vs_one_gpu"] = round(record["img_per_s"] / base, 3)
+                print(json.dumps({**record, **stamp}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Where a launch's start-up time goes: seconds from `launch` starting to each milestone of a worker.
+
+    spawn            the launcher hands the workers to torch.distributed.elastic
+    worker_process   the worker's Python is running our code (interpreter start, elastic's bootstrap,
+                     which imports torch, unpickling the spec)
+    torch_imported   the training modules are imported
+    device_set       the worker's GPU is selected (CUDA starts lazily, so this is cheap)
+    process_group    init_process_group returned (ddp: rendezvous and, with NCCL, communicator set-up)
+    data_loaded      the dataset is in memory where it trains (synthetic data is generated here)
+    model_built      the model is built, wrapped (DDP broadcasts the weights) and optimizers exist
+    warmed_up        torch.compile warm-up finished (only with recipe.compile=true)
+    first_step       the first training step finished on the device (cuDNN autotuning included)
+
+Rank 0's timeline goes into results.json (`startup`) and one log line, so the 15-20 s a multi-GPU
+launch can take before its first step is itemized rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import time
+
+ORDER = ("spawn", "worker_process", "torch_imported", "device_set", "process_group", "data_loaded", "model_built",
+         "warmed_up", "first_step")
+
+
+class StartupTimeline:
+    def __init__(self, started_at: float, marks: dict[str, float] | None = None):
+        self.started_at = started_at
+        self.marks: dict[str, float] = dict(marks or {})
+
+    def mark(self, name: str) -> None:
+        if name not in self.marks:  # the first time counts (a restart keeps the original start-up)
+            self.marks[name] = round(time.time() - self.started_at, 3)
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: self.marks[name] for name in ORDER if name in self.marks}
+
+    def describe(self) -> str:
+        parts = [f"{name.replace('_', ' ')} {seconds:.1f}" for name, seconds in self.as_dict().items()]
+        return "start-up, seconds since launch: " + ", ".join(parts)
