@@ -21,6 +21,11 @@ def test_two_rank_ddp_reaches_95_percent_with_identical_weights(launch):
     digests = results["weights_sha256"]
     assert len(digests) == 2 and digests[0] == digests[1] and results["ranks_agree"]
     assert "test accuracy" in result.stdout
+    # where the start-up went, itemized and in order
+    startup = results["startup"]
+    assert list(startup)[:2] == ["spawn", "worker_process"] and list(startup)[-1] == "first_step"
+    assert list(startup.values()) == sorted(startup.values()) and "process_group" in startup
+    assert "start-up, seconds since launch" in result.stdout
 
     # metrics.jsonl: one line per epoch with the promised fields
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

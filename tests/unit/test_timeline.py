@@ -1,0 +1,17 @@
+"""The start-up timeline: milestones in order, the first mark of each kept, one readable line."""
+
+import time
+
+from launcher.timeline import ORDER, StartupTimeline
+
+
+def test_marks_are_seconds_since_launch_in_milestone_order():
+    timeline = StartupTimeline(time.time() - 2.0, {"spawn": 0.5})
+    timeline.mark("first_step")
+    timeline.mark("worker_process")
+    timeline.mark("worker_process")  # a second mark (e.g. after a restart) does not move the first
+    marks = timeline.as_dict()
+    assert list(marks) == ["spawn", "worker_process", "first_step"]
+    assert marks["spawn"] == 0.5 and 2.0 <= marks["worker_process"] < 3.0
+    assert timeline.describe().startswith("start-up, seconds since launch: spawn 0.5, worker process 2.")
+    assert set(ORDER) >= set(marks)
