@@ -71,6 +71,17 @@ def _joined_overrides(argv: list[str]) -> list[str]:
     return extra
 
 
+def _will_spawn_workers(argv: list[str]) -> bool:
+    """A cheap guess from the command line: skip the worker interpreter for help, --cfg, dry runs and
+    inside torchrun/srun (no spawning there). A wrong guess costs only time, never correctness."""
+    from launcher.distenv import existing_world
+
+    informational = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve"}
+    if informational & set(argv) or any(a.replace(" ", "").lower() == "dry_run=true" for a in argv):
+        return False
+    return existing_world() is None
+
+
 def main(argv: list[str] | None = None) -> None:
     global _started_at
     _started_at = time.time()
@@ -79,6 +90,11 @@ def main(argv: list[str] | None = None) -> None:
         from launcher.doctor import main as doctor_main
 
         raise SystemExit(doctor_main(argv[1:]))
+
+    if _will_spawn_workers(argv):
+        from launcher.spawn import prestart_worker_interpreter
+
+        prestart_worker_interpreter()  # imports torch in the background while Hydra composes
 
     import hydra
 

@@ -135,6 +135,9 @@ def _summarize(outcome: Outcome, run_dir: Path, elapsed: float) -> None:
     results = outcome.results or {}
     acc = results.get("test_acc")
     acc_text = f"test accuracy {100 * acc:.2f}%" if isinstance(acc, float) else "no epochs trained"
+    timed = results.get("timed") or {}
+    if timed.get("train_eval_s"):
+        acc_text += f", training + evaluation {timed['train_eval_s']:.2f}s ({timed['clock']})"
     log.info("done in %.1fs: %s. results: %s  checkpoints: %s  log: %s", elapsed, acc_text,
              run_dir / "results.json", run_dir / "checkpoints", run_dir / logs.LOG_NAME)
     if results and not results.get("ranks_agree", True):

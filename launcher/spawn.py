@@ -77,6 +77,44 @@ def _quiet_elastic() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def start_method() -> str:
+    """How workers start: `forkserver` (default) or `spawn`, from LAUNCH_START_METHOD."""
+    method = os.environ.get("LAUNCH_START_METHOD", "forkserver")
+    return method if method in ("forkserver", "spawn") else "forkserver"
+
+
+def prestart_worker_interpreter() -> None:
+    """Start the process that workers will be forked from now, while the launcher composes its config.
+
+    With `spawn`, every worker is a fresh interpreter that imports torch and the training modules
+    before it can do anything (seconds on a GPU machine, each worker). The forkserver pays that once,
+    in parallel with the launcher's own start-up, and each worker is then a fork of it. It holds no
+    threads and never touches CUDA, so the forks are safe; it exits when the launcher does, and
+    workers still die with it (torch's PR_SET_PDEATHSIG), so nothing is orphaned.
+    """
+    if start_method() != "forkserver":
+        return
+    import atexit
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.set_forkserver_preload(["launcher.worker", "launcher.trainer"])
+    forkserver.ensure_running()
+    atexit.register(_stop_forkserver)
+
+
+def _stop_forkserver() -> None:
+    """At exit, end the forkserver now: it shares the launcher's stdout, so anything reading that
+    (a pipe, `| tee`, a test) would otherwise wait for it to finish importing torch and notice."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
+
+
 def _launch_config(nprocs: int, max_restarts: int, log_dir: str):
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig
@@ -85,7 +123,7 @@ def _launch_config(nprocs: int, max_restarts: int, log_dir: str):
         min_nodes=1, max_nodes=1, nproc_per_node=nprocs,
         run_id=f"launch-{uuid.uuid4().hex[:12]}",
         rdzv_backend="c10d", rdzv_endpoint="localhost:0",
-        max_restarts=max_restarts, monitor_interval=0.1, start_method="spawn",
+        max_restarts=max_restarts, monitor_interval=0.1, start_method=start_method(),
         logs_specs=DefaultLogsSpecs(log_dir=log_dir),
     )
     known = {f.name for f in dataclasses.fields(LaunchConfig)}

@@ -6,6 +6,7 @@ place when `launch` joins a world that torchrun or srun already started.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -15,9 +16,26 @@ from typing import Any
 from launcher.config import LaunchError
 
 
+def _let_forkserver_end_with_the_launcher() -> None:
+    """A worker forked by the forkserver inherits a copy of the launcher's "still alive" pipe end, and
+    the forkserver only exits once every copy is closed. Close ours: then a launcher killed outright
+    takes the forkserver with it, and the forkserver's death reaches this worker as PR_SET_PDEATHSIG
+    (set by torch.multiprocessing), so no worker outlives the launcher. Under `spawn` this is a no-op.
+    """
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None
+
+
 def worker_main(spec) -> dict[str, Any] | None:
     # The mask and thread counts go in before anything can start CUDA in this process.
     os.environ.update(spec.env)
+    _let_forkserver_end_with_the_launcher()
     from launcher import failures, logs
     from launcher.distenv import WorldInfo
     from launcher.timeline import StartupTimeline
