@@ -85,6 +85,7 @@ class TrainingRun:
         cfg, r = self.cfg, self.cfg.recipe
         torch.manual_seed(cfg.seed)  # same initial weights on every rank (DDP also broadcasts them)
         model = self.recipe.build_model(cfg, splits.num_classes).to(self.device)
+        self.timeline.mark("model_on_device")
         self.channels_last = self.device.type == "cuda" and r.channels_last and splits.train_x.dim() == 4
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)

@@ -7,7 +7,8 @@
     device_set       the worker's GPU is selected (CUDA starts lazily, so this is cheap)
     process_group    init_process_group returned (ddp: rendezvous and, with NCCL, communicator set-up)
     data_loaded      the dataset is in memory where it trains (synthetic data is generated here)
-    model_built      the model is built, wrapped (DDP broadcasts the weights) and optimizers exist
+    model_on_device  the model is built and moved to its device (the first real GPU work)
+    model_built      the model is wrapped (DDP broadcasts the weights) and optimizers exist
     warmed_up        torch.compile warm-up finished (only with recipe.compile=true)
     first_step       the first training step finished on the device (cuDNN autotuning included)
 
@@ -19,8 +20,8 @@ from __future__ import annotations
 
 import time
 
-ORDER = ("spawn", "worker_process", "torch_imported", "device_set", "process_group", "data_loaded", "model_built",
-         "warmed_up", "first_step")
+ORDER = ("spawn", "worker_process", "torch_imported", "device_set", "process_group", "data_loaded", "model_on_device",
+         "model_built", "warmed_up", "first_step")
 
 
 class StartupTimeline:
