@@ -3,8 +3,11 @@
 - Rendezvous is c10d on loopback at port 0: the OS picks a free port, so launches never collide.
 - One rank failing ends all of them within the agent's monitor interval; the launcher then prints the
   root cause (see failures.py) instead of elastic's table of every rank's exit.
+- Workers are forks of a forkserver started when `launch` starts (see prestart_worker_interpreter),
+  or fresh interpreters with LAUNCH_START_METHOD=spawn.
 - SIGINT/SIGTERM to the launcher: the agent forwards the signal, waits briefly, then kills; the
-  workers also die with their parent (PR_SET_PDEATHSIG), so nothing is orphaned.
+  workers also die with their parent (PR_SET_PDEATHSIG; under the forkserver, that parent ends with
+  the launcher, see worker.py), so nothing is orphaned.
 - `max_restarts`: the agent restarts the whole group; workers see TORCHELASTIC_RESTART_COUNT>0 and
   resume from the run's last checkpoint.
 """
