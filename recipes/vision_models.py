@@ -117,8 +117,9 @@ class Airbench94(nn.Module):
         """Set the stem to whiten 2x2 patches: filters v / sqrt(lambda + eps) and their negatives."""
         c, k = images.shape[1], self.stem.kernel_size[0]
         patches = images.float().unfold(2, k, 1).unfold(3, k, 1)  # (N, C, H', W', k, k)
-        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, c * k * k).double()
-        covariance = patches.T @ patches / len(patches)
+        patches = patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, c * k * k)
+        # float32 for the big product (5,000 images give 4.8M patches), float64 for the small eigh
+        covariance = (patches.T @ patches / len(patches)).double()
         eigenvalues, eigenvectors = torch.linalg.eigh(covariance)  # ascending
         eigenvalues, eigenvectors = eigenvalues.flip(0), eigenvectors.flip(1)
         filters = (eigenvectors / torch.sqrt(eigenvalues.clamp_min(0) + eps)).T.reshape(-1, c, k, k)
