@@ -39,7 +39,7 @@ from launcher.timeline import StartupTimeline
 log = logging.getLogger("launcher.train")
 
 WARMUP_STEPS = 3
-WHITENING_SAMPLE = 5000  # training images a recipe's prepare_model sees
+PREPARE_MODEL_SAMPLE = 5000  # training images a recipe's prepare_model sees (airbench94 whitens from them)
 
 
 class TrainingRun:
@@ -91,7 +91,7 @@ class TrainingRun:
             model = model.to(memory_format=torch.channels_last)
         prepare_model = getattr(self.recipe, "prepare_model", None)
         if prepare_model is not None:
-            sample = splits.train_x[:WHITENING_SAMPLE].to(self.device)
+            sample = splits.train_x[:PREPARE_MODEL_SAMPLE].to(self.device)
             prepare_model(cfg, model, self._normalize(sample))
         self.model = model
         self.steps_per_epoch = len(splits.train_y) // cfg.batch_size
