@@ -58,6 +58,20 @@ def augment_images(x: torch.Tensor, generator: torch.Generator, *, indices: torc
     return random_translate(x, translate, generator)
 
 
+def image_augmentation(cfg):
+    """The image recipes' augmentation as a function of (x, generator, *, indices, epoch).
+
+    The settings (`recipe.flip`, `recipe.translate`, `seed`) are read here, once: the function runs
+    every training step, where reading an OmegaConf node costs more than the flip itself.
+    """
+    flip, translate, seed = cfg.recipe.flip, cfg.recipe.translate, cfg.seed
+
+    def augment(x: torch.Tensor, generator: torch.Generator, *, indices: torch.Tensor, epoch: int) -> torch.Tensor:
+        return augment_images(x, generator, indices=indices, epoch=epoch, seed=seed, flip=flip, translate=translate)
+
+    return augment
+
+
 def tta_views(x: torch.Tensor, level: int) -> tuple[torch.Tensor, list[float]]:
     """Test-time augmentation as one batch: the views of `x` stacked, and each view's weight.
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import torch
 
 from launcher.prefetch import CudaPrefetcher
+from launcher.strategy import check_batch_splits
 
 PLACEMENTS = ("auto", "gpu", "host")
 AUTO_GPU_SHARE = 0.25  # `auto` keeps data on the GPU when it needs at most this share of free memory
@@ -39,8 +40,7 @@ def rank_order(n: int, global_batch: int, seed: int, epoch: int, world_size: int
     The tail of the permutation that does not fill a whole global batch is dropped (a different tail
     each epoch), so every step has the same shape on every rank.
     """
-    if global_batch % world_size:
-        raise ValueError(f"global batch {global_batch} does not split over {world_size} ranks")
+    check_batch_splits(global_batch, world_size)  # checked before launch too; a direct caller gets the same error
     steps = n // global_batch
     order = epoch_permutation(n, seed, epoch)[: steps * global_batch].view(steps, global_batch)
     per_rank = global_batch // world_size

@@ -83,10 +83,11 @@ def describe_hydra_error(exc: BaseException) -> str:
     m = re.search(r"full_key: (\S+)", text)
     full_key = m.group(1) if m else None
     if any(n in ("ConfigKeyError", "ConfigAttributeError") for n in names):
-        m_key = re.search(r"Could not override '([^']+)'", text) or re.search(r"Key '([^']+)' (?:is )?not in", text)
-        if full_key or m_key:
-            return _unknown_key(m_key.group(1) if m_key and "Could not override" in m_key.group(0) else full_key
-                                or m_key.group(1))
+        overridden = re.search(r"Could not override '([^']+)'", text)
+        missing = re.search(r"Key '([^']+)' (?:is )?not in", text)
+        key = overridden.group(1) if overridden else full_key or (missing.group(1) if missing else None)
+        if key:
+            return _unknown_key(key)
     if full_key and "ValidationError" in names:
         m2 = re.search(r"Value '([^']*)' of type '(\w+)' could not be converted to (\w+)", text)
         if m2:

@@ -15,13 +15,13 @@ LOG_NAME = "train.log"
 FILE_FORMAT = "%(asctime)s [{who}] %(levelname)s %(name)s: %(message)s"
 
 # Libraries whose chatter the launcher replaces with its own summary (see spawn.py).
-_QUIET_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run",
+QUIET_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run",
                    "torch.multiprocessing")
 
 
 class _DropLibraryChatter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.name.startswith(_QUIET_PREFIXES)
+        return not record.name.startswith(QUIET_PREFIXES)
 
 
 class _FileOnly(logging.Filter):

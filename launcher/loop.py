@@ -43,14 +43,13 @@ PREPARE_MODEL_SAMPLE = 5000  # training images a recipe's prepare_model sees (ai
 
 
 class TrainingRun:
-    def __init__(self, cfg: DictConfig, spec, world: WorldInfo, device: torch.device,
-                 timeline: StartupTimeline | None = None):
+    def __init__(self, cfg: DictConfig, spec, world: WorldInfo, device: torch.device, timeline: StartupTimeline):
         self.cfg, self.spec, self.world, self.device = cfg, spec, world, device
-        self.timeline = timeline or StartupTimeline(spec.started_at)
+        self.timeline = timeline
         self.layout = spec.layout
         self.run_dir = Path(spec.run_dir)
         self.ddp = self.layout.strategy == "ddp"
-        self.rank = world.rank if self.ddp else 0
+        self.rank = world.rank if self.ddp else 0  # single and dp are one process: rank 0 of 1
         self.world_size = self.layout.world_size
         self.is_main = self.rank == 0
         self.recipe = get_recipe(cfg.recipe.name)
@@ -115,7 +114,8 @@ class TrainingRun:
         self.fault_step = cfg.fault.step if cfg.fault.rank is not None else -1
         use_bf16 = r.precision == "bf16" or (r.precision == "auto" and self.device.type == "cuda")
         self.autocast = lambda: torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16)
-        self.augment = getattr(self.recipe, "augment", None) if r.augment else None
+        augmentation = getattr(self.recipe, "augmentation", None)
+        self.augment = augmentation(cfg) if augmentation is not None and r.augment else None
         predict = getattr(self.recipe, "predict", None)
         self.predict = (lambda net, x: predict(cfg, net, x)) if predict is not None else (lambda net, x: net(x))
 
@@ -156,7 +156,7 @@ class TrainingRun:
     def _step(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int,
               aug_gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         if self.augment is not None:
-            x = self.augment(x, aug_gen, indices=idx, epoch=epoch, cfg=self.cfg)
+            x = self.augment(x, aug_gen, indices=idx, epoch=epoch)
         with self.autocast():
             logits = self.train_net(self._normalize(x))
             loss = self.loss_fn(logits, y)
@@ -189,8 +189,7 @@ class TrainingRun:
             torch.cuda.synchronize(self.device)
 
     def _order(self, epoch: int) -> torch.Tensor:
-        rank, world = (self.rank, self.world_size) if self.ddp else (0, 1)
-        return rank_order(len(self.train_data), self.cfg.batch_size, self.cfg.seed, epoch, world, rank)
+        return rank_order(len(self.train_data), self.cfg.batch_size, self.cfg.seed, epoch, self.world_size, self.rank)
 
     # ---- epochs -------------------------------------------------------------------------------
     def _train_epoch(self, epoch: int, aug_gen: torch.Generator) -> dict[str, float]:
@@ -235,8 +234,8 @@ class TrainingRun:
         # Under ddp every rank holds the same weights (buffers are averaged first), so each scores a
         # disjoint shard and the counts are summed. DataParallel scores the whole set across its GPUs.
         self.eval_net.eval()
-        rank, world = (self.rank, self.world_size) if self.ddp else (0, 1)
-        chunks = eval_chunks(len(self.test_data), max(1, self.cfg.recipe.eval_batch_size // world), world, rank)
+        chunks = eval_chunks(len(self.test_data), max(1, self.cfg.recipe.eval_batch_size // self.world_size),
+                             self.world_size, self.rank)
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device)
         with SpanTimer(self.device) as timer:
@@ -327,8 +326,8 @@ class TrainingRun:
         warmup_s = self._warm_up() if self.compiled else None
         if warmup_s is not None:
             self.timeline.mark("warmed_up")
-        if warmup_s is not None and self.is_main:
-            log.info("compiled and warmed up in %.1fs (not counted in the timings)", warmup_s)
+            if self.is_main:
+                log.info("compiled and warmed up in %.1fs (not counted in the timings)", warmup_s)
         metrics_log = MetricsLog(self.run_dir)
         if self.is_main:
             metrics_log.rewrite(history)

@@ -76,8 +76,13 @@ def make_plan(cfg: DictConfig, joined: WorldInfo | None = None, env: Mapping[str
                         _gpus_text(cfg.gpus))
         worker_env = {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(ids, visible)}
         worker_env.update(_thread_env(env, layout.nprocs))
-        return Plan(layout, ids, visible, worker_env)
-    return _joined_plan(cfg, joined, ids, visible, env)
+        plan = Plan(layout, ids, visible, worker_env)
+    else:
+        plan = _joined_plan(cfg, joined, ids, visible, env)
+    if cfg.data.placement == "gpu" and plan.layout.device_type == "cpu":
+        raise ConfigError("data.placement", "gpu", "this run trains on the CPU (gpus=[] or no GPU visible); "
+                          "use data.placement=auto", "data.placement=auto")
+    return plan
 
 
 def _joined_plan(cfg: DictConfig, world: WorldInfo, ids: list[int], visible: list[str],

@@ -16,7 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from launcher import checkpoint, distenv, logs
-from launcher.config import ConfigError, LaunchError, validate
+from launcher.config import LaunchError, validate
 from launcher.plan import Plan, make_plan
 from launcher.recipes import check_model, get_recipe, prepare
 from launcher.spawn import Outcome
@@ -41,9 +41,6 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> Outcome
         if joined is None:
             _refuse_finished_run_dir(run_dir)
         plan = make_plan(cfg, joined)
-        if cfg.data.placement == "gpu" and plan.layout.device_type == "cpu":
-            raise ConfigError("data.placement", "gpu", "this run trains on the CPU (gpus=[] or no GPU visible); "
-                              "use data.placement=auto", "data.placement=auto")
         recipe = get_recipe(cfg.recipe.name)
         check_model(recipe, cfg)
         resume_from = str(checkpoint.resolve_resume(cfg.resume).resolve()) if cfg.resume else None

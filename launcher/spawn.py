@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import failures
-from launcher.logs import LOG_NAME
+from launcher.logs import LOG_NAME, QUIET_PREFIXES
 
 log = logging.getLogger("launcher.spawn")
 
@@ -76,7 +76,7 @@ def _quiet_elastic() -> None:
     if os.environ.get("LAUNCH_DEBUG"):
         return
     for name in list(logging.root.manager.loggerDict):
-        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")):
+        if name.startswith(QUIET_PREFIXES):
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 

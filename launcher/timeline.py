@@ -1,13 +1,12 @@
 """Where a launch's start-up time goes: seconds from `launch` starting to each milestone of a worker.
 
     spawn            the launcher hands the workers to torch.distributed.elastic
-    worker_process   the worker's Python is running our code (interpreter start, elastic's bootstrap,
-                     which imports torch, unpickling the spec)
-    torch_imported   the training modules are imported
+    worker_process   the worker's Python is running our code (forked from the forkserver, or under
+                     `spawn` a new interpreter that imported torch in elastic's bootstrap)
     device_set       the worker's GPU is selected (CUDA starts lazily, so this is cheap)
     process_group    init_process_group returned (ddp: rendezvous and, with NCCL, communicator set-up)
     data_loaded      the dataset is in memory where it trains (synthetic data is generated here)
-    model_on_device  the model is built and moved to its device (the first real GPU work)
+    model_on_device  the model is built and moved to its device
     model_built      the model is wrapped (DDP broadcasts the weights) and optimizers exist
     warmed_up        torch.compile warm-up finished (only with recipe.compile=true)
     first_step       the first training step finished on the device (cuDNN autotuning included)
@@ -20,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-ORDER = ("spawn", "worker_process", "torch_imported", "device_set", "process_group", "data_loaded", "model_on_device",
+ORDER = ("spawn", "worker_process", "device_set", "process_group", "data_loaded", "model_on_device",
          "model_built", "warmed_up", "first_step")
 
 

@@ -9,7 +9,6 @@ with DataParallel; a run is reproducible from its seed.
 from __future__ import annotations
 
 import gc
-import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -23,8 +22,6 @@ from launcher.distenv import WorldInfo
 from launcher.loop import TrainingRun
 from launcher.strategy import Layout
 from launcher.timeline import StartupTimeline
-
-log = logging.getLogger("launcher.train")
 
 
 @dataclass
@@ -50,9 +47,8 @@ def pick_device(layout: Layout, world: WorldInfo) -> torch.device:
     return torch.device("cuda", index)
 
 
-def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline | None = None) -> dict[str, Any] | None:
+def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict[str, Any] | None:
     """Train one worker's part of the run. Returns the results on rank 0, None elsewhere."""
-    timeline = timeline or StartupTimeline(spec.started_at)
     cfg = OmegaConf.create(spec.config)
     layout = spec.layout
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():

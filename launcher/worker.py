@@ -48,7 +48,6 @@ def worker_main(spec) -> dict[str, Any] | None:
     try:
         from launcher.trainer import train
 
-        timeline.mark("torch_imported")
         return train(spec, world, timeline)
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then the process ends
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C reached the whole group: the launcher says so

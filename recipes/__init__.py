@@ -5,9 +5,10 @@
     MODELS                          optional: the names `recipe.model` may take (checked up front).
     load(cfg) -> Splits             in every worker: the whole dataset as uint8/int64 CPU tensors.
     build_model(cfg, num_classes)   the nn.Module; `cfg.recipe.model` picks among the recipe's models.
-    augment(x, generator, *, indices, epoch, cfg) -> x
-                                    optional: batched augmentation on the batch's own device; `indices`
-                                    are the batch's rows in the training set (on the same device).
+    augmentation(cfg) -> augment    optional, called once: returns augment(x, generator, *, indices,
+                                    epoch) -> x, batched augmentation on the batch's own device;
+                                    `indices` are the batch's rows in the training set (same device).
+                                    launcher.augment.image_augmentation is the image recipes' one.
     prepare_model(cfg, model, sample)
                                     optional: set up the model from data before training (e.g. a
                                     whitening layer); `sample` is up to 5,000 normalized training images.

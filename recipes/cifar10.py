@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from launcher.augment import augment_images, tta_logits
+from launcher.augment import image_augmentation, tta_logits
 from launcher.config import LaunchError
 from launcher.recipes import Splits
 from launcher.recipes.vision_models import MODELS
@@ -177,10 +177,7 @@ def write_official_format(folder: Path, splits: Splits, per_batch: int | None = 
         pickle.dump({b"label_names": names, b"num_cases_per_batch": per_batch, b"num_vis": 3072}, f)
 
 
-def augment(x: torch.Tensor, generator: torch.Generator, *, indices: torch.Tensor, epoch: int, cfg) -> torch.Tensor:
-    r = cfg.recipe
-    return augment_images(x, generator, indices=indices, epoch=epoch, seed=cfg.seed, flip=r.flip,
-                          translate=r.translate)
+augmentation = image_augmentation  # flips and shifts on the device, as recipe.flip / recipe.translate say
 
 
 def build_model(cfg, num_classes: int) -> nn.Module:

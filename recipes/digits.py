@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from launcher.augment import augment_images
+from launcher.augment import image_augmentation
 from launcher.recipes import Splits
 
 TEST_FRACTION = 0.2
@@ -41,11 +41,8 @@ def load(cfg) -> Splits:
     return Splits(train_x, train_y, x[test_mask], y[test_mask], 10, (mean,), (std,))
 
 
-def augment(x: torch.Tensor, generator: torch.Generator, *, indices: torch.Tensor, epoch: int, cfg) -> torch.Tensor:
-    # Digits are not mirror-symmetric: the recipe's YAML sets recipe.flip=none.
-    r = cfg.recipe
-    return augment_images(x, generator, indices=indices, epoch=epoch, seed=cfg.seed, flip=r.flip,
-                          translate=r.translate)
+# Shifts only: the recipe's YAML sets recipe.flip=none (digits are not mirror-symmetric).
+augmentation = image_augmentation
 
 
 def _conv_bn(c_in: int, c_out: int) -> nn.Sequential:

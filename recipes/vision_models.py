@@ -18,27 +18,44 @@ from torch import nn
 from torch.nn import functional as F
 
 
-class _AirbenchBlock(nn.Module):
-    def __init__(self, c_in: int, c_out: int):
+class _ConvPoolBlock(nn.Module):
+    """conv -> max-pool -> norm -> GELU -> conv -> norm -> GELU: one block of the airbench networks.
+
+    `conv(c_in, c_out)` and `norm(channels)` make the layers, so the plain net and the record net
+    share the block and differ only in their convolution and BatchNorm kinds.
+    """
+
+    def __init__(self, c_in: int, c_out: int, conv, norm):
         super().__init__()
-        self.conv1 = nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
+        self.conv1 = conv(c_in, c_out)
         self.pool = nn.MaxPool2d(2)
-        self.norm1 = nn.BatchNorm2d(c_out, momentum=0.4)
-        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
-        self.norm2 = nn.BatchNorm2d(c_out, momentum=0.4)
+        self.norm1 = norm(c_out)
+        self.conv2 = conv(c_out, c_out)
+        self.norm2 = norm(c_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.gelu(self.norm1(self.pool(self.conv1(x))))
         return F.gelu(self.norm2(self.conv2(x)))
 
 
+def _conv3x3(c_in: int, c_out: int) -> nn.Conv2d:
+    return nn.Conv2d(c_in, c_out, 3, padding=1, bias=False)
+
+
+def _batchnorm(channels: int) -> nn.BatchNorm2d:
+    return nn.BatchNorm2d(channels, momentum=0.4)
+
+
+def _blocks(widths: tuple[int, int, int], conv, norm) -> nn.Sequential:
+    ins = (24, *widths[:2])  # after the 24-filter 2x2 stem
+    return nn.Sequential(*(_ConvPoolBlock(c_in, c_out, conv, norm) for c_in, c_out in zip(ins, widths, strict=True)))
+
+
 class AirbenchNet(nn.Module):
     def __init__(self, num_classes: int = 10, widths: tuple[int, int, int] = (64, 256, 256)):
         super().__init__()
         self.stem = nn.Conv2d(3, 24, 2, bias=True)  # 2x2 patches: 32x32 -> 31x31
-        self.blocks = nn.Sequential(
-            _AirbenchBlock(24, widths[0]), _AirbenchBlock(widths[0], widths[1]), _AirbenchBlock(widths[1], widths[2])
-        )
+        self.blocks = _blocks(widths, _conv3x3, _batchnorm)
         self.head = nn.Linear(widths[2], num_classes, bias=False)
         self.scale = 1 / 9  # keeps the initial logits small, which the records found to train faster
 
@@ -76,20 +93,6 @@ class ShiftOnlyBatchNorm(nn.BatchNorm2d):
         self.weight.requires_grad_(False)
 
 
-class _SpeedBlock(nn.Module):
-    def __init__(self, c_in: int, c_out: int):
-        super().__init__()
-        self.conv1 = MatrixConv2d(c_in, c_out)
-        self.pool = nn.MaxPool2d(2)
-        self.norm1 = ShiftOnlyBatchNorm(c_out)
-        self.conv2 = MatrixConv2d(c_out, c_out)
-        self.norm2 = ShiftOnlyBatchNorm(c_out)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.gelu(self.norm1(self.pool(self.conv1(x))))
-        return F.gelu(self.norm2(self.conv2(x)))
-
-
 class Airbench94(nn.Module):
     """The record-speed network of Jordan 2024 ("94% on CIFAR-10 in 3.29 seconds"), from its description.
 
@@ -104,8 +107,7 @@ class Airbench94(nn.Module):
         super().__init__()
         self.stem = nn.Conv2d(3, 24, 2, bias=True)  # 32x32 -> 31x31
         self.stem.weight.requires_grad_(False)
-        self.blocks = nn.Sequential(_SpeedBlock(24, widths[0]), _SpeedBlock(widths[0], widths[1]),
-                                    _SpeedBlock(widths[1], widths[2]))  # 31 -> 15 -> 7 -> 3
+        self.blocks = _blocks(widths, MatrixConv2d, ShiftOnlyBatchNorm)  # 31 -> 15 -> 7 -> 3
         self.pool = nn.MaxPool2d(3)  # 3x3 -> 1x1
         self.head = nn.Linear(widths[2], num_classes, bias=False)
         with torch.no_grad():
