@@ -15,25 +15,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from launch_run import run_launch  # noqa: E402
+
 
 def one_run(gpus: str, extra: list[str], synthetic: bool) -> dict:
-    with tempfile.TemporaryDirectory(prefix="fast-recipe-") as scratch:
-        command = [sys.executable, "-m", "launcher.cli", "recipe=cifar10_fast", f"gpus={gpus}", *extra]
-        if synthetic:
-            command.append("data.synthetic=true")
-        start = time.monotonic()
-        proc = subprocess.run(command, cwd=scratch, capture_output=True, text=True)
-        wall = time.monotonic() - start
-        found = list(Path(scratch).glob("outputs/**/results.json"))
-        if proc.returncode != 0 or not found:
-            return {"exit_code": proc.returncode, "output_tail": (proc.stdout + proc.stderr)[-2000:]}
-        r = json.loads(found[0].read_text())
+    run = run_launch("recipe=cifar10_fast", f"gpus={gpus}", *extra, *(["data.synthetic=true"] if synthetic else []))
+    if not run.ok:
+        return {"exit_code": run.exit_code, "output_tail": run.output[-2000:]}
+    r, wall = run.results, run.wall_s
     timed = r["timed"]
     return {
         "exit_code": 0, "gpus": gpus, "strategy": r["strategy"], "world_size": r["world_size"],

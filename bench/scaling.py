@@ -20,11 +20,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from launch_run import run_launch  # noqa: E402
 from strategies import PER_GPU_BATCH, run  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -49,18 +49,13 @@ def cuda_init_seconds() -> float:
     return round(time.perf_counter() - start, 2)
 
 
-def launch_startup(workdir: Path) -> dict:
-    cwd = Path(tempfile.mkdtemp(dir=workdir))
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "recipe=digits", "gpus=[0,1]", "epochs=1"],
-                          cwd=cwd, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    found = list(cwd.glob("outputs/**/results.json"))
-    if proc.returncode != 0 or not found:
-        return {"exit_code": proc.returncode, "error": (proc.stderr or proc.stdout).strip().splitlines()[-3:]}
-    r = json.loads(found[0].read_text())
+def launch_startup() -> dict:
+    run = run_launch("recipe=digits", "gpus=[0,1]", "epochs=1")
+    if not run.ok:
+        return {"exit_code": run.exit_code, "error": run.error_tail()}
+    r = run.results
     return {"what": "launch_startup", "recipe": "digits", "world_size": r["world_size"],
-            "first_step_s": round(r["first_step_s"], 2), "startup": r["startup"], "wall_s": round(wall, 2)}
+            "first_step_s": round(r["first_step_s"], 2), "startup": r["startup"], "wall_s": run.wall_s}
 
 
 def main() -> None:
@@ -70,31 +65,29 @@ def main() -> None:
     parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args()
     stamp = {"date": time.strftime("%Y-%m-%d")}
-    with tempfile.TemporaryDirectory() as tmp:
-        # Start-up first, on a machine that has not run anything yet in this call.
-        print(json.dumps({"what": "python_cuda_init", "seconds": cuda_init_seconds(), **stamp}), flush=True)
-        print(json.dumps({**torchrun(["--startup-only"], 2), **stamp}), flush=True)
-        startup = launch_startup(Path(tmp))
-        print(json.dumps({**startup, **stamp}), flush=True)
-        if args.skip_throughput:
-            return
-        for model in args.models:
-            per_gpu = PER_GPU_BATCH[model]
-            base = None
-            for gpus, strategy in (([0], "single"), ([0, 1], "dp"), ([0, 1], "ddp")):
-                record = {"what": "launch", **run(model, gpus, strategy, args.epochs, Path(tmp))}
-                base = record.get("img_per_s") if strategy == "single" else base
-                if base and record.get("img_per_s"):
-                    record["vs_one_gpu"] = round(record["img_per_s"] / base, 3)
-                print(json.dumps({**record, **stamp}), flush=True)
-            base = None
-            for nprocs in (1, 2):
-                record = torchrun(["--model", model, "--batch-per-gpu", str(per_gpu), "--epochs", str(args.epochs)],
-                                  nprocs)
-                base = record.get("img_per_s") if nprocs == 1 else base
-                if base and record.get("img_per_s"):
-                    record["vs_one_gpu"] = round(record["img_per_s"] / base, 3)
-                print(json.dumps({**record, **stamp}), flush=True)
+    # Start-up first, on a machine that has not run anything yet in this call.
+    print(json.dumps({"what": "python_cuda_init", "seconds": cuda_init_seconds(), **stamp}), flush=True)
+    print(json.dumps({**torchrun(["--startup-only"], 2), **stamp}), flush=True)
+    print(json.dumps({**launch_startup(), **stamp}), flush=True)
+    if args.skip_throughput:
+        return
+    for model in args.models:
+        per_gpu = PER_GPU_BATCH[model]
+        base = None
+        for gpus, strategy in (([0], "single"), ([0, 1], "dp"), ([0, 1], "ddp")):
+            record = {"what": "launch", **run(model, gpus, strategy, args.epochs)}
+            base = record.get("img_per_s") if strategy == "single" else base
+            if base and record.get("img_per_s"):
+                record["vs_one_gpu"] = round(record["img_per_s"] / base, 3)
+            print(json.dumps({**record, **stamp}), flush=True)
+        base = None
+        for nprocs in (1, 2):
+            record = torchrun(["--model", model, "--batch-per-gpu", str(per_gpu), "--epochs", str(args.epochs)],
+                              nprocs)
+            base = record.get("img_per_s") if nprocs == 1 else base
+            if base and record.get("img_per_s"):
+                record["vs_one_gpu"] = round(record["img_per_s"] / base, 3)
+            print(json.dumps({**record, **stamp}), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,34 +12,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from launch_run import run_launch  # noqa: E402
 
 PER_GPU_BATCH = {"airbench": 1024, "resnet18": 512, "mobilenetv3_small": 512}
 
 
-def run(model: str, gpus: list[int], strategy: str, epochs: int, workdir: Path, extra: tuple[str, ...] = ()) -> dict:
+def run(model: str, gpus: list[int], strategy: str, epochs: int, extra: tuple[str, ...] = ()) -> dict:
     per_gpu = PER_GPU_BATCH[model]
     n = len(gpus)
-    overrides = ["recipe=cifar10", "data.synthetic=true", f"recipe.model={model}", f"epochs={epochs}",
-                 f"batch_size={per_gpu * n}", f"gpus=[{','.join(map(str, gpus))}]", f"strategy={strategy}", *extra]
-    cwd = Path(tempfile.mkdtemp(dir=workdir))
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", *overrides], cwd=cwd, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    launched = run_launch("recipe=cifar10", "data.synthetic=true", f"recipe.model={model}", f"epochs={epochs}",
+                          f"batch_size={per_gpu * n}", f"gpus=[{','.join(map(str, gpus))}]", f"strategy={strategy}",
+                          *extra)
     record = {"model": model, "strategy": strategy, "gpus": n, "batch_per_gpu": per_gpu, "global_batch": per_gpu * n,
-              "epochs": epochs, "exit_code": proc.returncode, "wall_s": round(wall, 2)}
-    results = list(cwd.glob("outputs/**/results.json"))
-    if proc.returncode != 0 or not results:
-        record["error"] = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+              "epochs": epochs, "exit_code": launched.exit_code, "wall_s": launched.wall_s}
+    if not launched.ok:
+        record["error"] = launched.error_tail(1)
         return record
-    run_dir = results[0].parent
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows, res = launched.metrics, launched.results
     steady = rows[1:] or rows
-    res = json.loads(results[0].read_text())
     record.update({
         "img_per_s": round(sum(r["img_per_s"] for r in steady) / len(steady)),
         "first_step_s": round(res["first_step_s"], 2),
@@ -64,16 +58,15 @@ def main() -> None:
     plans = [([0], "single")]
     if count >= 2:
         plans += [([0, 1], "dp"), ([0, 1], "ddp")]
-    with tempfile.TemporaryDirectory() as tmp:
-        for model in args.models:
-            base = None
-            for gpus, strategy in plans:
-                record = run(model, gpus, strategy, args.epochs, Path(tmp))
-                if strategy == "single":
-                    base = record.get("img_per_s")
-                if base and record.get("img_per_s"):
-                    record["vs_one_gpu"] = round(record["img_per_s"] / base, 2)
-                print(json.dumps(record), flush=True)
+    for model in args.models:
+        base = None
+        for gpus, strategy in plans:
+            record = run(model, gpus, strategy, args.epochs)
+            if strategy == "single":
+                base = record.get("img_per_s")
+            if base and record.get("img_per_s"):
+                record["vs_one_gpu"] = round(record["img_per_s"] / base, 2)
+            print(json.dumps(record), flush=True)
 
 
 if __name__ == "__main__":
