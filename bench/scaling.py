@@ -4,8 +4,10 @@
     python bench/scaling.py --models resnet18 --epochs 4
 
 Throughput: each configuration runs as its own command (a subprocess, as a user types it) on
-CIFAR-shaped synthetic data; img/s excludes the first epoch. `vs_one_gpu` compares with the same
-tool's 1-GPU run. The torchrun rows run bench/torchrun_ddp.py, a plain DDP script on the same networks.
+CIFAR-shaped synthetic data; img/s excludes the first epoch. `vs_one_gpu` compares torchrun's rows
+with its 1-GPU run; `vs_best_one_gpu` compares launch's 2-GPU rows with the faster of its 1-GPU
+variants (eager or recipe.cuda_graph=true), the fair bar for a speed-up. The torchrun rows run
+bench/torchrun_ddp.py, a plain DDP script on the same networks.
 
 Start-up: seconds from the command starting to (a) `import torch; torch.cuda.init()` finishing,
 (b) torchrun's 2 processes having initialized NCCL and all-reduced one tensor, (c) `launch`'s first
@@ -28,6 +30,16 @@ from launch_run import run_launch  # noqa: E402
 from strategies import PER_GPU_BATCH, run  # noqa: E402
 
 HERE = Path(__file__).parent
+
+# (variant, gpus, strategy, overrides): 1-GPU variants first, so the 2-GPU rows compare with the best of them.
+GRAPH, EAGER = ("recipe.cuda_graph=true",), ("recipe.cuda_graph=false",)
+LAUNCH_RUNS = (
+    ("1 GPU", [0], "single", EAGER),
+    ("1 GPU, cuda_graph", [0], "single", GRAPH),
+    ("dp", [0, 1], "dp", EAGER),
+    ("ddp", [0, 1], "ddp", EAGER),
+    ("ddp, cuda_graph", [0, 1], "ddp", GRAPH),
+)
 
 
 def torchrun(args: list[str], nprocs: int) -> dict:
@@ -63,32 +75,42 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["airbench", "resnet18"])
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-startup", action="store_true")
+    parser.add_argument("--skip-dp", action="store_true")
+    parser.add_argument("--skip-torchrun", action="store_true")
+    parser.add_argument("--only", nargs="*", help="run only these launch variants (e.g. '1 GPU, cuda_graph')")
+    parser.add_argument("--extra", nargs="*", default=[], help="overrides added to every launch run")
     args = parser.parse_args()
     stamp = {"date": time.strftime("%Y-%m-%d")}
     # Start-up first, on a machine that has not run anything yet in this call.
-    print(json.dumps({"what": "python_cuda_init", "seconds": cuda_init_seconds(), **stamp}), flush=True)
-    print(json.dumps({**torchrun(["--startup-only"], 2), **stamp}), flush=True)
-    print(json.dumps({**launch_startup(), **stamp}), flush=True)
+    if not args.skip_startup:
+        print(json.dumps({"what": "python_cuda_init", "seconds": cuda_init_seconds(), **stamp}), flush=True)
+        print(json.dumps({**torchrun(["--startup-only"], 2), **stamp}), flush=True)
+        print(json.dumps({**launch_startup(), **stamp}), flush=True)
     if args.skip_throughput:
         return
     for model in args.models:
         per_gpu = PER_GPU_BATCH[model]
-        base = None
-        for gpus, strategy in (([0], "single"), ([0, 1], "dp"), ([0, 1], "ddp")):
-            record = {"what": "launch", **run(model, gpus, strategy, args.epochs)}
-            base = record.get("img_per_s") if strategy == "single" else base
-            if base and record.get("img_per_s"):
-                record["vs_one_gpu"] = round(record["img_per_s"] / base, 3)
+        best_one_gpu = None
+        for name, gpus, strategy, extra in LAUNCH_RUNS:
+            if (strategy == "dp" and args.skip_dp) or (args.only and name not in args.only):
+                continue
+            record = {"what": "launch", "variant": name, **run(model, gpus, strategy, args.epochs,
+                                                                (*extra, *args.extra))}
+            speed = record.get("img_per_s")
+            if len(gpus) == 1 and speed:
+                best_one_gpu = max(best_one_gpu or 0, speed)
+            elif best_one_gpu and speed:
+                record["vs_best_one_gpu"] = round(speed / best_one_gpu, 3)
             print(json.dumps({**record, **stamp}), flush=True)
         base = None
-        for nprocs in (1, 2):
+        for nprocs in () if args.skip_torchrun else (1, 2):
             record = torchrun(["--model", model, "--batch-per-gpu", str(per_gpu), "--epochs", str(args.epochs)],
                               nprocs)
             base = record.get("img_per_s") if nprocs == 1 else base
             if base and record.get("img_per_s"):
                 record["vs_one_gpu"] = round(record["img_per_s"] / base, 3)
             print(json.dumps({**record, **stamp}), flush=True)
-
 
 if __name__ == "__main__":
     main()

@@ -73,6 +73,10 @@ class RecipeConfig:
     channels_last: bool = True  # GPU only
     compile: bool = False  # torch.compile the model; compile warm-up runs before the clock starts
     compile_mode: str = "default"  # torch.compile's mode: default | reduce-overhead | max-autotune | ...
+    # GPU: capture each step (augment, forward, backward, gradient all-reduce) as one CUDA graph and
+    # replay it. Under ddp the gradients are then averaged in flat buckets by the launcher instead of
+    # DDP's reducer (launcher/step_graph.py), so strategy.static_graph/find_unused_parameters do not apply.
+    cuda_graph: bool = False
 
 
 @dataclass
@@ -203,6 +207,11 @@ def validate(cfg: DictConfig) -> None:
     _check_int("recipe.translate", r.translate, 0, "recipe.translate=2", high=8)
     _check_int("recipe.tta", r.tta, 0, "recipe.tta=2", high=2)
     _check_choice("recipe.compile_mode", r.compile_mode, COMPILE_MODES)
+    if r.cuda_graph and r.compile and r.compile_mode in ("reduce-overhead", "max-autotune"):
+        raise ConfigError("recipe.compile_mode", r.compile_mode, "recipe.cuda_graph=true captures the whole step "
+                          "already and this mode would make CUDA graphs inside it; use default or "
+                          "max-autotune-no-cudagraphs, or recipe.cuda_graph=false to let torch.compile graph it",
+                          "recipe.compile_mode=default")
     _check_float("recipe.muon_momentum", r.muon_momentum, "recipe.muon_momentum=0.6", positive=False, high=1.0)
     _check_float("recipe.sgd_lr", r.sgd_lr, "recipe.sgd_lr=0.05")
     _check_float("recipe.head_lr", r.head_lr, "recipe.head_lr=0.5")

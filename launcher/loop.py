@@ -33,6 +33,7 @@ from launcher.distenv import WorldInfo
 from launcher.metrics import MetricsLog, write_results
 from launcher.recipes import Splits, get_recipe
 from launcher.stall import SpanTimer, StepClock, input_advice
+from launcher.step_graph import CapturedStep, FlatGradients
 from launcher.strategy import wrap_model
 from launcher.timeline import StartupTimeline
 
@@ -95,21 +96,34 @@ class TrainingRun:
         self.model = model
         self.steps_per_epoch = len(splits.train_y) // cfg.batch_size
         self.steppers = optim.build(cfg, model, self.steps_per_epoch, fused=self.device.type == "cuda")
-        net = wrap_model(model, self.layout, self.device, cfg.strategy)
         self.compiled = bool(r.compile)
-        if self.compiled and self.layout.strategy == "dp":
-            self.compiled = False
+        self.graph_step = bool(r.cuda_graph)
+        if self.layout.strategy == "dp" and (self.compiled or self.graph_step):
+            self.compiled = self.graph_step = False
             if self.is_main:
-                log.warning("recipe.compile=true is ignored under strategy=dp (DataParallel re-replicates the "
-                            "model every step); use ddp to compile")
+                log.warning("recipe.compile / recipe.cuda_graph are off under strategy=dp (DataParallel "
+                            "re-replicates the model every step); ddp uses them")
+        # With a graphed step the gradients are ours (a flat buffer, one all-reduce per step): DDP's
+        # reducer does its work in autograd hooks on the host, which a replayed graph would skip.
+        # On a CPU device the same step runs eagerly (no graphs there), gradient averaging included.
+        self.own_grad_sync = self.graph_step and self.ddp
+        if self.own_grad_sync:
+            self._broadcast_from_rank0()
+        self.grads = FlatGradients(model.parameters(), self.world_size if self.own_grad_sync else 1,
+                                   cfg.strategy.bucket_cap_mb) if self.graph_step else None
+        net = model if self.own_grad_sync else wrap_model(model, self.layout, self.device, cfg.strategy)
         if self.compiled:
             # Under ddp, compiling the DDP module lets dynamo split the graph at gradient buckets so
             # the all-reduce still overlaps the backward pass; evaluation compiles the bare model.
             self.train_net = torch.compile(net, mode=_mode(r.compile_mode))
-            self.eval_net = torch.compile(model, mode=_mode(r.compile_mode)) if self.ddp else self.train_net
+            self.eval_net = torch.compile(model, mode=_mode(r.compile_mode)) if net is not model else self.train_net
         else:
             self.train_net = net
             self.eval_net = net if self.layout.strategy == "dp" else model
+        self.captured: CapturedStep | None = None  # made in _warm_up when graph_step runs on a GPU
+        self.epoch_t = torch.zeros((), dtype=torch.long, device=self.device)  # the epoch, as graphs read it
+        self.loss_sum = torch.zeros((), device=self.device)  # this epoch's sums, accumulated on the device
+        self.correct = torch.zeros((), device=self.device, dtype=torch.long)
         self.loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=r.label_smoothing)
         self.fault_step = cfg.fault.step if cfg.fault.rank is not None else -1
         use_bf16 = r.precision == "bf16" or (r.precision == "auto" and self.device.type == "cuda")
@@ -148,23 +162,44 @@ class TrainingRun:
             torch.cuda.set_rng_state(rng["cuda"].cpu(), self.device)
         return int(state["epoch"]), list(state.get("history", [])), source
 
+    def _broadcast_from_rank0(self) -> None:
+        """Start every rank from rank 0's weights and buffers (what DDP does when it wraps a model)."""
+        for tensor in self.model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+
     # ---- one step -----------------------------------------------------------------------------
     def _normalize(self, x: torch.Tensor) -> torch.Tensor:
         x = (x.float() - self.mean) / self.std
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
 
-    def _step(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int,
-              aug_gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int | torch.Tensor,
+                          aug_gen: torch.Generator) -> None:
+        """The step's device work up to the gradients, and the epoch's loss/accuracy sums. No host sync:
+        this is what a graphed step captures."""
+        if self.grads is not None:
+            self.grads.zero()
+            self.grads.start_backward()
+        else:
+            self.model.zero_grad(set_to_none=True)
         if self.augment is not None:
             x = self.augment(x, aug_gen, indices=idx, epoch=epoch)
         with self.autocast():
             logits = self.train_net(self._normalize(x))
             loss = self.loss_fn(logits, y)
-        self.model.zero_grad(set_to_none=True)
         loss.backward()
+        if self.grads is not None:
+            self.grads.finish_backward()  # ddp: every bucket's all-reduce issued and waited for
+        self.loss_sum += loss.detach().float() * len(y)
+        self.correct += (logits.argmax(1) == y).sum()
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int,
+              aug_gen: torch.Generator) -> None:
+        if self.captured is not None:
+            self.captured.run(x, y, idx)
+        else:
+            self._forward_backward(x, y, idx, self.epoch_t if self.graph_step else epoch, aug_gen)
         for stepper in self.steppers:
             stepper.step()
-        return loss, logits
 
     def _maybe_fail(self, global_step: int) -> None:
         # Called every step, so it compares plain ints first (OmegaConf attribute access is slow).
@@ -195,19 +230,19 @@ class TrainingRun:
     def _train_epoch(self, epoch: int, aug_gen: torch.Generator) -> dict[str, float]:
         self.train_net.train()
         order = self._order(epoch)
-        loss_sum = torch.zeros((), device=self.device)
-        correct = torch.zeros((), device=self.device, dtype=torch.long)
+        self.loss_sum.zero_()
+        self.correct.zero_()
+        self.epoch_t.fill_(epoch)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        clock = StepClock(self.device)
+        # A bounded wait at the epoch's end when collectives run inside a graph (no NCCL watchdog there).
+        clock = StepClock(self.device, self.cfg.strategy.timeout_s if self.own_grad_sync else None)
         clock.start()
         host_start = time.perf_counter()
         for step, (x, y, idx) in enumerate(self.train_data.batches(order)):
             clock.batch_ready()
             self._maybe_fail(epoch * self.steps_per_epoch + step)
-            loss, logits = self._step(x, y, idx, epoch, aug_gen)
-            loss_sum += loss.detach().float() * len(y)
-            correct += (logits.argmax(1) == y).sum()
+            self._step(x, y, idx, epoch, aug_gen)
             clock.step_end()
             if self.first_step_s is None:
                 self._sync()
@@ -219,7 +254,7 @@ class TrainingRun:
         # the speed (Python, launches), and CUDA graphs or a larger batch would help more than kernels.
         host_s = time.perf_counter() - host_start
         timing = clock.finish()
-        totals = self._all_reduce(torch.stack([loss_sum, correct.float(), torch.tensor(
+        totals = self._all_reduce(torch.stack([self.loss_sum, self.correct.float(), torch.tensor(
             float(order.numel()), device=self.device)]))
         # The slowest rank sets the pace: report its span and its input wait.
         slowest = self._all_reduce(torch.tensor([timing.span_s, timing.stall_fraction], device=self.device),
@@ -249,17 +284,33 @@ class TrainingRun:
         return {"test_loss": (totals[0] / totals[2]).item(), "test_acc": (totals[1] / totals[2]).item(),
                 "eval_s": timer.seconds}
 
-    def _warm_up(self) -> float:
-        """Compile and autotune on the real shapes, then put the model and optimizers back as they were."""
+    def _warm_up(self, aug_gen: torch.Generator) -> float:
+        """Compile, autotune and (recipe.cuda_graph) capture the step on the real shapes, then put the
+        model and optimizers back as they were."""
         start = time.perf_counter()
         saved_model = {k: v.clone() for k, v in self.model.state_dict().items()}
         saved_opt = [(s.optimizer.state_dict(), s.scheduler.state_dict()) for s in self.steppers]
         rng = torch.get_rng_state(), (torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None)
         self.train_net.train()
-        gen = torch.Generator(device=self.device).manual_seed(0)
+        aug_gen.manual_seed(0)
         rows = self._order(0)[:WARMUP_STEPS]
-        for x, y, idx in self.train_data.batches(rows):
-            self._step(x, y, idx, 0, gen)
+        capture = self.graph_step and self.device.type == "cuda"
+        # Graph capture wants the eager warm-up on a side stream (lazily made state then belongs to it).
+        side = torch.cuda.Stream(self.device) if capture else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            batch = None
+            for batch in self.train_data.batches(rows):
+                self._step(*batch, 0, aug_gen)
+            if capture:
+                x, y, idx = batch
+                step = CapturedStep(lambda x, y, idx: self._forward_backward(x, y, idx, self.epoch_t, aug_gen),
+                                    generators=[aug_gen])
+                step.capture(x, y, idx, stream=side)
+                self.captured = step
+        if side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(side)
         self._evaluate()
         self.model.load_state_dict(saved_model)
         for stepper, (opt_state, sched_state) in zip(self.steppers, saved_opt, strict=True):
@@ -268,7 +319,10 @@ class TrainingRun:
         torch.set_rng_state(rng[0])
         if rng[1] is not None:
             torch.cuda.set_rng_state(rng[1], self.device)
-        self.model.zero_grad(set_to_none=True)
+        if self.grads is not None:
+            self.grads.zero()
+        else:
+            self.model.zero_grad(set_to_none=True)
         self._sync()
         return time.perf_counter() - start
 
@@ -323,17 +377,19 @@ class TrainingRun:
         self._build(splits)
         start_epoch, history, resumed_from = self._resume()
         self.timeline.mark("model_built")
-        warmup_s = self._warm_up() if self.compiled else None
+        aug_gen = torch.Generator(device=self.device)
+        captures = self.graph_step and self.device.type == "cuda"
+        warmup_s = self._warm_up(aug_gen) if self.compiled or captures else None
         if warmup_s is not None:
             self.timeline.mark("warmed_up")
             if self.is_main:
-                log.info("compiled and warmed up in %.1fs (not counted in the timings)", warmup_s)
+                done = ["compiled"] * self.compiled + ["captured the step as one CUDA graph"] * captures
+                log.info("%s in %.1fs (not counted in the timings)", " and ".join(done), warmup_s)
         metrics_log = MetricsLog(self.run_dir)
         if self.is_main:
             metrics_log.rewrite(history)
             if resumed_from:
                 log.info("resumed from %s after epoch %d", resumed_from, start_epoch)
-        aug_gen = torch.Generator(device=self.device)
         timed = {"train_s": 0.0, "eval_s": 0.0}
         advised = False
         for epoch in range(start_epoch, cfg.epochs):
@@ -424,6 +480,8 @@ class TrainingRun:
             "synthetic_data": splits.synthetic,
             "data_placement": self.placement,
             "compiled": self.compiled,
+            "cuda_graph": self.captured is not None,
+            "gradient_sync": ("flat all-reduce" if self.own_grad_sync else "DDP") if self.ddp else None,
             "final": final,
             "test_acc": final.get("test_acc"),
             "best_test_acc": max(scored, default=None),

@@ -28,10 +28,34 @@ class EpochTiming:
         return self.input_wait_s / self.span_s if self.span_s > 0 else 0.0
 
 
+class DeviceTimeout(RuntimeError):
+    """The device did not finish an epoch's work in time (a peer stuck inside a captured collective)."""
+
+
+def wait_for(event, timeout_s: float | None, what: str) -> None:
+    """event.synchronize(), but giving up after `timeout_s` with a DeviceTimeout.
+
+    With recipe.cuda_graph the gradient all-reduces run inside the replayed graph, where NCCL's
+    watchdog cannot see them; if a peer hangs, this is where its partner would otherwise wait forever.
+    """
+    if timeout_s is None:
+        event.synchronize()
+        return
+    deadline = time.monotonic() + timeout_s
+    pause = 1e-4
+    while not event.query():
+        if time.monotonic() > deadline:
+            raise DeviceTimeout(f"{what} did not finish within {timeout_s:g}s (strategy.timeout_s): another rank "
+                                "is probably stuck or gone")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+
+
 class StepClock:
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, timeout_s: float | None = None):
         self.cuda = device.type == "cuda"
         self.device = device
+        self.timeout_s = timeout_s
         self._marks: list[tuple[str, object]] = []
 
     def _mark(self, kind: str) -> None:
@@ -60,7 +84,7 @@ class StepClock:
     def finish(self) -> EpochTiming:
         """Waits for the device, then sums the waits. Call once per epoch, not per step."""
         if self.cuda:
-            self._marks[-1][1].synchronize()
+            wait_for(self._marks[-1][1], self.timeout_s, "the GPU's work of this epoch")
         wait = 0.0
         last_end = None
         for kind, stamp in self._marks:

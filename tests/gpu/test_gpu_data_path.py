@@ -70,4 +70,4 @@ def test_fast_recipe_with_dataparallel(launch):
     assert result.returncode == 0, result.output
     r = result.results()
     assert r["strategy"] == "dp" and len(r["devices"]) == 2 and not r["compiled"]
-    assert "recipe.compile=true is ignored under strategy=dp" in result.output
+    assert "recipe.compile / recipe.cuda_graph are off under strategy=dp" in result.output

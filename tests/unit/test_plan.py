@@ -1,5 +1,7 @@
 """The plan the launcher makes before any worker starts: devices, strategy and the worker environment."""
 
+import os
+
 import pytest
 from hydra import compose, initialize_config_module
 
@@ -26,6 +28,13 @@ def test_gpu_list_becomes_the_workers_mask(cuda_build):
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "1,3"
 
 
+def test_gpu_workers_get_one_cpu_thread_unless_the_user_chose(cuda_build):
+    # 16 OpenMP threads per GPU worker cost 2-GPU DDP a quarter of its speed (BENCHMARKS.md).
+    assert make_plan(composed("gpus=[0,1]"), env={}, physical_count=2).env["OMP_NUM_THREADS"] == "1"
+    chosen = make_plan(composed("gpus=[0,1]"), env={"OMP_NUM_THREADS": "4"}, physical_count=2)
+    assert "OMP_NUM_THREADS" not in chosen.env  # inherited as the user set it
+
+
 def test_inherited_mask_is_respected(cuda_build):
     plan = make_plan(composed("gpus=[0]"), env={"CUDA_VISIBLE_DEVICES": "6,7"}, physical_count=8)
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "6" and plan.layout.strategy == "single"
@@ -34,7 +43,7 @@ def test_inherited_mask_is_respected(cuda_build):
 def test_cpu_runs_hide_the_gpus_and_share_the_cores(cuda_build):
     plan = make_plan(composed("gpus=[]", "strategy=ddp", "nprocs=2"), env={}, physical_count=2)
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "" and plan.layout.dist_backend == "gloo"
-    assert int(plan.env["OMP_NUM_THREADS"]) >= 1
+    assert int(plan.env["OMP_NUM_THREADS"]) == max(1, (os.cpu_count() or 1) // 2)
 
 
 def test_gpus_with_a_cpu_build_of_torch_is_refused(monkeypatch):

@@ -1,0 +1,59 @@
+"""The pieces of recipe.cuda_graph that need no process group or GPU."""
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from launcher.config import ConfigError, register, validate
+from launcher.stall import DeviceTimeout, wait_for
+from launcher.step_graph import FlatGradients
+
+
+def test_gradients_live_in_one_buffer_with_their_parameters_layout():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 36, 5))
+    model = model.to(memory_format=torch.channels_last)
+    grads = FlatGradients(model.parameters())
+    (flat,) = grads.buffers
+    assert flat.numel() == sum(p.numel() for p in model.parameters())
+    for p in model.parameters():
+        assert p.grad.stride() == p.stride()  # channels_last filters keep channels_last gradients
+        assert p.grad.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+    model(torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)).sum().backward()
+    assert flat.abs().sum() > 0  # autograd accumulated into the views, not into new tensors
+    assert all(p.grad is v for p, v in grads.views.items())
+    grads.zero()
+    assert all(p.grad.abs().sum() == 0 for p in model.parameters())
+
+
+def test_buckets_follow_the_backward_order_and_the_size_cap():
+    model = torch.nn.Sequential(*(torch.nn.Linear(64, 64) for _ in range(4)))  # 16.6 KB per layer
+    grads = FlatGradients(model.parameters(), bucket_mb=20_000 / 2**20)
+    assert [b.numel() for b in grads.buckets] == [2 * (64 * 64 + 64)] * 2
+    # the last layer's gradients (ready first in backward) are at the start of the first bucket
+    last_weight = model[3].weight
+    assert last_weight.grad.storage_offset() < grads.buckets[0].numel()
+
+
+def test_a_parameter_that_is_not_dense_is_refused():
+    p = torch.nn.Parameter(torch.randn(4, 6)[:, ::2])
+    with pytest.raises(ValueError, match="not dense"):
+        FlatGradients([p])
+
+
+class _NeverDone:
+    def query(self):
+        return False
+
+
+def test_waiting_for_a_stuck_device_ends_with_the_reason():
+    with pytest.raises(DeviceTimeout, match="strategy.timeout_s"):
+        wait_for(_NeverDone(), 0.05, "the GPU's work of this epoch")
+
+
+def test_cuda_graph_with_a_compile_mode_that_graphs_itself_is_refused():
+    register()
+    with initialize_config_module(version_base=None, config_module="launcher.conf"):
+        cfg = compose(config_name="config", overrides=["recipe.cuda_graph=true", "recipe.compile=true",
+                                                       "recipe.compile_mode=reduce-overhead"])
+    with pytest.raises(ConfigError, match="recipe.compile_mode=default"):
+        validate(cfg)
