@@ -65,3 +65,45 @@ def optimizer_states(state: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     if "optimizer_state_dicts" in state:
         return list(state["optimizer_state_dicts"]), list(state["scheduler_state_dicts"])
     return [state["optimizer_state_dict"]], [state["scheduler_state_dict"]]
+
+
+def to_host(obj: Any) -> Any:
+    """A copy of a (nested) state with every tensor copied to host memory: a snapshot the training
+    can keep changing in place while the copy is written."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_host(v) for v in obj)
+    return obj
+
+
+class BackgroundWriter:
+    """Writes checkpoints on a thread, so that rank 0's disk write does not hold up the next epoch (under
+    ddp every other rank waits for rank 0 at its first all-reduce: a synchronous write of ResNet-18's
+    state cost the 2-GPU run ~0.12 s of every 0.46 s epoch on the H200 host). One write at a time;
+    an error in a write is raised at the next `submit` or at `wait`."""
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launcher-checkpoint")
+        self._pending = None
+
+    def submit(self, state: dict[str, Any], path: Path) -> None:
+        self.wait()
+        self._pending = self._pool.submit(save_atomic, state, path)
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)

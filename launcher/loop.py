@@ -358,25 +358,34 @@ class TrainingRun:
             "optimizer_state_dicts": [s.optimizer.state_dict() for s in self.steppers],
             "scheduler_state_dicts": [s.scheduler.state_dict() for s in self.steppers],
             "epoch": epoch,
-            "history": history,
+            "history": list(history),
             "rng": {"cpu": torch.get_rng_state(),
                     **({"cuda": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {})},
             "config": self.spec.config,
         }
-        checkpoint.save_atomic(state, checkpoint.checkpoint_dir(self.run_dir) / checkpoint.LAST)
+        # Snapshot now (training changes the weights in place), write on the writer's thread.
+        self.writer.submit(checkpoint.to_host(state), checkpoint.checkpoint_dir(self.run_dir) / checkpoint.LAST)
 
     def _evaluates_after(self, epoch: int) -> bool:
         every = self.cfg.recipe.eval_every
         return epoch + 1 == self.cfg.epochs or (every > 0 and (epoch + 1) % every == 0)
 
     def fit(self) -> dict[str, Any] | None:
-        cfg = self.cfg
         t_start = time.perf_counter()
         splits = self._load_data()
         self.timeline.mark("data_loaded")
         self._build(splits)
         start_epoch, history, resumed_from = self._resume()
         self.timeline.mark("model_built")
+        self.writer = checkpoint.BackgroundWriter()
+        try:
+            return self._fit(splits, start_epoch, history, resumed_from, t_start)
+        finally:
+            self.writer.close()  # the last checkpoint is on disk before the run reports itself done
+
+    def _fit(self, splits: Splits, start_epoch: int, history: list[dict[str, Any]], resumed_from: str | None,
+             t_start: float) -> dict[str, Any] | None:
+        cfg = self.cfg
         aug_gen = torch.Generator(device=self.device)
         captures = self.graph_step and self.device.type == "cuda"
         warmup_s = self._warm_up(aug_gen) if self.compiled or captures else None
