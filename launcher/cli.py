@@ -32,7 +32,8 @@ def _task(cfg) -> None:
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    outcome = run(cfg, run_dir, started=_started_at if not _exit_codes else time.time())
+    outcome = run(cfg, run_dir, started=_started_at if not _exit_codes else time.time(),
+                  overrides=list(hydra_cfg.overrides.task))
     _remove_if_only_hydra_files(run_dir)  # a dry run, or input refused before anything started
     if outcome.error:
         print(f"launch: {outcome.error}", file=sys.stderr, flush=True)
@@ -77,8 +78,9 @@ def _will_spawn_workers(argv: list[str]) -> bool:
     from launcher.distenv import existing_world
 
     informational = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve"}
-    if informational & set(argv) or any(a.replace(" ", "").lower() == "dry_run=true" for a in argv):
-        return False
+    if informational & set(argv) or any(a.replace(" ", "").lower() in ("dry_run=true", "backend=slurm")
+                                        for a in argv):
+        return False  # nothing to spawn here (backend=slurm: the job's tasks do)
     return existing_world() is None
 
 

@@ -95,9 +95,23 @@ class StrategyConfig:
 
 @dataclass
 class BackendConfig:
-    """Where the workers run. `local` spawns them on this host."""
+    """Where the workers run. `local` spawns them on this host; `slurm` submits a job through submitit
+    (launcher/slurm.py), whose tasks then run the same launch inside the allocation."""
 
-    name: str = "local"
+    name: str = "local"  # local | slurm
+    # slurm only (sbatch options; null leaves the cluster's default)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_min: int = 60  # the job's time limit, minutes
+    mem_gb: int | None = None  # memory per node
+    cpus_per_task: int | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    nodes: int = 1  # world = nodes x tasks per node (GPUs per node under ddp)
+    job_name: str | None = None  # default: launch-<recipe>
+    additional: dict[str, Any] = field(default_factory=dict)  # any other sbatch option, e.g. {mail-type: END}
+    wait: bool = False  # follow the job until it ends; the exit status becomes launch's
 
 
 @dataclass
@@ -147,7 +161,7 @@ OPTIMIZERS = ("sgd", "adamw", "muon")
 FLIPS = ("random", "alternating", "none")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 FAULT_KINDS = ("raise", "exit", "hang", "kill")
-BACKENDS = ("local",)  # slurm (submitit) is issue 6
+BACKENDS = ("local", "slurm")
 
 
 def register() -> None:
@@ -220,5 +234,30 @@ def validate(cfg: DictConfig) -> None:
     _check_int("data.prefetch_depth", cfg.data.prefetch_depth, 1, "data.prefetch_depth=2", high=64)
     _check_choice("fault.kind", cfg.fault.kind, FAULT_KINDS)
     _check_choice("backend.name", cfg.backend.name, BACKENDS)
+    if cfg.backend.name == "slurm":
+        _check_slurm(cfg.backend)
     if cfg.resume is not None and str(cfg.resume).strip().lower() in ("", "true", "false", "none"):
         raise ConfigError("resume", cfg.resume, "give a run dir or checkpoint file, or `latest`", "resume=latest")
+
+
+SLURM_TEXT_KEYS = ("partition", "account", "qos", "constraint", "exclude", "job_name")
+
+
+def _check_slurm(b: DictConfig) -> None:
+    """sbatch options end up as lines of a batch script: no value may start a new line of it."""
+    _check_int("backend.time_min", b.time_min, 1, "backend.time_min=120")
+    _check_int("backend.nodes", b.nodes, 1, "backend.nodes=2")
+    for key in ("mem_gb", "cpus_per_task"):
+        if b[key] is not None:
+            _check_int(f"backend.{key}", b[key], 1, f"backend.{key}=8")
+    texts = {f"backend.{k}": b[k] for k in SLURM_TEXT_KEYS if b[k] is not None}
+    for key, value in (b.additional or {}).items():
+        if not isinstance(key, str) or not key or not all(c.isalnum() or c in "-_" for c in key):
+            raise ConfigError("backend.additional", key, "sbatch option names are letters, digits, - and _",
+                              "'backend.additional={mail-type: END}'")
+        texts[f"backend.additional.{key}"] = value
+    for key, value in texts.items():
+        if any(ord(c) < 32 or ord(c) == 127 for c in str(value)):
+            raise ConfigError(key, repr(str(value)), "control characters (a newline would start a new line of the "
+                              "batch script) are not allowed", f"{key}=gpu")
+

@@ -28,10 +28,11 @@ RESOLVED_CONFIG = "config.yaml"
 PLAN = "plan.json"
 
 
-def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> Outcome:
+def run(cfg: DictConfig, run_dir: Path, started: float | None = None, overrides: list[str] | None = None) -> Outcome:
     """Launch the run described by `cfg` into `run_dir`. Errors a user can fix come back as exit code 2.
 
     `started` is when the launch began (time.time()); the time to the first training step counts from it.
+    `overrides` are the command line's (backend=slurm hands them to the job's tasks).
     """
     started = time.time() if started is None else started
     run_dir = Path(run_dir).resolve()
@@ -40,6 +41,8 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> Outcome
         joined = distenv.existing_world()
         if joined is None:
             _refuse_finished_run_dir(run_dir)
+        if cfg.backend.name == "slurm" and joined is None:
+            return _submit_to_slurm(cfg, run_dir, overrides or [])
         plan = make_plan(cfg, joined)
         recipe = get_recipe(cfg.recipe.name)
         check_model(recipe, cfg)
@@ -77,6 +80,19 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None) -> Outcome
     if outcome.exit_code == 0 and is_main:
         _summarize(outcome, run_dir, time.time() - started)
     return outcome
+
+
+def _submit_to_slurm(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Outcome:
+    from launcher import slurm
+
+    check_model(get_recipe(cfg.recipe.name), cfg)
+    if cfg.dry_run:
+        print(f"dry run: nothing submitted. The batch script for {cfg.recipe.name} ({cfg.recipe.model}):\n")
+        print(slurm.sbatch_script(cfg, run_dir))
+        return Outcome(0)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RESOLVED_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    return slurm.submit(cfg, run_dir, overrides)
 
 
 def _refuse_finished_run_dir(run_dir: Path) -> None:

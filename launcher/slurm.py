@@ -1,0 +1,172 @@
+"""`backend=slurm`: the same launch, submitted as a SLURM job through submitit.
+
+What is requested follows from the same choices as a local run (launcher/strategy.py):
+    ddp    one task per GPU (`gpus=4` -> 4 tasks and 4 GPUs per node), or per CPU rank (`nprocs`)
+    dp     one task holding all the node's GPUs;   single: one task, one GPU
+and `backend.nodes` multiplies the world. Each task runs `launch` again inside the allocation with
+`backend=local`: with several tasks every one joins the srun world as one rank (launcher/distenv.py
+reads SLURM's variables through submitit), with one task it spawns its worker as on a workstation.
+GPU ids inside a task are relative to the mask SLURM gave it. The run dir is the one this launch
+made: the job writes its results, checkpoints and train.log there, and submitit's files sit in
+`slurm/` inside it.
+
+sbatch options come from `backend.*`; submitit writes them into the batch script quoted
+(`shlex.quote`), and config.validate refuses control characters, so no value can add a line to the
+script. `dry_run=true` prints that script instead of submitting it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from launcher.config import ConfigError
+from launcher.spawn import Outcome
+from launcher.strategy import Layout, choose
+
+SUBMITIT_DIR = "slurm"
+# Overrides the tasks must not inherit: the tasks run locally inside the allocation, on what it holds.
+_TASK_DROPS = ("backend", "gpus=", "nprocs=", "dry_run=", "hydra.run.dir=", "hydra.sweep.")
+
+
+def requested_gpus(cfg: DictConfig) -> int:
+    """GPUs per node: a count, or the length of a list (ids mean nothing before the job has its nodes)."""
+    gpus = cfg.gpus
+    if isinstance(gpus, bool):
+        gpus = None
+    if isinstance(gpus, int) and gpus >= 0:
+        return gpus
+    if gpus is not None and not isinstance(gpus, (str, int)):
+        return len(list(gpus))
+    raise ConfigError("gpus", gpus, "with backend=slurm say how many GPUs per node (the node is not known "
+                      "yet), or [] for CPU", "gpus=4 backend=slurm")
+
+
+def job_layout(cfg: DictConfig) -> tuple[Layout, int]:
+    """(the layout of one node, tasks per node)."""
+    gpus = requested_gpus(cfg)
+    nodes = cfg.backend.nodes
+    per_node = choose(cfg.strategy.name, gpus, cfg.nprocs, cfg.batch_size, cfg.strategy.backend, str(gpus))
+    tasks = per_node.nprocs if per_node.strategy == "ddp" else 1
+    if nodes > 1:
+        if per_node.strategy != "ddp":
+            raise ConfigError("backend.nodes", nodes, f"strategy={per_node.strategy} runs one process; several "
+                              "nodes need ddp", "strategy=ddp backend.nodes=2")
+        choose("ddp", gpus * nodes if gpus else 0, None if gpus else tasks * nodes, cfg.batch_size,
+               cfg.strategy.backend, str(gpus))  # the global batch must split over every rank
+    return per_node, tasks
+
+
+def sbatch_parameters(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """submitit's SlurmExecutor parameters for this run."""
+    b = cfg.backend
+    layout, tasks = job_layout(cfg)
+    params: dict[str, Any] = {
+        "job_name": b.job_name or f"launch-{cfg.recipe.name}",
+        "time": b.time_min,
+        "nodes": b.nodes,
+        "ntasks_per_node": tasks,
+        "stderr_to_stdout": False,
+    }
+    if layout.num_devices:
+        params["gpus_per_node"] = layout.num_devices
+    optional = {"partition": b.partition, "account": b.account, "qos": b.qos, "constraint": b.constraint,
+                "exclude": b.exclude, "cpus_per_task": b.cpus_per_task,
+                "mem": f"{b.mem_gb}GB" if b.mem_gb else None}
+    params.update({k: v for k, v in optional.items() if v is not None})
+    if b.additional:
+        params["additional_parameters"] = {str(k): str(v) for k, v in b.additional.items()}
+    return params
+
+
+def task_overrides(user_overrides: list[str], cfg: DictConfig, run_dir: Path) -> list[str]:
+    """The command line each task runs: the user's overrides, run locally on what the task was given."""
+    kept = [o for o in user_overrides if not o.lstrip("+~").startswith(_TASK_DROPS)]
+    on_gpu = requested_gpus(cfg) > 0
+    return [*kept, "backend=local", f"gpus={'all' if on_gpu else '[]'}", "nprocs=null",
+            f"hydra.run.dir={run_dir}"]
+
+
+class TaskCommand:
+    """What submitit runs in every task: `launch` with the given overrides, in this process."""
+
+    def __init__(self, overrides: list[str], run_dir: str):
+        self.overrides = overrides
+        self.run_dir = run_dir
+
+    def __call__(self) -> int:
+        from launcher.cli import main
+
+        try:
+            main(self.overrides)
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+            if code:
+                raise RuntimeError(f"launch exited with code {code}; see {self.run_dir}/train.log") from None
+        return 0
+
+    def __repr__(self) -> str:  # shown by submitit in its logs
+        return "launch " + " ".join(shlex.quote(o) for o in self.overrides)
+
+
+def sbatch_script(cfg: DictConfig, run_dir: Path) -> str:
+    """The batch script submitit would submit, for `dry_run=true` (no SLURM needed to print it)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    folder = run_dir / SUBMITIT_DIR / "%j"
+    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    return _make_sbatch_string(command=command, folder=folder, **sbatch_parameters(cfg, run_dir))
+
+
+def submit(cfg: DictConfig, run_dir: Path, user_overrides: list[str]) -> Outcome:
+    """Submit the run; with backend.wait=true follow it to the end. Prints where everything goes."""
+    import submitit
+
+    params = sbatch_parameters(cfg, run_dir)
+    try:
+        executor = submitit.SlurmExecutor(folder=run_dir / SUBMITIT_DIR / "%j")
+    except RuntimeError as exc:  # no srun on this machine
+        return Outcome(2, error=f"backend=slurm needs SLURM's commands on this machine ({exc}); "
+                                "print the batch script with dry_run=true")
+    executor.update_parameters(**params)
+    command = TaskCommand(task_overrides(user_overrides, cfg, run_dir), str(run_dir))
+    try:
+        job = executor.submit(command)
+    except Exception as exc:  # noqa: BLE001 - sbatch's refusal (bad partition, account...) in its words
+        return Outcome(2, error=f"sbatch refused the job: {_last_line(exc)}")
+    (run_dir / "slurm.json").write_text(json.dumps({
+        "job_id": job.job_id, "sbatch": params, "task_command": repr(command),
+        "stdout": str(job.paths.stdout), "stderr": str(job.paths.stderr)}, indent=2) + "\n")
+    tasks = params["nodes"] * params["ntasks_per_node"]
+    print(f"launch: submitted SLURM job {job.job_id} ({tasks} task{'s' if tasks > 1 else ''} on "
+          f"{params['nodes']} node{'s' if params['nodes'] > 1 else ''})\n"
+          f"  run dir  {run_dir}\n  log      {run_dir / 'train.log'} (once it runs)\n"
+          f"  slurm    {job.paths.stdout} / {job.paths.stderr}", flush=True)
+    if not cfg.backend.wait:
+        return Outcome(0)
+    try:
+        job.results()  # one per task; waits for the job and re-raises a task's error
+    except Exception as exc:  # noqa: BLE001 - the job failed: submitit re-raises the task's error
+        return Outcome(1, error=f"SLURM job {job.job_id} ended {job.state}: {_why(run_dir, exc)}")
+    print(f"launch: SLURM job {job.job_id} finished; results: {run_dir / 'results.json'}", flush=True)
+    return Outcome(0)
+
+
+def _why(run_dir: Path, exc: BaseException) -> str:
+    """The failing rank's own exception when a worker recorded one (failures/), else what submitit saw."""
+    from launcher.failures import read_records, root_cause
+
+    cause = root_cause(read_records(run_dir))
+    if cause is None:
+        return _last_line(exc)
+    return f"rank {cause.rank} failed: {cause.exc_type}: {cause.message} (traceback: {run_dir / 'failures'})"
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__

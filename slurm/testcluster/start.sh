@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# A real one-node SLURM cluster for the tests (Debian 12: slurmctld slurmd slurmdbd munge mariadb),
+# started as root without systemd. Everything it writes lives under $1 (default /tmp/launch-slurm):
+# slurm.conf, logs, state, and the pid files stop.sh uses. Clients find it with SLURM_CONF=$1/slurm.conf.
+#
+#   slurm/testcluster/start.sh /tmp/launch-slurm && export SLURM_CONF=/tmp/launch-slurm/slurm.conf
+#   ... sbatch / launch backend=slurm ...
+#   slurm/testcluster/stop.sh /tmp/launch-slurm
+#
+# Accounting (slurmdbd + MariaDB over its socket only) is not optional: submitit reads job states
+# through sacct, and without it every state is UNKNOWN and waiting on a killed job never ends.
+set -euo pipefail
+DIR=$(realpath -m "${1:-/tmp/launch-slurm}")
+HOST=$(hostname -s)
+mkdir -p "$DIR"/{log,state,spool,pids,db}
+chmod 1777 "$DIR/pids"  # mariadbd writes its pid file as user mysql
+chmod 755 "$DIR"
+
+grep -qE "^[0-9.]+\s+.*\b$HOST\b" /etc/hosts || echo "127.0.0.1 $HOST" >> /etc/hosts
+
+# munge: the daemon authenticates every SLURM message
+install -d -o munge -g munge -m 0755 /run/munge
+[ -s /etc/munge/munge.key ] || { dd if=/dev/urandom bs=1 count=1024 of=/etc/munge/munge.key 2>/dev/null;
+                                 chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key; }
+if ! pgrep -u munge -x munged >/dev/null; then  # one already running (a system's own) is used, not ours to stop
+    runuser -u munge -- /usr/sbin/munged --pid-file=/run/munge/munged.pid
+    cp /run/munge/munged.pid "$DIR/pids/munged.pid"
+fi
+
+# MariaDB for slurmdbd: socket only, data under $DIR
+install -d -o mysql -g mysql -m 0755 /run/mysqld
+chown mysql:mysql "$DIR/db"
+if [ ! -d "$DIR/db/mysql" ]; then
+    mariadb-install-db --user=mysql --datadir="$DIR/db" --auth-root-authentication-method=socket >"$DIR/log/mariadb-install.log" 2>&1
+fi
+/usr/sbin/mariadbd --user=mysql --datadir="$DIR/db" --skip-networking --socket=/run/mysqld/mysqld.sock \
+    --pid-file="$DIR/pids/mariadbd.pid" >"$DIR/log/mariadb.log" 2>&1 &
+for _ in $(seq 100); do [ -S /run/mysqld/mysqld.sock ] && mariadb -e "select 1" >/dev/null 2>&1 && break; sleep 0.1; done
+mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurm-test';
+            GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
+
+CPUS=$(nproc)
+MEM=$(( $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) / 2 ))
+cat > "$DIR/slurm.conf" <<CONF
+ClusterName=launchtest
+SlurmctldHost=$HOST
+SlurmUser=root
+AuthType=auth/munge
+# a requeued job may start again after 10 s instead of 121 (read at slurmctld start only)
+AuthInfo=cred_expire=10
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerParameters=sched_interval=5,bf_interval=5
+ReturnToService=2
+MpiDefault=none
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool
+SlurmctldPidFile=$DIR/pids/slurmctld.pid
+SlurmdPidFile=$DIR/pids/slurmd.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd.log
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+KillWait=5
+NodeName=$HOST CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+CONF
+cat > "$DIR/slurmdbd.conf" <<CONF
+AuthType=auth/munge
+DbdHost=localhost
+SlurmUser=root
+PidFile=$DIR/pids/slurmdbd.pid
+LogFile=$DIR/log/slurmdbd.log
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageLoc=slurm_acct_db
+StorageUser=slurm
+StoragePass=slurm-test
+CONF
+chmod 600 "$DIR/slurmdbd.conf"
+export SLURM_CONF="$DIR/slurm.conf"
+
+/usr/sbin/slurmdbd
+for _ in $(seq 100); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.1; done
+sacctmgr -i add cluster launchtest >/dev/null 2>&1 || true
+/usr/sbin/slurmctld
+/usr/sbin/slurmd
+for _ in $(seq 200); do sinfo -h -o %T 2>/dev/null | grep -qE "^idle" && break; sleep 0.1; done
+sinfo -h -o "%P %D %T %c" | sed "s/^/slurm test cluster: /"
