@@ -5,6 +5,7 @@ a GPU run replays, the bucketed all-reduce from autograd hooks included, is chec
 DistributedDataParallel.
 """
 
+import gc
 import json
 import os
 import socket
@@ -53,6 +54,10 @@ def _compare_with_ddp(rank: int, world: int, port: int, out: str) -> None:
     if rank == 0:
         with open(out, "w") as f:
             json.dump(results, f)
+    # DDP's reducer holds the process group from inside reference cycles: free it while the interpreter
+    # is whole, or gloo's threads can be torn down at exit ("terminate called without an active exception").
+    del reference, ours, grads
+    gc.collect()
     dist.destroy_process_group()
 
 
