@@ -112,6 +112,7 @@ class BackendConfig:
     job_name: str | None = None  # default: launch-<recipe>
     additional: dict[str, Any] = field(default_factory=dict)  # any other sbatch option, e.g. {mail-type: END}
     wait: bool = False  # follow the job until it ends; the exit status becomes launch's
+    max_requeues: int = 3  # after SIGUSR2 (preemption, time limit): checkpoint and requeue at most this often
 
 
 @dataclass
@@ -247,6 +248,7 @@ def _check_slurm(b: DictConfig) -> None:
     """sbatch options end up as lines of a batch script: no value may start a new line of it."""
     _check_int("backend.time_min", b.time_min, 1, "backend.time_min=120")
     _check_int("backend.nodes", b.nodes, 1, "backend.nodes=2")
+    _check_int("backend.max_requeues", b.max_requeues, 0, "backend.max_requeues=3")
     for key in ("mem_gb", "cpus_per_task"):
         if b[key] is not None:
             _check_int(f"backend.{key}", b[key], 1, f"backend.{key}=8")

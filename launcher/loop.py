@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from launcher import checkpoint, optim
+from launcher import checkpoint, optim, preemption
 from launcher.batches import choose_placement, eval_chunks, make_data, rank_order
 from launcher.config import ConfigError
 from launcher.distenv import WorldInfo
@@ -137,7 +137,8 @@ class TrainingRun:
         """Where to start: after a restart, this run's own last checkpoint; else `resume`, if given."""
         own = checkpoint.checkpoint_dir(self.run_dir) / checkpoint.LAST
         source = None
-        if self.world.restart_count > 0 and own.exists():
+        restarted = self.world.restart_count > 0 or (preemption.enabled() and preemption.restart_count() > 0)
+        if restarted and own.exists():
             source = str(own)
         elif self.spec.resume_from:
             source = self.spec.resume_from
@@ -254,8 +255,11 @@ class TrainingRun:
         # the speed (Python, launches), and CUDA graphs or a larger batch would help more than kernels.
         host_s = time.perf_counter() - host_start
         timing = clock.finish()
+        # The preemption flag rides along, so every rank learns of a SIGUSR2 that reached any of them.
         totals = self._all_reduce(torch.stack([self.loss_sum, self.correct.float(), torch.tensor(
-            float(order.numel()), device=self.device)]))
+            float(order.numel()), device=self.device), torch.tensor(float(self.preemption.requested),
+                                                                       device=self.device)]))
+        self.stop_requested = totals[3].item() > 0
         # The slowest rank sets the pace: report its span and its input wait.
         slowest = self._all_reduce(torch.tensor([timing.span_s, timing.stall_fraction], device=self.device),
                                    op=dist.ReduceOp.MAX if self.ddp else None)
@@ -378,9 +382,11 @@ class TrainingRun:
         start_epoch, history, resumed_from = self._resume()
         self.timeline.mark("model_built")
         self.writer = checkpoint.BackgroundWriter()
+        self.preemption = preemption.PreemptionWatch(preemption.enabled())
         try:
             return self._fit(splits, start_epoch, history, resumed_from, t_start)
         finally:
+            self.preemption.close()
             self.writer.close()  # the last checkpoint is on disk before the run reports itself done
 
     def _fit(self, splits: Splits, start_epoch: int, history: list[dict[str, Any]], resumed_from: str | None,
@@ -425,6 +431,8 @@ class TrainingRun:
                 metrics_log.append(row)
                 self._log_epoch(row)
                 advised = advised or self._advise(row, epoch)
+            if self.stop_requested and epoch + 1 < cfg.epochs and cfg.checkpoint and preemption.may_requeue():
+                self._stop_for_requeue(epoch + 1)
         digests, devices = self._gather_rank_facts()
         if not self.is_main:
             return None
@@ -433,6 +441,17 @@ class TrainingRun:
         timed["compile_warmup_s"] = warmup_s
         return self._results(history, digests, devices, resumed_from, timed, time.perf_counter() - t_start,
                              splits)
+
+    def _stop_for_requeue(self, epochs_done: int) -> None:
+        """SIGUSR2 reached a rank during this epoch: checkpoint, requeue the job, and leave on every rank."""
+        self.writer.wait()  # this epoch's checkpoint is on disk
+        if self.is_main:
+            log.warning("SIGUSR2 (preemption or time limit): stopping after epoch %d, checkpoint written; the "
+                        "job is requeued and resumes from it in this run dir", epochs_done)
+            preemption.requeue(self.run_dir)
+        if self.ddp:
+            dist.barrier()  # nobody leaves (and ends the others) before rank 0 has requeued the job
+        raise preemption.Preempted()
 
     def _log_epoch(self, row: dict[str, Any]) -> None:
         cfg = self.cfg

@@ -39,7 +39,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, overrides:
     try:
         validate(cfg)
         joined = distenv.existing_world()
-        if joined is None:
+        if joined is None and not _requeued_slurm_job():
             _refuse_finished_run_dir(run_dir)
         if cfg.backend.name == "slurm" and joined is None:
             return _submit_to_slurm(cfg, run_dir, overrides or [])
@@ -93,6 +93,13 @@ def _submit_to_slurm(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Ou
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RESOLVED_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
     return slurm.submit(cfg, run_dir, overrides)
+
+
+def _requeued_slurm_job() -> bool:
+    """A SLURM job run again after a preemption continues its own run dir (launcher/preemption.py)."""
+    from launcher import preemption
+
+    return preemption.enabled() and preemption.restart_count() > 0
 
 
 def _refuse_finished_run_dir(run_dir: Path) -> None:

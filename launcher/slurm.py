@@ -93,19 +93,39 @@ def task_overrides(user_overrides: list[str], cfg: DictConfig, run_dir: Path) ->
 
 
 class TaskCommand:
-    """What submitit runs in every task: `launch` with the given overrides, in this process."""
+    """What submitit runs in every task: `launch` with the given overrides, in this process.
 
-    def __init__(self, overrides: list[str], run_dir: str):
+    After a requeue (launcher/preemption.py) the same command runs again: it continues the run dir
+    from its checkpoint, or does nothing when the run had finished. A task whose training processes
+    requeued the job leaves without a result, so submitit keeps waiting for the requeued run.
+    """
+
+    def __init__(self, overrides: list[str], run_dir: str, max_requeues: int = 3):
         self.overrides = overrides
         self.run_dir = run_dir
+        self.max_requeues = max_requeues
 
     def __call__(self) -> int:
+        import os
+        import signal
+
+        from launcher import preemption
         from launcher.cli import main
 
+        if preemption.restart_count() > 0 and (Path(self.run_dir) / "results.json").exists():
+            print("launch: this run had finished before the job was requeued; not running it again", flush=True)
+            return 0
+        os.environ[preemption.ENABLE_ENV] = "1"
+        os.environ[preemption.MAX_ENV] = str(self.max_requeues)
+        # The training processes act on SIGUSR2 at the end of their epoch (they set their own handler);
+        # this one, and submitit's handler in it, must not requeue and exit in the middle of one.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         try:
             main(self.overrides)
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+            if preemption.was_preempted(Path(self.run_dir)):
+                os._exit(preemption.PREEMPTED_EXIT)
             if code:
                 raise RuntimeError(f"launch exited with code {code}; see {self.run_dir}/train.log") from None
         return 0
@@ -134,7 +154,7 @@ def submit(cfg: DictConfig, run_dir: Path, user_overrides: list[str]) -> Outcome
         return Outcome(2, error=f"backend=slurm needs SLURM's commands on this machine ({exc}); "
                                 "print the batch script with dry_run=true")
     executor.update_parameters(**params)
-    command = TaskCommand(task_overrides(user_overrides, cfg, run_dir), str(run_dir))
+    command = TaskCommand(task_overrides(user_overrides, cfg, run_dir), str(run_dir), cfg.backend.max_requeues)
     try:
         job = executor.submit(command)
     except Exception as exc:  # noqa: BLE001 - sbatch's refusal (bad partition, account...) in its words

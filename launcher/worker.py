@@ -52,6 +52,11 @@ def worker_main(spec) -> dict[str, Any] | None:
     except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then the process ends
         if isinstance(exc, KeyboardInterrupt):  # Ctrl-C reached the whole group: the launcher says so
             os._exit(130)
+        from launcher.preemption import PREEMPTED_EXIT, Preempted
+
+        if isinstance(exc, Preempted):  # checkpointed and requeued: not a failure
+            logging.shutdown()
+            os._exit(PREEMPTED_EXIT)
         code = exc.exit_code if isinstance(exc, LaunchError) else 1
         if isinstance(exc, SystemExit):
             code = exc.code if isinstance(exc.code, int) else 1

@@ -2,6 +2,8 @@
 
 import json
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -12,10 +14,12 @@ pytestmark = pytest.mark.slurm
 DDP_CPU = ("recipe=digits", "gpus=[]", "strategy=ddp", "nprocs=2", "backend=slurm", "backend.wait=true")
 
 
-def _job_field(conf: str, job_id: str, field: str) -> str:
+def _job_field(conf: str, job_id: str, field: str, rest_of_line: bool = False) -> str:
+    """A field of `scontrol show job`: its first word, or (JobName, Comment: may hold spaces) the line's rest."""
     shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
                            env=clean_env(SLURM_CONF=conf), check=True).stdout
-    return shown.split(f"{field}=", 1)[1].split("\n", 1)[0].rstrip()
+    value = shown.split(f" {field}=", 1)[1].split("\n", 1)[0].rstrip()
+    return value if rest_of_line else value.split()[0]
 
 
 def test_two_task_ddp_job_trains_like_a_local_run(launch, slurm_cluster):
@@ -28,8 +32,8 @@ def test_two_task_ddp_job_trains_like_a_local_run(launch, slurm_cluster):
     assert r["test_acc"] >= 0.95, r  # the bar of the local 2-rank test (tests/distributed/test_ddp_digits.py)
     job = json.loads((result.run_dir() / "slurm.json").read_text())
     # the values with a space and quotes reached SLURM whole, not split or interpreted
-    assert _job_field(slurm_cluster, job["job_id"], "JobName") == "my run"
-    assert _job_field(slurm_cluster, job["job_id"], "Comment") == 'it\'s "ours"'
+    assert _job_field(slurm_cluster, job["job_id"], "JobName", rest_of_line=True) == "my run"
+    assert _job_field(slurm_cluster, job["job_id"], "Comment", rest_of_line=True) == 'it\'s "ours"'
     assert "[rank 0]" in (result.run_dir() / "train.log").read_text()
 
 
@@ -46,3 +50,55 @@ def test_without_waiting_the_job_id_and_paths_come_back_at_once(launch, slurm_cl
     job_id = json.loads((result.run_dir() / "slurm.json").read_text())["job_id"]
     assert f"submitted SLURM job {job_id}" in result.stdout and "run dir" in result.stdout
     subprocess.run(["scancel", job_id], env=clean_env(SLURM_CONF=slurm_cluster), check=False)
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _epochs(run_dir: Path) -> list[int]:
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        return []
+    return [json.loads(line)["epoch"] for line in metrics.read_text().splitlines() if line.strip()]
+
+
+def test_a_preempted_job_resumes_and_trains_each_epoch_once(launch, slurm_cluster):
+    """SIGUSR2 (what SLURM sends before a preemption or the time limit) mid-run: the ranks finish the
+    epoch, rank 0 checkpoints and requeues; the requeued job continues the same run dir."""
+    env = clean_env(SLURM_CONF=slurm_cluster)
+    epochs = 40
+    submitted = launch("recipe=digits", "gpus=[]", "strategy=ddp", "nprocs=2", f"epochs={epochs}", "backend=slurm",
+                       env=env)
+    assert submitted.returncode == 0, submitted.output
+    run_dir = submitted.run_dir()
+    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    _wait_for(lambda: len(_epochs(run_dir)) >= 3, 120, "3 epochs before the signal")
+    subprocess.run(["scancel", "--signal=USR2", job_id], env=env, check=True)
+    _wait_for(lambda: (run_dir / "results.json").exists(), 240, "the requeued job to finish")
+    assert _epochs(run_dir) == list(range(1, epochs + 1))  # every epoch once, none lost, none repeated
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["resumed_from"].endswith("checkpoints/last.pt") and results["ranks_agree"]
+    assert results["test_acc"] >= 0.95
+    log = (run_dir / "train.log").read_text()
+    assert "SIGUSR2" in log and "requeued" in log
+    assert _job_field(slurm_cluster, job_id, "Restarts") == "1"
+
+
+def test_a_finished_job_that_is_requeued_does_not_train_again(launch, slurm_cluster):
+    env = clean_env(SLURM_CONF=slurm_cluster)
+    done = launch("recipe=digits", "gpus=[]", "epochs=2", "backend=slurm", "backend.wait=true", env=env)
+    assert done.returncode == 0, done.output
+    run_dir = done.run_dir()
+    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    before = (run_dir / "results.json").read_text()
+    subprocess.run(["scontrol", "requeue", job_id], env=env, check=True)
+    stdout = run_dir / "slurm" / job_id / f"{job_id}_0_log.out"
+    _wait_for(lambda: "not running it again" in stdout.read_text(), 120, "the requeued run to stop at once")
+    assert (run_dir / "results.json").read_text() == before and _epochs(run_dir) == [1, 2]
