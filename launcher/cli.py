@@ -22,6 +22,8 @@ from launcher.errors import describe_hydra_error
 # Exit codes of the runs of this invocation (several in a sweep); the worst one is the process's.
 _exit_codes: list[int] = []
 _started_at: float | None = None  # when `launch` began; the first run's time-to-first-step counts from it
+_sweep = None  # launcher.sweep.LocalSweep of a `launch -m` on this host, made at its first job
+_sweep_dir: Path | None = None
 
 
 def _task(cfg) -> None:
@@ -32,6 +34,9 @@ def _task(cfg) -> None:
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    if hydra_cfg.mode == RunMode.MULTIRUN and _runs_side_by_side(cfg):
+        _start_sweep_job(cfg, hydra_cfg, run_dir)
+        return
     outcome = run(cfg, run_dir, started=_started_at if not _exit_codes else time.time(),
                   overrides=list(hydra_cfg.overrides.task))
     _remove_if_only_hydra_files(run_dir)  # a dry run, or input refused before anything started
@@ -40,6 +45,40 @@ def _task(cfg) -> None:
     _exit_codes.append(outcome.exit_code)
     if outcome.exit_code and hydra_cfg.mode != RunMode.MULTIRUN:
         raise SystemExit(outcome.exit_code)
+
+
+def _runs_side_by_side(cfg) -> bool:
+    """A sweep on this host whose runs start as child launches (launcher/sweep.py)."""
+    from launcher.distenv import existing_world
+
+    return cfg.backend.name == "local" and not cfg.dry_run and existing_world() is None
+
+
+def _start_sweep_job(cfg, hydra_cfg, run_dir: Path) -> None:
+    global _sweep, _sweep_dir
+    from launcher.gpus import physical_gpu_count, visible_devices
+    from launcher.sweep import LocalSweep, SweepJob, gpu_request
+
+    visible = len(visible_devices(os.environ, physical_gpu_count()))
+    if _sweep is None:
+        _sweep = LocalSweep(visible, parallel=cfg.sweep.parallel)
+        _sweep_dir = Path(hydra_cfg.sweep.dir)
+    from omegaconf import OmegaConf
+
+    gpus = OmegaConf.to_container(cfg.gpus) if OmegaConf.is_config(cfg.gpus) else cfg.gpus
+    job = SweepJob(hydra_cfg.job.num, list(hydra_cfg.overrides.task), run_dir,
+                   gpu_request(gpus, cfg.strategy.name, visible))
+    _sweep.submit(job)
+
+
+def _finish_sweep() -> None:
+    from launcher.sweep import write_summary
+
+    jobs = _sweep.wait_all()
+    _exit_codes.extend(job.exit_code or 0 for job in jobs)
+    table = write_summary(jobs, _sweep_dir)
+    print(f"\nsweep: {len(jobs)} runs\n{table}\nsweep summary: {_sweep_dir / 'summary.md'} · "
+          f"{_sweep_dir / 'summary.csv'} · {_sweep_dir / 'summary.png'}", flush=True)
 
 
 def _remove_if_only_hydra_files(run_dir: Path) -> None:
@@ -77,7 +116,8 @@ def _will_spawn_workers(argv: list[str]) -> bool:
     inside torchrun/srun (no spawning there). A wrong guess costs only time, never correctness."""
     from launcher.distenv import existing_world
 
-    informational = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve"}
+    # (-m: a sweep here starts each run as a child launch, which has its own)
+    informational = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "-m", "--multirun"}
     if informational & set(argv) or any(a.replace(" ", "").lower() in ("dry_run=true", "backend=slurm")
                                         for a in argv):
         return False  # nothing to spawn here (backend=slurm: the job's tasks do)
@@ -117,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     finally:
         sys.argv = saved_argv
+    if _sweep is not None:
+        _finish_sweep()
     if _exit_codes and max(_exit_codes):
         failed = sum(1 for c in _exit_codes if c)
         if len(_exit_codes) > 1:

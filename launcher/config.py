@@ -135,12 +135,20 @@ class FaultConfig:
 
 
 @dataclass
+class SweepConfig:
+    """`launch -m` on this host (launcher/sweep.py)."""
+
+    parallel: int = 0  # most runs at once; 0: as many as the GPUs allow (CPU runs one at a time)
+
+
+@dataclass
 class Config:
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     data: DataConfig = field(default_factory=DataConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     # The keys people type most sit at the top level.
     gpus: Any = "auto"  # [0,1] ids | 2 a count | all | auto (all visible, else CPU) | [] CPU
     nprocs: int | None = None  # CPU ranks for ddp on CPU (gpus=[]); with GPUs it is one per GPU
@@ -235,6 +243,7 @@ def validate(cfg: DictConfig) -> None:
     _check_int("data.prefetch_depth", cfg.data.prefetch_depth, 1, "data.prefetch_depth=2", high=64)
     _check_choice("fault.kind", cfg.fault.kind, FAULT_KINDS)
     _check_choice("backend.name", cfg.backend.name, BACKENDS)
+    _check_int("sweep.parallel", cfg.sweep.parallel, 0, "sweep.parallel=2")
     if cfg.backend.name == "slurm":
         _check_slurm(cfg.backend)
     if cfg.resume is not None and str(cfg.resume).strip().lower() in ("", "true", "false", "none"):

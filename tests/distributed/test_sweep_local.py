@@ -1,0 +1,37 @@
+"""`launch -m` on this host: runs side by side, then one summary (CPU runs here; the GPU packing itself
+is tests/unit/test_sweep_packing.py, and on two GPUs tests/gpu/test_gpu.py)."""
+
+import csv
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+
+def test_a_three_point_sweep_runs_side_by_side_and_summarizes(launch):
+    result = launch("-m", "recipe=digits", "gpus=[]", "epochs=2", "batch_size=32,64,128", "sweep.parallel=2",
+                    timeout=300)
+    assert result.returncode == 0, result.output
+    out = result.stdout
+    # two runs at once: the second starts before the first has finished
+    assert out.index("sweep: job 1 started") < out.index("sweep: job 0 done")
+    sweep_dir = next(result.cwd.glob("multirun/*/*/summary.csv")).parent
+    with open(sweep_dir / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["overrides"].split()[-2] for r in rows] == ["batch_size=32", "batch_size=64", "batch_size=128"]
+    assert all(r["exit_code"] == "0" and float(r["test_acc"]) > 0.8 and float(r["img_per_s"]) > 0 for r in rows)
+    assert (sweep_dir / "summary.md").read_text().count("\n") == 5  # header, rule, 3 rows
+    assert (sweep_dir / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| job | overrides |" in out and "summary.png" in out
+    for job in range(3):  # each run's own dir, output and results
+        assert (sweep_dir / str(job) / "results.json").exists() and (sweep_dir / str(job) / "launch.out").exists()
+
+
+def test_a_failing_run_does_not_stop_the_others_and_fails_the_sweep(launch):
+    # job 0 fails at its step 2; job 1's fault step lies beyond its run
+    result = launch("-m", "recipe=digits", "gpus=[]", "epochs=1", "fault.rank=0", "fault.step=2,1000000",
+                    timeout=300)
+    assert result.returncode == 1, result.output
+    assert "sweep: job 0 FAILED (exit 1)" in result.stderr and "sweep: job 1 done" in result.stdout
+    assert "rank 0 failed: RuntimeError: injected failure" in result.stderr  # the run's own reason
+    assert "1 of 2 sweep runs failed" in result.stderr
