@@ -23,6 +23,7 @@ from launcher.errors import describe_hydra_error
 _exit_codes: list[int] = []
 _started_at: float | None = None  # when `launch` began; the first run's time-to-first-step counts from it
 _sweep = None  # launcher.sweep.LocalSweep of a `launch -m` on this host, made at its first job
+_slurm_sweep: list = []  # (num, cfg, run_dir, overrides) of a `launch -m ... backend=slurm`, submitted at the end
 _sweep_dir: Path | None = None
 
 
@@ -36,6 +37,11 @@ def _task(cfg) -> None:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     if hydra_cfg.mode == RunMode.MULTIRUN and _runs_side_by_side(cfg):
         _start_sweep_job(cfg, hydra_cfg, run_dir)
+        return
+    if hydra_cfg.mode == RunMode.MULTIRUN and _joins_slurm_array(cfg):
+        _slurm_sweep.append((hydra_cfg.job.num, cfg, run_dir.resolve(), list(hydra_cfg.overrides.task)))
+        global _sweep_dir
+        _sweep_dir = Path(hydra_cfg.sweep.dir).resolve()
         return
     outcome = run(cfg, run_dir, started=_started_at if not _exit_codes else time.time(),
                   overrides=list(hydra_cfg.overrides.task))
@@ -52,6 +58,16 @@ def _runs_side_by_side(cfg) -> bool:
     from launcher.distenv import existing_world
 
     return cfg.backend.name == "local" and not cfg.dry_run and existing_world() is None
+
+
+def _joins_slurm_array(cfg) -> bool:
+    from launcher.config import validate
+    from launcher.distenv import existing_world
+
+    if cfg.backend.name != "slurm" or cfg.dry_run or existing_world() is not None:
+        return False
+    validate(cfg)  # a bad value fails the sweep before anything is submitted
+    return True
 
 
 def _start_sweep_job(cfg, hydra_cfg, run_dir: Path) -> None:
@@ -159,6 +175,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.argv = saved_argv
     if _sweep is not None:
         _finish_sweep()
+    if _slurm_sweep:
+        from launcher.slurm import submit_sweep
+
+        _exit_codes.append(submit_sweep(_slurm_sweep, _sweep_dir))
     if _exit_codes and max(_exit_codes):
         failed = sum(1 for c in _exit_codes if c)
         if len(_exit_codes) > 1:

@@ -113,6 +113,7 @@ class BackendConfig:
     additional: dict[str, Any] = field(default_factory=dict)  # any other sbatch option, e.g. {mail-type: END}
     wait: bool = False  # follow the job until it ends; the exit status becomes launch's
     max_requeues: int = 3  # after SIGUSR2 (preemption, time limit): checkpoint and requeue at most this often
+    array_parallelism: int = 16  # `launch -m`: a job array, at most this many of its runs at once
 
 
 @dataclass
@@ -258,6 +259,7 @@ def _check_slurm(b: DictConfig) -> None:
     _check_int("backend.time_min", b.time_min, 1, "backend.time_min=120")
     _check_int("backend.nodes", b.nodes, 1, "backend.nodes=2")
     _check_int("backend.max_requeues", b.max_requeues, 0, "backend.max_requeues=3")
+    _check_int("backend.array_parallelism", b.array_parallelism, 1, "backend.array_parallelism=4")
     for key in ("mem_gb", "cpus_per_task"):
         if b[key] is not None:
             _check_int(f"backend.{key}", b[key], 1, f"backend.{key}=8")

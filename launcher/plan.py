@@ -61,7 +61,21 @@ def _thread_env(env: Mapping[str, str], nprocs: int, on_gpu: bool) -> dict[str, 
     """
     if "OMP_NUM_THREADS" in env:
         return {}
-    return {"OMP_NUM_THREADS": "1" if on_gpu else str(max(1, (os.cpu_count() or 1) // nprocs))}
+    return {"OMP_NUM_THREADS": "1" if on_gpu else str(max(1, available_cores(env) // nprocs))}
+
+
+def available_cores(env: Mapping[str, str]) -> int:
+    """Cores this launch may use: a SLURM allocation's share, else this process's CPU affinity.
+
+    os.cpu_count() counts the whole host; two runs sharing it, each sizing its threads to all of it,
+    ran 100x slower than one (two digits runs side by side on 2 cores, both at 2 threads per rank).
+    """
+    if env.get("SLURM_CPUS_ON_NODE", "").isdigit():  # the job's CPUs on this node, all its tasks together
+        return int(env["SLURM_CPUS_ON_NODE"])
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def make_plan(cfg: DictConfig, joined: WorldInfo | None = None, env: Mapping[str, str] | None = None,

@@ -190,3 +190,66 @@ def _why(run_dir: Path, exc: BaseException) -> str:
 def _last_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     return lines[-1] if lines else type(exc).__name__
+
+
+def submit_sweep(entries: list[tuple[int, DictConfig, Path, list[str]]], sweep_dir: Path) -> int:
+    """A `launch -m ... backend=slurm` sweep as SLURM job arrays (one per distinct resource request), at
+    most `backend.array_parallelism` jobs running at once. With backend.wait=true it follows them and
+    writes the sweep summary (launcher/sweep.py). Returns the exit code."""
+    import submitit
+
+    from launcher.sweep import GpuRequest, SweepJob, write_summary
+
+    groups: dict[str, list[tuple[int, DictConfig, Path, list[str]]]] = {}
+    for entry in entries:
+        groups.setdefault(json.dumps(sbatch_parameters(entry[1], entry[2]), sort_keys=True), []).append(entry)
+    submitted: list[tuple[SweepJob, Any]] = []
+    for key, members in groups.items():
+        params = json.loads(key)
+        cfg = members[0][1]
+        try:
+            executor = submitit.SlurmExecutor(folder=sweep_dir / SUBMITIT_DIR / "%j")
+        except RuntimeError as exc:
+            print(f"launch: backend=slurm needs SLURM's commands on this machine ({exc})", file=sys.stderr)
+            return 2
+        executor.update_parameters(**params, array_parallelism=cfg.backend.array_parallelism)
+        commands = []
+        for _num, job_cfg, run_dir, overrides in members:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            commands.append(TaskCommand(task_overrides(overrides, job_cfg, run_dir), str(run_dir),
+                                        job_cfg.backend.max_requeues))
+        try:
+            with executor.batch():
+                jobs = [executor.submit(c) for c in commands]
+        except Exception as exc:  # noqa: BLE001 - sbatch's refusal in its words
+            print(f"launch: sbatch refused the sweep: {_last_line(exc)}", file=sys.stderr)
+            return 2
+        array_id = jobs[0].job_id.split("_")[0]
+        print(f"launch: submitted SLURM job array {array_id} ({len(jobs)} runs, at most "
+              f"{min(len(jobs), cfg.backend.array_parallelism)} at once); sweep dir {sweep_dir}", flush=True)
+        for (num, _, run_dir, overrides), job in zip(members, jobs, strict=True):
+            (run_dir / "slurm.json").write_text(json.dumps({"job_id": job.job_id, "sbatch": params}, indent=2) + "\n")
+            print(f"  job {num}: {job.job_id}  {' '.join(overrides)}", flush=True)
+            submitted.append((SweepJob(num, overrides, run_dir, GpuRequest(0)), job))
+    if not all(cfg.backend.wait for _, cfg, _, _ in entries):
+        print("launch: not waiting (backend.wait=false); the summary is written by a sweep run with "
+              "backend.wait=true", flush=True)
+        return 0
+    worst = 0
+    for sweep_job, job in submitted:
+        try:
+            job.results()
+            sweep_job.exit_code = 0
+        except Exception as exc:  # noqa: BLE001 - one failed run does not stop the others
+            sweep_job.exit_code = 1
+            worst = 1
+            print(f"sweep: job {sweep_job.num} ({job.job_id}) FAILED: {_why(sweep_job.run_dir, exc)}",
+                  file=sys.stderr, flush=True)
+        results = sweep_job.run_dir / "results.json"
+        if results.exists():
+            sweep_job.seconds = json.loads(results.read_text()).get("worker_s") or 0.0
+    table = write_summary([j for j, _ in submitted], sweep_dir)
+    print(f"\nsweep: {len(submitted)} runs\n{table}\nsweep summary: {sweep_dir / 'summary.md'} · "
+          f"{sweep_dir / 'summary.csv'} · {sweep_dir / 'summary.png'}", flush=True)
+    return worst
+

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -138,12 +139,23 @@ class LocalSweep:
         out = open(job.run_dir / "launch.out", "w")  # noqa: SIM115 - closed when the job is reaped
         job.started = time.monotonic()
         job.process = subprocess.Popen([sys.executable, "-m", "launcher.cli", *child_overrides(job)],
-                                       stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                       stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                                       env=self._child_env(job))
         out.close()  # the child holds its own copy
         self.jobs.append(job)
         self.running.append(job)
         where = f"GPU{'s' if len(job.gpus) > 1 else ''} {job.gpus}" if job.gpus else "CPU"
         print(f"sweep: job {job.num} started on {where}: {' '.join(job.overrides) or '(defaults)'}", flush=True)
+
+    def _child_env(self, job: SweepJob) -> dict[str, str]:
+        """CPU runs side by side split the cores between them (each would otherwise size its threads
+        to the whole machine and they would crawl); the user's OMP_NUM_THREADS wins."""
+        env = dict(os.environ)
+        if not job.request.count and self.pool.cpu_slots > 1 and "OMP_NUM_THREADS" not in env:
+            from launcher.plan import available_cores
+
+            env["OMP_NUM_THREADS"] = str(max(1, available_cores(env) // self.pool.cpu_slots))
+        return env
 
     def _reap(self, block: bool) -> None:
         while True:

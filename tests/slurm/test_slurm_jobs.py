@@ -1,5 +1,6 @@
 """`launch ... backend=slurm` against a real slurmctld/slurmd/slurmdbd (CPU, gloo), as a user submits."""
 
+import csv
 import json
 import subprocess
 import time
@@ -102,3 +103,20 @@ def test_a_finished_job_that_is_requeued_does_not_train_again(launch, slurm_clus
     stdout = run_dir / "slurm" / job_id / f"{job_id}_0_log.out"
     _wait_for(lambda: "not running it again" in stdout.read_text(), 120, "the requeued run to stop at once")
     assert (run_dir / "results.json").read_text() == before and _epochs(run_dir) == [1, 2]
+
+
+def test_a_three_point_sweep_is_one_job_array_with_a_summary(launch, slurm_cluster):
+    result = launch("-m", "recipe=digits", "gpus=[]", "epochs=1", "batch_size=32,64,128", "backend=slurm",
+                    "backend.wait=true", "backend.array_parallelism=2", env=clean_env(SLURM_CONF=slurm_cluster),
+                    timeout=300)
+    assert result.returncode == 0, result.output
+    assert "submitted SLURM job array" in result.stdout and "at most 2 at once" in result.stdout
+    sweep_dir = next(result.cwd.glob("multirun/*/*/summary.csv")).parent
+    job_ids = [json.loads((sweep_dir / str(n) / "slurm.json").read_text())["job_id"] for n in range(3)]
+    array = job_ids[0].split("_")[0]
+    assert job_ids == [f"{array}_{n}" for n in range(3)]  # one array, one element per run
+    with open(sweep_dir / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 and all(r["exit_code"] == "0" and float(r["test_acc"]) > 0.3 for r in rows)
+    assert (sweep_dir / "summary.png").read_bytes()[:4] == b"\x89PNG"
+    assert (sweep_dir / "summary.md").read_text().count("\n") == 5
