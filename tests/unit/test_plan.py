@@ -43,7 +43,13 @@ def test_inherited_mask_is_respected(cuda_build):
 def test_cpu_runs_hide_the_gpus_and_share_the_cores(cuda_build):
     plan = make_plan(composed("gpus=[]", "strategy=ddp", "nprocs=2"), env={}, physical_count=2)
     assert plan.env["CUDA_VISIBLE_DEVICES"] == "" and plan.layout.dist_backend == "gloo"
-    assert int(plan.env["OMP_NUM_THREADS"]) == max(1, (os.cpu_count() or 1) // 2)
+    assert int(plan.env["OMP_NUM_THREADS"]) == max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+def test_cpu_threads_follow_a_slurm_allocation_not_the_whole_host(cuda_build):
+    env = {"SLURM_CPUS_ON_NODE": "8"}
+    plan = make_plan(composed("gpus=[]", "strategy=ddp", "nprocs=2"), env=env, physical_count=0)
+    assert plan.env["OMP_NUM_THREADS"] == "4"
 
 
 def test_gpus_with_a_cpu_build_of_torch_is_refused(monkeypatch):
