@@ -92,6 +92,24 @@ def test_a_preempted_job_resumes_and_trains_each_epoch_once(launch, slurm_cluste
     assert _job_field(slurm_cluster, job_id, "Restarts") == "1"
 
 
+def test_a_job_requeued_without_warning_resumes_from_its_last_epoch_checkpoint(launch, slurm_cluster):
+    """`scontrol requeue` kills the job outright (no SIGUSR2): the partial epoch is lost, the finished
+    ones are not, and metrics.jsonl still lists every epoch once."""
+    env = clean_env(SLURM_CONF=slurm_cluster)
+    epochs = 40
+    submitted = launch("recipe=digits", "gpus=[]", "strategy=ddp", "nprocs=2", f"epochs={epochs}", "backend=slurm",
+                       env=env)
+    assert submitted.returncode == 0, submitted.output
+    run_dir = submitted.run_dir()
+    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    _wait_for(lambda: len(_epochs(run_dir)) >= 3, 120, "3 epochs before the requeue")
+    subprocess.run(["scontrol", "requeue", job_id], env=env, check=True)
+    _wait_for(lambda: (run_dir / "results.json").exists(), 240, "the requeued job to finish")
+    assert _epochs(run_dir) == list(range(1, epochs + 1))
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["resumed_from"].endswith("checkpoints/last.pt") and results["test_acc"] >= 0.95
+
+
 def test_a_finished_job_that_is_requeued_does_not_train_again(launch, slurm_cluster):
     env = clean_env(SLURM_CONF=slurm_cluster)
     done = launch("recipe=digits", "gpus=[]", "epochs=2", "backend=slurm", "backend.wait=true", env=env)
