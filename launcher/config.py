@@ -131,7 +131,7 @@ class FaultConfig:
 
     rank: int | None = None
     step: int = 0
-    kind: str = "raise"  # raise | exit | hang | kill
+    kind: str = "raise"  # raise | exit | hang | kill | nan (the loss becomes NaN from that step on)
     attempt: int = 0  # only on this restart attempt (-1: on every attempt)
 
 
@@ -162,6 +162,7 @@ class Config:
     dry_run: bool = False  # print the plan, start nothing
     checkpoint: bool = True  # write checkpoints/last.pt every epoch (atomically)
     profile: bool = False  # torch.profiler over the second epoch: profile.txt and trace.json in the run dir
+    tensorboard: bool = True  # scalars every epoch into <run dir>/tensorboard (tensorboard --logdir <run dir>)
 
 
 TOP_LEVEL_KEYS = [f for f in Config.__dataclass_fields__]
@@ -170,7 +171,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 OPTIMIZERS = ("sgd", "adamw", "muon")
 FLIPS = ("random", "alternating", "none")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-FAULT_KINDS = ("raise", "exit", "hang", "kill")
+FAULT_KINDS = ("raise", "exit", "hang", "kill", "nan")
 BACKENDS = ("local", "slurm")
 
 

@@ -48,6 +48,10 @@ def short_headline(headline: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+# Stops whose message already names the cause and the way on (a traceback would only bury it).
+SELF_EXPLAINED = ("NonFiniteLoss", "DeviceTimeout")
+
+
 def looks_secondary(exc: BaseException) -> bool:
     if type(exc).__name__ in _ECHO_TYPES:
         return True

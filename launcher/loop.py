@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import math
 import os
 import signal
 import time
@@ -26,7 +25,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from launcher import checkpoint, optim, preemption
+from launcher import checkpoint, optim, preemption, reporting
 from launcher.batches import choose_placement, eval_chunks, make_data, rank_order
 from launcher.config import ConfigError
 from launcher.distenv import WorldInfo
@@ -40,6 +39,11 @@ from launcher.timeline import StartupTimeline
 log = logging.getLogger("launcher.train")
 
 WARMUP_STEPS = 3
+NO_BAD_STEP = 2**40  # "no non-finite loss yet", in the epoch-end MAX reduction of (NO_BAD_STEP - step)
+
+
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite: every rank stops at the end of that epoch."""
 PREPARE_MODEL_SAMPLE = 5000  # training images a recipe's prepare_model sees (airbench94 whitens from them)
 
 
@@ -124,6 +128,12 @@ class TrainingRun:
         self.epoch_t = torch.zeros((), dtype=torch.long, device=self.device)  # the epoch, as graphs read it
         self.loss_sum = torch.zeros((), device=self.device)  # this epoch's sums, accumulated on the device
         self.correct = torch.zeros((), device=self.device, dtype=torch.long)
+        # The global step, and the first step whose loss was not finite (-1: none), kept on the device
+        # so that catching a NaN at its step costs no host sync; read once per epoch.
+        self.step_t = torch.zeros((), dtype=torch.long, device=self.device)
+        self.first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
+        # fault.kind=nan: added to the loss; NaN from the injected step on (a tensor, so graphs see it too)
+        self.poison = torch.zeros((), device=self.device) if cfg.fault.kind == "nan" else None
         self.loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=r.label_smoothing)
         self.fault_step = cfg.fault.step if cfg.fault.rank is not None else -1
         use_bf16 = r.precision == "bf16" or (r.precision == "auto" and self.device.type == "cuda")
@@ -187,11 +197,16 @@ class TrainingRun:
         with self.autocast():
             logits = self.train_net(self._normalize(x))
             loss = self.loss_fn(logits, y)
+        if self.poison is not None:
+            loss = loss + self.poison
         loss.backward()
         if self.grads is not None:
             self.grads.finish_backward()  # ddp: every bucket's all-reduce issued and waited for
         self.loss_sum += loss.detach().float() * len(y)
         self.correct += (logits.argmax(1) == y).sum()
+        bad = ~torch.isfinite(loss.detach()) & (self.first_bad_step < 0)
+        self.first_bad_step.copy_(torch.where(bad, self.step_t, self.first_bad_step))
+        self.step_t += 1
 
     def _step(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int,
               aug_gen: torch.Generator) -> None:
@@ -216,6 +231,9 @@ class TrainingRun:
             os._exit(3)
         if fault.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if fault.kind == "nan":
+            self.poison.fill_(float("nan"))
+            return
         if fault.kind == "hang":
             while True:
                 time.sleep(60)
@@ -234,6 +252,8 @@ class TrainingRun:
         self.loss_sum.zero_()
         self.correct.zero_()
         self.epoch_t.fill_(epoch)
+        self.step_t.fill_(epoch * self.steps_per_epoch)
+        self.first_bad_step.fill_(-1)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         # A bounded wait at the epoch's end when collectives run inside a graph (no NCCL watchdog there).
@@ -260,9 +280,15 @@ class TrainingRun:
             float(order.numel()), device=self.device), torch.tensor(float(self.preemption.requested),
                                                                        device=self.device)]))
         self.stop_requested = totals[3].item() > 0
-        # The slowest rank sets the pace: report its span and its input wait.
-        slowest = self._all_reduce(torch.tensor([timing.span_s, timing.stall_fraction], device=self.device),
+        # The slowest rank sets the pace: report its span and its input wait. The earliest non-finite
+        # step of any rank rides along as NO_BAD_STEP - step (so MAX finds the earliest).
+        bad = self.first_bad_step.double()
+        bad_code = torch.where(bad >= 0, NO_BAD_STEP - bad, torch.zeros_like(bad))
+        slowest = self._all_reduce(torch.stack([torch.tensor(timing.span_s, dtype=torch.float64, device=self.device),
+                                                torch.tensor(timing.stall_fraction, dtype=torch.float64,
+                                                             device=self.device), bad_code]),
                                    op=dist.ReduceOp.MAX if self.ddp else None)
+        self.bad_step = int(NO_BAD_STEP - slowest[2].item()) if slowest[2].item() > 0 else None
         train_s = slowest[0].item()
         return {"loss": (totals[0] / totals[2]).item(), "train_acc": (totals[1] / totals[2]).item(),
                 "train_s": train_s, "img_per_s": self.steps_per_epoch * self.cfg.batch_size / train_s,
@@ -383,9 +409,11 @@ class TrainingRun:
         self.timeline.mark("model_built")
         self.writer = checkpoint.BackgroundWriter()
         self.preemption = preemption.PreemptionWatch(preemption.enabled())
+        self.tensorboard = reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard)
         try:
             return self._fit(splits, start_epoch, history, resumed_from, t_start)
         finally:
+            self.tensorboard.close()
             self.preemption.close()
             self.writer.close()  # the last checkpoint is on disk before the run reports itself done
 
@@ -417,6 +445,8 @@ class TrainingRun:
                     row.update(self._train_epoch(epoch, aug_gen))
             else:
                 row.update(self._train_epoch(epoch, aug_gen))
+            if self.bad_step is not None:
+                self._stop_for_non_finite_loss(epoch, row["loss"])
             self._average_buffers()
             if self._evaluates_after(epoch):
                 row.update(self._evaluate())
@@ -429,6 +459,7 @@ class TrainingRun:
             self._save(epoch + 1, history)
             if self.is_main:
                 metrics_log.append(row)
+                self.tensorboard.epoch(row)
                 self._log_epoch(row)
                 advised = advised or self._advise(row, epoch)
             if self.stop_requested and epoch + 1 < cfg.epochs and cfg.checkpoint and preemption.may_requeue():
@@ -436,11 +467,27 @@ class TrainingRun:
         digests, devices = self._gather_rank_facts()
         if not self.is_main:
             return None
+        reporting.plot_curves(history, self.run_dir / reporting.CURVES)
         timed["train_eval_s"] = timed["train_s"] + timed["eval_s"]
         timed["clock"] = "cuda events" if self.device.type == "cuda" else "host clock"
         timed["compile_warmup_s"] = warmup_s
         return self._results(history, digests, devices, resumed_from, timed, time.perf_counter() - t_start,
                              splits)
+
+    def _stop_for_non_finite_loss(self, epoch: int, loss: float) -> None:
+        """Every rank gets here at the same epoch (the step came through an all-reduce) and stops;
+        this epoch is not saved, so the last checkpoint is the last good state."""
+        self.writer.wait()
+        steps = self.steps_per_epoch
+        last = checkpoint.checkpoint_dir(self.run_dir) / checkpoint.LAST
+        if epoch > 0 and last.exists() and self.cfg.checkpoint:
+            good = (f"the last good checkpoint is {last} (after epoch {epoch}); resume from it with "
+                    f"resume={self.run_dir} and a lower lr (now {self.cfg.lr})")
+        else:
+            good = f"no checkpoint precedes it; try a lower lr (now {self.cfg.lr})"
+        raise NonFiniteLoss(f"the training loss became {loss} at step {self.bad_step} (epoch {epoch + 1}, step "
+                            f"{self.bad_step - epoch * steps + 1} of {steps}); training stopped on every rank and "
+                            f"epoch {epoch + 1} was not saved; {good}")
 
     def _stop_for_requeue(self, epochs_done: int) -> None:
         """SIGUSR2 reached a rank during this epoch: checkpoint, requeue the job, and leave on every rank."""
@@ -459,8 +506,6 @@ class TrainingRun:
         log.info("epoch %*d/%d  loss %.4f  train %.2f%%  test %s  %s img/s  input wait %.1f%%  %.2fs",
                  len(str(cfg.epochs)), row["epoch"], cfg.epochs, row["loss"], 100 * row["train_acc"], test,
                  f"{row['img_per_s']:,.0f}", 100 * row["input_stall"], row["epoch_s"])
-        if not math.isfinite(row["loss"]):
-            log.warning("loss is %s at epoch %d", row["loss"], row["epoch"])
 
     def _advise(self, row: dict[str, Any], epoch: int) -> bool:
         """Say once per run when training was input-bound (not judged on a first epoch that has more)."""

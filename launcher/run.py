@@ -158,7 +158,10 @@ def _summarize(outcome: Outcome, run_dir: Path, elapsed: float) -> None:
     timed = results.get("timed") or {}
     if timed.get("train_eval_s"):
         acc_text += f", training + evaluation {timed['train_eval_s']:.2f}s ({timed['clock']})"
-    log.info("done in %.1fs: %s. results: %s  checkpoints: %s  log: %s", elapsed, acc_text,
-             run_dir / "results.json", run_dir / "checkpoints", run_dir / logs.LOG_NAME)
+    curves = run_dir / "curves.png"
+    log.info("done in %.1fs: %s. results: %s  checkpoints: %s  log: %s%s%s", elapsed, acc_text,
+             run_dir / "results.json", run_dir / "checkpoints", run_dir / logs.LOG_NAME,
+             f"  curves: {curves}" if curves.exists() else "",
+             f"  tensorboard --logdir {run_dir}" if (run_dir / "tensorboard").is_dir() else "")
     if results and not results.get("ranks_agree", True):
         log.warning("the ranks ended with different weights: see weights_sha256 in results.json")

@@ -178,6 +178,8 @@ def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int) -> Outc
     restarts = f" after {max_restarts} restart{'s' if max_restarts > 1 else ''}" if max_restarts else ""
     if cause is not None and cause.exit_code == 2:  # a LaunchError: the message is the whole story
         return Outcome(2, error=cause.message)
+    if cause is not None and cause.exc_type in failures.SELF_EXPLAINED:  # a stop that says what to do
+        return Outcome(1, error=f"{cause.message}. Log: {log_path}")
     # A rank that died without a traceback (killed, os._exit, segfault) leaves no record. When the
     # records only show peers complaining that someone vanished, the silent rank is the root cause.
     if cause is None or cause.secondary:
