@@ -12,6 +12,7 @@ one line on stderr and exit code 2.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -127,6 +128,21 @@ def _joined_overrides(argv: list[str]) -> list[str]:
     return extra
 
 
+def _script_args_as_override(argv: list[str]) -> list[str]:
+    """`launch script=train.py ... -- --lr 0.1`: what follows `--` becomes script_args, quoted so that
+    Hydra and OmegaConf hand every word back unchanged (quotes, backslashes, `${...}` included)."""
+    if "--" not in argv:
+        return argv
+    cut = argv.index("--")
+
+    def quoted(word: str) -> str:
+        word = word.replace("${", "\\${")  # not an interpolation
+        word = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, word)  # backslashes Hydra would read as escapes
+        return "'" + word.replace("'", "\\'") + "'"
+
+    return [*argv[:cut], "script_args=[" + ",".join(quoted(w) for w in argv[cut + 1:]) + "]"]
+
+
 def _will_spawn_workers(argv: list[str]) -> bool:
     """A cheap guess from the command line: skip the worker interpreter for help, --cfg, dry runs and
     inside torchrun/srun (no spawning there). A wrong guess costs only time, never correctness."""
@@ -160,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
 
     register()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us; they are reworded below
+    argv = _script_args_as_override(argv)
     argv += _joined_overrides(argv)
     entry = hydra.main(config_path="pkg://launcher.conf", config_name="config", version_base="1.3")(_task)
     saved_argv = sys.argv

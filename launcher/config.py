@@ -163,6 +163,11 @@ class Config:
     checkpoint: bool = True  # write checkpoints/last.pt every epoch (atomically)
     profile: bool = False  # torch.profiler over the second epoch: profile.txt and trace.json in the run dir
     tensorboard: bool = True  # scalars every epoch into <run dir>/tensorboard (tensorboard --logdir <run dir>)
+    # Your own torchrun-style script instead of a recipe (launcher/script.py): `args.KEY=V` become
+    # `--KEY V`; script_args holds what followed `--` on the command line.
+    script: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    script_args: list[str] = field(default_factory=list)
 
 
 TOP_LEVEL_KEYS = [f for f in Config.__dataclass_fields__]

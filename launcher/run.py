@@ -44,6 +44,8 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, overrides:
         if cfg.backend.name == "slurm" and joined is None:
             return _submit_to_slurm(cfg, run_dir, overrides or [])
         plan = make_plan(cfg, joined)
+        if cfg.script:
+            return _run_user_script(cfg, plan, run_dir, started)
         recipe = get_recipe(cfg.recipe.name)
         check_model(recipe, cfg)
         resume_from = str(checkpoint.resolve_resume(cfg.resume).resolve()) if cfg.resume else None
@@ -93,6 +95,49 @@ def _submit_to_slurm(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Ou
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / RESOLVED_CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
     return slurm.submit(cfg, run_dir, overrides)
+
+
+def _run_user_script(cfg: DictConfig, plan: Plan, run_dir: Path, started: float) -> Outcome:
+    """script=...: the user's torchrun-style script on the planned devices (launcher/script.py)."""
+    from launcher import script
+
+    path = script.script_path(cfg)
+    argv = script.script_argv(cfg)
+    if plan.layout.strategy == "dp":
+        raise LaunchError(f"strategy=dp is not valid with script={cfg.script}: a script runs one process per "
+                          "device and wraps its model itself (e.g. launch script=train.py gpus=[0,1])")
+    command = " ".join(["python", str(path), *argv])
+    if cfg.dry_run:
+        print(f"dry run: nothing started. {command}\n  on {plan.describe()}\n  worker env " +
+              " ".join(f"{k}={v!r}" for k, v in sorted(plan.env.items())))
+        return Outcome(0)
+    is_main = plan.joined is None or plan.joined.rank == 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logs.setup_launcher_logging(run_dir if is_main else None, debug=bool(os.environ.get("LAUNCH_DEBUG")))
+    if is_main:
+        _write_run_files(cfg, plan, run_dir, None)
+        log.info("script: %s on %s", command, plan.describe().split(", batch")[0])  # (batch_size is the script's)
+    if plan.joined is not None:  # inside torchrun/srun: this process is one rank; run the script here
+        import runpy
+        import sys
+
+        os.environ.update(plan.env)
+        saved = sys.argv
+        sys.argv = [str(path), *argv]
+        try:
+            runpy.run_path(str(path), run_name="__main__")
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+            if code:
+                return Outcome(code, error=f"rank {plan.joined.rank}: {path.name} exited with code {code}")
+        finally:
+            sys.argv = saved
+        return Outcome(0)
+    outcome = script.run_script(cfg, run_dir, plan.layout.nprocs, plan.env, cfg.max_restarts)
+    if outcome.exit_code == 0:
+        log.info("done in %.1fs: %s finished on every rank. Output of each rank: %s  log: %s",
+                 time.time() - started, path.name, run_dir / "logs", run_dir / logs.LOG_NAME)
+    return outcome
 
 
 def _requeued_slurm_job() -> bool:

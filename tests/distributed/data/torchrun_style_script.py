@@ -1,0 +1,24 @@
+"""A plain torchrun-style script (reads RANK etc. from the environment), as a user would bring one."""
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=1)
+parser.add_argument("--name", default="x")
+parser.add_argument("--fail-rank", type=int, default=-1)
+args = parser.parse_args()
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+total = torch.tensor([float(rank + 1)])
+for _ in range(args.steps):
+    dist.all_reduce(total)
+print(f"rank {rank} of {dist.get_world_size()} local {os.environ['LOCAL_RANK']} name={args.name} sum={total.item()}",
+      flush=True)
+if rank == args.fail_rank:
+    sys.exit(3)
+dist.destroy_process_group()
