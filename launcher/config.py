@@ -131,7 +131,7 @@ class FaultConfig:
 
     rank: int | None = None
     step: int = 0
-    kind: str = "raise"  # raise | exit | hang | kill | nan (the loss becomes NaN from that step on)
+    kind: str = "raise"  # raise | exit | hang | kill | nan (the loss becomes NaN from that step on) | oom
     attempt: int = 0  # only on this restart attempt (-1: on every attempt)
 
 
@@ -176,7 +176,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 OPTIMIZERS = ("sgd", "adamw", "muon")
 FLIPS = ("random", "alternating", "none")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-FAULT_KINDS = ("raise", "exit", "hang", "kill", "nan")
+FAULT_KINDS = ("raise", "exit", "hang", "kill", "nan", "oom")
 BACKENDS = ("local", "slurm")
 
 

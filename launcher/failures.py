@@ -21,7 +21,8 @@ FAILURES = "failures"
 _ECHO_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError")
 _ECHO_PHRASES = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket timeout",
                  "nccl communicator was aborted", "watchdog caught collective operation timeout",
-                 "process group watchdog", "gloo", "timed out", "connection refused")
+                 "process group watchdog", "gloo", "timed out", "connection refused",
+                 "timeout caused pair closure")  # gloo, when its peer stops answering
 
 
 @dataclass
@@ -49,7 +50,7 @@ def short_headline(headline: str, limit: int = 160) -> str:
 
 
 # Stops whose message already names the cause and the way on (a traceback would only bury it).
-SELF_EXPLAINED = ("NonFiniteLoss", "DeviceTimeout")
+SELF_EXPLAINED = ("NonFiniteLoss", "DeviceTimeout", "OutOfMemory")
 
 
 def looks_secondary(exc: BaseException) -> bool:

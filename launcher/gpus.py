@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import ListConfig
@@ -131,3 +132,73 @@ def select_gpus(spec: Any, visible: Sequence[str], env: Mapping[str, str] | None
 def cuda_visible_devices(ids: Sequence[int], visible: Sequence[str]) -> str:
     """The mask for the workers: the chosen devices' tokens in the order given. '' hides every GPU (CPU runs)."""
     return ",".join(visible[i] for i in ids)
+
+
+# ---- which GPUs are busy (NVML), for `gpus=N` on a shared machine --------------------------------
+
+BUSY_UTIL_PCT = 50  # a GPU above this utilization, or with under half its memory free, counts as busy
+BUSY_FREE_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class GpuLoad:
+    index: int  # relative id, as users type it
+    name: str
+    free_gib: float
+    total_gib: float
+    util_pct: int
+
+    @property
+    def busy(self) -> bool:
+        return self.util_pct > BUSY_UTIL_PCT or self.free_gib < BUSY_FREE_SHARE * self.total_gib
+
+    def describe(self) -> str:
+        return f"GPU {self.index}: {self.free_gib:.1f} of {self.total_gib:.1f} GiB free, {self.util_pct}% busy"
+
+
+def gpu_loads(visible: Sequence[str]) -> list[GpuLoad] | None:
+    """Free memory and utilization of each visible GPU through NVML (None without NVML). No CUDA here."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML library or no driver: no load to report
+        return None
+    try:
+        loads = []
+        for index, token in enumerate(visible):
+            if token.isdigit():
+                handle = pynvml.nvmlDeviceGetHandleByIndex(int(token))
+            else:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(token)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                util = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except pynvml.NVMLError:  # MIG slices and some vGPUs report none
+                util = 0
+            name = pynvml.nvmlDeviceGetName(handle)
+            loads.append(GpuLoad(index, name.decode() if isinstance(name, bytes) else str(name),
+                                 memory.free / 2**30, memory.total / 2**30, util))
+        return loads
+    except Exception:  # noqa: BLE001 - a partial answer is worse than none: fall back to the first GPUs
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def least_busy(loads: Sequence[GpuLoad], count: int) -> tuple[list[int], str]:
+    """The `count` GPUs to use on a shared machine, and one line saying why.
+
+    Idle GPUs first, then the most free memory, then the least utilization; ties keep index order.
+    """
+    ranked = sorted(loads, key=lambda g: (g.busy, -round(g.free_gib, 1), g.util_pct, g.index))
+    chosen = sorted(g.index for g in ranked[:count])
+    passed = [g for g in loads if g.index not in chosen]
+    why = f"gpus={count}: chose GPU{'s' if count > 1 else ''} {chosen}, the least busy of {len(loads)} (" + \
+        "; ".join(g.describe() for g in loads if g.index in chosen) + ")"
+    busy_passed = [g for g in passed if g.busy]
+    if busy_passed:
+        why += "; passed over busy " + "; ".join(g.describe() for g in busy_passed)
+    if any(g.busy for g in loads if g.index in chosen):
+        why += ". Some chosen GPUs are busy: another job shares them"
+    return chosen, why

@@ -231,6 +231,8 @@ class TrainingRun:
             os._exit(3)
         if fault.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if fault.kind == "oom":  # what the allocator raises, to test the report on any device
+            raise torch.OutOfMemoryError(f"injected (fault.kind=oom) on rank {self.world.rank} at step {global_step}")
         if fault.kind == "nan":
             self.poison.fill_(float("nan"))
             return

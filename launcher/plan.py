@@ -12,7 +12,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from launcher.config import ConfigError
 from launcher.distenv import WorldInfo
-from launcher.gpus import cuda_visible_devices, describe_visible, physical_gpu_count, select_gpus, visible_devices
+from launcher.gpus import (
+    cuda_visible_devices,
+    describe_visible,
+    gpu_loads,
+    least_busy,
+    physical_gpu_count,
+    select_gpus,
+    visible_devices,
+)
 from launcher.strategy import Layout, check_batch_splits, choose
 
 
@@ -23,6 +31,7 @@ class Plan:
     visible: list[str]  # the devices this process could see (tokens of the inherited mask)
     env: dict[str, str] = field(default_factory=dict)  # what every worker starts with
     joined: WorldInfo | None = None  # set when torchrun/srun already started the ranks
+    gpu_choice: str | None = None  # gpus=N on a machine with more: which GPUs were chosen and why
 
     def describe(self) -> str:
         lay = self.layout
@@ -79,13 +88,19 @@ def available_cores(env: Mapping[str, str]) -> int:
 
 
 def make_plan(cfg: DictConfig, joined: WorldInfo | None = None, env: Mapping[str, str] | None = None,
-              physical_count: int | None = None) -> Plan:
+              physical_count: int | None = None, loads: list | None = None) -> Plan:
     env = os.environ if env is None else env
     physical = physical_gpu_count() if physical_count is None else physical_count
     visible = visible_devices(env, physical)
     ids = select_gpus(cfg.gpus, visible, env)
     if cfg.gpus == "auto" and cfg.strategy.name == "single":
         ids = ids[:1]  # "all visible" adapts to an explicit one-device strategy
+    gpu_choice = None
+    count = cfg.gpus if isinstance(cfg.gpus, int) and not isinstance(cfg.gpus, bool) else None
+    if joined is None and count is not None and 0 < count < len(visible):
+        loads = gpu_loads(visible) if loads is None else loads
+        if loads:  # a shared machine: take the least busy GPUs, and say which and why
+            ids, gpu_choice = least_busy(loads, count)
     if ids and not torch_has_cuda():
         import torch
 
@@ -96,7 +111,7 @@ def make_plan(cfg: DictConfig, joined: WorldInfo | None = None, env: Mapping[str
                         _gpus_text(cfg.gpus))
         worker_env = {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(ids, visible)}
         worker_env.update(_thread_env(env, layout.nprocs, bool(ids)))
-        plan = Plan(layout, ids, visible, worker_env)
+        plan = Plan(layout, ids, visible, worker_env, gpu_choice=gpu_choice)
     else:
         plan = _joined_plan(cfg, joined, ids, visible, env)
     if cfg.data.placement == "gpu" and plan.layout.device_type == "cpu":

@@ -68,6 +68,8 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, overrides:
     if is_main:
         _write_run_files(cfg, plan, run_dir, resume_from)
         log.info("%s: %s", cfg.recipe.name, plan.describe())
+        if plan.gpu_choice:
+            log.info(plan.gpu_choice)
         log.info("run dir: %s", run_dir)
         if plan.layout.strategy == "dp":
             log.warning(DP_COST)
@@ -182,6 +184,7 @@ def describe_dry_run(cfg: DictConfig, plan: Plan, run_dir: Path, resume_from: st
     how = "torch.distributed.elastic, c10d rendezvous on localhost:0" if plan.joined is None else "already started"
     lines = [
         f"dry run: nothing started. {cfg.recipe.name} ({cfg.recipe.model}): {plan.describe()}",
+        *([f"  gpus          {plan.gpu_choice}"] if plan.gpu_choice else []),
         f"  workers       {lay.nprocs} process{'es' if lay.nprocs > 1 else ''} ({how})",
         "  worker env    " + " ".join(f"{k}={v!r}" for k, v in sorted(plan.env.items())),
         f"  training      epochs={cfg.epochs} batch_size={cfg.batch_size} (global) lr={cfg.lr} seed={cfg.seed}",

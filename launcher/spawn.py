@@ -205,6 +205,11 @@ def _silent_death(silent: list[int], err, echo, restarts: str, stopped: str, log
             what = f"rank {rank} (pid {failure.pid}) was killed by {sig} without a Python traceback{hint}"
         elif failure is not None:
             what = f"rank {rank} (pid {failure.pid}) exited with code {failure.exitcode} without a Python traceback"
+        elif echo is not None and any(w in echo.message.lower() for w in ("timed out", "timeout")):
+            # It did not exit by itself (the supervisor stopped it) and its peer gave up waiting on it.
+            return (f"rank {rank} stopped responding (hung, or stuck outside a collective its peers were in): "
+                    f"rank {echo.rank} gave up waiting for it after strategy.timeout_s "
+                    f"({failures.short_headline(echo.headline)}){restarts}; rank {rank} was stopped. Log: {log_path}")
         else:
             what = f"rank {rank} died without a Python traceback (killed by a signal, or os._exit)"
     else:

@@ -69,7 +69,10 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     run = TrainingRun(cfg, spec, world, device, timeline)
     # On failure the process group is left alone: destroying an NCCL communicator while peers are
     # still inside a collective blocks forever (seen on 2x H200). The worker exits at once instead.
-    results = run.fit()
+    try:
+        results = run.fit()
+    except torch.OutOfMemoryError as exc:
+        raise OutOfMemory(_oom_message(cfg, layout, world, device)) from exc
     if distributed:
         # DDP's reducer holds the process group and sits in reference cycles; free it while the
         # interpreter is whole, or gloo's threads may be torn down at exit ("terminate called").
@@ -77,6 +80,25 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
         gc.collect()
         dist.destroy_process_group()
     return results
+
+
+class OutOfMemory(RuntimeError):
+    """CUDA ran out of memory on a rank: the message says where, at which batch size, and what to lower."""
+
+
+def _oom_message(cfg, layout: Layout, world: WorldInfo, device: torch.device) -> str:
+    rank = world.rank if layout.strategy == "ddp" else 0
+    where = "the CPU"
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+        where = (f"GPU {device.index} ({props.name}, {props.total_memory / 2**30:.0f} GiB; this process peaked at "
+                 f"{peak:.1f} GiB; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')})")
+    per_rank = f" = {layout.batch_per_process} per rank" if layout.nprocs > 1 else ""
+    lower = max(1, cfg.batch_size // 2)
+    lower -= lower % max(1, layout.nprocs) if lower >= layout.nprocs else 0
+    return (f"out of memory on rank {rank}, {where}, at batch_size={cfg.batch_size}{per_rank}: lower it "
+            f"(e.g. batch_size={lower}), or free the GPU (other jobs on it?); every rank was stopped")
 
 
 def init_process_group(backend: str, world: WorldInfo, timeout: timedelta, device: torch.device) -> None:

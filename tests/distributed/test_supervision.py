@@ -104,3 +104,24 @@ def test_failure_on_every_attempt_reports_the_last_one(launch):
     assert "rank 1 failed after 1 restart: RuntimeError: injected failure" in result.stderr
     names = {p.name for p in (result.run_dir() / "failures").glob("*.json")}
     assert {"attempt0-rank1.json", "attempt1-rank1.json"} <= names
+
+
+def test_a_hung_rank_ends_the_launch_within_the_collective_timeout(launch):
+    """Rank 1 stops responding (alive, never reaching the next collective): rank 0's collective times out
+    after strategy.timeout_s, and the launch ends naming rank 1 instead of waiting forever."""
+    result = launch("gpus=[]", "strategy=ddp", "nprocs=2", "epochs=2", "fault.rank=1", "fault.step=5",
+                    "fault.kind=hang", "strategy.timeout_s=5", timeout=120)
+    assert result.returncode == 1, result.output
+    assert "rank 1 stopped responding" in result.stderr and "strategy.timeout_s" in result.stderr
+    assert result.seconds < 60
+
+
+def test_out_of_memory_names_the_rank_the_batch_and_what_to_lower(launch):
+    # fault.kind=oom raises the allocator's own exception (torch.OutOfMemoryError); a real one on a GPU
+    # goes the same way (tests/gpu).
+    result = launch("gpus=[]", "strategy=ddp", "nprocs=2", "epochs=2", "fault.rank=1", "fault.step=3",
+                    "fault.kind=oom", timeout=120)
+    assert result.returncode == 1, result.output
+    err = result.stderr
+    assert "out of memory on rank 1" in err and "batch_size=64 = 32 per rank" in err and "batch_size=32" in err
+    assert "Traceback" not in err

@@ -76,3 +76,12 @@ def test_auto_gpus_with_single_takes_the_first_gpu(cuda_build):
     assert plan.gpu_ids == [0] and plan.layout.strategy == "single"
     with pytest.raises(ConfigError, match="single uses one device"):
         make_plan(composed("strategy=single", "gpus=[0,1]"), env={}, physical_count=2)
+
+
+def test_a_count_on_a_shared_machine_masks_the_least_busy_gpus(cuda_build):
+    from launcher.gpus import GpuLoad
+
+    loads = [GpuLoad(0, "H200", 5.0, 140.0, 99), GpuLoad(1, "H200", 139.0, 140.0, 0)]
+    plan = make_plan(composed("gpus=1"), env={}, physical_count=2, loads=loads)
+    assert plan.gpu_ids == [1] and plan.env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "chose GPU [1]" in plan.gpu_choice and "passed over busy GPU 0" in plan.gpu_choice
