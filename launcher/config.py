@@ -163,6 +163,7 @@ class Config:
     checkpoint: bool = True  # write checkpoints/last.pt every epoch (atomically)
     profile: bool = False  # torch.profiler over the second epoch: profile.txt and trace.json in the run dir
     tensorboard: bool = True  # scalars every epoch into <run dir>/tensorboard (tensorboard --logdir <run dir>)
+    progress: str = "auto"  # auto: a live bar when stdout is a terminal, else a line per epoch | bar | lines
     # Your own torchrun-style script instead of a recipe (launcher/script.py): `args.KEY=V` become
     # `--KEY V`; script_args holds what followed `--` on the command line.
     script: str | None = None
@@ -251,6 +252,7 @@ def validate(cfg: DictConfig) -> None:
     _check_choice("fault.kind", cfg.fault.kind, FAULT_KINDS)
     _check_choice("backend.name", cfg.backend.name, BACKENDS)
     _check_int("sweep.parallel", cfg.sweep.parallel, 0, "sweep.parallel=2")
+    _check_choice("progress", cfg.progress, ("auto", "bar", "lines"))
     if cfg.backend.name == "slurm":
         _check_slurm(cfg.backend)
     if cfg.resume is not None and str(cfg.resume).strip().lower() in ("", "true", "false", "none"):

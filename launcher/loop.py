@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig
 
-from launcher import checkpoint, optim, preemption, reporting
+from launcher import checkpoint, optim, preemption, progress, reporting
 from launcher.batches import choose_placement, eval_chunks, make_data, rank_order
 from launcher.config import ConfigError
 from launcher.distenv import WorldInfo
@@ -262,7 +262,8 @@ class TrainingRun:
         clock = StepClock(self.device, self.cfg.strategy.timeout_s if self.own_grad_sync else None)
         clock.start()
         host_start = time.perf_counter()
-        for step, (x, y, idx) in enumerate(self.train_data.batches(order)):
+        batches = self.bar.wrap(self.train_data.batches(order), epoch, self.steps_per_epoch, self.cfg.batch_size)
+        for step, (x, y, idx) in enumerate(batches):
             clock.batch_ready()
             self._maybe_fail(epoch * self.steps_per_epoch + step)
             self._step(x, y, idx, epoch, aug_gen)
@@ -412,6 +413,7 @@ class TrainingRun:
         self.writer = checkpoint.BackgroundWriter()
         self.preemption = preemption.PreemptionWatch(preemption.enabled())
         self.tensorboard = reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard)
+        self.bar = progress.EpochBar(progress.wanted(self.cfg.progress, self.is_main), self.device, self.cfg.epochs)
         try:
             return self._fit(splits, start_epoch, history, resumed_from, t_start)
         finally:
@@ -462,6 +464,7 @@ class TrainingRun:
             if self.is_main:
                 metrics_log.append(row)
                 self.tensorboard.epoch(row)
+                self.bar.epoch_done(row)
                 self._log_epoch(row)
                 advised = advised or self._advise(row, epoch)
             if self.stop_requested and epoch + 1 < cfg.epochs and cfg.checkpoint and preemption.may_requeue():

@@ -1,0 +1,88 @@
+"""The live progress bar on rank 0: epoch, step, loss, img/s, ETA of the run and GPU memory.
+
+`progress=auto` (default) shows it when rank 0's stdout is a terminal, and keeps plain
+line-per-epoch logs otherwise (CI, SLURM logs, pipes); `progress=bar` / `progress=lines` force
+either. The bar is tqdm, on stdout, cleared at the end of each epoch, where the epoch's line is
+logged as usual. It reads nothing from the GPU that would make the host wait: the loss shown is the
+last finished epoch's (per-step losses stay on the device), img/s is the host's issue rate, and the
+memory figure is the allocator's own count.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+REFRESH_S = 0.5  # the bar's postfix is rebuilt at most this often
+
+
+def wanted(mode: str, is_main: bool) -> bool:
+    if not is_main or mode == "lines":
+        return False
+    return mode == "bar" or sys.stdout.isatty()
+
+
+class EpochBar:
+    """Wraps an epoch's batches; `None`-safe no-op when the bar is off."""
+
+    def __init__(self, enabled: bool, device: torch.device, epochs: int):
+        self.enabled = enabled
+        self.device = device
+        self.epochs = epochs
+        self.last_loss: float | None = None
+        self.epoch_seconds: list[float] = []
+
+    def wrap(self, batches: Iterable, epoch: int, steps: int, batch_size: int) -> Iterator[Any]:
+        if not self.enabled:
+            yield from batches
+            return
+        from tqdm import tqdm
+
+        # On stdout, where the epoch lines go: rank 0's stdout is the launcher's terminal itself.
+        bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{self.epochs}", unit="step", leave=False,
+                   dynamic_ncols=True, file=sys.stdout, mininterval=REFRESH_S,
+                   postfix=self._postfix(epoch, 0, steps, batch_size, 0.0))
+        started = last_refresh = time.perf_counter()
+        try:
+            for step, batch in enumerate(batches):
+                yield batch
+                bar.update(1)
+                now = time.perf_counter()
+                if now - last_refresh >= REFRESH_S:
+                    last_refresh = now
+                    bar.set_postfix_str(self._postfix(epoch, step + 1, steps, batch_size, now - started),
+                                        refresh=False)
+        finally:
+            bar.close()
+            self.epoch_seconds.append(time.perf_counter() - started)
+
+    def _postfix(self, epoch: int, done: int, steps: int, batch_size: int, elapsed: float) -> str:
+        parts = []
+        if self.last_loss is not None:
+            parts.append(f"loss {self.last_loss:.4f}")
+        if done:
+            parts.append(f"{done * batch_size / max(elapsed, 1e-9):,.0f} img/s")
+        if self.epoch_seconds:
+            per_epoch = sum(self.epoch_seconds) / len(self.epoch_seconds)
+        else:
+            per_epoch = elapsed * steps / done if done else None
+        if per_epoch is not None:
+            left = per_epoch * (steps - done) / steps + per_epoch * (self.epochs - epoch - 1)
+            parts.append(f"run ETA {_clock(left)}")
+        if self.device.type == "cuda":
+            parts.append(f"GPU {torch.cuda.memory_allocated(self.device) / 2**30:.1f} GiB")
+        return ", ".join(parts)
+
+    def epoch_done(self, row: dict[str, Any]) -> None:
+        self.last_loss = row.get("loss")
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    minutes, s = divmod(seconds, 60)
+    hours, m = divmod(minutes, 60)
+    return f"{hours}h{m:02d}m" if hours else f"{m}m{s:02d}s"

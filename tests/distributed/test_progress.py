@@ -1,0 +1,51 @@
+"""What the console shows: a live bar on a terminal, one line per epoch anywhere else (CI, SLURM logs)."""
+
+import fcntl
+import os
+import pty
+import select
+import struct
+import subprocess
+import sys
+import termios
+
+import pytest
+
+from tests.conftest import clean_env
+
+pytestmark = pytest.mark.distributed
+
+RUN = ("recipe=digits", "gpus=[]", "strategy=ddp", "nprocs=2", "epochs=3")
+
+
+def test_output_to_a_pipe_is_one_line_per_epoch(launch):
+    result = launch(*RUN)
+    assert result.returncode == 0, result.output
+    assert "\r" not in result.output and "run ETA" not in result.output  # no bar redraws in logs
+    epoch_lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(epoch_lines) == 3 and all("loss" in x and "img/s" in x and "test" in x for x in epoch_lines)
+
+
+def test_a_terminal_gets_the_live_bar(tmp_path):
+    # 40 epochs of 22 steps: long enough for the bar to redraw with its postfix at least once
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))  # a terminal 140 columns wide
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", *RUN[:-1], "epochs=40"], cwd=tmp_path,
+                            stdin=slave, stdout=slave, stderr=slave, env=clean_env(), close_fds=True)
+    os.close(slave)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 120)
+        if not ready:
+            break
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert proc.wait(timeout=120) == 0, seen.decode(errors="replace")[-2000:]
+    text = seen.decode(errors="replace")
+    assert "epoch 2/40" in text and "step" in text and "run ETA" in text and "loss" in text
+    assert "epoch 40/40  loss" in text  # the per-epoch lines are still there
