@@ -41,24 +41,27 @@ class EpochBar:
             yield from batches
             return
         from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
 
         # On stdout, where the epoch lines go: rank 0's stdout is the launcher's terminal itself.
         bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{self.epochs}", unit="step", leave=False,
                    dynamic_ncols=True, file=sys.stdout, mininterval=REFRESH_S,
                    postfix=self._postfix(epoch, 0, steps, batch_size, 0.0))
         started = last_refresh = time.perf_counter()
-        try:
-            for step, batch in enumerate(batches):
-                yield batch
-                bar.update(1)
-                now = time.perf_counter()
-                if now - last_refresh >= REFRESH_S:
-                    last_refresh = now
-                    bar.set_postfix_str(self._postfix(epoch, step + 1, steps, batch_size, now - started),
-                                        refresh=False)
-        finally:
-            bar.close()
-            self.epoch_seconds.append(time.perf_counter() - started)
+        # Lines logged while the bar is up (the start-up timeline, warnings) print above it, not into it.
+        with logging_redirect_tqdm():
+            try:
+                for step, batch in enumerate(batches):
+                    yield batch
+                    bar.update(1)
+                    now = time.perf_counter()
+                    if now - last_refresh >= REFRESH_S:
+                        last_refresh = now
+                        bar.set_postfix_str(self._postfix(epoch, step + 1, steps, batch_size, now - started),
+                                            refresh=False)
+            finally:
+                bar.close()
+                self.epoch_seconds.append(time.perf_counter() - started)
 
     def _postfix(self, epoch: int, done: int, steps: int, batch_size: int, elapsed: float) -> str:
         parts = []
