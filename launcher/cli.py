@@ -143,6 +143,31 @@ def _script_args_as_override(argv: list[str]) -> list[str]:
     return [*argv[:cut], "script_args=[" + ",".join(quoted(w) for w in argv[cut + 1:]) + "]"]
 
 
+def _user_recipe_overrides(argv: list[str]) -> list[str]:
+    """`recipe=my_pkg.my_recipe` (a module, not one of the built-in recipe configs) means recipe.name=that
+    module, on top of the default recipe's settings, with its first model unless recipe.model is given."""
+    import importlib
+
+    out = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key == "recipe" and "." in value and "," not in value:
+            out.append(f"recipe.name={value}")
+            if not any(a.startswith("recipe.model=") for a in argv):
+                from launcher.recipes import _allow_imports_from_cwd
+
+                _allow_imports_from_cwd()
+                try:
+                    models = getattr(importlib.import_module(value), "MODELS", None)
+                except ImportError:
+                    models = None  # the recipe check names the problem once the config is composed
+                if models:
+                    out.append(f"recipe.model={models[0]}")
+        else:
+            out.append(arg)
+    return out
+
+
 def _will_spawn_workers(argv: list[str]) -> bool:
     """A cheap guess from the command line: skip the worker interpreter for help, --cfg, dry runs and
     inside torchrun/srun (no spawning there). A wrong guess costs only time, never correctness."""
@@ -177,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     register()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us; they are reworded below
     argv = _script_args_as_override(argv)
+    argv = _user_recipe_overrides(argv)
     argv += _joined_overrides(argv)
     entry = hydra.main(config_path="pkg://launcher.conf", config_name="config", version_base="1.3")(_task)
     saved_argv = sys.argv

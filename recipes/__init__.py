@@ -24,6 +24,8 @@ checkpoints.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -50,9 +52,18 @@ class Splits:
     synthetic: bool = False
 
 
+def _allow_imports_from_cwd() -> None:
+    """`recipe=my_pkg.my_recipe` finds a package in the directory `launch` runs in, as `python -m` would."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
 def get_recipe(name: str) -> ModuleType:
     """The recipe module for `recipe.name`: a built-in name, or a dotted path to a user's module."""
     module_name = f"launcher.recipes.{name}" if name in BUILTIN else name
+    if name not in BUILTIN:
+        _allow_imports_from_cwd()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
