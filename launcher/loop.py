@@ -260,6 +260,11 @@ class TrainingRun:
             torch.cuda.reset_peak_memory_stats(self.device)
         # A bounded wait at the epoch's end when collectives run inside a graph (no NCCL watchdog there).
         clock = StepClock(self.device, self.cfg.strategy.timeout_s if self.own_grad_sync else None)
+        if self.ddp:
+            # Start every rank's clock when all have arrived: rank 0's end-of-epoch work (checkpoint
+            # snapshot, logs, TensorBoard) would otherwise count as the other ranks' training time,
+            # while a 1-GPU run never counts it. (It still shows in epoch_s, the wall time.)
+            self._all_reduce(torch.zeros((), device=self.device))
         clock.start()
         host_start = time.perf_counter()
         batches = self.bar.wrap(self.train_data.batches(order), epoch, self.steps_per_epoch, self.cfg.batch_size)
