@@ -173,7 +173,9 @@ def submit(cfg: DictConfig, run_dir: Path, user_overrides: list[str]) -> Outcome
         job.results()  # one per task; waits for the job and re-raises a task's error
     except Exception as exc:  # noqa: BLE001 - the job failed: submitit re-raises the task's error
         return Outcome(1, error=f"SLURM job {job.job_id} ended {job.state}: {_why(run_dir, exc)}")
-    print(f"launch: SLURM job {job.job_id} finished; results: {run_dir / 'results.json'}", flush=True)
+    results = run_dir / "results.json"
+    where = f"results: {results}" if results.exists() else f"run dir: {run_dir}"
+    print(f"launch: SLURM job {job.job_id} finished; {where}", flush=True)
     return Outcome(0)
 
 
