@@ -39,7 +39,6 @@ from launcher.timeline import StartupTimeline
 log = logging.getLogger("launcher.train")
 
 WARMUP_STEPS = 3
-NO_BAD_STEP = 2**40  # "no non-finite loss yet", in the epoch-end MAX reduction of (NO_BAD_STEP - step)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -124,14 +123,15 @@ class TrainingRun:
         else:
             self.train_net = net
             self.eval_net = net if self.layout.strategy == "dp" else model
-        self.captured: CapturedStep | None = None  # made in _warm_up when graph_step runs on a GPU
+        self.captures = self.graph_step and self.device.type == "cuda"  # (CPU: the same step, eagerly)
+        self.captured: CapturedStep | None = None  # made in _warm_up when self.captures
         self.epoch_t = torch.zeros((), dtype=torch.long, device=self.device)  # the epoch, as graphs read it
         self.loss_sum = torch.zeros((), device=self.device)  # this epoch's sums, accumulated on the device
         self.correct = torch.zeros((), device=self.device, dtype=torch.long)
-        # The global step, and the first step whose loss was not finite (-1: none), kept on the device
-        # so that catching a NaN at its step costs no host sync; read once per epoch.
-        self.step_t = torch.zeros((), dtype=torch.long, device=self.device)
-        self.first_bad_step = torch.full((), -1, dtype=torch.long, device=self.device)
+        # Steps of this epoch whose loss was finite, counted on the device (no host sync), read once
+        # per epoch. A non-finite loss poisons the weights, so every later step is non-finite too:
+        # the count is the index of the first bad step within the epoch.
+        self.finite_steps = torch.zeros((), dtype=torch.long, device=self.device)
         # fault.kind=nan: added to the loss; NaN from the injected step on (a tensor, so graphs see it too)
         self.poison = torch.zeros((), device=self.device) if cfg.fault.kind == "nan" else None
         self.loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=r.label_smoothing)
@@ -147,7 +147,7 @@ class TrainingRun:
         """Where to start: after a restart, this run's own last checkpoint; else `resume`, if given."""
         own = checkpoint.checkpoint_dir(self.run_dir) / checkpoint.LAST
         source = None
-        restarted = self.world.restart_count > 0 or (preemption.enabled() and preemption.restart_count() > 0)
+        restarted = self.world.restart_count > 0 or preemption.requeued()
         if restarted and own.exists():
             source = str(own)
         elif self.spec.resume_from:
@@ -204,9 +204,7 @@ class TrainingRun:
             self.grads.finish_backward()  # ddp: every bucket's all-reduce issued and waited for
         self.loss_sum += loss.detach().float() * len(y)
         self.correct += (logits.argmax(1) == y).sum()
-        bad = ~torch.isfinite(loss.detach()) & (self.first_bad_step < 0)
-        self.first_bad_step.copy_(torch.where(bad, self.step_t, self.first_bad_step))
-        self.step_t += 1
+        self.finite_steps += torch.isfinite(loss.detach())
 
     def _step(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int,
               aug_gen: torch.Generator) -> None:
@@ -254,8 +252,7 @@ class TrainingRun:
         self.loss_sum.zero_()
         self.correct.zero_()
         self.epoch_t.fill_(epoch)
-        self.step_t.fill_(epoch * self.steps_per_epoch)
-        self.first_bad_step.fill_(-1)
+        self.finite_steps.zero_()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         # A bounded wait at the epoch's end when collectives run inside a graph (no NCCL watchdog there).
@@ -284,23 +281,23 @@ class TrainingRun:
         host_s = time.perf_counter() - host_start
         timing = clock.finish()
         # The preemption flag rides along, so every rank learns of a SIGUSR2 that reached any of them.
-        totals = self._all_reduce(torch.stack([self.loss_sum, self.correct.float(), torch.tensor(
-            float(order.numel()), device=self.device), torch.tensor(float(self.preemption.requested),
-                                                                       device=self.device)]))
-        self.stop_requested = totals[3].item() > 0
-        # The slowest rank sets the pace: report its span and its input wait. The earliest non-finite
-        # step of any rank rides along as NO_BAD_STEP - step (so MAX finds the earliest).
-        bad = self.first_bad_step.double()
-        bad_code = torch.where(bad >= 0, NO_BAD_STEP - bad, torch.zeros_like(bad))
-        slowest = self._all_reduce(torch.stack([torch.tensor(timing.span_s, dtype=torch.float64, device=self.device),
-                                                torch.tensor(timing.stall_fraction, dtype=torch.float64,
-                                                             device=self.device), bad_code]),
-                                   op=dist.ReduceOp.MAX if self.ddp else None)
-        self.bad_step = int(NO_BAD_STEP - slowest[2].item()) if slowest[2].item() > 0 else None
-        train_s = slowest[0].item()
-        return {"loss": (totals[0] / totals[2]).item(), "train_acc": (totals[1] / totals[2]).item(),
-                "train_s": train_s, "img_per_s": self.steps_per_epoch * self.cfg.batch_size / train_s,
-                "input_stall": round(slowest[1].item(), 4), "host_issue_s": round(host_s, 4)}
+        loss_sum, correct, count, stop = self._all_reduce(torch.stack([
+            self.loss_sum, self.correct.float(), torch.tensor(float(order.numel()), device=self.device),
+            torch.tensor(float(self.preemption.requested), device=self.device),  # a SIGUSR2 any rank got
+        ])).tolist()
+        self.stop_requested = stop > 0
+        # The slowest rank sets the pace: report its span and its input wait. The rank with the most
+        # non-finite steps rides along, as it hit the first one earliest.
+        steps = self.steps_per_epoch
+        span_s, stall, non_finite = self._all_reduce(torch.stack([
+            torch.tensor(timing.span_s, dtype=torch.float64, device=self.device),
+            torch.tensor(timing.stall_fraction, dtype=torch.float64, device=self.device),
+            steps - self.finite_steps.double(),
+        ]), op=dist.ReduceOp.MAX if self.ddp else None).tolist()
+        self.bad_step = epoch * steps + steps - int(non_finite) if non_finite > 0 else None
+        return {"loss": loss_sum / count, "train_acc": correct / count,
+                "train_s": span_s, "img_per_s": steps * self.cfg.batch_size / span_s,
+                "input_stall": round(stall, 4), "host_issue_s": round(host_s, 4)}
 
     @torch.no_grad()
     def _evaluate(self) -> dict[str, float]:
@@ -318,9 +315,9 @@ class TrainingRun:
                 loss_sum += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum")
                 correct += (logits.argmax(1) == y).sum()
         count = float(sum(len(c) for c in chunks))
-        totals = self._all_reduce(torch.stack([loss_sum, correct, torch.tensor(count, device=self.device)]))
-        return {"test_loss": (totals[0] / totals[2]).item(), "test_acc": (totals[1] / totals[2]).item(),
-                "eval_s": timer.seconds}
+        loss_total, correct_total, count = self._all_reduce(
+            torch.stack([loss_sum, correct, torch.tensor(count, device=self.device)])).tolist()
+        return {"test_loss": loss_total / count, "test_acc": correct_total / count, "eval_s": timer.seconds}
 
     def _warm_up(self, aug_gen: torch.Generator) -> float:
         """Compile, autotune and (recipe.cuda_graph) capture the step on the real shapes, then put the
@@ -332,16 +329,15 @@ class TrainingRun:
         self.train_net.train()
         aug_gen.manual_seed(0)
         rows = self._order(0)[:WARMUP_STEPS]
-        capture = self.graph_step and self.device.type == "cuda"
         # Graph capture wants the eager warm-up on a side stream (lazily made state then belongs to it).
-        side = torch.cuda.Stream(self.device) if capture else None
+        side = torch.cuda.Stream(self.device) if self.captures else None
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             batch = None
             for batch in self.train_data.batches(rows):
                 self._step(*batch, 0, aug_gen)
-            if capture:
+            if self.captures:
                 x, y, idx = batch
                 step = CapturedStep(lambda x, y, idx: self._forward_backward(x, y, idx, self.epoch_t, aug_gen),
                                     generators=[aug_gen])
@@ -385,8 +381,8 @@ class TrainingRun:
         alloc = max(torch.cuda.max_memory_allocated(d) for d in devices) / 2**20
         reserved = max(torch.cuda.max_memory_reserved(d) for d in devices) / 2**20
         both = self._all_reduce(torch.tensor([alloc, reserved], device=self.device),
-                                op=dist.ReduceOp.MAX if self.ddp else None)
-        return round(both[0].item(), 1), round(both[1].item(), 1)
+                                op=dist.ReduceOp.MAX if self.ddp else None).tolist()
+        return round(both[0], 1), round(both[1], 1)
 
     def _save(self, epoch: int, history: list[dict[str, Any]]) -> None:
         if not (self.is_main and self.cfg.checkpoint):
@@ -430,12 +426,11 @@ class TrainingRun:
              t_start: float) -> dict[str, Any] | None:
         cfg = self.cfg
         aug_gen = torch.Generator(device=self.device)
-        captures = self.graph_step and self.device.type == "cuda"
-        warmup_s = self._warm_up(aug_gen) if self.compiled or captures else None
+        warmup_s = self._warm_up(aug_gen) if self.compiled or self.captures else None
         if warmup_s is not None:
             self.timeline.mark("warmed_up")
             if self.is_main:
-                done = ["compiled"] * self.compiled + ["captured the step as one CUDA graph"] * captures
+                done = ["compiled"] * self.compiled + ["captured the step as one CUDA graph"] * self.captures
                 log.info("%s in %.1fs (not counted in the timings)", " and ".join(done), warmup_s)
         metrics_log = MetricsLog(self.run_dir)
         if self.is_main:

@@ -45,6 +45,11 @@ def restart_count() -> int:
         return 0
 
 
+def requeued() -> bool:
+    """This is a SLURM job run again after a requeue: it continues its own run dir from its checkpoint."""
+    return enabled() and restart_count() > 0
+
+
 def was_preempted(run_dir: Path) -> bool:
     """True in the job run that asked for its own requeue (the marker names that run)."""
     marker = Path(run_dir) / MARKER

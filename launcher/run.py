@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import checkpoint, distenv, logs
+from launcher import checkpoint, distenv, logs, preemption
 from launcher.config import LaunchError, validate
 from launcher.plan import Plan, make_plan
 from launcher.recipes import check_model, get_recipe, prepare
@@ -39,7 +39,7 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, overrides:
     try:
         validate(cfg)
         joined = distenv.existing_world()
-        if joined is None and not _requeued_slurm_job():
+        if joined is None and not preemption.requeued():
             _refuse_finished_run_dir(run_dir)
         if cfg.backend.name == "slurm" and joined is None:
             return _submit_to_slurm(cfg, run_dir, overrides or [])
@@ -140,13 +140,6 @@ def _run_user_script(cfg: DictConfig, plan: Plan, run_dir: Path, started: float)
         log.info("done in %.1fs: %s finished on every rank. Output of each rank: %s  log: %s",
                  time.time() - started, path.name, run_dir / "logs", run_dir / logs.LOG_NAME)
     return outcome
-
-
-def _requeued_slurm_job() -> bool:
-    """A SLURM job run again after a preemption continues its own run dir (launcher/preemption.py)."""
-    from launcher import preemption
-
-    return preemption.enabled() and preemption.restart_count() > 0
 
 
 def _refuse_finished_run_dir(run_dir: Path) -> None:

@@ -68,18 +68,13 @@ class FlatGradients:
                     self.buckets.append(flat[start:offset])
                     self._members.append(members)
                     start, members = offset, 0
-        self.views = {p: p.grad for p in trainable}
+        self.views = {p: p.grad for p in trainable}  # what each .grad must stay (nothing may set it to None)
         self._pending: list[int] = []
         self._works: list = []
         self._launched = 0
         if world_size > 1:
             for p in trainable:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
-
-    def attach(self) -> None:
-        """Point every parameter's .grad at its view again (if something set it to None)."""
-        for p, view in self.views.items():
-            p.grad = view
 
     def zero(self) -> None:
         for flat in self.buffers:
