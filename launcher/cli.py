@@ -34,15 +34,19 @@ def _task(cfg) -> None:
 
     from launcher.run import run
 
+    global _sweep_dir
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    if hydra_cfg.mode == RunMode.MULTIRUN and _runs_side_by_side(cfg):
-        _start_sweep_job(cfg, hydra_cfg, run_dir)
-        return
-    if hydra_cfg.mode == RunMode.MULTIRUN and _joins_slurm_array(cfg):
-        _slurm_sweep.append((hydra_cfg.job.num, cfg, run_dir.resolve(), list(hydra_cfg.overrides.task)))
-        global _sweep_dir
+    sweep = _sweep_backend(cfg) if hydra_cfg.mode == RunMode.MULTIRUN else None
+    if sweep is not None:
         _sweep_dir = Path(hydra_cfg.sweep.dir).resolve()
+        if sweep == "local":
+            _start_sweep_job(cfg, hydra_cfg, run_dir)
+        else:
+            from launcher.config import validate
+
+            validate(cfg)  # a bad value fails the sweep before anything is submitted
+            _slurm_sweep.append((hydra_cfg.job.num, cfg, run_dir.resolve(), list(hydra_cfg.overrides.task)))
         return
     outcome = run(cfg, run_dir, started=_started_at if not _exit_codes else time.time(),
                   overrides=list(hydra_cfg.overrides.task))
@@ -54,48 +58,38 @@ def _task(cfg) -> None:
         raise SystemExit(outcome.exit_code)
 
 
-def _runs_side_by_side(cfg) -> bool:
-    """A sweep on this host whose runs start as child launches (launcher/sweep.py)."""
+def _sweep_backend(cfg) -> str | None:
+    """How a `launch -m` job runs: "local" (a child launch, side by side: launcher/sweep.py), "slurm"
+    (an element of one job array, submitted after the last job), None (here, in this process)."""
     from launcher.distenv import existing_world
 
-    return cfg.backend.name == "local" and not cfg.dry_run and existing_world() is None
-
-
-def _joins_slurm_array(cfg) -> bool:
-    from launcher.config import validate
-    from launcher.distenv import existing_world
-
-    if cfg.backend.name != "slurm" or cfg.dry_run or existing_world() is not None:
-        return False
-    validate(cfg)  # a bad value fails the sweep before anything is submitted
-    return True
+    if cfg.dry_run or existing_world() is not None:
+        return None
+    return cfg.backend.name
 
 
 def _start_sweep_job(cfg, hydra_cfg, run_dir: Path) -> None:
-    global _sweep, _sweep_dir
-    from launcher.gpus import physical_gpu_count, visible_devices
-    from launcher.sweep import LocalSweep, SweepJob, gpu_request
-
-    visible = len(visible_devices(os.environ, physical_gpu_count()))
-    if _sweep is None:
-        _sweep = LocalSweep(visible, parallel=cfg.sweep.parallel)
-        _sweep_dir = Path(hydra_cfg.sweep.dir)
+    global _sweep
     from omegaconf import OmegaConf
 
+    from launcher.sweep import LocalSweep, SweepJob, gpu_request
+
+    if _sweep is None:  # GPUs are counted once per sweep
+        from launcher.gpus import physical_gpu_count, visible_devices
+
+        _sweep = LocalSweep(len(visible_devices(os.environ, physical_gpu_count())), parallel=cfg.sweep.parallel)
     gpus = OmegaConf.to_container(cfg.gpus) if OmegaConf.is_config(cfg.gpus) else cfg.gpus
     job = SweepJob(hydra_cfg.job.num, list(hydra_cfg.overrides.task), run_dir,
-                   gpu_request(gpus, cfg.strategy.name, visible))
+                   gpu_request(gpus, cfg.strategy.name, _sweep.pool.visible))
     _sweep.submit(job)
 
 
 def _finish_sweep() -> None:
-    from launcher.sweep import write_summary
+    from launcher.sweep import report
 
     jobs = _sweep.wait_all()
     _exit_codes.extend(job.exit_code or 0 for job in jobs)
-    table = write_summary(jobs, _sweep_dir)
-    print(f"\nsweep: {len(jobs)} runs\n{table}\nsweep summary: {_sweep_dir / 'summary.md'} · "
-          f"{_sweep_dir / 'summary.csv'} · {_sweep_dir / 'summary.png'}", flush=True)
+    report(jobs, _sweep_dir)
 
 
 def _remove_if_only_hydra_files(run_dir: Path) -> None:

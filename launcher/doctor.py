@@ -22,28 +22,11 @@ def _version(package: str) -> str | None:
 
 
 def _nvml_devices() -> tuple[list[dict[str, Any]], str | None]:
-    try:
-        import pynvml
-    except ImportError:
-        return [], "nvidia-ml-py is not installed"
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError as exc:
-        return [], f"NVML unavailable ({exc}): no NVIDIA driver on this machine"
-    try:
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        driver = driver.decode() if isinstance(driver, bytes) else driver
-        devices = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            name = pynvml.nvmlDeviceGetName(h)
-            devices.append({"physical_index": i, "name": name.decode() if isinstance(name, bytes) else name,
-                            "total_mib": mem.total // 2**20, "free_mib": mem.free // 2**20,
-                            "utilization_pct": pynvml.nvmlDeviceGetUtilizationRates(h).gpu})
-        return devices, f"driver {driver}"
-    finally:
-        pynvml.nvmlShutdown()
+    from launcher.gpus import nvml_devices
+
+    devices, driver = nvml_devices()
+    return [{"physical_index": d.physical_index, "name": d.name, "total_mib": d.total_bytes // 2**20,
+             "free_mib": d.free_bytes // 2**20, "utilization_pct": d.util_pct} for d in devices], driver
 
 
 def collect() -> dict[str, Any]:

@@ -156,34 +156,58 @@ class GpuLoad:
         return f"GPU {self.index}: {self.free_gib:.1f} of {self.total_gib:.1f} GiB free, {self.util_pct}% busy"
 
 
-def gpu_loads(visible: Sequence[str]) -> list[GpuLoad] | None:
-    """Free memory and utilization of each visible GPU through NVML (None without NVML). No CUDA here."""
+@dataclass(frozen=True)
+class NvmlDevice:
+    physical_index: int
+    uuid: str
+    name: str
+    free_bytes: int
+    total_bytes: int
+    util_pct: int
+
+
+def nvml_devices() -> tuple[list[NvmlDevice], str]:
+    """Every GPU the driver knows, read through NVML (never CUDA), and the driver version or why
+    there is no answer. Shared by `launch doctor` and the choice of GPUs for `gpus=N`."""
     try:
         import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML library or no driver: no load to report
-        return None
+    except ImportError:
+        return [], "nvidia-ml-py is not installed"
     try:
-        loads = []
-        for index, token in enumerate(visible):
-            if token.isdigit():
-                handle = pynvml.nvmlDeviceGetHandleByIndex(int(token))
-            else:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(token)
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return [], f"NVML unavailable ({exc}): no NVIDIA driver on this machine"
+
+    def text(value) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    try:
+        devices = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             try:
                 util = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
             except pynvml.NVMLError:  # MIG slices and some vGPUs report none
                 util = 0
-            name = pynvml.nvmlDeviceGetName(handle)
-            loads.append(GpuLoad(index, name.decode() if isinstance(name, bytes) else str(name),
-                                 memory.free / 2**30, memory.total / 2**30, util))
-        return loads
-    except Exception:  # noqa: BLE001 - a partial answer is worse than none: fall back to the first GPUs
-        return None
+            devices.append(NvmlDevice(i, text(pynvml.nvmlDeviceGetUUID(handle)), text(pynvml.nvmlDeviceGetName(handle)),
+                                      int(memory.free), int(memory.total), util))
+        return devices, f"driver {text(pynvml.nvmlSystemGetDriverVersion())}"
+    except pynvml.NVMLError as exc:
+        return [], f"NVML failed while reading the GPUs ({exc})"
     finally:
         pynvml.nvmlShutdown()
+
+
+def gpu_loads(visible: Sequence[str]) -> list[GpuLoad] | None:
+    """Free memory and utilization of each visible GPU (None when NVML cannot say for every one)."""
+    devices, _ = nvml_devices()
+    by_token = {str(d.physical_index): d for d in devices} | {d.uuid: d for d in devices}
+    if not devices or any(token not in by_token for token in visible):
+        return None  # a partial answer is worse than none: the plan then keeps the first GPUs
+    return [GpuLoad(index, by_token[token].name, by_token[token].free_bytes / 2**30,
+                    by_token[token].total_bytes / 2**30, by_token[token].util_pct)
+            for index, token in enumerate(visible)]
 
 
 def least_busy(loads: Sequence[GpuLoad], count: int) -> tuple[list[int], str]:

@@ -33,19 +33,19 @@ class Plan:
     joined: WorldInfo | None = None  # set when torchrun/srun already started the ranks
     gpu_choice: str | None = None  # gpus=N on a machine with more: which GPUs were chosen and why
 
-    def describe(self) -> str:
+    def describe(self, with_batch: bool = True) -> str:
         lay = self.layout
         if lay.device_type == "cpu":
             where = f"CPU, {lay.nprocs} process{'es' if lay.nprocs > 1 else ''}"
         else:
             mask = self.env.get("CUDA_VISIBLE_DEVICES", "")
             where = f"GPU{'s' if len(self.gpu_ids) > 1 else ''} {self.gpu_ids} (CUDA_VISIBLE_DEVICES={mask})"
-        batch = f"batch {lay.global_batch} global"
-        if lay.strategy == "ddp" and lay.nprocs > 1:
+        batch = f", batch {lay.global_batch} global" if with_batch else ""
+        if with_batch and lay.strategy == "ddp" and lay.nprocs > 1:
             batch += f" = {lay.batch_per_process} x {lay.nprocs} ranks"
         backend = f", {lay.dist_backend}" if lay.dist_backend else ""
         joined = ", joining an existing world" if self.joined else ""
-        return f"{lay.strategy}{backend} on {where}, {batch}{joined}"
+        return f"{lay.strategy}{backend} on {where}{batch}{joined}"
 
 
 def torch_has_cuda() -> bool:

@@ -110,7 +110,7 @@ def _run_user_script(cfg: DictConfig, plan: Plan, run_dir: Path, started: float)
                           "device and wraps its model itself (e.g. launch script=train.py gpus=[0,1])")
     command = " ".join(["python", str(path), *argv])
     if cfg.dry_run:
-        print(f"dry run: nothing started. {command}\n  on {plan.describe()}\n  worker env " +
+        print(f"dry run: nothing started. {command}\n  on {plan.describe(with_batch=False)}\n  worker env " +
               " ".join(f"{k}={v!r}" for k, v in sorted(plan.env.items())))
         return Outcome(0)
     is_main = plan.joined is None or plan.joined.rank == 0
@@ -118,7 +118,7 @@ def _run_user_script(cfg: DictConfig, plan: Plan, run_dir: Path, started: float)
     logs.setup_launcher_logging(run_dir if is_main else None, debug=bool(os.environ.get("LAUNCH_DEBUG")))
     if is_main:
         _write_run_files(cfg, plan, run_dir, None)
-        log.info("script: %s on %s", command, plan.describe().split(", batch")[0])  # (batch_size is the script's)
+        log.info("script: %s on %s", command, plan.describe(with_batch=False))  # (batch size is the script's)
     if plan.joined is not None:  # inside torchrun/srun: this process is one rank; run the script here
         import runpy
         import sys

@@ -62,8 +62,8 @@ def job_layout(cfg: DictConfig) -> tuple[Layout, int]:
     return per_node, tasks
 
 
-def sbatch_parameters(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """submitit's SlurmExecutor parameters for this run."""
+def sbatch_parameters(cfg: DictConfig) -> dict[str, Any]:
+    """submitit's SlurmExecutor parameters for this run (submitit adds the log paths)."""
     b = cfg.backend
     layout, tasks = job_layout(cfg)
     params: dict[str, Any] = {
@@ -140,19 +140,15 @@ def sbatch_script(cfg: DictConfig, run_dir: Path) -> str:
 
     folder = run_dir / SUBMITIT_DIR / "%j"
     command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
-    return _make_sbatch_string(command=command, folder=folder, **sbatch_parameters(cfg, run_dir))
+    return _make_sbatch_string(command=command, folder=folder, **sbatch_parameters(cfg))
 
 
 def submit(cfg: DictConfig, run_dir: Path, user_overrides: list[str]) -> Outcome:
     """Submit the run; with backend.wait=true follow it to the end. Prints where everything goes."""
-    import submitit
-
-    params = sbatch_parameters(cfg, run_dir)
-    try:
-        executor = submitit.SlurmExecutor(folder=run_dir / SUBMITIT_DIR / "%j")
-    except RuntimeError as exc:  # no srun on this machine
-        return Outcome(2, error=f"backend=slurm needs SLURM's commands on this machine ({exc}); "
-                                "print the batch script with dry_run=true")
+    params = sbatch_parameters(cfg)
+    executor = _executor(run_dir)
+    if isinstance(executor, str):
+        return Outcome(2, error=executor)
     executor.update_parameters(**params)
     command = TaskCommand(task_overrides(user_overrides, cfg, run_dir), str(run_dir), cfg.backend.max_requeues)
     try:
@@ -179,6 +175,17 @@ def submit(cfg: DictConfig, run_dir: Path, user_overrides: list[str]) -> Outcome
     return Outcome(0)
 
 
+def _executor(folder: Path):
+    """submitit's SlurmExecutor writing into `folder`/slurm, or the one-line reason there is none."""
+    import submitit
+
+    try:
+        return submitit.SlurmExecutor(folder=folder / SUBMITIT_DIR / "%j")
+    except RuntimeError as exc:  # no srun on this machine
+        return (f"backend=slurm needs SLURM's commands on this machine ({exc}); print the batch script "
+                "with dry_run=true")
+
+
 def _why(run_dir: Path, exc: BaseException) -> str:
     """The failing rank's own exception when a worker recorded one (failures/), else what submitit saw."""
     from launcher.failures import read_records, root_cause
@@ -198,21 +205,19 @@ def submit_sweep(entries: list[tuple[int, DictConfig, Path, list[str]]], sweep_d
     """A `launch -m ... backend=slurm` sweep as SLURM job arrays (one per distinct resource request), at
     most `backend.array_parallelism` jobs running at once. With backend.wait=true it follows them and
     writes the sweep summary (launcher/sweep.py). Returns the exit code."""
-    import submitit
+    from launcher.sweep import SweepJob, report
 
-    from launcher.sweep import GpuRequest, SweepJob, write_summary
-
-    groups: dict[str, list[tuple[int, DictConfig, Path, list[str]]]] = {}
+    # Runs that ask for different resources (a swept gpus or backend.*) go in arrays of their own.
+    groups: dict[str, tuple[dict[str, Any], list[tuple[int, DictConfig, Path, list[str]]]]] = {}
     for entry in entries:
-        groups.setdefault(json.dumps(sbatch_parameters(entry[1], entry[2]), sort_keys=True), []).append(entry)
+        params = sbatch_parameters(entry[1])
+        groups.setdefault(json.dumps(params, sort_keys=True), (params, []))[1].append(entry)
     submitted: list[tuple[SweepJob, Any]] = []
-    for key, members in groups.items():
-        params = json.loads(key)
+    for params, members in groups.values():
         cfg = members[0][1]
-        try:
-            executor = submitit.SlurmExecutor(folder=sweep_dir / SUBMITIT_DIR / "%j")
-        except RuntimeError as exc:
-            print(f"launch: backend=slurm needs SLURM's commands on this machine ({exc})", file=sys.stderr)
+        executor = _executor(sweep_dir)
+        if isinstance(executor, str):
+            print(f"launch: {executor}", file=sys.stderr)
             return 2
         executor.update_parameters(**params, array_parallelism=cfg.backend.array_parallelism)
         commands = []
@@ -232,7 +237,7 @@ def submit_sweep(entries: list[tuple[int, DictConfig, Path, list[str]]], sweep_d
         for (num, _, run_dir, overrides), job in zip(members, jobs, strict=True):
             (run_dir / "slurm.json").write_text(json.dumps({"job_id": job.job_id, "sbatch": params}, indent=2) + "\n")
             print(f"  job {num}: {job.job_id}  {' '.join(overrides)}", flush=True)
-            submitted.append((SweepJob(num, overrides, run_dir, GpuRequest(0)), job))
+            submitted.append((SweepJob(num, overrides, run_dir), job))
     if not all(cfg.backend.wait for _, cfg, _, _ in entries):
         print("launch: not waiting (backend.wait=false); the summary is written by a sweep run with "
               "backend.wait=true", flush=True)
@@ -247,11 +252,6 @@ def submit_sweep(entries: list[tuple[int, DictConfig, Path, list[str]]], sweep_d
             worst = 1
             print(f"sweep: job {sweep_job.num} ({job.job_id}) FAILED: {_why(sweep_job.run_dir, exc)}",
                   file=sys.stderr, flush=True)
-        results = sweep_job.run_dir / "results.json"
-        if results.exists():
-            sweep_job.seconds = json.loads(results.read_text()).get("worker_s") or 0.0
-    table = write_summary([j for j, _ in submitted], sweep_dir)
-    print(f"\nsweep: {len(submitted)} runs\n{table}\nsweep summary: {sweep_dir / 'summary.md'} · "
-          f"{sweep_dir / 'summary.csv'} · {sweep_dir / 'summary.png'}", flush=True)
+    report([j for j, _ in submitted], sweep_dir)
     return worst
 

@@ -96,12 +96,13 @@ class SweepJob:
     num: int
     overrides: list[str]
     run_dir: Path
-    request: GpuRequest
+    request: GpuRequest = GpuRequest(0)  # (a SLURM sweep's runs ask SLURM, not this pool)
     gpus: list[int] = field(default_factory=list)
     process: subprocess.Popen | None = None
     started: float = 0.0
     seconds: float = 0.0
     exit_code: int | None = None
+    row: dict[str, Any] | None = None  # its summary row, read from its run dir once it has ended
 
 
 def _die_with_parent() -> None:
@@ -133,7 +134,7 @@ class LocalSweep:
                 taken = self.pool.take(job.request)
                 if taken is not None:
                     break
-            self._reap(block=True)
+            self._wait_for_one()
         job.gpus = taken
         job.run_dir.mkdir(parents=True, exist_ok=True)
         out = open(job.run_dir / "launch.out", "w")  # noqa: SIM115 - closed when the job is reaped
@@ -157,15 +158,14 @@ class LocalSweep:
             env["OMP_NUM_THREADS"] = str(max(1, available_cores(env) // self.pool.cpu_slots))
         return env
 
-    def _reap(self, block: bool) -> None:
+    def _wait_for_one(self) -> None:
+        """Until a running job ends (something runs whenever a job waits: with all free it would fit)."""
         while True:
             for job in list(self.running):
                 code = job.process.poll()
                 if code is not None:
                     self._finished(job, code)
                     return
-            if not block:
-                return
             time.sleep(0.2)
 
     def _finished(self, job: SweepJob, code: int) -> None:
@@ -186,7 +186,7 @@ class LocalSweep:
     def wait_all(self) -> list[SweepJob]:
         try:
             while self.running:
-                self._reap(block=True)
+                self._wait_for_one()
         except BaseException:
             self.stop()
             raise
@@ -217,13 +217,18 @@ COLUMNS = ("job", "overrides", "exit_code", "test_acc", "best_test_acc", "loss",
 
 
 def summary_row(job: SweepJob) -> dict[str, Any]:
-    results_path = job.run_dir / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    final = results.get("final") or {}
-    return {"job": job.num, "overrides": " ".join(job.overrides), "exit_code": job.exit_code,
-            "test_acc": results.get("test_acc"), "best_test_acc": results.get("best_test_acc"),
-            "loss": final.get("loss"), "img_per_s": final.get("img_per_s"), "epochs": final.get("epoch"),
-            "seconds": round(job.seconds, 1), "run_dir": str(job.run_dir)}
+    """The job's row, from its results.json (read once). `seconds`: the run's wall time here, or (a
+    SLURM run, timed elsewhere) its worker time from results.json."""
+    if job.row is None:
+        results_path = job.run_dir / "results.json"
+        results = json.loads(results_path.read_text()) if results_path.exists() else {}
+        final = results.get("final") or {}
+        seconds = job.seconds or results.get("worker_s") or 0.0
+        job.row = {"job": job.num, "overrides": " ".join(job.overrides), "exit_code": job.exit_code,
+                   "test_acc": results.get("test_acc"), "best_test_acc": results.get("best_test_acc"),
+                   "loss": final.get("loss"), "img_per_s": final.get("img_per_s"), "epochs": final.get("epoch"),
+                   "seconds": round(seconds, 1), "run_dir": str(job.run_dir)}
+    return job.row
 
 
 def swept_keys(jobs: list[SweepJob]) -> list[str]:
@@ -252,6 +257,13 @@ def write_summary(jobs: list[SweepJob], sweep_dir: Path) -> str:
     (sweep_dir / "summary.md").write_text(table)
     _plot(rows, swept_keys(jobs), sweep_dir / "summary.png")
     return table
+
+
+def report(jobs: list[SweepJob], sweep_dir: Path) -> None:
+    """Write the summary files and print the table and where they are (local and SLURM sweeps alike)."""
+    table = write_summary(jobs, sweep_dir)
+    print(f"\nsweep: {len(jobs)} runs\n{table}\nsweep summary: {sweep_dir / 'summary.md'} · "
+          f"{sweep_dir / 'summary.csv'} · {sweep_dir / 'summary.png'}", flush=True)
 
 
 def _cell(key: str, value: Any) -> str:

@@ -70,21 +70,29 @@ def _epochs(run_dir: Path) -> list[int]:
     return [json.loads(line)["epoch"] for line in metrics.read_text().splitlines() if line.strip()]
 
 
-def test_a_preempted_job_resumes_and_trains_each_epoch_once(launch, slurm_cluster):
-    """SIGUSR2 (what SLURM sends before a preemption or the time limit) mid-run: the ranks finish the
-    epoch, rank 0 checkpoints and requeues; the requeued job continues the same run dir."""
+LONG_RUN_EPOCHS = 40
+
+
+def _interrupted_long_run(launch, slurm_cluster: str, interrupt: list[str]) -> tuple[Path, str, dict]:
+    """Submit a 40-epoch 2-task job, run `interrupt + [job id]` after its 3rd epoch, wait for it to end.
+    Returns the run dir, the job id and results.json."""
     env = clean_env(SLURM_CONF=slurm_cluster)
-    epochs = 40
-    submitted = launch("recipe=digits", "gpus=[]", "strategy=ddp", "nprocs=2", f"epochs={epochs}", "backend=slurm",
-                       env=env)
+    submitted = launch("recipe=digits", "gpus=[]", "strategy=ddp", "nprocs=2", f"epochs={LONG_RUN_EPOCHS}",
+                       "backend=slurm", env=env)
     assert submitted.returncode == 0, submitted.output
     run_dir = submitted.run_dir()
     job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
-    _wait_for(lambda: len(_epochs(run_dir)) >= 3, 120, "3 epochs before the signal")
-    subprocess.run(["scancel", "--signal=USR2", job_id], env=env, check=True)
+    _wait_for(lambda: len(_epochs(run_dir)) >= 3, 120, "3 epochs before the interruption")
+    subprocess.run([*interrupt, job_id], env=env, check=True)
     _wait_for(lambda: (run_dir / "results.json").exists(), 240, "the requeued job to finish")
-    assert _epochs(run_dir) == list(range(1, epochs + 1))  # every epoch once, none lost, none repeated
-    results = json.loads((run_dir / "results.json").read_text())
+    return run_dir, job_id, json.loads((run_dir / "results.json").read_text())
+
+
+def test_a_preempted_job_resumes_and_trains_each_epoch_once(launch, slurm_cluster):
+    """SIGUSR2 (what SLURM sends before a preemption or the time limit) mid-run: the ranks finish the
+    epoch, rank 0 checkpoints and requeues; the requeued job continues the same run dir."""
+    run_dir, job_id, results = _interrupted_long_run(launch, slurm_cluster, ["scancel", "--signal=USR2"])
+    assert _epochs(run_dir) == list(range(1, LONG_RUN_EPOCHS + 1))  # every epoch once, none lost or repeated
     assert results["resumed_from"].endswith("checkpoints/last.pt") and results["ranks_agree"]
     assert results["test_acc"] >= 0.95
     log = (run_dir / "train.log").read_text()
@@ -95,18 +103,8 @@ def test_a_preempted_job_resumes_and_trains_each_epoch_once(launch, slurm_cluste
 def test_a_job_requeued_without_warning_resumes_from_its_last_epoch_checkpoint(launch, slurm_cluster):
     """`scontrol requeue` kills the job outright (no SIGUSR2): the partial epoch is lost, the finished
     ones are not, and metrics.jsonl still lists every epoch once."""
-    env = clean_env(SLURM_CONF=slurm_cluster)
-    epochs = 40
-    submitted = launch("recipe=digits", "gpus=[]", "strategy=ddp", "nprocs=2", f"epochs={epochs}", "backend=slurm",
-                       env=env)
-    assert submitted.returncode == 0, submitted.output
-    run_dir = submitted.run_dir()
-    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
-    _wait_for(lambda: len(_epochs(run_dir)) >= 3, 120, "3 epochs before the requeue")
-    subprocess.run(["scontrol", "requeue", job_id], env=env, check=True)
-    _wait_for(lambda: (run_dir / "results.json").exists(), 240, "the requeued job to finish")
-    assert _epochs(run_dir) == list(range(1, epochs + 1))
-    results = json.loads((run_dir / "results.json").read_text())
+    run_dir, _, results = _interrupted_long_run(launch, slurm_cluster, ["scontrol", "requeue"])
+    assert _epochs(run_dir) == list(range(1, LONG_RUN_EPOCHS + 1))
     assert results["resumed_from"].endswith("checkpoints/last.pt") and results["test_acc"] >= 0.95
 
 

@@ -58,3 +58,28 @@ def test_mask_follows_cuda_rules():
 
 def test_cpu_mask_hides_every_gpu():
     assert cuda_visible_devices([], FOUR) == ""
+
+
+def test_gpu_loads_follow_the_mask_by_index_or_uuid(monkeypatch):
+    """NVML read through a stand-in module (no driver here): the visible tokens pick the devices."""
+    import sys
+    import types
+
+    from launcher.gpus import gpu_loads
+
+    class Err(Exception):
+        pass
+
+    devices = [("GPU-aaa", 10, 80, 99), ("GPU-bbb", 70, 80, 0)]
+    fake = types.SimpleNamespace(
+        NVMLError=Err, nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetUUID=lambda h: devices[h][0],
+        nvmlDeviceGetName=lambda h: b"H200",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(free=devices[h][1] * 2**30,
+                                                                total=devices[h][2] * 2**30),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=devices[h][3]),
+        nvmlSystemGetDriverVersion=lambda: "580.0")
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    loads = gpu_loads(["GPU-bbb", "0"])  # CUDA_VISIBLE_DEVICES=GPU-bbb,0
+    assert [(g.index, g.free_gib, g.util_pct) for g in loads] == [(0, 70.0, 0), (1, 10.0, 99)]
+    assert gpu_loads(["5"]) is None  # a token NVML does not know: no partial answer

@@ -22,28 +22,28 @@ def composed(*overrides: str):
 
 
 def test_ddp_on_gpus_is_one_task_per_gpu():
-    params = slurm.sbatch_parameters(composed("recipe=cifar10", "gpus=4", "batch_size=1024"), Path("/r"))
+    params = slurm.sbatch_parameters(composed("recipe=cifar10", "gpus=4", "batch_size=1024"))
     assert params["ntasks_per_node"] == 4 and params["gpus_per_node"] == 4 and params["nodes"] == 1
 
 
 def test_dataparallel_is_one_task_with_all_the_gpus():
-    params = slurm.sbatch_parameters(composed("recipe=cifar10", "gpus=2", "strategy=dp"), Path("/r"))
+    params = slurm.sbatch_parameters(composed("recipe=cifar10", "gpus=2", "strategy=dp"))
     assert params["ntasks_per_node"] == 1 and params["gpus_per_node"] == 2
 
 
 def test_cpu_ranks_are_tasks_and_no_gpu_is_asked_for():
-    params = slurm.sbatch_parameters(composed("gpus=[]", "strategy=ddp", "nprocs=2"), Path("/r"))
+    params = slurm.sbatch_parameters(composed("gpus=[]", "strategy=ddp", "nprocs=2"))
     assert params["ntasks_per_node"] == 2 and "gpus_per_node" not in params
 
 
 def test_gpus_must_be_a_count_before_the_nodes_are_known():
     with pytest.raises(ConfigError, match="gpus=4 backend=slurm"):
-        slurm.sbatch_parameters(composed("gpus=auto"), Path("/r"))
+        slurm.sbatch_parameters(composed("gpus=auto"))
 
 
 def test_several_nodes_need_ddp():
     with pytest.raises(ConfigError, match="backend.nodes"):
-        slurm.sbatch_parameters(composed("recipe=cifar10", "gpus=2", "strategy=dp", "backend.nodes=2"), Path("/r"))
+        slurm.sbatch_parameters(composed("recipe=cifar10", "gpus=2", "strategy=dp", "backend.nodes=2"))
 
 
 def test_tasks_run_locally_on_what_the_allocation_gave_them():
