@@ -63,10 +63,10 @@ def _gpus_text(spec) -> str:
 def _thread_env(env: Mapping[str, str], nprocs: int, on_gpu: bool) -> dict[str, str]:
     """CPU threads per worker, unless the user set OMP_NUM_THREADS.
 
-    GPU workers get 1, as under torchrun: with 16 each (the share of 32 cores), 2-GPU DDP of
-    ResNet-18 ran at 85k img/s against 114k with 1 (2x H200, BENCHMARKS.md); idle OpenMP threads
-    spinning after each parallel region starve the threads that feed the GPUs. CPU workers do the
-    arithmetic themselves, so they share the cores instead (torchrun's 1 would starve them).
+    GPU workers get 1, as under torchrun: their CPU work is issuing kernels, and idle OpenMP threads
+    spinning after a parallel region only compete with that (no measurement here isolates the effect;
+    BENCHMARKS.md). CPU workers do the arithmetic themselves, so they share the cores instead
+    (torchrun's 1 would starve them).
     """
     if "OMP_NUM_THREADS" in env:
         return {}
@@ -77,7 +77,8 @@ def available_cores(env: Mapping[str, str]) -> int:
     """Cores this launch may use: a SLURM allocation's share, else this process's CPU affinity.
 
     os.cpu_count() counts the whole host; two runs sharing it, each sizing its threads to all of it,
-    ran 100x slower than one (two digits runs side by side on 2 cores, both at 2 threads per rank).
+    crawled (a 3-run digits job array on the 2-core test cluster: the two runs side by side, 2 threads
+    each, at 110 and 116 img/s, the third alone at 11,477; seen once, before this function existed).
     """
     if env.get("SLURM_CPUS_ON_NODE", "").isdigit():  # the job's CPUs on this node, all its tasks together
         return int(env["SLURM_CPUS_ON_NODE"])

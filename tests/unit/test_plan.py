@@ -29,7 +29,7 @@ def test_gpu_list_becomes_the_workers_mask(cuda_build):
 
 
 def test_gpu_workers_get_one_cpu_thread_unless_the_user_chose(cuda_build):
-    # 16 OpenMP threads per GPU worker cost 2-GPU DDP a quarter of its speed (BENCHMARKS.md).
+    # torchrun's default for GPU workers; CPU workers share the cores instead (below).
     assert make_plan(composed("gpus=[0,1]"), env={}, physical_count=2).env["OMP_NUM_THREADS"] == "1"
     chosen = make_plan(composed("gpus=[0,1]"), env={"OMP_NUM_THREADS": "4"}, physical_count=2)
     assert "OMP_NUM_THREADS" not in chosen.env  # inherited as the user set it
