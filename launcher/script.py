@@ -16,17 +16,14 @@ Arguments reach the script two ways: everything after `--` verbatim, and `args.K
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from launcher.config import ConfigError
-from launcher.spawn import Outcome, _quiet_elastic, patched_environ, restored_signal_handlers
+from launcher.spawn import Outcome, _quiet_elastic, launch_config, patched_environ, restored_signal_handlers
 
 
 def script_path(cfg: DictConfig) -> Path:
@@ -50,33 +47,26 @@ def script_argv(cfg: DictConfig) -> list[str]:
 
 
 def run_script(cfg: DictConfig, run_dir: Path, nprocs: int, worker_env: dict[str, str], max_restarts: int) -> Outcome:
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     path = script_path(cfg)
     argv = script_argv(cfg)
     _quiet_elastic()
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="launch-script-")
     env = {**worker_env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "PYTHONUNBUFFERED": "1"}
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nprocs, run_id=f"script-{uuid.uuid4().hex[:12]}",
-                          role="rank",  # output lines are prefixed [rank0]:, [rank1]:
-                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=max_restarts,
-                          monitor_interval=0.1, logs_specs=DefaultLogsSpecs(log_dir=str(logs), tee=Std.ALL))
-    try:
-        with patched_environ(env), restored_signal_handlers():
-            try:
-                elastic_launch(config, sys.executable)("-u", str(path), *argv)
-            except ChildFailedError as err:
-                return _describe(err, path, logs)
-            except SignalException as sig:
-                return Outcome(128 + int(sig.sigval), error=f"stopped by signal {sig.sigval}: all ranks of {path.name} "
-                                                           f"ended; their output is in {logs}")
-        return Outcome(0)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    with patched_environ(env), restored_signal_handlers():
+        config = launch_config(nprocs, max_restarts, str(logs), tee_output=True)
+        try:
+            elastic_launch(config, sys.executable)("-u", str(path), *argv)
+        except ChildFailedError as err:
+            return _describe(err, path, logs)
+        except SignalException as sig:
+            return Outcome(128 + int(sig.sigval), error=f"stopped by signal {sig.sigval}: all ranks of {path.name} "
+                                                       f"ended; their output is in {logs}")
+    return Outcome(0)
 
 
 def _describe(err: Any, path: Path, logs: Path) -> Outcome:

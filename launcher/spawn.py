@@ -118,8 +118,13 @@ def _stop_forkserver() -> None:
             os.waitpid(pid, 0)
 
 
-def _launch_config(nprocs: int, max_restarts: int, log_dir: str):
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+def launch_config(nprocs: int, max_restarts: int, log_dir: str, tee_output: bool = False):
+    """elastic's LaunchConfig for `nprocs` local workers (also used for user scripts, launcher/script.py).
+
+    tee_output: every rank's stdout/stderr also goes to files under log_dir, prefixed [rankN]: on the
+    console (a script's own output); otherwise the workers' output is inherited as is.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig
 
     options: dict[str, Any] = dict(
@@ -127,7 +132,8 @@ def _launch_config(nprocs: int, max_restarts: int, log_dir: str):
         run_id=f"launch-{uuid.uuid4().hex[:12]}",
         rdzv_backend="c10d", rdzv_endpoint="localhost:0",
         max_restarts=max_restarts, monitor_interval=0.1, start_method=start_method(),
-        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL if tee_output else Std.NONE),
+        role="rank" if tee_output else "default",
     )
     known = {f.name for f in dataclasses.fields(LaunchConfig)}
     if "shutdown_timeout" in known:  # newer torch; older ones read TORCH_ELASTIC_SHUTDOWN_TIMEOUT or wait 30 s
@@ -153,7 +159,7 @@ def launch_local(spec, nprocs: int, max_restarts: int) -> Outcome:
     env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     try:
         with patched_environ(env), restored_signal_handlers():
-            config = _launch_config(nprocs, max_restarts, scratch)
+            config = launch_config(nprocs, max_restarts, scratch)
             try:
                 returns = elastic_launch(config, worker_main)(spec)
             except ChildFailedError as err:
