@@ -19,6 +19,8 @@ for _ in range(args.steps):
     dist.all_reduce(total)
 print(f"rank {rank} of {dist.get_world_size()} local {os.environ['LOCAL_RANK']} name={args.name} sum={total.item()}",
       flush=True)
+# Leave the group before exiting, failing or not: a gloo group still alive at interpreter exit can
+# abort the process (SIGABRT, "terminate called without an active exception") and hide the exit code.
+dist.destroy_process_group()
 if rank == args.fail_rank:
     sys.exit(3)
-dist.destroy_process_group()
