@@ -36,6 +36,7 @@ def run(model: str, gpus: list[int], strategy: str, epochs: int, extra: tuple[st
     steady = rows[1:] or rows
     record.update({
         "img_per_s": round(sum(r["img_per_s"] for r in steady) / len(steady)),
+        "wall_img_per_s": wall_img_per_s(rows),
         "first_step_s": round(res["first_step_s"], 2),
         "startup": res.get("startup"),
         "host_issue_s": round(sum(r["host_issue_s"] for r in steady) / len(steady), 4),
@@ -47,6 +48,17 @@ def run(model: str, gpus: list[int], strategy: str, epochs: int, extra: tuple[st
         "torch": res["torch"],
     })
     return record
+
+
+def wall_img_per_s(rows: list[dict]) -> int | None:
+    """Images per second of wall time from epoch 2's start to the last epoch's start: everything a run
+    does between epochs counts (checkpoint snapshot, buffer averaging, logs) except evaluation, unlike
+    `img_per_s`, which is the slowest rank's training span on the device clock."""
+    if len(rows) < 3 or "started_unix" not in rows[0]:
+        return None
+    per_epoch = rows[0]["img_per_s"] * rows[0]["train_s"]
+    seconds = rows[-1]["started_unix"] - rows[1]["started_unix"] - sum(r.get("eval_s", 0.0) for r in rows[1:-1])
+    return round(per_epoch * (len(rows) - 2) / seconds)
 
 
 def main() -> None:

@@ -67,18 +67,47 @@ def optimizer_states(state: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     return [state["optimizer_state_dict"]], [state["scheduler_state_dict"]]
 
 
-def to_host(obj: Any) -> Any:
-    """A copy of a (nested) state with every tensor copied to host memory: a snapshot the training
-    can keep changing in place while the copy is written."""
-    import torch
+class HostSnapshot:
+    """A copy of a (nested) state with every tensor in host memory, which training can go on changing
+    in place while the copy is written.
 
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: to_host(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_host(v) for v in obj)
-    return obj
+    GPU tensors are copied into pinned memory with non-blocking copies on each device's current
+    stream: the host only queues them (a synchronous copy of ResNet-18's weights and momentum, ~90 MB in
+    ~200 tensors, held rank 0 at every epoch end), and the stream's order keeps the next step from
+    changing a tensor before its copy is done. `state()` waits for the copies; the writer thread calls it.
+    Pinned blocks come from torch's caching host allocator, so epochs after the first reuse them.
+    """
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        import torch
+
+        self._devices: set = set()
+        self._state = self._copy(state)
+        self._copied = [torch.cuda.current_stream(d).record_event() for d in sorted(self._devices, key=str)]
+
+    def _copy(self, obj: Any) -> Any:
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            if obj.device.type != "cuda":
+                return obj.detach().clone()
+            self._devices.add(obj.device)
+            host = torch.empty(obj.shape, dtype=obj.dtype, pin_memory=True)
+            return host.copy_(obj.detach(), non_blocking=True)
+        if isinstance(obj, dict):
+            return {k: self._copy(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._copy(v) for v in obj)
+        return obj
+
+    def state(self) -> dict[str, Any]:
+        for event in self._copied:
+            event.synchronize()
+        return self._state
+
+
+def save_snapshot(snapshot: HostSnapshot, path: Path) -> None:
+    save_atomic(snapshot.state(), path)
 
 
 class BackgroundWriter:
@@ -93,9 +122,9 @@ class BackgroundWriter:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launcher-checkpoint")
         self._pending = None
 
-    def submit(self, state: dict[str, Any], path: Path) -> None:
+    def submit(self, snapshot: HostSnapshot, path: Path) -> None:
         self.wait()
-        self._pending = self._pool.submit(save_atomic, state, path)
+        self._pending = self._pool.submit(save_snapshot, snapshot, path)
 
     def wait(self) -> None:
         pending, self._pending = self._pending, None

@@ -138,6 +138,8 @@ def cuda_visible_devices(ids: Sequence[int], visible: Sequence[str]) -> str:
 
 BUSY_UTIL_PCT = 50  # a GPU above this utilization, or with under half its memory free, counts as busy
 BUSY_FREE_SHARE = 0.5
+IDLE_USED_GIB = 1.0  # a GPU using less memory than this (the driver's own share) and at most
+IDLE_UTIL_PCT = 5  # this utilization runs nothing: idle GPUs are taken in index order
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,10 @@ class GpuLoad:
     @property
     def busy(self) -> bool:
         return self.util_pct > BUSY_UTIL_PCT or self.free_gib < BUSY_FREE_SHARE * self.total_gib
+
+    @property
+    def idle(self) -> bool:
+        return self.total_gib - self.free_gib < IDLE_USED_GIB and self.util_pct <= IDLE_UTIL_PCT
 
     def describe(self) -> str:
         return f"GPU {self.index}: {self.free_gib:.1f} of {self.total_gib:.1f} GiB free, {self.util_pct}% busy"
@@ -213,9 +219,14 @@ def gpu_loads(visible: Sequence[str]) -> list[GpuLoad] | None:
 def least_busy(loads: Sequence[GpuLoad], count: int) -> tuple[list[int], str]:
     """The `count` GPUs to use on a shared machine, and one line saying why.
 
-    Idle GPUs first, then the most free memory, then the least utilization; ties keep index order.
+    Idle GPUs first, in index order (an idle 8-GPU box gives [0..N-1], not an order set by a few MiB of
+    driver memory); then GPUs in use but not busy, then busy ones, each by the most free memory, then
+    the least utilization.
     """
-    ranked = sorted(loads, key=lambda g: (g.busy, -round(g.free_gib, 1), g.util_pct, g.index))
+    def rank(g: GpuLoad) -> tuple:
+        return (0, g.index) if g.idle else (1 + g.busy, -round(g.free_gib, 1), g.util_pct, g.index)
+
+    ranked = sorted(loads, key=rank)
     chosen = sorted(g.index for g in ranked[:count])
     passed = [g for g in loads if g.index not in chosen]
     why = f"gpus={count}: chose GPU{'s' if count > 1 else ''} {chosen}, the least busy of {len(loads)} (" + \

@@ -4,6 +4,7 @@ GPUs, a real CUDA out-of-memory, and gpus=N passing over a busy GPU.
     python -m pytest -m gpu tests/gpu/test_gpu_user_day.py -v      # on nvidia-h200-x2
 """
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -15,6 +16,22 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+
+
+@contextlib.contextmanager
+def another_job_holding(gpu_memory: dict[int, float]):
+    """A separate process that holds a share of the free memory of each GPU given, as another user's job would."""
+    hold = ("import sys, time, torch; shares = eval(sys.argv[1]); "
+            "held = [torch.empty(int(torch.cuda.mem_get_info(i)[0] * share), dtype=torch.uint8, device=f'cuda:{i}') "
+            "for i, share in shares.items()]; print('ready', flush=True); time.sleep(600)")
+    hog = subprocess.Popen([sys.executable, "-c", hold, repr(gpu_memory)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout.readline().strip() == "ready"
+        time.sleep(1)  # NVML's view catches up
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
 
 
 @two_gpus
@@ -30,29 +47,19 @@ def test_a_two_run_sweep_runs_at_once_on_gpu_0_and_gpu_1(launch):
 
 @two_gpus
 def test_cuda_out_of_memory_names_the_rank_the_gpu_and_the_batch(launch):
-    # ResNet-18's activations for 25,000 CIFAR images per rank do not fit in a GPU's memory
-    result = launch("recipe=cifar10", "data.synthetic=true", "recipe.model=resnet18", "gpus=[0,1]", "epochs=1",
-                    "batch_size=50000", "recipe.cuda_graph=false", timeout=600)
+    # Another job leaves ~10% of each GPU free: ResNet-18's activations for 8,192 images per rank do not fit.
+    with another_job_holding({0: 0.9, 1: 0.9}):
+        result = launch("recipe=cifar10", "data.synthetic=true", "recipe.model=resnet18", "gpus=[0,1]", "epochs=1",
+                        "batch_size=16384", "recipe.cuda_graph=false", timeout=600)
     assert result.returncode == 1, result.output
     err = result.stderr
-    assert "out of memory on rank" in err and "GPU" in err and "batch_size=50000 = 25000 per rank" in err
+    assert "out of memory on rank" in err and "GPU" in err and "batch_size=16384 = 8192 per rank" in err
     assert "Traceback" not in err
 
 
+@two_gpus
 def test_gpus_1_passes_over_a_busy_gpu(launch):
-    if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs")
-    # hold most of GPU 0's memory in another process, as another user's job would
-    hold = ("import torch, time; free = torch.cuda.mem_get_info(0)[0]; "
-            "x = torch.empty(int(free * 0.8), dtype=torch.uint8, device='cuda:0'); print('ready', flush=True); "
-            "time.sleep(600)")
-    hog = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
-    try:
-        assert hog.stdout.readline().strip() == "ready"
-        time.sleep(1)
+    with another_job_holding({0: 0.8}):
         result = launch("recipe=cifar10", "data.synthetic=true", "gpus=1", "dry_run=true")
-        assert result.returncode == 0, result.output
-        assert "chose GPU [1]" in result.stdout and "passed over busy GPU 0" in result.stdout
-    finally:
-        hog.kill()
-        hog.wait()
+    assert result.returncode == 0, result.output
+    assert "chose GPU [1]" in result.stdout and "passed over busy GPU 0" in result.stdout

@@ -19,6 +19,15 @@ def test_atomic_save_and_weights_only_load(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]  # no temporary file left
 
 
+def test_a_checkpoint_written_in_the_background_holds_the_state_of_when_it_was_taken(tmp_path):
+    weights = torch.arange(4.0)
+    writer = checkpoint.BackgroundWriter()
+    writer.submit(checkpoint.HostSnapshot({"net_state_dict": {"w": weights}, "epoch": 1}), tmp_path / "last.pt")
+    weights.add_(100)  # training goes on changing the weights in place
+    writer.close()
+    assert torch.equal(checkpoint.load(tmp_path / "last.pt")["net_state_dict"]["w"], torch.arange(4.0))
+
+
 def test_resolve_resume(tmp_path):
     older, newer = tmp_path / "outputs" / "a", tmp_path / "outputs" / "b"
     for run in (older, newer):

@@ -85,3 +85,13 @@ def test_a_count_on_a_shared_machine_masks_the_least_busy_gpus(cuda_build):
     plan = make_plan(composed("gpus=1"), env={}, physical_count=2, loads=loads)
     assert plan.gpu_ids == [1] and plan.env["CUDA_VISIBLE_DEVICES"] == "1"
     assert "chose GPU [1]" in plan.gpu_choice and "passed over busy GPU 0" in plan.gpu_choice
+
+
+def test_a_count_on_an_idle_machine_takes_the_first_gpus_whatever_their_driver_memory():
+    from launcher.gpus import GpuLoad, least_busy
+
+    idle = [GpuLoad(i, "H200", 139.5 - 0.2 * (i % 3), 140.0, 0) for i in range(8)]
+    assert least_busy(idle, 2)[0] == [0, 1]
+    # one GPU running a small job: the idle ones still come first, in index order
+    in_use = [GpuLoad(0, "H200", 120.0, 140.0, 20), *idle[1:]]
+    assert least_busy(in_use, 2)[0] == [1, 2]
