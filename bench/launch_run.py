@@ -22,6 +22,13 @@ class LaunchRun:
     output: str
     results: dict[str, Any] | None = None  # results.json, when the run finished
     metrics: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl rows
+    command_started: float = 0.0  # time.time() just before the command was started
+
+    def first_step_from_command_s(self) -> float | None:
+        """Seconds from starting the command (interpreter start-up included) to the first training step."""
+        if not self.results or "started_unix" not in self.results:
+            return None
+        return round(self.results["started_unix"] + self.results["first_step_s"] - self.command_started, 2)
 
     @property
     def ok(self) -> bool:
@@ -31,13 +38,14 @@ class LaunchRun:
         return self.output.strip().splitlines()[-lines:]
 
 
-def run_launch(*overrides: str) -> LaunchRun:
+def run_launch(*overrides: str, env: dict[str, str] | None = None) -> LaunchRun:
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as scratch:
         start = time.perf_counter()
+        run_started = time.time()
         proc = subprocess.run([sys.executable, "-m", "launcher.cli", *overrides], cwd=scratch,
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=env)
         wall = time.perf_counter() - start
-        run = LaunchRun(proc.returncode, round(wall, 2), proc.stdout + proc.stderr)
+        run = LaunchRun(proc.returncode, round(wall, 2), proc.stdout + proc.stderr, command_started=run_started)
         found = list(Path(scratch).glob("outputs/**/results.json"))
         if found:
             run.results = json.loads(found[0].read_text())

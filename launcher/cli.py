@@ -184,6 +184,11 @@ def main(argv: list[str] | None = None) -> None:
 
         raise SystemExit(doctor_main(argv[1:]))
 
+    from launcher.bytecode import enable as keep_bytecode
+
+    note = keep_bytecode()  # before any heavy import here or in the processes started below
+    if note:
+        print(note, file=sys.stderr, flush=True)
     if _will_spawn_workers(argv):
         from launcher.spawn import prestart_worker_interpreter
 

@@ -576,6 +576,7 @@ class TrainingRun:
             "input_stall": round(sum(stalls) / len(stalls), 4) if stalls else None,
             "worker_s": total_s,
             "first_step_s": self.first_step_s,
+            "started_unix": self.spec.started_at,  # when `launch` began: first_step_s counts from it
             "startup": self.timeline.as_dict(),
             "resumed_from": resumed_from,
             "restarts": self.world.restart_count,

@@ -1,4 +1,5 @@
-"""Modules the forkserver imports before any worker exists, so that no worker pays for them.
+"""Modules the forkserver imports before any worker exists, so that no worker pays for them
+(the worker's entry point and trainer, torch's lazily imported parts, the built-in recipes).
 
 torch imports some of its heaviest parts lazily, on first use inside a worker: the first optimizer
 call and DDP's constructor import torch._dynamo (and with it sympy and the inductor's modules),
@@ -9,11 +10,17 @@ them already loaded. Nothing here touches CUDA (the forkserver must never initia
 
 import importlib
 
-import torch._dynamo  # noqa: F401
-import torch.nn.parallel.distributed  # noqa: F401
-import torch.optim  # noqa: F401
+from launcher import bytecode
 
-from launcher.recipes import BUILTIN
+bytecode.write_in_this_process()  # before the imports below; see launcher/bytecode.py
+
+import torch._dynamo  # noqa: E402, F401
+import torch.nn.parallel.distributed  # noqa: E402, F401
+import torch.optim  # noqa: E402, F401
+
+import launcher.trainer  # noqa: E402, F401
+import launcher.worker  # noqa: E402, F401
+from launcher.recipes import BUILTIN  # noqa: E402
 
 for _name in BUILTIN:  # the built-in recipes and their models
     importlib.import_module(f"launcher.recipes.{_name}")

@@ -101,7 +101,7 @@ def prestart_worker_interpreter() -> None:
     import multiprocessing
     from multiprocessing import forkserver
 
-    multiprocessing.set_forkserver_preload(["launcher.worker", "launcher.trainer", "launcher.preload"])
+    multiprocessing.set_forkserver_preload(["launcher.preload"])
     forkserver.ensure_running()
     atexit.register(_stop_forkserver)
 

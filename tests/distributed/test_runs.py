@@ -106,3 +106,16 @@ def test_a_finished_run_dir_is_never_written_over(launch):
     again = launch("epochs=1", f"hydra.run.dir={run_dir}")
     assert again.returncode == 2 and "already holds a run" in again.stderr
     assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+def test_a_launch_keeps_torchs_bytecode_in_its_cache_and_not_beside_the_sources(launch, tmp_path):
+    cache = tmp_path / "pycache"
+    env = clean_env(LAUNCH_PYCACHE="1", LAUNCH_PYCACHE_DIR=str(cache), PYTHONDONTWRITEBYTECODE="1")
+    first = launch(*DDP_CPU, "epochs=1", env=env)
+    assert first.returncode == 0, first.output
+    assert f"keeping it under {cache}" in first.stderr
+    # written by the launcher and by the process the workers fork from (torch._dynamo is only imported there)
+    assert list(cache.glob("**/torch/__init__.*.pyc"))
+    assert list(cache.glob("**/torch/_dynamo/*.pyc"))
+    second = launch(*DDP_CPU, "epochs=1", env=env)
+    assert second.returncode == 0 and "keeping it under" not in second.stderr  # said once
