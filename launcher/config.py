@@ -77,6 +77,10 @@ class RecipeConfig:
     # replay it. Under ddp the gradients are then averaged in flat buckets by the launcher instead of
     # DDP's reducer (launcher/step_graph.py), so strategy.static_graph/find_unused_parameters do not apply.
     cuda_graph: bool = False
+    # GPU: let cuDNN time its algorithms for each convolution shape on first use (torch.backends.cudnn
+    # .benchmark). Pays off for large convolutions; for tiny ones it only delays the first step (digits'
+    # 8x8 net: first step 1.2-3.3 s with it, 0.4-0.5 s without, later steps equal; BENCHMARKS.md).
+    cudnn_benchmark: bool = True
 
 
 @dataclass

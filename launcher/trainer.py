@@ -60,7 +60,7 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
         # DataParallel runs each replica in a new thread every step, and cuDNN's autotuning results do not
         # carry over between those threads, so with benchmark on it re-tunes every step: on 2x H200 the
         # fast net ran at 2.5k img/s under dp with it on, 63.7k with it off (BENCHMARKS.md).
-        torch.backends.cudnn.benchmark = layout.strategy != "dp"
+        torch.backends.cudnn.benchmark = cfg.recipe.cudnn_benchmark and layout.strategy != "dp"
         torch.set_float32_matmul_precision("high")
     distributed = layout.strategy == "ddp"
     if distributed:
