@@ -475,7 +475,8 @@ class TrainingRun:
                 self.bar.epoch_done(row)
                 self._log_epoch(row)
                 advised = advised or self._advise(row, epoch)
-            if self.stop_requested and epoch + 1 < cfg.epochs and cfg.checkpoint and preemption.may_requeue():
+            more_to_do = epoch + 1 < cfg.epochs and cfg.checkpoint
+            if self.stop_requested and more_to_do and preemption.may_requeue(warn=self.is_main):
                 self._stop_for_requeue(epoch + 1)
         digests, devices = self._gather_rank_facts()
         if not self.is_main:

@@ -72,12 +72,14 @@ class PreemptionWatch:
             self._previous = None
 
 
-def may_requeue() -> bool:
+def may_requeue(warn: bool = True) -> bool:
+    """Whether this job may be requeued once more (every rank decides alike; `warn` on one of them)."""
     limit = int(os.environ.get(MAX_ENV, "3"))
     if restart_count() >= limit:
-        log.warning("SIGUSR2 received, but this job was requeued %d times already (backend.max_requeues=%d): "
-                    "training goes on until SLURM stops it; resume later from the last checkpoint",
-                    restart_count(), limit)
+        if warn:
+            log.warning("SIGUSR2 received, but this job was requeued %d times already (backend.max_requeues=%d): "
+                        "training goes on until SLURM stops it; resume later from the last checkpoint",
+                        restart_count(), limit)
         return False
     return True
 

@@ -87,9 +87,12 @@ def run(cfg: DictConfig, run_dir: Path, started: float | None = None, overrides:
 
 
 def _submit_to_slurm(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Outcome:
-    from launcher import slurm
+    from launcher import script, slurm
 
-    check_model(get_recipe(cfg.recipe.name), cfg)
+    if cfg.script:
+        script.script_path(cfg)  # a missing script fails here, not in every task of the job
+    else:
+        check_model(get_recipe(cfg.recipe.name), cfg)
     if cfg.dry_run:
         print(f"dry run: nothing submitted. The batch script for {cfg.recipe.name} ({cfg.recipe.model}):\n")
         print(slurm.sbatch_script(cfg, run_dir))

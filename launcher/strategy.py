@@ -14,11 +14,11 @@ from launcher.config import ConfigError
 if TYPE_CHECKING:
     import torch
 
-# Measured through `launch` itself (bench/scaling.py, BENCHMARKS.md): 2x H200, torch 2.11, 2026-11-22,
-# CIFAR-shaped data, bf16, ResNet-18 at batch 512 per GPU, all in one run.
+# Measured through `launch` itself (bench/scaling.py, BENCHMARKS.md run C): 2x H200, torch 2.11,
+# 2026-11-22, CIFAR-shaped data, bf16, ResNet-18 at batch 512 per GPU, all in one run.
 DP_COST = (
     "strategy=dp runs nn.DataParallel in one process, which is slow: on 2x H200 with ResNet-18 at batch "
-    "512/GPU it gave 16.4k img/s, against 59.6k on ONE GPU and 84.0k with DDP on two (BENCHMARKS.md). "
+    "512/GPU it gave 15.3k img/s (0.26x), against 59.4k on ONE GPU and 115.9k with DDP on two (BENCHMARKS.md). "
     "Use strategy=ddp (the default for several GPUs) unless you need one process."
 )
 

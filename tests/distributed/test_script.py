@@ -34,6 +34,13 @@ def test_a_missing_script_is_one_line(launch):
     assert result.stderr.strip().startswith("launch: script=nope.py is not valid: no such file")
 
 
+def test_a_missing_script_is_refused_before_a_slurm_job_is_submitted(launch):
+    result = launch("script=nope.py", "backend=slurm", *CPU2)  # no SLURM needed: nothing is submitted
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("launch: script=nope.py is not valid: no such file")
+    assert not list(result.cwd.glob("outputs/**/.submitit"))
+
+
 def test_a_sweep_over_the_scripts_arguments(launch):
     result = launch("-m", f"script={SCRIPT}", *CPU2, "+args.name=a,b", timeout=300)
     assert result.returncode == 0, result.output
