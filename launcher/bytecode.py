@@ -66,9 +66,9 @@ def enable(env: MutableMapping[str, str] | None = None) -> str | None:
     write_in_this_process(env)
     if not new:
         return None
-    return (f"launch: torch has no Python bytecode here and this environment writes none "
-            f"(PYTHONDONTWRITEBYTECODE); keeping it under {folder} so later launches start faster "
-            f"({SWITCH}=0 turns this off)")
+    why = "PYTHONDONTWRITEBYTECODE" if sys.flags.dont_write_bytecode else "torch's folder is read-only"
+    return (f"launch: torch has no Python bytecode here and Python writes none ({why}); keeping it "
+            f"under {folder} so later launches start faster ({SWITCH}=0 turns this off)")
 
 
 def write_in_this_process(env: MutableMapping[str, str] | None = None) -> None:
