@@ -43,6 +43,8 @@ WARMUP_STEPS = 3
 
 class NonFiniteLoss(RuntimeError):
     """The training loss became NaN or infinite: every rank stops at the end of that epoch."""
+
+
 PREPARE_MODEL_SAMPLE = 5000  # training images a recipe's prepare_model sees (airbench94 whitens from them)
 
 

@@ -5,15 +5,16 @@ long as running them: the GPU waits for the host. Under DDP it gets worse, becau
 per-parameter autograd hooks add host work to every backward pass. Capturing the step once and
 replaying it costs one launch per step instead.
 
-What is in the graph: zeroing the gradients, augmentation, normalization, forward, loss, backward,
-and the epoch's running loss/accuracy sums. What stays outside, run eagerly after each replay:
+What is in the graph: zeroing the gradients, augmentation, normalization, forward, loss, backward
+with the gradient all-reduce (ranks > 1), and the epoch's running loss/accuracy sums. DDP's reducer
+cannot run inside a replayed graph (its host-side bookkeeping would not replay), so the gradients
+live in flat buffers (`FlatGradients`) whose buckets are all-reduced from autograd hooks; captured
+once, those all-reduces replay with the backward pass. NCCL's watchdog does not see collectives
+inside a graph, so the loop bounds its epoch-end wait by `strategy.timeout_s` (stall.wait_for).
 
-- the gradient all-reduce (ranks > 1). DDP's reducer cannot run inside a replayed graph (its host-side
-  bookkeeping would not replay), so the gradients live in one flat buffer per dtype (`FlatGradients`)
-  and are averaged with a single all-reduce, a collective the NCCL watchdog still sees, so a dead or
-  hung peer still ends the launch within `strategy.timeout_s`;
-- the optimizer and its schedule: learning rates change every step and live in Python floats, and
-  Muon's orthogonalization is its own story; a foreach/fused step is a handful of launches anyway.
+What stays outside, run eagerly after each replay: the optimizer and its schedule (learning rates
+change every step and live in Python floats, and Muon's orthogonalization is its own story; a
+foreach/fused step is a handful of launches anyway).
 
 The gradients stay in place between steps (`FlatGradients`), so nothing may set them to None, and
 the inputs are copied into static buffers before each replay.

@@ -8,7 +8,8 @@
     data_loaded      the dataset is in memory where it trains (synthetic data is generated here)
     model_on_device  the model is built and moved to its device
     model_built      the model is wrapped (DDP broadcasts the weights) and optimizers exist
-    warmed_up        torch.compile warm-up finished (only with recipe.compile=true)
+    warmed_up        torch.compile warm-up and/or the CUDA-graph capture finished (recipe.compile,
+                     recipe.cuda_graph on a GPU)
     first_step       the first training step finished on the device (cuDNN autotuning included)
 
 Rank 0's timeline goes into results.json (`startup`) and one log line, so the 15-20 s a multi-GPU
