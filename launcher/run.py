@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher import checkpoint, distenv, logs, preemption
+from launcher import checkpoint, distenv, logs, preemption, reporting
 from launcher.config import LaunchError, validate
 from launcher.plan import Plan, make_plan
 from launcher.recipes import check_model, get_recipe, prepare
@@ -94,7 +94,8 @@ def _submit_to_slurm(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> Ou
     else:
         check_model(get_recipe(cfg.recipe.name), cfg)
     if cfg.dry_run:
-        print(f"dry run: nothing submitted. The batch script for {cfg.recipe.name} ({cfg.recipe.model}):\n")
+        what = cfg.script if cfg.script else f"{cfg.recipe.name} ({cfg.recipe.model})"
+        print(f"dry run: nothing submitted. The batch script for {what}:\n")
         print(slurm.sbatch_script(cfg, run_dir))
         return Outcome(0)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -123,22 +124,8 @@ def _run_user_script(cfg: DictConfig, plan: Plan, run_dir: Path, started: float)
         _write_run_files(cfg, plan, run_dir, None)
         log.info("script: %s on %s", command, plan.describe(with_batch=False))  # (batch size is the script's)
     if plan.joined is not None:  # inside torchrun/srun: this process is one rank; run the script here
-        import runpy
-        import sys
-
-        os.environ.update(plan.env)
-        saved = sys.argv
-        sys.argv = [str(path), *argv]
-        try:
-            runpy.run_path(str(path), run_name="__main__")
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-            if code:
-                return Outcome(code, error=f"rank {plan.joined.rank}: {path.name} exited with code {code}")
-        finally:
-            sys.argv = saved
-        return Outcome(0)
-    outcome = script.run_script(cfg, run_dir, plan.layout.nprocs, plan.env, cfg.max_restarts)
+        return script.run_in_this_process(path, argv, plan.env, plan.joined.rank)
+    outcome = script.run_script(path, argv, run_dir, plan.layout.nprocs, plan.env, cfg.max_restarts)
     if outcome.exit_code == 0:
         log.info("done in %.1fs: %s finished on every rank. Output of each rank: %s  log: %s",
                  time.time() - started, path.name, run_dir / "logs", run_dir / logs.LOG_NAME)
@@ -202,10 +189,10 @@ def _summarize(outcome: Outcome, run_dir: Path, elapsed: float) -> None:
     timed = results.get("timed") or {}
     if timed.get("train_eval_s"):
         acc_text += f", training + evaluation {timed['train_eval_s']:.2f}s ({timed['clock']})"
-    curves = run_dir / "curves.png"
+    curves = run_dir / reporting.CURVES
     log.info("done in %.1fs: %s. results: %s  checkpoints: %s  log: %s%s%s", elapsed, acc_text,
              run_dir / "results.json", run_dir / "checkpoints", run_dir / logs.LOG_NAME,
              f"  curves: {curves}" if curves.exists() else "",
-             f"  tensorboard --logdir {run_dir}" if (run_dir / "tensorboard").is_dir() else "")
+             f"  tensorboard --logdir {run_dir}" if (run_dir / reporting.TENSORBOARD_DIR).is_dir() else "")
     if results and not results.get("ranks_agree", True):
         log.warning("the ranks ended with different weights: see weights_sha256 in results.json")

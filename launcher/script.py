@@ -46,13 +46,13 @@ def script_argv(cfg: DictConfig) -> list[str]:
     return argv + [str(a) for a in cfg.script_args]
 
 
-def run_script(cfg: DictConfig, run_dir: Path, nprocs: int, worker_env: dict[str, str], max_restarts: int) -> Outcome:
+def run_script(path: Path, argv: list[str], run_dir: Path, nprocs: int, worker_env: dict[str, str],
+               max_restarts: int) -> Outcome:
+    """`nprocs` ranks of the script under torch.distributed.elastic, each rank's output kept in run_dir/logs."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    path = script_path(cfg)
-    argv = script_argv(cfg)
     _quiet_elastic()
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -66,6 +66,25 @@ def run_script(cfg: DictConfig, run_dir: Path, nprocs: int, worker_env: dict[str
         except SignalException as sig:
             return Outcome(128 + int(sig.sigval), error=f"stopped by signal {sig.sigval}: all ranks of {path.name} "
                                                        f"ended; their output is in {logs}")
+    return Outcome(0)
+
+
+def run_in_this_process(path: Path, argv: list[str], worker_env: dict[str, str], rank: int) -> Outcome:
+    """Inside torchrun/srun this process is one rank already: run the script here, as `python path argv`."""
+    import os
+    import runpy
+
+    os.environ.update(worker_env)
+    saved = sys.argv
+    sys.argv = [str(path), *argv]
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if code:
+            return Outcome(code, error=f"rank {rank}: {path.name} exited with code {code}")
+    finally:
+        sys.argv = saved
     return Outcome(0)
 
 

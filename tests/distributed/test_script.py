@@ -1,9 +1,13 @@
 """`launch script=...`: a user's unmodified torchrun-style script on 2 gloo ranks, supervised like a recipe."""
 
 import csv
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import clean_env
 
 pytestmark = pytest.mark.distributed
 
@@ -20,6 +24,14 @@ def test_the_script_runs_on_two_ranks_with_its_arguments(launch):
     run_dir = result.run_dir()
     assert (run_dir / "logs").is_dir() and (run_dir / "plan.json").exists()
     assert "finished on every rank" in result.output
+
+
+def test_under_torchrun_each_rank_runs_the_script_in_its_own_process(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "launcher.cli",
+           f"script={SCRIPT}", "gpus=[]", "--", "--steps", "2", "--fail-rank", "1"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180, env=clean_env())
+    assert "rank 0 of 2 local 0 name=x sum=6.0" in proc.stdout and "rank 1 of 2 local 1 name=x sum=6.0" in proc.stdout
+    assert proc.returncode != 0 and "rank 1: torchrun_style_script.py exited with code 3" in proc.stderr
 
 
 def test_a_failing_rank_stops_the_script_with_its_exit_code(launch):
