@@ -23,17 +23,11 @@ CPU_EXAMPLE = "gpus=[]"
 def physical_gpu_count() -> int:
     """GPUs the driver knows, ignoring any mask. 0 when there is no driver. Never initializes CUDA."""
     try:
-        import pynvml
+        import pynvml  # noqa: F401
     except ImportError:  # nvidia-ml-py is a dependency; without it, ask a throwaway child process
         return _count_in_child()
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return 0  # no driver, no GPUs
-    try:
-        return int(pynvml.nvmlDeviceGetCount())
-    finally:
-        pynvml.nvmlShutdown()
+    devices, _ = nvml_devices()  # none when there is no driver
+    return len(devices)
 
 
 def _count_in_child() -> int:

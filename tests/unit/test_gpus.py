@@ -65,7 +65,7 @@ def test_gpu_loads_follow_the_mask_by_index_or_uuid(monkeypatch):
     import sys
     import types
 
-    from launcher.gpus import gpu_loads
+    from launcher.gpus import gpu_loads, physical_gpu_count
 
     class Err(Exception):
         pass
@@ -83,3 +83,4 @@ def test_gpu_loads_follow_the_mask_by_index_or_uuid(monkeypatch):
     loads = gpu_loads(["GPU-bbb", "0"])  # CUDA_VISIBLE_DEVICES=GPU-bbb,0
     assert [(g.index, g.free_gib, g.util_pct) for g in loads] == [(0, 70.0, 0), (1, 10.0, 99)]
     assert gpu_loads(["5"]) is None  # a token NVML does not know: no partial answer
+    assert physical_gpu_count() == 2  # the same NVML reading counts the GPUs
