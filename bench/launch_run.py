@@ -42,7 +42,7 @@ def run_launch(*overrides: str, env: dict[str, str] | None = None) -> LaunchRun:
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as scratch:
         start = time.perf_counter()
         run_started = time.time()
-        proc = subprocess.run([sys.executable, "-m", "launcher.cli", *overrides], cwd=scratch,
+        proc = subprocess.run([sys.executable, "-m", "launcher", *overrides], cwd=scratch,
                               capture_output=True, text=True, env=env)
         wall = time.perf_counter() - start
         run = LaunchRun(proc.returncode, round(wall, 2), proc.stdout + proc.stderr, command_started=run_started)

@@ -6,7 +6,7 @@
 Throughput: each configuration runs as its own command (a subprocess, as a user types it) on
 CIFAR-shaped synthetic data; img/s excludes the first epoch. `vs_one_gpu` compares torchrun's rows
 with its 1-GPU run; `vs_best_one_gpu` compares launch's 2-GPU rows with the faster of its 1-GPU
-variants (eager or recipe.cuda_graph=true), the fair bar for a speed-up. The torchrun rows run
+variants (eager or perf.cuda_graph=true), the fair bar for a speed-up. The torchrun rows run
 bench/torchrun_ddp.py, a plain DDP script on the same networks.
 
 Start-up: seconds from the command starting to (a) `import torch; torch.cuda.init()` finishing,
@@ -33,7 +33,7 @@ from strategies import PER_GPU_BATCH, run  # noqa: E402
 HERE = Path(__file__).parent
 
 # (variant, gpus, strategy, overrides): 1-GPU variants first, so the 2-GPU rows compare with the best of them.
-GRAPH, EAGER = ("recipe.cuda_graph=true",), ("recipe.cuda_graph=false",)
+GRAPH, EAGER = ("perf.cuda_graph=true",), ("perf.cuda_graph=false",)
 LAUNCH_RUNS = (
     ("1 GPU", [0], "single", EAGER),
     ("1 GPU, cuda_graph", [0], "single", GRAPH),

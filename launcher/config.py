@@ -1,109 +1,293 @@
-"""Config schemas (Hydra structured configs) and the checks that turn bad values into one clear line.
+"""The launch config's schema: a dataclass per section and per config-group option, Enums for choices.
 
-The schema makes a typo in a key or a wrong type fail when Hydra composes the config; `validate`
-then checks ranges and combinations that a type cannot express. Every failure is a `ConfigError`
-whose message names the key, the bad value, what is allowed and what to type instead.
+Hydra composes the config from the YAML files in conf/ (values, with comments and the command that
+uses them) over these classes (types): a typo in a key or a value of the wrong type fails when the
+config is composed, with one line (launcher/host/hydra_errors.py); launcher/host/validate.py checks what
+a type cannot say (ranges, combinations). Workers get the composed config as these dataclasses, frozen
+(launcher/spec.py), never as a DictConfig.
+
+Sections, by who reads them:
+    recipe     what is trained: the recipe's name, its model and its own hyper-parameters
+    optim      the optimizer and its schedule (a group: sgd, adamw, muon)
+    perf       how fast it runs, not what it computes: precision, compile, CUDA graphs, cuDNN, layout
+    eval       when and in what chunks the test set is scored
+    data       where the data lives and how it reaches the device
+    strategy   how devices share the work (a group: auto, single, dp, ddp; launcher/strategies)
+    backend    where the workers run (a group: local, slurm; launcher/host/backends)
+    sweep      `launch -m` on this host
+    fault      deliberate failures, to see supervision work
+and the keys typed most often (gpus, batch_size, epochs, lr, ...) at the top.
+
+To add an option to a group (a strategy, a backend, an optimizer, a recipe): its schema class here
+(a subclass of the group's base class), its line in SCHEMAS, and conf/<group>/<option>.yaml, whose
+defaults list names the schema. A user's own recipe declares its schema in its own module
+(launcher/recipes/__init__.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from launcher.errors import ConfigError
 
-
-class LaunchError(Exception):
-    """Something the user can fix (a value, a missing file). `str(err)` is the whole one-line message; exit 2."""
-
-    exit_code = 2
+MISSING = "???"  # omegaconf.MISSING: a value the composed config must fill in
 
 
-class ConfigError(LaunchError, ValueError):
-    """A bad value a user typed, with the key, what is allowed and an example."""
+class Choice(Enum):
+    """A value from a fixed set, typed on the command line by its name (`perf.precision=bf16`)."""
 
-    def __init__(self, key: str, value: Any, allowed: str, example: str | None = None):
-        shown = _show(value)
-        text = f"{key}={shown} is not valid: {allowed}"
-        if example:
-            text += f" (e.g. launch {example})"
-        super().__init__(text)
-        self.key = key
-        self.value = value
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return list(cls.__members__)
 
 
-def _show(value: Any) -> str:
-    if isinstance(value, (ListConfig, DictConfig)):
-        value = OmegaConf.to_container(value)
-    if isinstance(value, list):
-        return "[" + ",".join(str(v) for v in value) + "]"
-    if value is None:
-        return "null"
-    return str(value)
+def _choice(name: str, values: str) -> type[Choice]:
+    """A Choice whose names are not all Python identifiers (torch's `reduce-overhead`, `raise`)."""
+    return Choice(name, [(v, v) for v in values.split()], module=__name__, qualname=name)  # type: ignore[return-value]
+
+
+class Flip(Choice):
+    random = "random"
+    alternating = "alternating"  # each image the other way round every other epoch
+    none = "none"
+
+
+class Precision(Choice):
+    auto = "auto"  # bf16 autocast on GPUs, fp32 on the CPU
+    bf16 = "bf16"
+    fp32 = "fp32"
+
+
+class Placement(Choice):
+    auto = "auto"  # gpu when the dataset takes at most a quarter of the GPU's free memory, else host
+    gpu = "gpu"  # the whole split on the GPU
+    host = "host"  # pinned host memory, copied on a side stream
+
+
+class ProcessGroupBackend(Choice):
+    auto = "auto"  # nccl on GPUs, gloo on the CPU
+    nccl = "nccl"
+    gloo = "gloo"
+
+
+class Progress(Choice):
+    auto = "auto"  # a live bar when stdout is a terminal, else a line per epoch
+    bar = "bar"
+    lines = "lines"
+
+
+CompileMode = _choice("CompileMode", "default reduce-overhead max-autotune max-autotune-no-cudagraphs")
+# A plain string checked by FaultConfig.check, not a Choice: Hydra reads `fault.kind=nan` as a float.
+FAULT_KINDS = ("raise", "exit", "hang", "kill", "nan", "oom")
+
+
+def check_int(key: str, value: Any, low: int, example: str, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+        raise ConfigError(key, value, f"must be {bound}", example)
+
+
+def check_float(key: str, value: Any, example: str, *, positive: bool = True, high: float | None = None) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > 0 if positive else value >= 0) and (high is None or value <= high)
+    if not ok:
+        rule = "a finite number > 0" if positive else "a finite number >= 0"
+        if high is not None:
+            rule += f" and <= {high}"
+        raise ConfigError(key, value, f"must be {rule}", example)
+
+
+class Schema:
+    """Base of every schema class: mutable while Hydra builds it, read-only once `freeze`d, and able to
+    check the ranges its types cannot express (`check`, called before anything starts)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen"):
+            raise dataclasses.FrozenInstanceError(f"cannot assign to {type(self).__name__}.{name}: the config "
+                                                  "is frozen once composed; derive a changed copy with derive()")
+        object.__setattr__(self, name, value)
+
+    def check(self, at: str) -> None:
+        """Raise a ConfigError naming `at`.key for a value out of range. `at` is this section's path."""
+
+
+# ---- recipe -------------------------------------------------------------------------------------
 
 
 @dataclass
-class RecipeConfig:
-    """What is trained and how: each recipe's YAML fills these; `recipe.model` picks among its models."""
+class RecipeConfig(Schema):
+    """What is trained. Each recipe's schema subclasses this with its own hyper-parameters."""
+
+    name: str = MISSING  # a built-in recipe (digits, cifar10) or a user's module path (my_pkg.my_recipe)
+    model: str = MISSING  # one of the recipe's models
+
+
+@dataclass
+class ImageRecipeConfig(RecipeConfig):
+    """Image classification: cross-entropy over classes, augmentation on the training device."""
+
+    label_smoothing: float = 0.0
+    augment: bool = True
+    flip: Flip = Flip.random
+    translate: int = 2  # random shift by up to this many pixels (reflect padding)
+
+    def check(self, at: str) -> None:
+        check_float(f"{at}.label_smoothing", self.label_smoothing, f"{at}.label_smoothing=0.1", positive=False,
+                    high=1.0)
+        check_int(f"{at}.translate", self.translate, 0, f"{at}.translate=2", high=8)
+
+
+class DigitsModel(Choice):
+    cnn = "cnn"
+
+
+@dataclass
+class DigitsConfig(ImageRecipeConfig):
+    name: str = "digits"
+    model: DigitsModel = DigitsModel.cnn
+
+
+class Cifar10Model(Choice):
+    airbench = "airbench"
+    airbench94 = "airbench94"
+    resnet18 = "resnet18"
+    mobilenetv3_small = "mobilenetv3_small"
+
+
+@dataclass
+class Cifar10Config(ImageRecipeConfig):
+    name: str = "cifar10"
+    model: Cifar10Model = Cifar10Model.airbench
+    tta: int = 0  # test-time augmentation: 0 none | 1 mirror | 2 mirror + 1-pixel shifts
+
+    def check(self, at: str) -> None:
+        super().check(at)
+        check_int(f"{at}.tta", self.tta, 0, f"recipe=cifar10 {at}.tta=2", high=2)
+
+
+# ---- optim --------------------------------------------------------------------------------------
+
+
+@dataclass
+class OptimConfig(Schema):
+    """Every optimizer: `lr` (top level) is its rate, with a triangular schedule (a linear warm-up
+    over `warmup_epochs`, then a linear decay to 0 at the end of the run)."""
 
     name: str = MISSING
-    model: str = MISSING
-    optimizer: str = "sgd"  # sgd (Nesterov momentum) | adamw | muon (see launcher/optim.py)
-    momentum: float = 0.9  # SGD's momentum (under muon: of the SGD groups)
-    nesterov: bool = True
-    weight_decay: float = 5e-4  # under muon: decay per step at full LR of the SGD groups
-    label_smoothing: float = 0.0
-    warmup_epochs: float = 1.0  # triangular schedule: linear warm-up to `lr`, then linear decay to 0
-    # muon only: `lr` is Muon's; these are the SGD groups' (linear decay to 0, no warm-up)
-    muon_momentum: float = 0.6
-    sgd_lr: float = 0.05  # BatchNorm biases and the stem's bias
-    head_lr: float = 0.5  # the classifier
-    stem_bias_epochs: float = 3.0  # the stem's bias trains only this long
-    # augmentation on the training device (recipes that augment read these)
-    augment: bool = True
-    flip: str = "random"  # random | alternating (each image the other way round every other epoch) | none
-    translate: int = 2  # random shift by up to this many pixels (reflect padding)
-    tta: int = 0  # test-time augmentation: 0 none | 1 mirror | 2 mirror + 1-pixel shifts
-    eval_batch_size: int = 1024  # global, like batch_size
-    eval_every: int = 1  # evaluate after every N-th epoch (0: only after the last)
-    precision: str = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU | bf16 | fp32
-    channels_last: bool = True  # GPU only
-    compile: bool = False  # torch.compile the model; compile warm-up runs before the clock starts
-    compile_mode: str = "default"  # torch.compile's mode: default | reduce-overhead | max-autotune | ...
-    # GPU: capture each step (augment, forward, backward, gradient all-reduce) as one CUDA graph and
-    # replay it. Under ddp the gradients are then averaged in flat buckets by the launcher instead of
-    # DDP's reducer (launcher/step_graph.py), so strategy.static_graph/find_unused_parameters do not apply.
-    cuda_graph: bool = False
-    # GPU: let cuDNN time its algorithms for each convolution shape on first use (torch.backends.cudnn
-    # .benchmark). Pays off for large convolutions; for tiny ones it only delays the first step (digits'
-    # 8x8 net: first step 1.2-3.3 s with it, 0.4-0.5 s without, later steps equal; BENCHMARKS.md).
-    cudnn_benchmark: bool = True
+    weight_decay: float = 5e-4
+    warmup_epochs: float = 1.0
+
+    def check(self, at: str) -> None:
+        check_float(f"{at}.weight_decay", self.weight_decay, f"{at}.weight_decay=5e-4", positive=False)
+        check_float(f"{at}.warmup_epochs", self.warmup_epochs, f"{at}.warmup_epochs=1", positive=False)
 
 
 @dataclass
-class StrategyConfig:
-    """How devices share the work. Options that do not apply to the chosen strategy are ignored."""
+class SGDConfig(OptimConfig):
+    name: str = "sgd"
+    momentum: float = 0.9
+    nesterov: bool = True
 
-    name: str = "auto"  # auto | single | dp | ddp
-    # ddp: process-group backend (auto: nccl on GPUs, gloo on CPU) and DistributedDataParallel options
-    backend: str = "auto"
+    def check(self, at: str) -> None:
+        super().check(at)
+        check_float(f"{at}.momentum", self.momentum, f"{at}.momentum=0.9", positive=False, high=1.0)
+
+
+@dataclass
+class AdamWConfig(OptimConfig):
+    name: str = "adamw"
+
+
+@dataclass
+class MuonConfig(OptimConfig):
+    """torch.optim.Muon on the model's filter matrices, Nesterov SGD on everything else (launcher/train/
+    optim.py). `lr` is Muon's; the SGD groups have their own rates. The defaults are the CIFAR-10 speed
+    record's (Keller Jordan, 2024), for its batch of 2000."""
+
+    name: str = "muon"
+    weight_decay: float = 0.004  # per step at full LR, SGD groups only
+    warmup_epochs: float = 0.0
+    muon_momentum: float = 0.6
+    momentum: float = 0.85  # the SGD groups'
+    sgd_lr: float = 106.0  # BatchNorm biases and the stem's bias
+    head_lr: float = 1340.0  # the classifier
+    stem_bias_epochs: float = 3.0  # the stem's bias trains only this long
+
+    def check(self, at: str) -> None:
+        super().check(at)
+        check_float(f"{at}.momentum", self.momentum, f"{at}.momentum=0.85", positive=False, high=1.0)
+        check_float(f"{at}.muon_momentum", self.muon_momentum, f"{at}.muon_momentum=0.6", positive=False, high=1.0)
+        check_float(f"{at}.sgd_lr", self.sgd_lr, f"{at}.sgd_lr=0.05")
+        check_float(f"{at}.head_lr", self.head_lr, f"{at}.head_lr=0.5")
+        check_float(f"{at}.stem_bias_epochs", self.stem_bias_epochs, f"{at}.stem_bias_epochs=3", positive=False)
+
+
+# ---- strategy -----------------------------------------------------------------------------------
+
+
+@dataclass
+class StrategyConfig(Schema):
+    name: str = MISSING
+
+
+@dataclass
+class SingleConfig(StrategyConfig):
+    name: str = "single"
+
+
+@dataclass
+class DataParallelConfig(StrategyConfig):
+    name: str = "dp"
+
+
+@dataclass
+class DDPConfig(StrategyConfig):
+    name: str = "ddp"
+    backend: ProcessGroupBackend = ProcessGroupBackend.auto
     timeout_s: int = 600  # a collective that waits longer than this ends the launch instead of hanging
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
-    bucket_cap_mb: int = 25
+    bucket_cap_mb: int = 25  # also the bucket size of perf.cuda_graph's own gradient all-reduce
     find_unused_parameters: bool = False
+
+    def check(self, at: str) -> None:
+        check_int(f"{at}.timeout_s", self.timeout_s, 1, f"{at}.timeout_s=600")
+        check_int(f"{at}.bucket_cap_mb", self.bucket_cap_mb, 1, f"{at}.bucket_cap_mb=25")
 
 
 @dataclass
-class BackendConfig:
-    """Where the workers run. `local` spawns them on this host; `slurm` submits a job through submitit
-    (launcher/slurm.py), whose tasks then run the same launch inside the allocation."""
+class AutoStrategyConfig(DDPConfig):
+    """ddp for several devices (with these DDP options), else single; never dp."""
 
-    name: str = "local"  # local | slurm
-    # slurm only (sbatch options; null leaves the cluster's default)
+    name: str = "auto"
+
+
+# ---- backend ------------------------------------------------------------------------------------
+
+
+@dataclass
+class BackendConfig(Schema):
+    name: str = MISSING
+
+
+@dataclass
+class LocalBackendConfig(BackendConfig):
+    name: str = "local"
+
+
+@dataclass
+class SlurmBackendConfig(BackendConfig):
+    """sbatch options (null leaves the cluster's default) and how launch follows the job."""
+
+    name: str = "slurm"
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
@@ -119,18 +303,80 @@ class BackendConfig:
     max_requeues: int = 3  # after SIGUSR2 (preemption, time limit): checkpoint and requeue at most this often
     array_parallelism: int = 16  # `launch -m`: a job array, at most this many of its runs at once
 
+    TEXT_KEYS = ("partition", "account", "qos", "constraint", "exclude", "job_name")
+
+    def check(self, at: str) -> None:
+        """sbatch options end up as lines of a batch script: no value may start a new line of it."""
+        check_int(f"{at}.time_min", self.time_min, 1, f"{at}.time_min=120")
+        check_int(f"{at}.nodes", self.nodes, 1, f"{at}.nodes=2")
+        check_int(f"{at}.max_requeues", self.max_requeues, 0, f"{at}.max_requeues=3")
+        check_int(f"{at}.array_parallelism", self.array_parallelism, 1, f"{at}.array_parallelism=4")
+        for key in ("mem_gb", "cpus_per_task"):
+            if getattr(self, key) is not None:
+                check_int(f"{at}.{key}", getattr(self, key), 1, f"{at}.{key}=8")
+        texts = {f"{at}.{k}": getattr(self, k) for k in self.TEXT_KEYS if getattr(self, k) is not None}
+        for key, value in (self.additional or {}).items():
+            if not isinstance(key, str) or not key or not all(c.isalnum() or c in "-_" for c in key):
+                raise ConfigError(f"{at}.additional", key, "sbatch option names are letters, digits, - and _",
+                                  f"'{at}.additional={{mail-type: END}}'")
+            texts[f"{at}.additional.{key}"] = value
+        for key, value in texts.items():
+            if any(ord(c) < 32 or ord(c) == 127 for c in str(value)):
+                raise ConfigError(key, repr(str(value)), "control characters (a newline would start a new line of "
+                                  "the batch script) are not allowed", f"{key}=gpu")
+
+
+# ---- the other sections -------------------------------------------------------------------------
+
 
 @dataclass
-class DataConfig:
+class DataConfig(Schema):
     root: str = "${oc.env:LAUNCH_DATA_ROOT,'~/.cache/launcher/data'}"
     download: bool = True  # fetch a missing dataset (checksummed); offline, an error says where to put it
     synthetic: bool = False  # generate data of the real shape for timing runs; never used unless asked for
-    placement: str = "auto"  # gpu: whole split on the GPU | host: pinned host memory + side-stream prefetch | auto
+    placement: Placement = Placement.auto
     prefetch_depth: int = 2  # placement=host: batches copied ahead of the step that uses them
+
+    def check(self, at: str) -> None:
+        check_int(f"{at}.prefetch_depth", self.prefetch_depth, 1, f"{at}.prefetch_depth=2", high=64)
 
 
 @dataclass
-class FaultConfig:
+class EvalConfig(Schema):
+    batch_size: int = 1024  # global, like batch_size
+    every: int = 1  # evaluate after every N-th epoch (0: only after the last)
+
+    def check(self, at: str) -> None:
+        check_int(f"{at}.batch_size", self.batch_size, 1, f"{at}.batch_size=1024")
+        check_int(f"{at}.every", self.every, 0, f"{at}.every=1")
+
+
+@dataclass
+class PerfConfig(Schema):
+    """Settings that change the speed, not (beyond rounding) what is computed."""
+
+    precision: Precision = Precision.auto
+    channels_last: bool = True  # GPU only
+    compile: bool = False  # torch.compile the model; its warm-up runs before any clock starts
+    compile_mode: CompileMode = CompileMode["default"]  # type: ignore[valid-type]
+    # GPUs: capture each step (augment, forward, backward, gradient all-reduce) as one CUDA graph and
+    # replay it. Under ddp the gradients then sit in flat buckets averaged by the launcher instead of
+    # DDP's reducer (launcher/train/step.py), so DDP's static_graph/find_unused_parameters do not apply.
+    cuda_graph: bool = False
+    # GPUs: let cuDNN time its algorithms for each convolution shape on first use. Pays off for large
+    # convolutions; for tiny ones it only delays the first step (BENCHMARKS.md).
+    cudnn_benchmark: bool = True
+
+    def check(self, at: str) -> None:
+        if self.cuda_graph and self.compile and self.compile_mode.value in ("reduce-overhead", "max-autotune"):
+            raise ConfigError(f"{at}.compile_mode", self.compile_mode, f"{at}.cuda_graph=true captures the whole "
+                              "step already and this mode would make CUDA graphs inside it; use default or "
+                              f"max-autotune-no-cudagraphs, or {at}.cuda_graph=false to let torch.compile graph it",
+                              f"{at}.compile_mode=default")
+
+
+@dataclass
+class FaultConfig(Schema):
     """Deliberate failures, to test supervision: rank `rank` fails at global step `step` with `kind`."""
 
     rank: int | None = None
@@ -138,25 +384,39 @@ class FaultConfig:
     kind: str = "raise"  # raise | exit | hang | kill | nan (the loss becomes NaN from that step on) | oom
     attempt: int = 0  # only on this restart attempt (-1: on every attempt)
 
-
-@dataclass
-class SweepConfig:
-    """`launch -m` on this host (launcher/sweep.py)."""
-
-    parallel: int = 0  # most runs at once; 0: as many as the GPUs allow (CPU runs one at a time)
+    def check(self, at: str) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ConfigError(f"{at}.kind", self.kind, "choose one of " + ", ".join(FAULT_KINDS), f"{at}.kind=raise")
 
 
 @dataclass
-class Config:
-    recipe: RecipeConfig = field(default_factory=RecipeConfig)
-    strategy: StrategyConfig = field(default_factory=StrategyConfig)
-    backend: BackendConfig = field(default_factory=BackendConfig)
+class SweepConfig(Schema):
+    """`launch -m` (launcher/host/sweep.py)."""
+
+    parallel: int = 0  # on this host, most runs at once; 0: as many as the GPUs allow (CPU runs one at a time)
+    objective: str = "test_acc"  # the results.json value each run returns to Hydra (e.g. for the Optuna sweeper)
+
+    def check(self, at: str) -> None:
+        check_int(f"{at}.parallel", self.parallel, 0, f"{at}.parallel=2")
+
+
+@dataclass
+class Config(Schema):
+    # The four groups are typed by the option chosen: each option's YAML brings its own schema (a
+    # subclass of RecipeConfig, OptimConfig, StrategyConfig, BackendConfig), whose field types then hold
+    # in full (a base-class annotation here would keep the base's field types over the option's).
+    recipe: Any = MISSING
+    optim: Any = MISSING
+    strategy: Any = MISSING
+    backend: Any = MISSING
+    perf: PerfConfig = field(default_factory=PerfConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    fault: FaultConfig = field(default_factory=FaultConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
-    # The keys people type most sit at the top level.
-    gpus: Any = "auto"  # [0,1] ids | 2 a count | all | auto (all visible, else CPU) | [] CPU
-    nprocs: int | None = None  # CPU ranks for ddp on CPU (gpus=[]); with GPUs it is one per GPU
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    # The keys typed most often sit at the top level.
+    gpus: Any = "auto"  # [0,1] ids | 2 a count | all | auto (all visible, else CPU) | [] or cpu: the CPU
+    nprocs: int | None = None  # CPU ranks for ddp on the CPU (gpus=[]); with GPUs it is one per GPU
     batch_size: int = 64  # GLOBAL: samples per optimizer step summed over all devices, for every strategy
     epochs: int = 10
     lr: float = 0.1
@@ -166,123 +426,72 @@ class Config:
     dry_run: bool = False  # print the plan, start nothing
     checkpoint: bool = True  # write checkpoints/last.pt every epoch (atomically)
     profile: bool = False  # torch.profiler over the second epoch: profile.txt and trace.json in the run dir
-    tensorboard: bool = True  # scalars every epoch into <run dir>/tensorboard (tensorboard --logdir <run dir>)
-    progress: str = "auto"  # auto: a live bar when stdout is a terminal, else a line per epoch | bar | lines
-    # Your own torchrun-style script instead of a recipe (launcher/script.py): `args.KEY=V` become
-    # `--KEY V`; script_args holds what followed `--` on the command line.
+    tensorboard: bool = True  # scalars every epoch into <run dir>/tensorboard
+    progress: Progress = Progress.auto
+    # Your own torchrun-style script instead of a recipe (launcher/host/script.py): `args.KEY=V` become
+    # `--KEY V`; what follows `--` on the command line is added after them.
     script: str | None = None
     args: dict[str, Any] = field(default_factory=dict)
     script_args: list[str] = field(default_factory=list)
 
-
-TOP_LEVEL_KEYS = [f for f in Config.__dataclass_fields__]
-STRATEGIES = ("auto", "single", "dp", "ddp")
-PRECISIONS = ("auto", "bf16", "fp32")
-OPTIMIZERS = ("sgd", "adamw", "muon")
-FLIPS = ("random", "alternating", "none")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-FAULT_KINDS = ("raise", "exit", "hang", "kill", "nan", "oom")
-BACKENDS = ("local", "slurm")
-
-
-def register() -> None:
-    """Register the schema with Hydra's ConfigStore and the resolvers the YAML uses. Idempotent."""
-    from hydra.core.config_store import ConfigStore
-
-    ConfigStore.instance().store(name="launch_schema", node=Config)
-    if not OmegaConf.has_resolver("launch_uid"):
-        # A short random suffix keeps two launches started in the same second in separate run dirs.
-        OmegaConf.register_new_resolver("launch_uid", lambda: secrets.token_hex(2), use_cache=True)
+    def check(self, at: str = "") -> None:
+        """Every range and combination a type cannot express, section by section. Raises ConfigError."""
+        check_int("epochs", self.epochs, 1, "epochs=10")
+        check_int("batch_size", self.batch_size, 1, "batch_size=256")
+        check_float("lr", self.lr, "lr=0.1")
+        check_int("seed", self.seed, 0, "seed=0")
+        check_int("max_restarts", self.max_restarts, 0, "max_restarts=2", high=100)
+        if self.nprocs is not None:
+            check_int("nprocs", self.nprocs, 1, "gpus=[] strategy=ddp nprocs=2", high=os.cpu_count() or 1024)
+        if self.resume is not None and str(self.resume).strip().lower() in ("", "true", "false", "none"):
+            raise ConfigError("resume", self.resume, "give a run dir or checkpoint file, or `latest`", "resume=latest")
+        for f in dataclasses.fields(self):
+            section = getattr(self, f.name)
+            if isinstance(section, Schema):
+                section.check(f.name)
 
 
-def _check_int(key: str, value: Any, low: int, example: str, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bound = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
-        raise ConfigError(key, value, f"must be {bound}", example)
+# Schema of each config-group option: conf/<group>/<option>.yaml names `/schema/<group>/<option>` in its
+# defaults list. Several options may share one schema (recipe=cifar10 and recipe=cifar10_fast).
+SCHEMAS: dict[tuple[str, str], type[Schema]] = {
+    ("recipe", "digits"): DigitsConfig,
+    ("recipe", "cifar10"): Cifar10Config,
+    ("optim", "sgd"): SGDConfig,
+    ("optim", "adamw"): AdamWConfig,
+    ("optim", "muon"): MuonConfig,
+    ("strategy", "auto"): AutoStrategyConfig,
+    ("strategy", "single"): SingleConfig,
+    ("strategy", "dp"): DataParallelConfig,
+    ("strategy", "ddp"): DDPConfig,
+    ("backend", "local"): LocalBackendConfig,
+    ("backend", "slurm"): SlurmBackendConfig,
+}
+
+S = TypeVar("S", bound=Schema)
 
 
-def _check_float(key: str, value: Any, example: str, *, positive: bool = True, high: float | None = None) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > 0 if positive else value >= 0) and (high is None or value <= high)
-    if not ok:
-        rule = "a finite number > 0" if positive else "a finite number >= 0"
-        if high is not None:
-            rule += f" and <= {high}"
-        raise ConfigError(key, value, f"must be {rule}", example)
+def freeze(obj: S) -> S:
+    """Make a schema instance and every schema inside it read-only (attribute assignment raises)."""
+    if isinstance(obj, Schema):
+        for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+            freeze(getattr(obj, f.name))
+        object.__setattr__(obj, "_frozen", True)
+    return obj
 
 
-def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(key, value, "choose one of " + ", ".join(choices), f"{key}={choices[0]}")
+def derive(obj: S, **changes: Any) -> S:
+    """A frozen copy of `obj` with `changes` (dataclasses.replace for frozen configs)."""
+    return freeze(dataclasses.replace(obj, **changes))  # type: ignore[type-var]
 
 
-def validate(cfg: DictConfig) -> None:
-    """Range and combination checks that the schema's types cannot express. Raises ConfigError."""
-    _check_int("epochs", cfg.epochs, 1, "epochs=10")
-    _check_int("batch_size", cfg.batch_size, 1, "batch_size=256")
-    _check_float("lr", cfg.lr, "lr=0.1")
-    _check_int("seed", cfg.seed, 0, "seed=0")
-    _check_int("max_restarts", cfg.max_restarts, 0, "max_restarts=2", high=100)
-    if cfg.nprocs is not None:
-        _check_int("nprocs", cfg.nprocs, 1, "gpus=[] strategy=ddp nprocs=2", high=os.cpu_count() or 1024)
-    _check_choice("strategy", cfg.strategy.name, STRATEGIES)
-    _check_int("strategy.timeout_s", cfg.strategy.timeout_s, 1, "strategy.timeout_s=600")
-    _check_int("strategy.bucket_cap_mb", cfg.strategy.bucket_cap_mb, 1, "strategy.bucket_cap_mb=25")
-    _check_choice("strategy.backend", cfg.strategy.backend, ("auto", "nccl", "gloo"))
-    r = cfg.recipe
-    _check_choice("recipe.optimizer", r.optimizer, OPTIMIZERS)
-    _check_choice("recipe.precision", r.precision, PRECISIONS)
-    _check_float("recipe.momentum", r.momentum, "recipe.momentum=0.9", positive=False, high=1.0)
-    _check_float("recipe.weight_decay", r.weight_decay, "recipe.weight_decay=5e-4", positive=False)
-    _check_float("recipe.label_smoothing", r.label_smoothing, "recipe.label_smoothing=0.1", positive=False, high=1.0)
-    _check_float("recipe.warmup_epochs", r.warmup_epochs, "recipe.warmup_epochs=1", positive=False)
-    _check_int("recipe.eval_batch_size", r.eval_batch_size, 1, "recipe.eval_batch_size=1024")
-    _check_int("recipe.eval_every", r.eval_every, 0, "recipe.eval_every=1")
-    _check_choice("recipe.flip", r.flip, FLIPS)
-    _check_int("recipe.translate", r.translate, 0, "recipe.translate=2", high=8)
-    _check_int("recipe.tta", r.tta, 0, "recipe.tta=2", high=2)
-    _check_choice("recipe.compile_mode", r.compile_mode, COMPILE_MODES)
-    if r.cuda_graph and r.compile and r.compile_mode in ("reduce-overhead", "max-autotune"):
-        raise ConfigError("recipe.compile_mode", r.compile_mode, "recipe.cuda_graph=true captures the whole step "
-                          "already and this mode would make CUDA graphs inside it; use default or "
-                          "max-autotune-no-cudagraphs, or recipe.cuda_graph=false to let torch.compile graph it",
-                          "recipe.compile_mode=default")
-    _check_float("recipe.muon_momentum", r.muon_momentum, "recipe.muon_momentum=0.6", positive=False, high=1.0)
-    _check_float("recipe.sgd_lr", r.sgd_lr, "recipe.sgd_lr=0.05")
-    _check_float("recipe.head_lr", r.head_lr, "recipe.head_lr=0.5")
-    _check_float("recipe.stem_bias_epochs", r.stem_bias_epochs, "recipe.stem_bias_epochs=3", positive=False)
-    _check_choice("data.placement", cfg.data.placement, ("auto", "gpu", "host"))
-    _check_int("data.prefetch_depth", cfg.data.prefetch_depth, 1, "data.prefetch_depth=2", high=64)
-    _check_choice("fault.kind", cfg.fault.kind, FAULT_KINDS)
-    _check_choice("backend.name", cfg.backend.name, BACKENDS)
-    _check_int("sweep.parallel", cfg.sweep.parallel, 0, "sweep.parallel=2")
-    _check_choice("progress", cfg.progress, ("auto", "bar", "lines"))
-    if cfg.backend.name == "slurm":
-        _check_slurm(cfg.backend)
-    if cfg.resume is not None and str(cfg.resume).strip().lower() in ("", "true", "false", "none"):
-        raise ConfigError("resume", cfg.resume, "give a run dir or checkpoint file, or `latest`", "resume=latest")
-
-
-SLURM_TEXT_KEYS = ("partition", "account", "qos", "constraint", "exclude", "job_name")
-
-
-def _check_slurm(b: DictConfig) -> None:
-    """sbatch options end up as lines of a batch script: no value may start a new line of it."""
-    _check_int("backend.time_min", b.time_min, 1, "backend.time_min=120")
-    _check_int("backend.nodes", b.nodes, 1, "backend.nodes=2")
-    _check_int("backend.max_requeues", b.max_requeues, 0, "backend.max_requeues=3")
-    _check_int("backend.array_parallelism", b.array_parallelism, 1, "backend.array_parallelism=4")
-    for key in ("mem_gb", "cpus_per_task"):
-        if b[key] is not None:
-            _check_int(f"backend.{key}", b[key], 1, f"backend.{key}=8")
-    texts = {f"backend.{k}": b[k] for k in SLURM_TEXT_KEYS if b[k] is not None}
-    for key, value in (b.additional or {}).items():
-        if not isinstance(key, str) or not key or not all(c.isalnum() or c in "-_" for c in key):
-            raise ConfigError("backend.additional", key, "sbatch option names are letters, digits, - and _",
-                              "'backend.additional={mail-type: END}'")
-        texts[f"backend.additional.{key}"] = value
-    for key, value in texts.items():
-        if any(ord(c) < 32 or ord(c) == 127 for c in str(value)):
-            raise ConfigError(key, repr(str(value)), "control characters (a newline would start a new line of the "
-                              "batch script) are not allowed", f"{key}=gpu")
-
+def to_plain(obj: Any) -> Any:
+    """Plain Python data (dicts, lists, str for choices), e.g. for JSON or a checkpoint's `config`."""
+    if isinstance(obj, Schema):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}  # type: ignore[arg-type]
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    return obj

@@ -8,14 +8,14 @@ such an echo; the launcher then names the earliest primary failure and shows its
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-FAILURES = "failures"
+from launcher.errors import ExplainedStop
+from launcher.files import FAILURES, write_text_atomic
 
 # Errors that mean "a peer went away" rather than "this rank is broken".
 _ECHO_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError")
@@ -35,6 +35,7 @@ class FailureRecord:
     traceback: str
     secondary: bool
     exit_code: int
+    explained: bool = False  # an ExplainedStop: its message says what happened and what to do
 
     @property
     def headline(self) -> str:
@@ -49,10 +50,6 @@ def short_headline(headline: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-# Stops whose message already names the cause and the way on (a traceback would only bury it).
-SELF_EXPLAINED = ("NonFiniteLoss", "DeviceTimeout", "OutOfMemory")
-
-
 def looks_secondary(exc: BaseException) -> bool:
     if type(exc).__name__ in _ECHO_TYPES:
         return True
@@ -62,15 +59,12 @@ def looks_secondary(exc: BaseException) -> bool:
 
 def write_record(run_dir: Path, rank: int, attempt: int, exc: BaseException, exit_code: int) -> None:
     folder = Path(run_dir) / FAILURES
-    folder.mkdir(parents=True, exist_ok=True)
     record = {
         "rank": rank, "attempt": attempt, "time": time.time(), "exc_type": type(exc).__name__,
         "message": str(exc), "traceback": "".join(traceback.format_exception(exc)),
-        "secondary": looks_secondary(exc), "exit_code": exit_code,
+        "secondary": looks_secondary(exc), "exit_code": exit_code, "explained": isinstance(exc, ExplainedStop),
     }
-    tmp = folder / f".attempt{attempt}-rank{rank}.json.tmp"
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, folder / f"attempt{attempt}-rank{rank}.json")
+    write_text_atomic(folder / f"attempt{attempt}-rank{rank}.json", json.dumps(record, indent=1))
 
 
 def read_records(run_dir: Path) -> list[FailureRecord]:

@@ -11,10 +11,11 @@ import logging
 import sys
 from pathlib import Path
 
-LOG_NAME = "train.log"
+from launcher.files import LOG
+
 FILE_FORMAT = "%(asctime)s [{who}] %(levelname)s %(name)s: %(message)s"
 
-# Libraries whose chatter the launcher replaces with its own summary (see spawn.py).
+# Libraries whose chatter the launcher replaces with its own summary (see launcher/host/spawn.py).
 QUIET_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run",
                    "torch.multiprocessing")
 
@@ -56,7 +57,7 @@ def setup_launcher_logging(run_dir: Path | None, debug: bool = False) -> None:
     root = _reset_root()
     _add(root, logging.StreamHandler(sys.stdout), "launch: %(message)s", logging.INFO, quiet=not debug)
     if run_dir is not None:
-        _add(root, logging.FileHandler(run_dir / LOG_NAME), FILE_FORMAT.format(who="launcher"),
+        _add(root, logging.FileHandler(run_dir / LOG), FILE_FORMAT.format(who="launcher"),
              logging.DEBUG if debug else logging.INFO, quiet=not debug)
 
 
@@ -67,5 +68,5 @@ def setup_worker_logging(run_dir: Path, rank: int) -> None:
     else:
         _add(root, logging.StreamHandler(sys.stderr), f"[rank {rank}] %(levelname)s %(message)s", logging.WARNING,
              quiet=True)
-    _add(root, logging.FileHandler(run_dir / LOG_NAME), FILE_FORMAT.format(who=f"rank {rank}"), logging.INFO,
+    _add(root, logging.FileHandler(run_dir / LOG), FILE_FORMAT.format(who=f"rank {rank}"), logging.INFO,
          quiet=True)

@@ -1,41 +1,52 @@
-"""Training recipes. A recipe is a module with this small interface:
+"""Training recipes: what is trained, as a class with a small typed interface (`Recipe`).
 
-    prepare(cfg) -> None            once, in the launcher process, before any worker starts: fetch or
-                                    check data. Must not touch CUDA (the launcher has not set the mask).
-    MODELS                          optional: the names `recipe.model` may take (checked up front).
-    load(cfg) -> Splits             in every worker: the whole dataset as uint8/int64 CPU tensors.
-    build_model(cfg, num_classes)   the nn.Module; `cfg.recipe.model` picks among the recipe's models.
-    augmentation(cfg) -> augment    optional, called once: returns augment(x, generator, *, indices,
-                                    epoch) -> x, batched augmentation on the batch's own device;
-                                    `indices` are the batch's rows in the training set (same device).
-                                    launcher.augment.image_augmentation is the image recipes' one.
-    prepare_model(cfg, model, sample)
-                                    optional: set up the model from data before training (e.g. a
-                                    whitening layer); `sample` is up to 5,000 normalized training images.
-    predict(cfg, net, x) -> logits  optional: evaluation forward pass (e.g. test-time augmentation).
+A recipe says what the data is, what the model is, how a batch is augmented, how the loss and the
+evaluation are computed, and which hyper-parameters it takes (its `Config`, a dataclass: typed, shown
+by `launch --help` and `--cfg job`, set as `recipe.KEY=VALUE`). The shared loop (launcher/train/loop.py)
+does the rest: strategy, data placement, batching, optimizer, metrics, checkpoints.
 
-A model trained with `recipe.optimizer=muon` says which of its parameters are which through
-`parameter_roles()` (see launcher/optim.py).
+Your own recipe is a module anywhere on the path or in the directory `launch` runs in, defining one
+subclass of Recipe; `launch recipe=my_pkg.my_recipe` imports it (tests/distributed/data/my_pkg/my_recipe.py
+is a complete one):
 
-The shared training loop (launcher/loop.py) does the rest: strategy, data placement, batching, metrics,
-checkpoints.
+    @dataclass
+    class MyConfig(RecipeConfig):        # the recipe's own hyper-parameters
+        hidden: int = 32
+
+    class MyRecipe(Recipe):
+        Config = MyConfig
+        models = ("mlp",)               # what recipe.model may name; the first is the default
+        def load(self) -> Splits: ...
+        def build_model(self, num_classes): ...   # self.hp.hidden is typed
+
+Built-in recipes keep their schema in launcher/config.py (so `launch --help` needs no torch) and their
+values in conf/recipe/<name>.yaml.
+
+Where each hook runs: `prepare` in the launcher process, once, before any worker starts (it must not
+touch CUDA); everything else in every worker. Keep heavy imports (torch) where they are used or at the
+top of the module as you like: a built-in recipe's module is imported only where it runs.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-import sys
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from launcher.config import ConfigError
+from launcher.config import Config as LaunchConfig
+from launcher.config import RecipeConfig
+from launcher.errors import ConfigError, LaunchError
 
 if TYPE_CHECKING:
     import torch
 
-BUILTIN = ("digits", "cifar10")
+BUILTIN = {"digits": "launcher.recipes.digits", "cifar10": "launcher.recipes.cifar10"}
+
+# augment(x, generator, *, indices, epoch) -> x: a batch's augmentation on its own device; `indices` are
+# the batch's rows in the training set (same device), `epoch` a Python int or a 0-dim tensor.
+Augment = Callable[..., "torch.Tensor"]
 
 
 @dataclass
@@ -52,42 +63,69 @@ class Splits:
     synthetic: bool = False
 
 
-def _allow_imports_from_cwd() -> None:
-    """`recipe=my_pkg.my_recipe` finds a package in the directory `launch` runs in, as `python -m` would."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
+class Recipe:
+    """The interface the training loop calls. Override `load` and `build_model`; the rest is optional."""
+
+    Config: ClassVar[type[RecipeConfig]] = RecipeConfig
+    models: ClassVar[tuple[str, ...]] = ()  # a user recipe's model names (built-ins type recipe.model instead)
+    # Training images `prepare_model` sees, normalized (a whitening layer, say).
+    prepare_model_sample: ClassVar[int] = 5000
+
+    def __init__(self, cfg: LaunchConfig):
+        self.cfg = cfg  # the whole (frozen) config: data.root, seed, ...
+        self.hp: Any = cfg.recipe  # this recipe's own section, an instance of `Config`
+
+    def prepare(self) -> None:
+        """In the launcher, once: download or check the data. Must not touch CUDA."""
+
+    def load(self) -> Splits:
+        """In every worker: the whole dataset as uint8/int64 CPU tensors."""
+        raise NotImplementedError
+
+    def build_model(self, num_classes: int) -> torch.nn.Module:
+        """The network; `self.hp.model` picks among the recipe's models."""
+        raise NotImplementedError
+
+    def augmentation(self) -> Augment | None:
+        """The training augmentation, called once; None for none."""
+        return None
+
+    def prepare_model(self, model: torch.nn.Module, sample: torch.Tensor) -> None:
+        """Set the model up from data before training (`sample`: normalized training images)."""
+
+    def loss(self) -> torch.nn.Module:
+        """The training loss of (logits, labels)."""
+        import torch
+
+        return torch.nn.CrossEntropyLoss()
+
+    def predict(self, net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The evaluation forward pass (e.g. with test-time augmentation)."""
+        return net(x)
 
 
-def get_recipe(name: str) -> ModuleType:
-    """The recipe module for `recipe.name`: a built-in name, or a dotted path to a user's module."""
-    module_name = f"launcher.recipes.{name}" if name in BUILTIN else name
-    if name not in BUILTIN:
-        _allow_imports_from_cwd()
+def recipe_class(name: str) -> type[Recipe]:
+    """The Recipe class for `recipe.name`: a built-in name, or a module path defining one Recipe subclass."""
+    module_name = BUILTIN.get(name, name)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
-            raise ConfigError("recipe", name, "choose one of " + ", ".join(BUILTIN) +
-                              " or a module path on PYTHONPATH", "recipe=digits") from None
+            raise ConfigError("recipe", name, "choose one of " + ", ".join(sorted([*BUILTIN, "cifar10_fast"])) +
+                              f", or a module on the path or in this directory (no module named {exc.name})",
+                              "recipe=digits") from None
         raise
-    missing = [f for f in ("load", "build_model") if not callable(getattr(module, f, None))]
-    if missing:
-        raise ConfigError("recipe", name, f"module {module_name} lacks {', '.join(missing)}() "
-                          "(see launcher/recipes/__init__.py for the interface)", "recipe=digits")
-    return module
+    found = [obj for _, obj in inspect.getmembers(module, inspect.isclass)
+             if issubclass(obj, Recipe) and obj is not Recipe and obj.__module__ == module.__name__]
+    if len(found) != 1:
+        what = "defines no subclass of launcher.recipes.Recipe" if not found else \
+            f"defines {len(found)} Recipe classes ({', '.join(c.__name__ for c in found)}); keep one per module"
+        raise LaunchError(f"recipe={name} is not valid: {module_name} {what} (see launcher/recipes/__init__.py)")
+    return found[0]
 
 
-def check_model(module: ModuleType, cfg) -> None:
-    """A recipe that lists its models in MODELS gets `recipe.model` checked before any worker starts."""
-    models = getattr(module, "MODELS", None)
-    if models is not None and cfg.recipe.model not in models:
-        first = next(iter(models))
-        raise ConfigError("recipe.model", cfg.recipe.model, f"{cfg.recipe.name} has: {', '.join(models)}",
-                          f"recipe={cfg.recipe.name} recipe.model={first}")
-
-
-def prepare(module: ModuleType, cfg) -> None:
-    fn = getattr(module, "prepare", None)
-    if fn is not None:
-        fn(cfg)
+def check_model(cls: type[Recipe], cfg: LaunchConfig) -> None:
+    """A recipe that lists its models gets `recipe.model` checked before any worker starts."""
+    if cls.models and str(cfg.recipe.model) not in cls.models:
+        raise ConfigError("recipe.model", cfg.recipe.model, f"{cfg.recipe.name} has: {', '.join(cls.models)}",
+                          f"recipe={cfg.recipe.name} recipe.model={cls.models[0]}")

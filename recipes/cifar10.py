@@ -4,6 +4,8 @@ Data is looked for under `data.root`: an extracted `cifar-10-batches-py/`, else 
 `cifar-10-python.tar.gz` (checked against its published MD5, then extracted), else it is downloaded
 when `data.download=true` and the network allows. Offline, one line says where to put the archive.
 `data.synthetic=true` generates learnable CIFAR-shaped data for timing runs; it is never used unless asked.
+Hyper-parameters: Cifar10Config in launcher/config.py; values: conf/recipe/cifar10.yaml and
+conf/recipe/cifar10_fast.yaml (the record-speed configuration of the same recipe).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from launcher.augment import image_augmentation, tta_logits
-from launcher.config import LaunchError
-from launcher.recipes import Splits
+from launcher.config import Cifar10Config
+from launcher.errors import LaunchError
+from launcher.recipes import Augment, Recipe, Splits
 from launcher.recipes.vision_models import MODELS
+from launcher.train.augment import image_augmentation, tta_logits
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 ARCHIVE = "cifar-10-python.tar.gz"
@@ -43,13 +46,6 @@ class DataError(LaunchError):
 
 def data_root(cfg) -> Path:
     return Path(os.path.expanduser(str(cfg.data.root)))
-
-
-def prepare(cfg) -> None:
-    """Make sure the extracted batches exist under data.root (runs once, in the launcher process)."""
-    if cfg.data.synthetic:
-        return
-    ensure_extracted(data_root(cfg), download=cfg.data.download)
 
 
 def ensure_extracted(root: Path, download: bool, url: str = URL, md5: str = ARCHIVE_MD5) -> Path:
@@ -119,10 +115,8 @@ def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def load(cfg) -> Splits:
-    if cfg.data.synthetic:
-        return synthetic_splits(*SYNTHETIC_SIZES, seed=0)
-    folder = ensure_extracted(data_root(cfg), download=False)
+def load_official(root: Path) -> Splits:
+    folder = ensure_extracted(root, download=False)
     parts = [_read_batch(folder / name) for name in TRAIN_FILES]
     train_x = torch.from_numpy(np.concatenate([p[0] for p in parts]))
     train_y = torch.from_numpy(np.concatenate([p[1] for p in parts]))
@@ -177,17 +171,33 @@ def write_official_format(folder: Path, splits: Splits, per_batch: int | None = 
         pickle.dump({b"label_names": names, b"num_cases_per_batch": per_batch, b"num_vis": 3072}, f)
 
 
-augmentation = image_augmentation  # flips and shifts on the device, as recipe.flip / recipe.translate say
+class Cifar10(Recipe):
+    Config = Cifar10Config
+    hp: Cifar10Config
 
+    def prepare(self) -> None:
+        """Make sure the extracted batches exist under data.root (in the launcher, once)."""
+        if not self.cfg.data.synthetic:
+            ensure_extracted(data_root(self.cfg), download=self.cfg.data.download)
 
-def build_model(cfg, num_classes: int) -> nn.Module:
-    return MODELS[cfg.recipe.model](num_classes)
+    def load(self) -> Splits:
+        if self.cfg.data.synthetic:
+            return synthetic_splits(*SYNTHETIC_SIZES, seed=0)
+        return load_official(data_root(self.cfg))
 
+    def augmentation(self) -> Augment | None:
+        # flips and shifts on the device, as recipe.flip / recipe.translate say
+        return image_augmentation(self.hp, self.cfg.seed) if self.hp.augment else None
 
-def prepare_model(cfg, model: nn.Module, sample: torch.Tensor) -> None:
-    if hasattr(model, "init_whitening"):
-        model.init_whitening(sample)
+    def loss(self) -> nn.Module:
+        return nn.CrossEntropyLoss(label_smoothing=self.hp.label_smoothing)
 
+    def build_model(self, num_classes: int) -> nn.Module:
+        return MODELS[self.hp.model.value](num_classes)
 
-def predict(cfg, net: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return tta_logits(net, x, cfg.recipe.tta)
+    def prepare_model(self, model: nn.Module, sample: torch.Tensor) -> None:
+        if hasattr(model, "init_whitening"):
+            model.init_whitening(sample)
+
+    def predict(self, net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return tta_logits(net, x, self.hp.tta)

@@ -42,7 +42,21 @@ class Launch:
 
 
 def launch_command(*overrides: str) -> list[str]:
-    return [sys.executable, "-m", "launcher.cli", *overrides]
+    return [sys.executable, "-m", "launcher", *overrides]
+
+
+def composed(*overrides: str):
+    """The launch config Hydra composes for `overrides` (a DictConfig), as `launch` would, nothing started."""
+    from launcher.host.compose import compose
+
+    return compose(list(overrides))
+
+
+def config_of(*overrides: str):
+    """The typed, frozen config a launch runs with, checked (a ConfigError otherwise)."""
+    from launcher.host.compose import config_for
+
+    return config_for(*overrides)
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -11,9 +11,9 @@ import time
 
 def child(setting: str) -> None:
     import torch
-    from omegaconf import OmegaConf
 
-    from launcher.recipes.digits import build_model
+    from launcher.host.compose import config_for
+    from launcher.recipes.digits import Digits
 
     torch.cuda.set_device(0)
     torch.zeros(1, device="cuda")
@@ -21,8 +21,7 @@ def child(setting: str) -> None:
     torch.backends.cudnn.benchmark = setting != "benchmark_off"
     if setting == "benchmark_limit_1":
         torch.backends.cudnn.benchmark_limit = 1
-    cfg = OmegaConf.create({"recipe": {"model": "cnn"}})
-    net = build_model(cfg, 10).cuda()
+    net = Digits(config_for("recipe=digits")).build_model(10).cuda()
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     x, y = torch.randn(32, 1, 8, 8, device="cuda"), torch.randint(0, 10, (32,), device="cuda")
     times = []

@@ -12,7 +12,7 @@ import tempfile
 os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533"})
 os.chdir(tempfile.mkdtemp(prefix="first-step-"))
-from launcher import cli  # noqa: E402
+from launcher.host import cli  # noqa: E402
 
 profile = cProfile.Profile()
 try:
@@ -22,4 +22,4 @@ except SystemExit:
 stats = pstats.Stats(profile).sort_stats("cumulative")
 stats.print_stats(45)
 stats.print_callees("_train_epoch")
-stats.print_callees(r"\(_step\)")
+stats.print_callees(r"step.py:\d+\(__call__\)")

@@ -21,15 +21,26 @@ CASES = [
     ("lr=-1", "lr=-1.0 is not valid: must be a finite number > 0"),
     ("strategy=dp gpus=[]", "DataParallel needs GPUs"),
     ("gpus=[] strategy=ddp nprocs=2 batch_size=63", "must split evenly over 2 ranks (e.g. launch batch_size=62)"),
-    ("recipe.model=vgg", "recipe.model=vgg is not valid: digits has: cnn"),
+    ("recipe.model=vgg", "recipe.model=vgg is not valid: choose one of cnn (e.g. launch recipe.model=cnn)"),
+    ("recipe=cifar10 recipe.model=vgg", "recipe.model=vgg is not valid: choose one of airbench, airbench94, resnet18"),
     ("resume=/no/such/run", "resume=/no/such/run is not valid"),
     ("recipe=cifar10 data.download=false data.root=/no/data", "CIFAR-10 not found: put cifar-10-python.tar.gz"),
     ("train", "'train' is not a command or a key=value override"),
     ("data.placement=gpu gpus=[]", "data.placement=gpu is not valid: this run trains on the CPU"),
     ("data.placement=disk", "data.placement=disk is not valid: choose one of auto, gpu, host"),
-    ("recipe.tta=3", "recipe.tta=3 is not valid: must be an integer from 0 to 2"),
+    ("recipe=cifar10 recipe.tta=3", "recipe.tta=3 is not valid: must be an integer from 0 to 2"),
+    ("recipe.tta=1", "unknown key 'recipe.tta'"),  # digits has no test-time augmentation
     ("recipe.flip=sometimes", "recipe.flip=sometimes is not valid: choose one of random, alternating, none"),
-    ("recipe.optimizer=lion", "choose one of sgd, adamw, muon"),
+    ("optim=lion", "optim=lion is not valid: choose one of adamw, muon, sgd"),
+    ("optim=adamw optim.momentum=0.5", "unknown key 'optim.momentum'"),
+    ("strategy=single strategy.timeout_s=5", "unknown key 'strategy.timeout_s'"),
+    ("strategy=ddp strategy.bucket_cap=5", "did you mean strategy.bucket_cap_mb?"),
+    ("perf.precision=fp8", "perf.precision=fp8 is not valid: choose one of auto, bf16, fp32"),
+    ("gpus=ALL", "gpus=ALL is not valid: no GPU is visible"),
+    ("gpus=cpu strategy=dp", "DataParallel needs GPUs"),
+    ("fault.kind=explode", "fault.kind=explode is not valid: choose one of raise, exit, hang, kill, nan, oom"),
+    ("recipe=nowhere.my_recipe", "recipe=nowhere.my_recipe is not valid: choose one of cifar10, cifar10_fast, digits, "
+     "or a module"),
 ]
 
 
@@ -60,3 +71,20 @@ def test_the_launch_command_is_installed():
     assert exe, "`pip install -e .` should put `launch` on PATH"
     out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "launch recipe=cifar10 gpus=[0,1]" in out.stdout
+    assert "strategy: auto, ddp, dp, single" in out.stdout and "schema/" not in out.stdout
+
+
+def test_version_names_launch_and_torch(launch):
+    import launcher
+
+    result = launch("--version", timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith(f"launch {launcher.__version__} (torch ")
+
+
+def test_python_dash_m_launcher_is_the_launch_command(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "launcher", "--help"], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert out.returncode == 0 and "launch: train a PyTorch recipe" in out.stdout

@@ -6,7 +6,7 @@ import pytest
 
 pytestmark = pytest.mark.distributed
 
-SMALL_FAST = ("recipe=cifar10_fast", "batch_size=100", "recipe.eval_batch_size=100", "recipe.compile=false",
+SMALL_FAST = ("recipe=cifar10_fast", "batch_size=100", "eval.batch_size=100", "perf.compile=false",
               "gpus=[]")
 
 
@@ -40,6 +40,6 @@ def test_a_restart_resumes_both_optimizers_exactly(launch, cifar_root):
 
 
 def test_muon_with_a_model_that_has_no_matrices_is_refused_in_one_line(launch):
-    result = launch("recipe.optimizer=muon", "epochs=1", "gpus=[]")
+    result = launch("optim=muon", "epochs=1", "gpus=[]")
     assert result.returncode == 2, result.output
     assert "parameter_roles" in result.stderr and "Traceback" not in result.output

@@ -30,7 +30,7 @@ def test_a_terminal_gets_the_live_bar(tmp_path):
     # 40 epochs of 22 steps: long enough for the bar to redraw with its postfix at least once
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))  # a terminal 140 columns wide
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", *RUN[:-1], "epochs=40"], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", *RUN[:-1], "epochs=40"], cwd=tmp_path,
                             stdin=slave, stdout=slave, stderr=slave, env=clean_env(), close_fds=True)
     os.close(slave)
     seen = b""

@@ -48,7 +48,7 @@ def test_sequential_sweep(launch):
 
 def test_joins_a_world_started_by_torchrun(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           "-m", "launcher.cli", "gpus=[]", "epochs=2"]
+           "-m", "launcher", "gpus=[]", "epochs=2"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180, env=clean_env())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dirs = [p.parent for p in tmp_path.glob("outputs/**/results.json")]
@@ -85,14 +85,14 @@ def test_sweep_goes_on_after_a_failed_run_and_exits_nonzero(launch):
 
 def test_resumed_run_matches_an_uninterrupted_one(launch):
     """Checkpoint + per-epoch seeding: stopping after epoch 2 and resuming gives the same weights."""
-    whole = launch("epochs=3", "recipe.warmup_epochs=0")
+    whole = launch("epochs=3", "optim.warmup_epochs=0")
     assert whole.returncode == 0
     whole_digest = whole.results()["weights_sha256"]
     for d in whole.run_dirs():
         shutil.rmtree(d)  # so that resume=latest finds the interrupted run
-    first = launch("epochs=3", "recipe.warmup_epochs=0", "fault.rank=0", f"fault.step={2 * (1438 // 64)}")
+    first = launch("epochs=3", "optim.warmup_epochs=0", "fault.rank=0", f"fault.step={2 * (1438 // 64)}")
     assert first.returncode == 1
-    second = launch("epochs=3", "recipe.warmup_epochs=0", "resume=latest")
+    second = launch("epochs=3", "optim.warmup_epochs=0", "resume=latest")
     assert second.returncode == 0, second.output
     resumed = [d for d in second.run_dirs() if (d / "results.json").exists()]
     assert json.loads((resumed[0] / "results.json").read_text())["weights_sha256"] == whole_digest

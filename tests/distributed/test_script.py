@@ -27,7 +27,7 @@ def test_the_script_runs_on_two_ranks_with_its_arguments(launch):
 
 
 def test_under_torchrun_each_rank_runs_the_script_in_its_own_process(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "launcher.cli",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "launcher",
            f"script={SCRIPT}", "gpus=[]", "--", "--steps", "2", "--fail-rank", "1"]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180, env=clean_env())
     assert "rank 0 of 2 local 0 name=x sum=6.0" in proc.stdout and "rank 1 of 2 local 1 name=x sum=6.0" in proc.stdout

@@ -1,4 +1,4 @@
-"""recipe.cuda_graph's gradient path on CPU (2 gloo ranks): flat gradients averaged in buckets.
+"""perf.cuda_graph's gradient path on CPU (2 gloo ranks): flat gradients averaged in buckets.
 
 On a CPU device the step is not captured (no graphs there) but runs the same code eagerly, so what
 a GPU run replays, the bucketed all-reduce from autograd hooks included, is checked here against
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from launcher.step_graph import FlatGradients
+from launcher.train.step import FlatGradients
 
 pytestmark = pytest.mark.distributed
 
@@ -72,7 +72,7 @@ def test_bucketed_flat_all_reduce_gives_ddps_gradients(tmp_path):
 
 def test_cuda_graph_ddp_run_trains_like_ddp(launch):
     ddp = launch(*DDP_CPU, "hydra.run.dir=with_ddp")
-    ours = launch(*DDP_CPU, "recipe.cuda_graph=true", "hydra.run.dir=flat")
+    ours = launch(*DDP_CPU, "perf.cuda_graph=true", "hydra.run.dir=flat")
     assert ddp.returncode == 0, ddp.output
     assert ours.returncode == 0, ours.output
     a, b = (json.loads((run.cwd / name / "results.json").read_text()) for run, name in ((ddp, "with_ddp"),

@@ -7,11 +7,9 @@ import json
 import shutil
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+two_gpus = pytest.mark.two_gpus
 
 SYNTHETIC = ("recipe=cifar10", "data.synthetic=true", "epochs=2")
 
@@ -95,7 +93,7 @@ def test_ddp_on_two_gpus_follows_the_one_gpu_run(launch):
 
 
 def test_a_checkpoint_snapshot_of_gpu_tensors_holds_them_as_they_were_when_it_was_taken(tmp_path):
-    from launcher import checkpoint
+    from launcher.train import checkpoint
 
     weights = torch.zeros(64, 1024, 1024, device="cuda")  # 256 MB
     torch.cuda._sleep(200_000_000)  # the stream is busy: the copies are queued behind work, not done at once

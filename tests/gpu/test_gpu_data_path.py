@@ -4,13 +4,11 @@
 """
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
+from launcher.train.prefetch import CudaPrefetcher
 
-from launcher.prefetch import CudaPrefetcher  # noqa: E402
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+two_gpus = pytest.mark.two_gpus
 
 FAST = ("recipe=cifar10_fast", "data.synthetic=true")
 
@@ -70,4 +68,4 @@ def test_fast_recipe_with_dataparallel(launch):
     assert result.returncode == 0, result.output
     r = result.results()
     assert r["strategy"] == "dp" and len(r["devices"]) == 2 and not r["compiled"]
-    assert "recipe.compile / recipe.cuda_graph are off under strategy=dp" in result.output
+    assert "perf.compile / perf.cuda_graph are off under strategy=dp" in result.output

@@ -12,10 +12,7 @@ import time
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+two_gpus = pytest.mark.two_gpus
 
 
 @contextlib.contextmanager
@@ -50,7 +47,7 @@ def test_cuda_out_of_memory_names_the_rank_the_gpu_and_the_batch(launch):
     # Another job leaves ~10% of each GPU free: ResNet-18's activations for 8,192 images per rank do not fit.
     with another_job_holding({0: 0.9, 1: 0.9}):
         result = launch("recipe=cifar10", "data.synthetic=true", "recipe.model=resnet18", "gpus=[0,1]", "epochs=1",
-                        "batch_size=16384", "recipe.cuda_graph=false", timeout=600)
+                        "batch_size=16384", "perf.cuda_graph=false", timeout=600)
     assert result.returncode == 1, result.output
     err = result.stderr
     assert "out of memory on rank" in err and "GPU" in err and "batch_size=16384 = 8192 per rank" in err

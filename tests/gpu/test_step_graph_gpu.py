@@ -1,4 +1,4 @@
-"""recipe.cuda_graph=true on GPUs (marked `gpu`): the captured step trains like the eager one, on 1 GPU
+"""perf.cuda_graph=true on GPUs (marked `gpu`): the captured step trains like the eager one, on 1 GPU
 and under ddp on 2, and a rank that dies mid-replay still brings the launch down.
 
     python -m pytest -m gpu tests/gpu/test_step_graph_gpu.py -v
@@ -9,10 +9,7 @@ import shutil
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+two_gpus = pytest.mark.two_gpus
 
 COMMON = ("recipe=cifar10", "data.synthetic=true", "epochs=3", "batch_size=1024", "seed=3", "checkpoint=false")
 
@@ -30,8 +27,8 @@ def _losses(launch, *overrides: str) -> tuple[list[float], dict]:
 def test_captured_step_trains_like_the_eager_step_on_one_gpu(launch):
     """Same seed and data; the graph replays the same kernels (cuDNN may pick other algorithms, and
     random draws come from the same generator), so per-epoch loss agrees within 2%."""
-    eager, _ = _losses(launch, "gpus=[0]", "recipe.cuda_graph=false")
-    graphed, r = _losses(launch, "gpus=[0]", "recipe.cuda_graph=true")
+    eager, _ = _losses(launch, "gpus=[0]", "perf.cuda_graph=false")
+    graphed, r = _losses(launch, "gpus=[0]", "perf.cuda_graph=true")
     assert r["cuda_graph"] is True
     for a, b in zip(eager, graphed, strict=True):
         assert abs(a - b) / a < 0.02, (eager, graphed)
@@ -41,8 +38,8 @@ def test_captured_step_trains_like_the_eager_step_on_one_gpu(launch):
 def test_captured_ddp_step_on_two_gpus_follows_one_gpu(launch):
     """The gradients are averaged inside the graph (bucketed all-reduce); ranks must end identical and
     the run must track the 1-GPU run of the same global batch (5%, as for DDP: BatchNorm sees 512)."""
-    one, _ = _losses(launch, "gpus=[0]", "recipe.cuda_graph=true")
-    two, r = _losses(launch, "gpus=[0,1]", "recipe.cuda_graph=true")
+    one, _ = _losses(launch, "gpus=[0]", "perf.cuda_graph=true")
+    two, r = _losses(launch, "gpus=[0,1]", "perf.cuda_graph=true")
     assert r["cuda_graph"] is True and r["gradient_sync"] == "flat all-reduce" and r["ranks_agree"]
     for a, b in zip(one, two, strict=True):
         assert abs(a - b) / a < 0.05, (one, two)
@@ -52,7 +49,7 @@ def test_captured_ddp_step_on_two_gpus_follows_one_gpu(launch):
 def test_a_rank_failing_during_graph_replays_ends_the_launch(launch):
     """Its peer may be inside a replayed all-reduce that no NCCL watchdog sees: supervision must still
     end the launch within seconds, naming the rank (as for eager DDP in test_gpu.py)."""
-    result = launch(*COMMON, "gpus=[0,1]", "recipe.cuda_graph=true", "fault.rank=1", "fault.step=30", timeout=300)
+    result = launch(*COMMON, "gpus=[0,1]", "perf.cuda_graph=true", "fault.rank=1", "fault.step=30", timeout=300)
     assert result.returncode == 1, result.output
     assert "rank 1 failed: RuntimeError: injected failure" in result.stderr
     records = {p.name: json.loads(p.read_text()) for p in (result.run_dir() / "failures").glob("*.json")}

@@ -136,3 +136,12 @@ def test_a_three_point_sweep_is_one_job_array_with_a_summary(launch, slurm_clust
     assert len(rows) == 3 and all(r["exit_code"] == "0" and float(r["test_acc"]) > 0.3 for r in rows)
     assert (sweep_dir / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert (sweep_dir / "summary.md").read_text().count("\n") == 5
+
+
+def test_a_sweep_under_hydras_own_submitit_slurm_launcher_trains_every_run(launch, slurm_cluster):
+    """hydra-submitit-launcher submits each run itself; launch's task function then trains it inside the job."""
+    result = launch("-m", "hydra/launcher=submitit_slurm", "recipe=digits", "gpus=[]", "epochs=1",
+                    "batch_size=32,64", env=clean_env(SLURM_CONF=slurm_cluster), timeout=300)
+    assert result.returncode == 0, result.output
+    runs = [json.loads(p.read_text()) for p in sorted(result.cwd.glob("multirun/*/*/*/results.json"))]
+    assert sorted(r["batch_size"] for r in runs) == [32, 64] and all(r["test_acc"] > 0.3 for r in runs)

@@ -2,8 +2,8 @@
 
 import torch
 
-from launcher.batches import eval_chunks, rank_order
-from launcher.optim import linear_decay, triangular_schedule
+from launcher.train.data import eval_chunks, rank_order
+from launcher.train.optim import linear_decay, triangular_schedule
 
 
 def test_ddp_ranks_together_see_exactly_the_single_process_batches():

@@ -6,9 +6,10 @@ import time
 import pytest
 import torch
 
-from launcher import checkpoint
-from launcher.config import LaunchError
-from launcher.distenv import WorldInfo, existing_world
+from launcher.errors import LaunchError
+from launcher.host.run_here import resolve_resume
+from launcher.train import checkpoint
+from launcher.world import WorldInfo, existing_world
 
 
 def test_atomic_save_and_weights_only_load(tmp_path):
@@ -28,19 +29,51 @@ def test_a_checkpoint_written_in_the_background_holds_the_state_of_when_it_was_t
     assert torch.equal(checkpoint.load(tmp_path / "last.pt")["net_state_dict"]["w"], torch.arange(4.0))
 
 
+def test_capture_and_restore_put_back_weights_optimizer_state_and_rng():
+    """The one pair that save, resume and the warm-up use: after restore, training goes on exactly as
+    from the captured moment, the live tensors (which a captured step holds by address) kept."""
+    from launcher.config import PerfConfig, SingleConfig
+    from launcher.strategies import Devices, choose
+    from launcher.train.optim import _stepper
+
+    strategy = choose(SingleConfig(), Devices(), nprocs=None, global_batch=4, perf=PerfConfig(),
+                      gpus_text="[]").strategy
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    nets = strategy.wrap(model, torch.device("cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    steppers = [_stepper(opt, lambda step: 1.0 / (step + 1))]
+
+    def step():
+        model.zero_grad()
+        (model(torch.randn(4, 3)) ** 2).sum().backward()
+        steppers[0].step()
+
+    step()
+    saved = checkpoint.capture(strategy, nets, steppers, torch.device("cpu"), clone=True)
+    weight = model.weight
+    step()
+    after_one = model.weight.detach().clone()
+    step()
+    checkpoint.restore(saved, strategy, nets, steppers, torch.device("cpu"))
+    assert model.weight is weight  # restored in place
+    step()
+    assert torch.equal(model.weight, after_one)  # same weights, momentum, schedule and random draw
+
+
 def test_resolve_resume(tmp_path):
     older, newer = tmp_path / "outputs" / "a", tmp_path / "outputs" / "b"
     for run in (older, newer):
         checkpoint.save_atomic({"epoch": 1}, run / "checkpoints" / "last.pt")
         time.sleep(0.01)
     os.utime(older / "checkpoints" / "last.pt", (1, 1))
-    assert checkpoint.resolve_resume(str(newer)) == newer / "checkpoints" / "last.pt"
-    assert checkpoint.resolve_resume(str(older / "checkpoints" / "last.pt")).parent.parent == older
-    assert checkpoint.resolve_resume("latest", tmp_path / "outputs") == newer / "checkpoints" / "last.pt"
+    assert resolve_resume(str(newer)) == newer / "checkpoints" / "last.pt"
+    assert resolve_resume(str(older / "checkpoints" / "last.pt")).parent.parent == older
+    assert resolve_resume("latest", tmp_path / "outputs") == newer / "checkpoints" / "last.pt"
     with pytest.raises(LaunchError, match="does not exist"):
-        checkpoint.resolve_resume(str(tmp_path / "nope"))
+        resolve_resume(str(tmp_path / "nope"))
     with pytest.raises(LaunchError, match="no checkpoint"):
-        checkpoint.resolve_resume("latest", tmp_path / "empty")
+        resolve_resume("latest", tmp_path / "empty")
 
 
 def test_torchrun_environment_is_joined():

@@ -6,7 +6,6 @@ import tarfile
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from launcher.recipes import cifar10
 from launcher.recipes.cifar10 import (
@@ -17,10 +16,16 @@ from launcher.recipes.cifar10 import (
     synthetic_splits,
     write_official_format,
 )
+from tests.conftest import config_of
 
 
 def cfg_for(root, synthetic=False, download=False):
-    return OmegaConf.create({"data": {"root": str(root), "synthetic": synthetic, "download": download}})
+    return config_of("recipe=cifar10", f"data.root={root}", f"data.synthetic={str(synthetic).lower()}",
+                     f"data.download={str(download).lower()}")
+
+
+def recipe_for(root, **kw) -> cifar10.Cifar10:
+    return cifar10.Cifar10(cfg_for(root, **kw))
 
 
 def make_archive(tmp_path, n_train=50, n_test=10):
@@ -37,7 +42,7 @@ def make_archive(tmp_path, n_train=50, n_test=10):
 def test_official_format_round_trip(tmp_path):
     splits = synthetic_splits(60, 20, seed=1)
     write_official_format(tmp_path / FOLDER, splits)
-    loaded = cifar10.load(cfg_for(tmp_path))
+    loaded = recipe_for(tmp_path).load()
     assert torch.equal(loaded.train_x, splits.train_x) and torch.equal(loaded.train_y, splits.train_y)
     assert torch.equal(loaded.test_x, splits.test_x) and loaded.train_x.dtype == torch.uint8
     assert loaded.train_x.shape == (60, 3, 32, 32) and not loaded.synthetic
@@ -78,12 +83,12 @@ def test_offline_message_says_where_to_put_the_archive(tmp_path):
 
 def test_missing_without_download(tmp_path):
     with pytest.raises(DataError, match=r"CIFAR-10 not found: put cifar-10-python.tar.gz"):
-        cifar10.prepare(cfg_for(tmp_path))
+        recipe_for(tmp_path).prepare()
 
 
 def test_synthetic_is_only_used_when_asked(tmp_path):
-    cifar10.prepare(cfg_for(tmp_path, synthetic=True))  # no data needed
+    recipe_for(tmp_path, synthetic=True).prepare()  # no data needed
     with pytest.raises(DataError):
-        cifar10.load(cfg_for(tmp_path, synthetic=False))
+        recipe_for(tmp_path, synthetic=False).load()
     small = synthetic_splits(100, 10)
     assert small.synthetic and small.train_x.shape == (100, 3, 32, 32)

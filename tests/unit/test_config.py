@@ -1,35 +1,50 @@
-"""The composed config: groups, recipe defaults, typed schema (typos fail at compose time), range checks."""
+"""The composed config: groups with a schema per option, recipe values, typos and wrong types failing at
+compose time, range checks, and the typed, frozen config that workers get."""
+
+import dataclasses
+import pickle
 
 import pytest
-from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 
-from launcher.config import ConfigError, register, validate
-
-
-def composed(*overrides: str):
-    register()
-    with initialize_config_module(config_module="launcher.conf", version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+from launcher import config as schema
+from launcher.errors import ConfigError
+from launcher.host.compose import typed
+from tests.conftest import composed, config_of
 
 
 def test_default_is_digits_on_auto():
-    cfg = composed()
+    cfg = config_of()
     assert cfg.recipe.name == "digits" and cfg.strategy.name == "auto" and cfg.backend.name == "local"
     assert cfg.gpus == "auto" and cfg.nprocs is None and cfg.resume is None and cfg.max_restarts == 0
-    validate(cfg)
+    assert isinstance(cfg.recipe, schema.DigitsConfig) and isinstance(cfg.optim, schema.SGDConfig)
 
 
-def test_recipe_sets_its_own_top_level_defaults_and_overrides_win():
-    cifar = composed("recipe=cifar10")
-    assert (cifar.recipe.model, cifar.batch_size, cifar.epochs) == ("airbench", 1024, 10)
-    assert composed("recipe=cifar10", "batch_size=256").batch_size == 256
-    assert composed("recipe=cifar10", "recipe.model=resnet18").recipe.model == "resnet18"
+def test_recipe_sets_its_own_values_across_sections_and_overrides_win():
+    cifar = config_of("recipe=cifar10")
+    assert (cifar.recipe.model, cifar.batch_size, cifar.epochs) == (schema.Cifar10Model.airbench, 1024, 10)
+    assert cifar.optim.warmup_epochs == 2 and cifar.perf.cuda_graph and cifar.eval.batch_size == 2048
+    assert config_of("recipe=cifar10", "batch_size=256").batch_size == 256
+    assert config_of("recipe=cifar10", "recipe.model=resnet18").recipe.model is schema.Cifar10Model.resnet18
+    assert config_of("recipe=cifar10", "optim.warmup_epochs=5").optim.warmup_epochs == 5
 
 
-def test_strategy_group_and_options():
-    cfg = composed("strategy=ddp", "strategy.static_graph=true")
-    assert cfg.strategy.name == "ddp" and cfg.strategy.static_graph is True
+def test_the_fast_recipe_picks_muon_and_the_command_line_can_pick_another():
+    fast = config_of("recipe=cifar10_fast")
+    assert isinstance(fast.optim, schema.MuonConfig) and fast.optim.head_lr == 1340.0
+    assert fast.perf.compile and fast.perf.compile_mode is schema.CompileMode["reduce-overhead"]
+    assert isinstance(config_of("recipe=cifar10_fast", "optim=sgd").optim, schema.SGDConfig)
+
+
+def test_each_group_option_has_its_own_schema():
+    assert isinstance(config_of("strategy=ddp", "strategy.static_graph=true").strategy, schema.DDPConfig)
+    assert type(config_of("strategy=single").strategy) is schema.SingleConfig
+    assert isinstance(config_of("backend=slurm", "backend.nodes=2").backend, schema.SlurmBackendConfig)
+    # a key of another option is not a key of this one
+    for override in (["strategy=single", "strategy.timeout_s=5"], ["backend=local", "backend.partition=gpu"],
+                     ["optim=adamw", "optim.momentum=0.5"], ["recipe=digits", "recipe.tta=2"]):
+        with pytest.raises(ConfigCompositionException):
+            composed(*override)
 
 
 def test_gpus_takes_lists_counts_and_words():
@@ -39,25 +54,51 @@ def test_gpus_takes_lists_counts_and_words():
     assert list(composed("gpus=[]").gpus) == []
 
 
-@pytest.mark.parametrize("override", ["epoch=3", "recipe.modle=x", "strategy.bucket=1", "data.synth=true"])
+@pytest.mark.parametrize("override", ["epoch=3", "recipe.modle=x", "strategy.bucket=1", "data.synth=true",
+                                      "perf.cuda_grph=true"])
 def test_typo_fails_at_compose_time(override):
     with pytest.raises(ConfigCompositionException):
         composed(override)
 
 
-@pytest.mark.parametrize("override", ["epochs=abc", "batch_size=1.5", "lr=fast", "dry_run=maybe"])
-def test_wrong_type_fails_at_compose_time(override):
-    with pytest.raises(ConfigCompositionException, match="Error merging override"):
+@pytest.mark.parametrize("override", ["epochs=abc", "batch_size=1.5", "lr=fast", "dry_run=maybe",
+                                      "perf.precision=fp8", "recipe.flip=sometimes",
+                                      "data.placement=disk", "progress=loud", "recipe.model=vgg",
+                                      "perf.compile_mode=fast", "strategy.backend=mpi", "optim=lion"])
+def test_wrong_type_or_choice_fails_at_compose_time(override):
+    with pytest.raises(ConfigCompositionException):
         composed(override)
+
+
+def test_choices_are_typed_by_name_torchs_spelling_included():
+    cfg = config_of("perf.compile_mode=max-autotune-no-cudagraphs", "fault.kind=nan", "recipe.flip=alternating")
+    assert cfg.perf.compile_mode.value == "max-autotune-no-cudagraphs" and cfg.fault.kind == "nan"
+    assert cfg.recipe.flip is schema.Flip.alternating and str(cfg.recipe.flip) == "alternating"
 
 
 @pytest.mark.parametrize("override, key", [
     ("epochs=0", "epochs"), ("batch_size=0", "batch_size"), ("lr=0", "lr"), ("lr=inf", "lr"), ("seed=-1", "seed"),
     ("nprocs=0", "nprocs"), ("max_restarts=-1", "max_restarts"), ("strategy.timeout_s=0", "strategy.timeout_s"),
-    ("recipe.momentum=1.5", "recipe.momentum"), ("recipe.precision=fp8", "recipe.precision"),
-    ("recipe.optimizer=lbfgs", "recipe.optimizer"), ("fault.kind=explode", "fault.kind"), ("resume=true", "resume"),
+    ("optim.momentum=1.5", "optim.momentum"), ("resume=true", "resume"), ("eval.every=-1", "eval.every"),
+    ("recipe.translate=9", "recipe.translate"), ("data.prefetch_depth=0", "data.prefetch_depth"),
+    ("fault.kind=explode", "fault.kind"),
 ])
 def test_ranges_are_checked_with_one_line(override, key):
     with pytest.raises(ConfigError) as err:
-        validate(composed(override))
+        config_of(override)
     assert str(err.value).startswith(f"{key}=") and "\n" not in str(err.value)
+
+
+def test_workers_get_a_typed_frozen_config_that_pickles():
+    cfg = typed(composed("recipe=cifar10", "epochs=3"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.epochs = 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.recipe.tta = 1
+    again = pickle.loads(pickle.dumps(cfg))
+    assert again == cfg and again.recipe.model is schema.Cifar10Model.airbench
+    changed = schema.derive(cfg, epochs=4)
+    assert changed.epochs == 4 and cfg.epochs == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        changed.epochs = 5
+    assert schema.to_plain(cfg)["recipe"]["model"] == "airbench"

@@ -5,9 +5,9 @@ import time
 import pytest
 import torch
 
-from launcher.batches import HostData, ResidentData, choose_placement, make_data, rank_order
-from launcher.prefetch import CudaPrefetcher
-from launcher.stall import INPUT_BOUND, StepClock, input_advice
+from launcher.train.data import HostData, ResidentData, choose_placement, make_data, rank_order
+from launcher.train.prefetch import CudaPrefetcher
+from launcher.train.stall import INPUT_BOUND, StepClock, input_advice
 
 CPU = torch.device("cpu")
 
@@ -83,5 +83,5 @@ def test_input_bound_advice_names_the_setting_that_helps():
     assert input_advice(INPUT_BOUND / 2, "host", 180, False) is None
     host = input_advice(0.4, "host", 180, False)
     assert "40%" in host and "data.placement=gpu" in host
-    assert "recipe.compile=true" in input_advice(0.4, "gpu", 180, False)
+    assert "perf.compile=true" in input_advice(0.4, "gpu", 180, False)
     assert "batch_size" in input_advice(0.4, "gpu", 180, True)

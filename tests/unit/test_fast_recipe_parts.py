@@ -1,23 +1,16 @@
 """The record-speed recipe's parts on CPU: whitening, alternating flips, TTA, and Muon's parameter groups."""
 
 import torch
-from omegaconf import OmegaConf
 
-from launcher import optim
-from launcher.augment import alternating_flip, tta_logits, tta_views
-from launcher.checkpoint import optimizer_states
-from launcher.config import Config
+from launcher.config import MuonConfig
 from launcher.recipes.vision_models import Airbench94
+from launcher.train import optim
+from launcher.train.augment import alternating_flip, tta_logits, tta_views
+from launcher.train.checkpoint import optimizer_states
 
 
-def fast_cfg(**recipe):
-    cfg = OmegaConf.structured(Config)
-    cfg.recipe.name, cfg.recipe.model = "cifar10", "airbench94"
-    cfg.recipe.optimizer = "muon"
-    cfg.epochs, cfg.lr = 4, 0.24
-    for key, value in recipe.items():
-        cfg.recipe[key] = value
-    return cfg
+def build_muon(model, steps_per_epoch=2, epochs=4):
+    return optim.build(MuonConfig(), 0.24, epochs, model, steps_per_epoch, fused=False)
 
 
 def test_whitening_stem_decorrelates_2x2_patches():
@@ -61,7 +54,7 @@ def test_tta_views_and_weights():
 def test_muon_groups_train_matrices_and_keep_their_scale():
     torch.manual_seed(0)
     net = Airbench94()
-    steppers = optim.build(fast_cfg(), net, steps_per_epoch=2, fused=False)
+    steppers = build_muon(net)
     muon, sgd = (s.optimizer for s in steppers)
     assert isinstance(muon, torch.optim.Muon) and isinstance(sgd, torch.optim.SGD)
     matrices = net.parameter_roles()["matrices"]
@@ -77,7 +70,7 @@ def test_muon_groups_train_matrices_and_keep_their_scale():
         assert abs(p.norm().item() - len(p) ** 0.5) < 1e-3  # norm sqrt(rows) after every step
     # the stem bias trains for stem_bias_epochs (3 of 4 epochs = 6 steps), the rest decay over 8 steps
     stem_lr = sgd.param_groups[0]["lr"]
-    assert 0 < stem_lr < fast_cfg().recipe.sgd_lr
+    assert 0 < stem_lr < MuonConfig().sgd_lr
     for _ in range(3):
         steppers[1].scheduler.step()
     assert sgd.param_groups[0]["lr"] == 0.0 and sgd.param_groups[1]["lr"] > 0
@@ -86,10 +79,10 @@ def test_muon_groups_train_matrices_and_keep_their_scale():
 def test_muon_needs_a_model_that_names_its_matrices():
     import pytest
 
-    from launcher.config import ConfigError
+    from launcher.errors import ConfigError
 
     with pytest.raises(ConfigError, match="parameter_roles"):
-        optim.build(fast_cfg(), torch.nn.Linear(3, 3), steps_per_epoch=2, fused=False)
+        build_muon(torch.nn.Linear(3, 3))
 
 
 def test_checkpoints_from_one_optimizer_still_load():

@@ -1,19 +1,71 @@
-"""GPU list -> ids and CUDA_VISIBLE_DEVICES, with the inherited mask honoured (no GPU needed)."""
+"""`gpus=`: one reading for the plan, sweeps and SLURM, every spelling; the inherited mask honoured (no GPU needed)."""
+
+from pathlib import Path
 
 import pytest
 
-from launcher.config import ConfigError
-from launcher.gpus import cuda_visible_devices, select_gpus, visible_devices
+from launcher.errors import ConfigError, LaunchError
+from launcher.host.backends.slurm import sbatch_parameters
+from launcher.host.gpus import GpuRequest, cuda_visible_devices, visible_devices
+from launcher.host.packing import Need, need_of
+from launcher.host.sweep import SweepJob
+from tests.conftest import config_of
 
 FOUR = ["0", "1", "2", "3"]
 
 
+def select(spec, visible=FOUR, one_device=False):
+    return GpuRequest.parse(spec).select(visible, env={}, one_device=one_device)
+
+
+# (spelling on the command line, ids the plan uses on a 4-GPU host, what a sweep run waits for there,
+#  GPUs per node a SLURM job asks for; None: refused with one line)
+SPELLINGS = [
+    ("gpus=[0,1]", [0, 1], Need(2, (0, 1)), 2),
+    ("gpus=[2]", [2], Need(1, (2,)), 1),
+    ("gpus=2", [0, 1], Need(2), 2),
+    ("gpus=all", [0, 1, 2, 3], Need(4), None),
+    ("gpus=ALL", [0, 1, 2, 3], Need(4), None),
+    ("gpus=auto", [0, 1, 2, 3], Need(4), None),
+    ("gpus=AUTO", [0, 1, 2, 3], Need(4), None),
+    ("gpus=[]", [], Need(0), 0),
+    ("gpus=cpu", [], Need(0), 0),
+    ("gpus=CPU", [], Need(0), 0),
+]
+
+
+@pytest.mark.parametrize("override, ids, need, per_node", SPELLINGS, ids=[s[0] for s in SPELLINGS])
+def test_every_spelling_reads_the_same_in_the_plan_a_sweep_and_slurm(override, ids, need, per_node):
+    cfg = config_of(override)
+    assert GpuRequest.parse(cfg.gpus).select(FOUR, env={}) == ids  # the plan
+    job = SweepJob(0, [override], None, cfg, Path("/sweep/0"))
+    assert need_of(job, FOUR) == need  # a sweep on the same host
+    slurm = config_of(override, "backend=slurm", "batch_size=64")
+    if per_node is None:
+        with pytest.raises(ConfigError, match="say how many GPUs per node"):
+            sbatch_parameters(slurm)
+    else:
+        assert sbatch_parameters(slurm).get("gpus_per_node", 0) == per_node
+
+
+def test_auto_under_single_is_the_first_gpu_in_the_plan_and_in_a_sweep():
+    cfg = config_of("strategy=single")
+    assert GpuRequest.parse(cfg.gpus).select(FOUR, env={}, one_device=True) == [0]
+    assert need_of(SweepJob(0, [], None, cfg, Path("/s/0")), FOUR) == Need(1)
+
+
+def test_a_sweep_run_that_cannot_fit_on_this_host_is_refused_before_anything_starts():
+    job = SweepJob(3, ["gpus=8"], None, config_of("gpus=8"), Path("/s/3"))
+    with pytest.raises(LaunchError, match=r"asks for 8 GPUs but 4 GPUs visible.*sweep run 3: gpus=8"):
+        need_of(job, FOUR)
+
+
 @pytest.mark.parametrize("spec, ids", [
     ([0, 1], [0, 1]), ([3], [3]), ([2, 0], [2, 0]), (2, [0, 1]), (4, [0, 1, 2, 3]),
-    ("all", [0, 1, 2, 3]), ("auto", [0, 1, 2, 3]), ([], []), ("cpu", []),
+    ("all", [0, 1, 2, 3]), ("auto", [0, 1, 2, 3]), ([], []), ("cpu", []), (" All ", [0, 1, 2, 3]),
 ])
 def test_valid_specs(spec, ids):
-    assert select_gpus(spec, FOUR, env={}) == ids
+    assert select(spec) == ids
 
 
 @pytest.mark.parametrize("spec, words", [
@@ -24,7 +76,7 @@ def test_valid_specs(spec, ids):
 ])
 def test_invalid_specs_name_the_value_and_what_exists(spec, words):
     with pytest.raises(ConfigError) as err:
-        select_gpus(spec, FOUR, env={})
+        select(spec)
     message = str(err.value)
     assert message.startswith("gpus=")
     assert words in message
@@ -33,18 +85,18 @@ def test_invalid_specs_name_the_value_and_what_exists(spec, words):
 
 def test_all_without_gpus_points_to_cpu():
     with pytest.raises(ConfigError, match=r"no GPU is visible.*gpus=\[\]"):
-        select_gpus("all", [], env={})
-    assert select_gpus("auto", [], env={}) == []
+        select("all", [])
+    assert select("auto", []) == []
 
 
 def test_ids_are_relative_to_an_inherited_mask():
     env = {"CUDA_VISIBLE_DEVICES": "4,5"}
     visible = visible_devices(env, physical_count=8)
     assert visible == ["4", "5"]
-    assert cuda_visible_devices(select_gpus([1], visible, env), visible) == "5"
-    assert cuda_visible_devices(select_gpus([1, 0], visible, env), visible) == "5,4"
+    assert cuda_visible_devices(GpuRequest.parse([1]).select(visible, env), visible) == "5"
+    assert cuda_visible_devices(GpuRequest.parse([1, 0]).select(visible, env), visible) == "5,4"
     with pytest.raises(ConfigError, match="inherited CUDA_VISIBLE_DEVICES=4,5"):
-        select_gpus([2], visible, env)
+        GpuRequest.parse([2]).select(visible, env)
 
 
 def test_mask_follows_cuda_rules():
@@ -65,7 +117,7 @@ def test_gpu_loads_follow_the_mask_by_index_or_uuid(monkeypatch):
     import sys
     import types
 
-    from launcher.gpus import gpu_loads, physical_gpu_count
+    from launcher.host.gpus import gpu_loads, physical_gpu_count
 
     class Err(Exception):
         pass

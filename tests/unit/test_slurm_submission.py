@@ -1,78 +1,88 @@
 """backend=slurm before anything is submitted: what is requested, what each task runs, the batch script."""
 
+import pickle
 import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
 from omegaconf import open_dict
 
-from launcher import slurm
-from launcher.config import ConfigError, register, validate
+from launcher.config import LocalBackendConfig
+from launcher.errors import ConfigError
+from launcher.host.backends import slurm
+from launcher.host.compose import typed
+from tests.conftest import composed, config_of
 
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def composed(*overrides: str):
-    register()
-    with initialize_config_module(version_base=None, config_module="launcher.conf"):
-        cfg = compose(config_name="config", overrides=["backend=slurm", *overrides])
-    validate(cfg)
-    return cfg
+def slurm_config(*overrides: str):
+    return config_of("backend=slurm", *overrides)
 
 
 def test_ddp_on_gpus_is_one_task_per_gpu():
-    params = slurm.sbatch_parameters(composed("recipe=cifar10", "gpus=4", "batch_size=1024"))
+    params = slurm.sbatch_parameters(slurm_config("recipe=cifar10", "gpus=4", "batch_size=1024"))
     assert params["ntasks_per_node"] == 4 and params["gpus_per_node"] == 4 and params["nodes"] == 1
 
 
 def test_dataparallel_is_one_task_with_all_the_gpus():
-    params = slurm.sbatch_parameters(composed("recipe=cifar10", "gpus=2", "strategy=dp"))
+    params = slurm.sbatch_parameters(slurm_config("recipe=cifar10", "gpus=2", "strategy=dp"))
     assert params["ntasks_per_node"] == 1 and params["gpus_per_node"] == 2
 
 
 def test_cpu_ranks_are_tasks_and_no_gpu_is_asked_for():
-    params = slurm.sbatch_parameters(composed("gpus=[]", "strategy=ddp", "nprocs=2"))
+    params = slurm.sbatch_parameters(slurm_config("gpus=[]", "strategy=ddp", "nprocs=2"))
     assert params["ntasks_per_node"] == 2 and "gpus_per_node" not in params
 
 
 def test_gpus_must_be_a_count_before_the_nodes_are_known():
     with pytest.raises(ConfigError, match="gpus=4 backend=slurm"):
-        slurm.sbatch_parameters(composed("gpus=auto"))
+        slurm.sbatch_parameters(slurm_config("gpus=auto"))
 
 
-def test_several_nodes_need_ddp():
+def test_several_nodes_need_ddp_and_a_batch_that_splits_over_every_rank():
     with pytest.raises(ConfigError, match="backend.nodes"):
-        slurm.sbatch_parameters(composed("recipe=cifar10", "gpus=2", "strategy=dp", "backend.nodes=2"))
+        slurm.sbatch_parameters(slurm_config("recipe=cifar10", "gpus=2", "strategy=dp", "backend.nodes=2"))
+    with pytest.raises(ConfigError, match="split evenly over 6 ranks"):
+        slurm.sbatch_parameters(slurm_config("gpus=3", "batch_size=64", "backend.nodes=2"))
 
 
 def test_tasks_run_locally_on_what_the_allocation_gave_them():
-    cfg = composed("recipe=cifar10", "gpus=4")
-    user = ["recipe=cifar10", "gpus=4", "backend=slurm", "backend.partition=gpu", "epochs=3"]
-    assert slurm.task_overrides(user, cfg, Path("/runs/a")) == [
-        "recipe=cifar10", "epochs=3", "backend=local", "gpus=all", "nprocs=null", "hydra.run.dir=/runs/a"]
+    cfg = slurm_config("recipe=cifar10", "gpus=4", "backend.partition=gpu", "epochs=3")
+    task = slurm.task_config(cfg)
+    assert isinstance(task.backend, LocalBackendConfig) and task.gpus == "all" and task.nprocs is None
+    assert task.epochs == 3 and task.recipe == cfg.recipe
+    cpu = slurm.task_config(slurm_config("gpus=[]", "strategy=ddp", "nprocs=2"))
+    assert cpu.gpus == [] and cpu.nprocs is None
+
+
+def test_the_task_command_carries_the_checked_config_itself():
+    command = slurm.TaskCommand(slurm.task_config(slurm_config("gpus=[]", "epochs=3")), "/runs/a", max_requeues=2)
+    again = pickle.loads(pickle.dumps(command))  # submitit pickles it for the job
+    assert again.cfg.epochs == 3 and again.run_dir == "/runs/a" and again.max_requeues == 2
 
 
 @pytest.mark.parametrize("override", ["backend.partition='gpu\n#SBATCH --uid=0'", "backend.account='a\rb'",
                                       "+backend.additional.comment='x\ny'"])
 def test_a_value_that_would_add_a_line_to_the_script_is_refused(override):
     with pytest.raises(ConfigError, match="control characters"):
-        composed(override)
+        slurm_config(override)
 
 
 def test_an_option_name_that_is_not_one_is_refused():
-    cfg = composed()
+    cfg = composed("backend=slurm")
     with open_dict(cfg):
         cfg.backend.additional["x y"] = 1  # (not even typeable as an override)
     with pytest.raises(ConfigError, match="option names"):
-        validate(cfg)
+        typed(cfg).check()
 
 
 def test_the_batch_script_matches_the_golden_file(monkeypatch):
     """Spaces and quotes stay inside one quoted #SBATCH value (sbatch accepted this job name on the
     test cluster, see tests/slurm)."""
     monkeypatch.setattr(sys, "executable", "/venv/bin/python")
-    cfg = composed("gpus=[]", "strategy=ddp", "nprocs=2", "backend.partition=debug", "backend.time_min=30",
-                   "backend.job_name='my run'", "backend.mem_gb=8", """+backend.additional.comment='it\\'s "ours"'""")
+    cfg = slurm_config("gpus=[]", "strategy=ddp", "nprocs=2", "backend.partition=debug", "backend.time_min=30",
+                       "backend.job_name='my run'", "backend.mem_gb=8",
+                       """+backend.additional.comment='it\\'s "ours"'""")
     script = slurm.sbatch_script(cfg, Path("/runs/2026-11-22/digits"))
     assert script == (GOLDEN / "sbatch_ddp_cpu.txt").read_text()

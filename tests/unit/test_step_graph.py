@@ -1,12 +1,12 @@
-"""The pieces of recipe.cuda_graph that need no process group or GPU."""
+"""The pieces of perf.cuda_graph that need no process group or GPU."""
 
 import pytest
 import torch
-from hydra import compose, initialize_config_module
 
-from launcher.config import ConfigError, register, validate
-from launcher.stall import DeviceTimeout, wait_for
-from launcher.step_graph import FlatGradients
+from launcher.errors import ConfigError
+from launcher.train.stall import DeviceTimeout, wait_for
+from launcher.train.step import FlatGradients
+from tests.conftest import config_of
 
 
 def test_gradients_live_in_one_buffer_with_their_parameters_layout():
@@ -51,9 +51,5 @@ def test_waiting_for_a_stuck_device_ends_with_the_reason():
 
 
 def test_cuda_graph_with_a_compile_mode_that_graphs_itself_is_refused():
-    register()
-    with initialize_config_module(version_base=None, config_module="launcher.conf"):
-        cfg = compose(config_name="config", overrides=["recipe.cuda_graph=true", "recipe.compile=true",
-                                                       "recipe.compile_mode=reduce-overhead"])
-    with pytest.raises(ConfigError, match="recipe.compile_mode=default"):
-        validate(cfg)
+    with pytest.raises(ConfigError, match="perf.compile_mode=default"):
+        config_of("perf.cuda_graph=true", "perf.compile=true", "perf.compile_mode=reduce-overhead")

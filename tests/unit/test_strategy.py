@@ -1,9 +1,28 @@
-"""Strategy choice: auto never picks dp, combinations that cannot work fail with the fix."""
+"""Strategies as objects: auto never picks dp, combinations that cannot work fail with the fix, and each
+strategy answers the host-side questions the plan and SLURM ask (no process needed)."""
 
 import pytest
 
-from launcher.config import ConfigError
-from launcher.strategy import choose
+from launcher import strategies
+from launcher.config import (
+    AutoStrategyConfig,
+    DataParallelConfig,
+    DDPConfig,
+    PerfConfig,
+    ProcessGroupBackend,
+    SingleConfig,
+)
+from launcher.errors import ConfigError
+from launcher.strategies import CapturedDDP, DataParallel, Devices, Single
+from launcher.world import WorldInfo
+
+OPTIONS = {"auto": AutoStrategyConfig(), "single": SingleConfig(), "dp": DataParallelConfig(), "ddp": DDPConfig()}
+
+
+def choose(name, gpus, nprocs, global_batch=64, perf=None, backend="auto", nodes=1):
+    options = OPTIONS[name] if backend == "auto" else DDPConfig(backend=ProcessGroupBackend[backend])
+    return strategies.choose(options, Devices(tuple(range(gpus))), nprocs=nprocs, global_batch=global_batch,
+                             perf=perf or PerfConfig(), gpus_text=str(gpus), nodes=nodes).strategy
 
 
 @pytest.mark.parametrize("name, gpus, nprocs, expect, procs, backend", [
@@ -19,14 +38,15 @@ from launcher.strategy import choose
     ("ddp", 0, None, "ddp", 1, "gloo"),
 ])
 def test_choice(name, gpus, nprocs, expect, procs, backend):
-    layout = choose(name, gpus, nprocs, global_batch=64)
-    assert (layout.strategy, layout.nprocs, layout.dist_backend) == (expect, procs, backend)
+    strategy = choose(name, gpus, nprocs)
+    assert (strategy.name, strategy.processes, strategy.process_group_backend) == (expect, procs, backend)
 
 
-def test_global_batch_is_split_only_by_ddp():
+def test_global_batch_is_split_only_over_ranks():
     assert choose("ddp", 2, None, 512).batch_per_process == 256
     assert choose("dp", 2, None, 512).batch_per_process == 512  # DataParallel splits it inside the step
     assert choose("single", 1, None, 512).batch_per_process == 512
+    assert choose("ddp", 2, None, 512, nodes=2).world_size == 4  # a SLURM job of 2 nodes x 2 tasks
 
 
 @pytest.mark.parametrize("name, gpus, nprocs, batch, words", [
@@ -36,7 +56,6 @@ def test_global_batch_is_split_only_by_ddp():
     ("ddp", 2, 3, 64, "nprocs sets CPU ranks"),
     ("ddp", 0, 3, 64, "split evenly over 3 ranks"),
     ("dp", 2, 2, 64, "runs one process"),
-    ("magic", 1, None, 64, "choose one of"),
 ])
 def test_bad_combinations(name, gpus, nprocs, batch, words):
     with pytest.raises(ConfigError, match=words):
@@ -51,3 +70,45 @@ def test_nccl_on_cpu_is_refused():
 def test_batch_suggestion_is_divisible():
     with pytest.raises(ConfigError, match=r"batch_size=62"):
         choose("ddp", 0, 2, 63)
+
+
+def test_several_nodes_need_a_strategy_that_spans_them():
+    with pytest.raises(ConfigError, match="backend.nodes"):
+        choose("dp", 2, None, nodes=2)
+
+
+def test_cuda_graph_picks_the_captured_ddp_and_static_gradients_on_one_device():
+    graphed = PerfConfig(cuda_graph=True)
+    assert type(choose("ddp", 2, None, perf=graphed)) is CapturedDDP
+    assert type(choose("auto", 0, 2, perf=graphed)) is CapturedDDP  # on CPU the same path runs eagerly
+    single = choose("single", 1, None, perf=graphed)
+    assert type(single) is Single and single.static_gradients
+
+
+def test_dataparallel_turns_off_compile_graphs_and_cudnn_autotuning():
+    choice = strategies.choose(DataParallelConfig(), Devices((0, 1)), nprocs=None, global_batch=64,
+                               perf=PerfConfig(compile=True, cuda_graph=True), gpus_text="[0,1]")
+    assert type(choice.strategy) is DataParallel and choice.note and "off under strategy=dp" in choice.note
+    assert not (choice.perf.compile or choice.perf.cuda_graph or choice.perf.cudnn_benchmark)
+    assert "DataParallel" in choice.strategy.warning()
+
+
+def test_gpus_auto_means_one_gpu_only_for_single():
+    assert strategies.one_device(SingleConfig()) and not strategies.one_device(AutoStrategyConfig())
+    assert not strategies.one_device(DDPConfig())
+
+
+def test_inside_a_world_torchrun_started():
+    world = WorldInfo(1, 1, 2, 2, "localhost", 29500)
+    choice = strategies.for_world(AutoStrategyConfig(), world, Devices(()), global_batch=64, perf=PerfConfig())
+    assert (choice.strategy.name, choice.strategy.world_size, choice.strategy.processes) == ("ddp", 2, 2)
+    with pytest.raises(ConfigError, match="which is ddp"):
+        strategies.for_world(SingleConfig(), world, Devices(()), global_batch=64, perf=PerfConfig())
+
+
+def test_a_strategy_travels_to_the_workers():
+    import pickle
+
+    strategy = choose("ddp", 0, 2)
+    again = pickle.loads(pickle.dumps(strategy))
+    assert (again.name, again.world_size, again.process_group_backend) == ("ddp", 2, "gloo")

@@ -2,7 +2,7 @@
 
 import time
 
-from launcher.timeline import ORDER, StartupTimeline
+from launcher.train.timeline import ORDER, StartupTimeline
 
 
 def test_marks_are_seconds_since_launch_in_milestone_order():

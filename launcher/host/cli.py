@@ -1,0 +1,219 @@
+"""`launch`: a thin Hydra entry point around launcher.host.launch.launch().
+
+    launch [key=value ...]          one run (Hydra overrides; `launch --help` lists them)
+    launch -m key=a,b,c ...         a sweep (launcher/host/sweep_launcher.py)
+    launch doctor                   an environment report
+    launch --version                launch's, torch's and Hydra's versions
+    launch --cfg job                the composed config, nothing started
+
+Hydra's own error output is a traceback or a block of text; here every error a user can fix becomes
+one line on stderr and exit code 2. The exit code is the worst of the command's runs: 0, 1 (a run
+failed), 2 (bad input), 128+N (stopped by signal N).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import LaunchError
+
+
+class Invocation:
+    """One `launch` command: when it started, and the exit code of every run it made or heard of.
+
+    Its `run_job` is Hydra's task function (one run, from a composed config). launch's own sweep
+    launcher reports the runs it started elsewhere through `record`.
+    """
+
+    def __init__(self, started: float):
+        self.started = started
+        self.pid = os.getpid()
+        self.codes: list[int] = []
+
+    def record(self, exit_code: int) -> None:
+        self.codes.append(exit_code)
+
+    def run_job(self, cfg: Any) -> float | None:
+        """Hydra's task function: one run. Returns its `sweep.objective`; in a sweep a failed run raises
+        RunFailed, so that Hydra (and its sweeper) see the failure."""
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        from launcher.host.compose import typed
+        from launcher.host.launch import launch
+        from launcher.host.outcome import LaunchContext, Outcome, RunFailed
+
+        hydra_cfg = HydraConfig.get()
+        run_dir = Path(hydra_cfg.runtime.output_dir)
+        # The time to the first step counts from the command's start for its first run here; a run in
+        # another process (a sweep's) or a later one counts from its own start.
+        started = self.started if (not self.codes and os.getpid() == self.pid) else time.time()
+        context = LaunchContext(started=started, overrides=tuple(hydra_cfg.overrides.task))
+        try:
+            outcome = launch(typed(cfg), run_dir, context)
+        except LaunchError as err:
+            outcome = Outcome(err.exit_code, error=str(err))
+        _remove_if_only_hydra_files(run_dir)  # a dry run, or input refused before anything started
+        self.record(outcome.exit_code)
+        if outcome.error:
+            print(f"launch: {outcome.error}", file=sys.stderr, flush=True)
+        if outcome.exit_code and hydra_cfg.mode == RunMode.MULTIRUN:
+            raise RunFailed(outcome.exit_code, outcome.error or f"exit code {outcome.exit_code}")
+        return outcome.objective(cfg.sweep.objective)
+
+    def exit_code(self) -> int:
+        return max(self.codes, default=0)
+
+
+def _remove_if_only_hydra_files(run_dir: Path) -> None:
+    """A launch that started nothing should leave nothing: drop the dir Hydra made if it holds only .hydra/."""
+    entries = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+    if entries <= {".hydra"}:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        stop = Path.cwd().resolve()
+        for parent in run_dir.resolve().parents:  # outputs/DATE/ too, when this run was all they held
+            if parent == stop or not parent.is_relative_to(stop):
+                break
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+
+
+def _script_args_as_override(argv: list[str]) -> list[str]:
+    """`launch script=train.py ... -- --lr 0.1`: what follows `--` becomes script_args, quoted so that
+    Hydra and OmegaConf hand every word back unchanged (quotes, backslashes, `${...}` included). Hydra's
+    own parser would take those words for overrides."""
+    if "--" not in argv:
+        return argv
+    cut = argv.index("--")
+
+    def quoted(word: str) -> str:
+        word = word.replace("${", "\\${")  # not an interpolation
+        word = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, word)  # backslashes Hydra would read as escapes
+        return "'" + word.replace("'", "\\'") + "'"
+
+    return [*argv[:cut], "script_args=[" + ",".join(quoted(w) for w in argv[cut + 1:]) + "]"]
+
+
+def _will_spawn_workers(argv: list[str]) -> bool:
+    """A cheap guess from the command line: skip the worker interpreter for help, --cfg, dry runs and
+    inside torchrun/srun (no spawning there). A wrong guess costs only time, never correctness."""
+    from launcher.world import existing_world
+
+    # (-m: each run of a local sweep starts in a process of its own, which has its own)
+    informational = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "-m", "--multirun"}
+    if informational & set(argv) or any(a.replace(" ", "").lower() in ("dry_run=true", "backend=slurm")
+                                        for a in argv):
+        return False  # nothing to spawn here (backend=slurm: the job's tasks do)
+    return existing_world() is None
+
+
+def _refuse_impossible_sweeps(argv: list[str]) -> None:
+    """Another Hydra launcher runs each sweep run itself: backend=slurm there would submit a SLURM job
+    from every one of them (from inside a SLURM job, under submitit_slurm). Refused before anything starts."""
+    values: dict[str, str] = {}
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        values[key.lstrip("+~").removeprefix("override ").strip()] = value
+    chosen = values.get("hydra/launcher")
+    if chosen and chosen != "launch" and "slurm" in values.get("backend", ""):
+        raise LaunchError(f"backend=slurm is not valid with hydra/launcher={chosen}: that launcher runs each sweep "
+                          "run itself; use backend=slurm with launch's own launcher (drop hydra/launcher), or "
+                          f"hydra/launcher={chosen} with backend=local")
+
+
+def version() -> str:
+    from importlib import metadata
+
+    import launcher
+
+    def of(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"launch {launcher.__version__} (torch {of('torch')}, hydra-core {of('hydra-core')}, "
+            f"Python {sys.version.split()[0]})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    started = time.time()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["doctor"]:
+        from launcher.host.doctor import main as doctor_main
+
+        raise SystemExit(doctor_main(argv[1:]))
+    if argv in (["--version"], ["-V"]):
+        print(version())
+        raise SystemExit(0)
+
+    from launcher.bytecode import enable as keep_bytecode
+    from launcher.host.compose import allow_imports_from_cwd, register
+
+    note = keep_bytecode()  # before any heavy import here or in the processes started below
+    if note:
+        print(note, file=sys.stderr, flush=True)
+    allow_imports_from_cwd()  # before the worker interpreter starts: it inherits the path
+    if _will_spawn_workers(argv):
+        from launcher.host.spawn import prestart_worker_interpreter
+
+        prestart_worker_interpreter()  # imports torch in the background while Hydra composes
+
+    import hydra
+
+    from launcher.host.hydra_errors import describe_hydra_error
+    from launcher.host.outcome import RunFailed
+
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us; they are reworded below
+    invocation = Invocation(started)
+    entry = hydra.main(config_path="pkg://launcher.conf", config_name="config", version_base="1.3")(
+        invocation.run_job)
+    saved_argv = sys.argv
+    sys.argv = [saved_argv[0] if saved_argv else "launch", *_script_args_as_override(argv)]
+    try:
+        _refuse_impossible_sweeps(argv)
+        register(argv)
+        entry()
+    except KeyboardInterrupt:
+        print("launch: interrupted (Ctrl-C); every run it started was stopped", file=sys.stderr)
+        raise SystemExit(130) from None
+    except Exception as exc:  # noqa: BLE001 - anything Hydra or OmegaConf raises
+        if os.environ.get("LAUNCH_DEBUG"):
+            raise
+        failed = next((e for e in _chain(exc) if isinstance(e, RunFailed)), None)
+        if any(invocation.codes) or failed is not None:
+            # Runs ended and one failed: its own reason was printed when it ended. A sweep run under
+            # another hydra/launcher failed in a process of its own: Hydra re-raised its RunFailed here.
+            if failed is not None and not invocation.codes:
+                print(f"launch: a sweep run failed: {str(failed).splitlines()[0]}", file=sys.stderr)
+                raise SystemExit(failed.exit_code) from None
+        else:
+            print(f"launch: {describe_hydra_error(exc)}", file=sys.stderr)
+            raise SystemExit(2) from None
+    finally:
+        sys.argv = saved_argv
+    code = invocation.exit_code()
+    if code and len(invocation.codes) > 1:
+        failed_runs = sum(1 for c in invocation.codes if c)
+        print(f"launch: {failed_runs} of {len(invocation.codes)} sweep runs failed", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def _chain(exc: BaseException | None) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""What Hydra needs before it composes a launch config, and the typed config it hands back.
+
+- `register(argv)`: the schemas (launcher/config.py) into Hydra's ConfigStore, the resolvers the YAML
+  uses, `hydra/launcher=launch` (launcher/host/sweep_launcher.py), and a user's own recipe named
+  on the command line (`recipe=my_pkg.my_recipe`: its module is imported and its schema registered as
+  an option of the `recipe` group, so Hydra composes it like a built-in one).
+- `typed(cfg)`: the composed DictConfig as the schema's dataclasses, frozen. Everything after
+  composition (validation, the plan, the workers) reads this, never the DictConfig.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from launcher.config import SCHEMAS, Config, Schema, freeze
+from launcher.errors import LaunchError
+from launcher.world import existing_world, joined_run_id
+
+GROUPS = ("recipe", "optim", "strategy", "backend")
+SCHEMA_GROUP = "schema"  # ConfigStore: schema/<group>/<option>, named by conf/<group>/<option>.yaml
+# launch's Hydra launcher: its class lives where Hydra's plugin scan looks, under `hydra_plugins`.
+SWEEP_LAUNCHER = "hydra_plugins.launcher_sweep.LaunchSweepLauncher"
+PLUGIN_FOLDER = Path(__file__).parent / "hydra_plugins"
+
+
+@dataclass
+class LaunchLauncherConf:
+    _target_: str = SWEEP_LAUNCHER
+
+
+def allow_imports_from_cwd() -> None:
+    """A user's recipe or script package in the directory `launch` runs in is importable, as under
+    `python -m` (the `launch` entry point alone would only see site-packages). Workers inherit it."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+def register(argv: list[str]) -> None:
+    """Everything Hydra must know before composing `argv`. Idempotent."""
+    import hydra_plugins
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="launch_schema", node=Config)
+    for (group, option), schema in SCHEMAS.items():
+        store.store(group=f"{SCHEMA_GROUP}/{group}", name=option, node=schema)
+    # Hydra lists the folders of the `hydra_plugins` namespace package to find launchers. An editable
+    # install (`pip install -e .`) maps ours through setuptools' import hook, which that listing cannot
+    # see; a regular install puts it in site-packages/hydra_plugins, where this folder does not exist.
+    if (PLUGIN_FOLDER / "launcher_sweep").is_dir() and str(PLUGIN_FOLDER) not in list(hydra_plugins.__path__):
+        hydra_plugins.__path__.append(str(PLUGIN_FOLDER))
+    store.store(group="hydra/launcher", name="launch", node=LaunchLauncherConf, provider="launcher")
+    _register_resolvers()
+    for module_path in user_recipes_named(argv):
+        register_user_recipe(module_path)
+
+
+def user_recipes_named(argv: list[str]) -> list[str]:
+    """Module paths among the `recipe=` values of the command line (a sweep may name several)."""
+    found: list[str] = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+~") != "recipe":
+            continue
+        found += [word for word in re.findall(r"[A-Za-z_][\w.]*", value) if "." in word and word not in found]
+    return found
+
+
+def register_user_recipe(module_path: str) -> None:
+    """`recipe=my_pkg.my_recipe`: its Recipe class's schema becomes the option `recipe/my_pkg.my_recipe`."""
+    from hydra.core.config_store import ConfigStore
+
+    from launcher.config import MISSING
+    from launcher.recipes import recipe_class
+
+    allow_imports_from_cwd()
+    cls = recipe_class(module_path)  # a LaunchError naming the problem when it is not a recipe
+    defaults = {"name": module_path}
+    if getattr(cls.Config, "model", MISSING) == MISSING:
+        defaults["model"] = cls.models[0] if cls.models else "default"
+    ConfigStore.instance().store(group="recipe", name=module_path, node=cls.Config(**defaults))
+
+
+def typed(cfg: DictConfig) -> Config:
+    """The composed config (without its `hydra` part) as frozen dataclasses, or a LaunchError."""
+    from launcher.host.hydra_errors import describe_hydra_error
+
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except Exception as exc:  # noqa: BLE001 - OmegaConf's errors for a missing or unresolvable value
+        raise LaunchError(describe_hydra_error(exc)) from None
+    if not isinstance(obj, Config):
+        raise LaunchError("the composed config is not launch's (it lacks `launch_schema` in its defaults list)")
+    for group in GROUPS:
+        if not isinstance(getattr(obj, group), Schema):
+            raise LaunchError(f"{group}: the chosen option's YAML names no schema in its defaults list "
+                              f"(e.g. `- /{SCHEMA_GROUP}/{group}/<option>@_here_`); see launcher/config.py")
+    return freeze(obj)
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """The config `launch` composes for `overrides` (Hydra's compose API: nothing starts, no run dir)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    register(overrides)
+    with initialize_config_module(config_module="launcher.conf", version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def config_for(*overrides: str) -> Config:
+    """The typed, frozen, checked config a launch with `overrides` runs with: for scripts, notebooks, tests.
+
+        from launcher.host.compose import config_for
+        cfg = config_for("recipe=cifar10", "epochs=3")
+    """
+    cfg = typed(compose(list(overrides)))
+    cfg.check()
+    return cfg
+
+
+def to_yaml(cfg: Config) -> str:
+    """The typed config as YAML (a run dir's config.yaml): what ran, every value resolved."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+# ---- resolvers used by conf/config.yaml -----------------------------------------------------------
+
+
+def _run_name(recipe: str, script: str | None) -> str:
+    """The run dir's name under outputs/ (or multirun/): DATE/TIME-WHAT-ID, WHAT the recipe or the
+    script; inside torchrun/srun one name every rank agrees on, so they share one run dir."""
+    if existing_world() is not None:
+        return joined_run_id(os.environ)
+    what = Path(str(script)).stem if script else recipe
+    now = datetime.now()
+    # The random suffix keeps two launches started in the same second in separate run dirs.
+    return f"{now:%Y-%m-%d}/{now:%H-%M-%S}-{what}-{secrets.token_hex(2)}"
+
+
+def _output_subdir() -> str | None:
+    """Hydra's own files (.hydra/) are written by one process: inside torchrun/srun, rank 0."""
+    world = existing_world()
+    return ".hydra" if world is None or world.rank == 0 else None
+
+
+def _groups() -> str:
+    """The groups and their options, for `launch --help` (Hydra's own list would show the schemas too)."""
+    conf = resources.files("launcher.conf")
+    lines = []
+    for group in GROUPS:
+        options = sorted(p.name[:-5] for p in conf.joinpath(group).iterdir() if p.name.endswith(".yaml"))
+        extra = ", or a module path (your recipe: e.g. recipe=my_pkg.my_recipe)" if group == "recipe" else ""
+        lines.append(f"  {group}: {', '.join(options)}{extra}")
+    return "\n".join(lines)
+
+
+def _register_resolvers() -> None:
+    resolvers = {"launch_run_name": (_run_name, True), "launch_output_subdir": (_output_subdir, True),
+                 "launch_groups": (_groups, False)}
+    for name, (fn, cache) in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn, use_cache=cache)

@@ -1,0 +1,104 @@
+"""`launch doctor`: what this machine offers for training, in one screen (or JSON with --json).
+
+torch, CUDA and NCCL versions; whether CUDA works; each visible device with its name and total/free
+memory (through NVML where there is a driver); the inherited CUDA_VISIBLE_DEVICES and SLURM variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _nvml_devices() -> tuple[list[dict[str, Any]], str | None]:
+    from launcher.host.gpus import nvml_devices
+
+    devices, driver = nvml_devices()
+    return [{"physical_index": d.physical_index, "name": d.name, "total_mib": d.total_bytes // 2**20,
+             "free_mib": d.free_bytes // 2**20, "utilization_pct": d.util_pct} for d in devices], driver
+
+
+def collect() -> dict[str, Any]:
+    import torch
+
+    report: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "packages": {p: _version(p) for p in ("torch", "hydra-core", "omegaconf", "submitit", "nvidia-ml-py",
+                                                "launcher")},
+        "torch_cuda_build": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "cuda_device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "nccl": None,
+        "distributed_backends": {b: getattr(torch.distributed, f"is_{b}_available", lambda: False)()
+                                 for b in ("gloo", "nccl", "mpi")},
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "slurm": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")},
+        "torchelastic": {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                    "MASTER_PORT", "TORCHELASTIC_RUN_ID") if k in os.environ},
+    }
+    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
+        try:
+            v = torch.cuda.nccl.version()
+            report["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+        except Exception:  # noqa: BLE001 - a build without NCCL
+            pass
+    nvml, driver = _nvml_devices()
+    report["driver"] = driver
+    report["nvml_devices"] = nvml
+    visible = []
+    for i in range(report["cuda_device_count"]):
+        props = torch.cuda.get_device_properties(i)
+        free, total = torch.cuda.mem_get_info(i)
+        visible.append({"id": i, "name": props.name, "capability": f"{props.major}.{props.minor}",
+                        "multiprocessors": props.multi_processor_count,
+                        "total_mib": total // 2**20, "free_mib": free // 2**20})
+    report["cuda_devices"] = visible
+    return report
+
+
+def render(r: dict[str, Any]) -> str:
+    lines = [
+        f"python       {r['python']} on {r['platform']} ({r['cpus']} CPUs)",
+        "packages     " + ", ".join(f"{k} {v or '-'}" for k, v in r["packages"].items()),
+        f"torch CUDA   build {r['torch_cuda_build'] or 'none (CPU build)'}; available: {r['cuda_available']}; "
+        f"devices: {r['cuda_device_count']}; NCCL: {r['nccl'] or '-'}",
+        "backends     " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in r["distributed_backends"].items()),
+        f"driver       {r['driver']}",
+        f"CUDA_VISIBLE_DEVICES  {r['cuda_visible_devices'] if r['cuda_visible_devices'] is not None else '(not set)'}",
+    ]
+    for d in r["cuda_devices"]:
+        lines.append(f"  cuda:{d['id']}  {d['name']}  sm_{d['capability'].replace('.', '')}  "
+                     f"{d['multiprocessors']} SMs  {d['free_mib']:,} / {d['total_mib']:,} MiB free")
+    if r["nvml_devices"] and not r["cuda_devices"]:
+        for d in r["nvml_devices"]:
+            free = f"{d['free_mib']:,} / {d['total_mib']:,} MiB free"
+            lines.append(f"  physical {d['physical_index']}  {d['name']}  {free}")
+    if not r["cuda_devices"] and not r["nvml_devices"]:
+        lines.append("  no GPU: `launch` trains on CPU (gpus=[]), and strategy=ddp nprocs=N runs N gloo ranks")
+    lines.append("SLURM        " + (" ".join(f"{k}={v}" for k, v in r["slurm"].items()) or "(not in a SLURM job)"))
+    if r["torchelastic"]:
+        lines.append("torchrun     " + " ".join(f"{k}={v}" for k, v in r["torchelastic"].items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if argv not in ([], ["--json"]):
+        print(f"launch: doctor takes no arguments but --json, got {' '.join(argv)} (e.g. launch doctor --json)",
+              file=sys.stderr)
+        return 2
+    report = collect()
+    print(json.dumps(report, indent=2) if argv == ["--json"] else render(report))
+    return 0

@@ -1,0 +1,125 @@
+"""Reword what Hydra and OmegaConf raise at compose time into one line: what was wrong, what is
+allowed, what to type. Their own messages are several lines of context meant for config authors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+
+from launcher import config
+from launcher.errors import LaunchError
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return seen
+
+
+def _first_line(text: str) -> str:
+    for line in text.strip().splitlines():
+        if line.strip():
+            return line.strip()
+    return text.strip()
+
+
+def _schema_named(name: str) -> type | None:
+    """The schema class called `name` (a group option's, or a user recipe's), from the error's text."""
+    todo, seen = [config.Schema], set()
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == name:
+            return cls
+        seen.add(cls)
+        todo += [c for c in cls.__subclasses__() if c not in seen]
+    return None
+
+
+def _known_keys(full_key: str, schema_name: str | None) -> list[str]:
+    """The keys beside the leaf of `full_key`: from the schema the error names, else by walking Config."""
+    node = _schema_named(schema_name) if schema_name else None
+    if node is None:
+        node = config.Config
+        for part in full_key.split(".")[:-1]:
+            field = {f.name: f for f in dataclasses.fields(node)}.get(part)
+            factory = field.default_factory if field is not None else None
+            node = factory if isinstance(factory, type) else None
+            if node is None:
+                return []
+    return [f.name for f in dataclasses.fields(node)]
+
+
+def _unknown_key(full_key: str, schema_name: str | None) -> str:
+    known = _known_keys(full_key, schema_name)
+    leaf = full_key.split(".")[-1]
+    prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
+    guess = difflib.get_close_matches(leaf, known, n=1)
+    hint = f"did you mean {prefix}{guess[0]}? " if guess else ""
+    listing = ", ".join(prefix + k for k in known)
+    return f"unknown key '{full_key}': {hint}known keys: {listing}"
+
+
+def describe_hydra_error(exc: BaseException) -> str:
+    chain = _chain(exc)
+    ours = next((e for e in chain if isinstance(e, LaunchError)), None)
+    if ours is not None:  # raised by launch itself (a callback, a recipe's registration): already one line
+        return str(ours)
+    text = "\n".join(str(e) for e in chain)
+    names = [type(e).__name__ for e in chain]
+
+    # `launch foo` or `launch gpus=[0,1`: not a key=value override.
+    unparsed = next((e for e in chain if type(e).__name__ == "OverrideParseException"), None)
+    if unparsed is not None:
+        bad = getattr(unparsed, "override", "") or ""
+        if bad and "=" not in bad:
+            return (f"'{bad}' is not a command or a key=value override; commands: doctor; "
+                    f"overrides look like: launch recipe=cifar10 gpus=[0,1] epochs=5")
+        detail = _first_line(getattr(unparsed, "message", "") or str(unparsed))
+        return (f"cannot parse '{bad}' ({detail}): lists are written gpus=[0,1], text with commas or "
+                "brackets is quoted: key='a,b'")
+
+    m = re.search(r"Ambiguous value for argument '([^']*)'", text)
+    if m:
+        key, _, value = m.group(1).partition("=")
+        return (f"{key}={value} is ambiguous: write {key}=[{value}] for a list, or add -m to sweep over "
+                f"{key}={value}")
+
+    m = re.search(r"Could not find '([^']+)/([^']+)'", text)
+    if m:
+        group, option = m.group(1), m.group(2)
+        options = re.findall(r"^\t(\S+)$", text.split("Available options", 1)[-1], flags=re.M)
+        if not options:
+            return f"{group}={option} is not valid: see launch --help for the options of {group}"
+        return f"{group}={option} is not valid: choose one of {', '.join(options)} (e.g. launch {group}={options[0]})"
+
+    m = re.search(r"full_key: (\S+)", text)
+    full_key = m.group(1) if m else None
+    if any(n in ("ConfigKeyError", "ConfigAttributeError") for n in names):
+        overridden = re.search(r"Could not override '([^']+)'", text)
+        missing = re.search(r"Key '([^']+)' (?:is )?not in", text)
+        key = overridden.group(1) if overridden else full_key or (missing.group(1) if missing else None)
+        schema = re.search(r"not in '(\w+)'", text)
+        if key:
+            return _unknown_key(key, schema.group(1) if schema else None)
+    if full_key and "ValidationError" in names:
+        choice = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", text)
+        if choice:
+            value, options = choice.group(1), [o.strip() for o in choice.group(2).split(",")]
+            return (f"{full_key}={value} is not valid: choose one of {', '.join(options)} "
+                    f"(e.g. launch {full_key}={options[0]})")
+        m2 = re.search(r"Value '([^']*)' of type '(\w+)' could not be converted to (\w+)", text)
+        if m2:
+            value, _, target = m2.groups()
+            kind = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}.get(target, target)
+            return f"{full_key}={value} is not valid: must be {kind}"
+        m3 = re.search(r"Non optional field cannot be assigned None", text)
+        if m3:
+            return f"{full_key}=null is not valid: {full_key} needs a value"
+        return f"{full_key}: {_first_line(str(chain[-1]))}"
+    if "MissingMandatoryValue" in names and full_key:
+        return f"{full_key} has no value: set it on the command line, e.g. launch {full_key}=..."
+    return _first_line(str(chain[-1] if len(chain) > 1 and str(chain[-1]).strip() else exc))

@@ -1,0 +1,44 @@
+"""What a launch is given besides its config (LaunchContext), and what it gives back (Outcome)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.spec import RequeuePolicy
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    started: float  # time.time() when the command started: the time to the first step counts from it
+    overrides: tuple[str, ...] = ()  # the command line's overrides, as typed (recorded with the run)
+    requeue: RequeuePolicy | None = None  # inside a SLURM job that requeues itself on preemption
+
+
+@dataclass
+class Outcome:
+    exit_code: int  # 0, 1 (a run failed), 2 (bad input), 128+N (stopped by signal N)
+    results: dict[str, Any] | None = None  # rank 0's results.json, when this process has it
+    error: str | None = None  # what to print, already formatted
+
+    def objective(self, key: str) -> float | None:
+        """The value a sweeper optimizes (sweep.objective), when the run has it."""
+        value = (self.results or {}).get(key, (self.results or {}).get("final", {}).get(key))
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def signal_exit_code(returncode: int) -> int:
+    """A child's return code as a shell reports it: 128+N for a process killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class RunFailed(Exception):
+    """A sweep run failed: what Hydra records as the job's result (and its sweeper re-raises). It
+    travels back from the process that ran it (joblib's, submitit's), so it pickles whole."""
+
+    def __init__(self, exit_code: int, message: str):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def __reduce__(self):
+        return (RunFailed, (self.exit_code, str(self)))

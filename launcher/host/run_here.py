@@ -1,0 +1,203 @@
+"""One launch on this host: plan, start (or join) the workers, supervise them, report.
+
+    plan (devices, strategy, worker env) -> dry run? -> prepare data once -> workers -> summary
+
+backend=local runs this in the `launch` process; backend=slurm runs it in every task of the job. The
+run dir is the one Hydra made for this launch (or the SLURM job's); workers write into it and never
+create their own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from launcher import logs
+from launcher.config import Config
+from launcher.errors import LaunchError
+from launcher.files import (
+    CHECKPOINTS,
+    CONFIG,
+    CURVES,
+    LAST_CHECKPOINT,
+    LOG,
+    PLAN,
+    RESULTS,
+    TENSORBOARD,
+    last_checkpoint,
+)
+from launcher.host import script
+from launcher.host.compose import to_yaml
+from launcher.host.outcome import LaunchContext, Outcome
+from launcher.host.plan import Plan, make_plan
+from launcher.spec import WorkerSpec
+from launcher.world import existing_world
+
+log = logging.getLogger("launcher")
+
+
+def check_runnable(cfg: Config) -> None:
+    """What can be checked of the run itself before anything starts: the script exists, or the recipe
+    imports and has the model named."""
+    if cfg.script:
+        script.script_path(cfg)
+        return
+    from launcher.recipes import check_model, recipe_class
+
+    check_model(recipe_class(cfg.recipe.name), cfg)
+
+
+def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
+    """Run `cfg` (checked) on this host into `run_dir`. Errors a user can fix come back as exit code 2."""
+    run_dir = Path(run_dir).resolve()
+    try:
+        joined = existing_world()
+        requeued = context.requeue is not None and context.requeue.requeued
+        if joined is None and not requeued:
+            _refuse_finished_run_dir(run_dir)
+        plan = make_plan(cfg, joined)
+        if cfg.script:
+            return _run_user_script(plan, run_dir, context)
+        check_runnable(cfg)
+        resume_from = str(resolve_resume(cfg.resume).resolve()) if cfg.resume else None
+        if cfg.dry_run:
+            print(describe_dry_run(plan, run_dir, resume_from))
+            return Outcome(0)
+        if joined is None or joined.local_rank == 0:
+            from launcher.recipes import recipe_class
+
+            recipe_class(cfg.recipe.name)(plan.config).prepare()  # fetch or check data once per host
+    except LaunchError as err:
+        return Outcome(err.exit_code, error=str(err))
+
+    is_main = joined is None or joined.rank == 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    debug = bool(os.environ.get("LAUNCH_DEBUG"))
+    logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
+    if is_main:
+        _write_run_files(plan, run_dir, resume_from, context)
+        log.info("%s: %s", cfg.recipe.name, plan.describe())
+        if plan.gpu_choice:
+            log.info(plan.gpu_choice)
+        log.info("run dir: %s", run_dir)
+        for note in plan.notes:
+            log.warning(note)
+
+    spec = WorkerSpec(plan.config, plan.strategy, str(run_dir), plan.env, plan.device_index, resume_from,
+                      context.requeue, context.started, spawned_s=round(time.time() - context.started, 3))
+    outcome = _execute(spec, plan)
+    if plan.joined is not None:  # this process was a worker too: back to the launcher's own logging
+        logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
+    if outcome.exit_code == 0 and is_main:
+        summarize(outcome.results, run_dir, time.time() - context.started)
+    return outcome
+
+
+def _execute(spec: WorkerSpec, plan: Plan) -> Outcome:
+    if plan.joined is not None:
+        from launcher.train.worker import worker_main  # this process is one rank: it trains here
+
+        return Outcome(0, results=worker_main(spec))  # worker_main exits the process on failure
+    from launcher.host.spawn import launch_local
+
+    return launch_local(spec, plan.strategy.processes, plan.config.max_restarts)
+
+
+def _run_user_script(plan: Plan, run_dir: Path, context: LaunchContext) -> Outcome:
+    """script=...: the user's torchrun-style script on the planned devices (launcher/host/script.py)."""
+    cfg = plan.config
+    path = script.script_path(cfg)
+    argv = script.script_argv(cfg)
+    if not plan.strategy.runs_scripts:
+        raise LaunchError(f"strategy={plan.strategy.name} is not valid with script={cfg.script}: a script runs one "
+                          "process per device and wraps its model itself (e.g. launch script=train.py gpus=[0,1])")
+    command = " ".join(["python", str(path), *argv])
+    if cfg.dry_run:
+        print(f"dry run: nothing started. {command}\n  on {plan.describe(with_batch=False)}\n  worker env " +
+              " ".join(f"{k}={v!r}" for k, v in sorted(plan.env.items())))
+        return Outcome(0)
+    is_main = plan.joined is None or plan.joined.rank == 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    logs.setup_launcher_logging(run_dir if is_main else None, debug=bool(os.environ.get("LAUNCH_DEBUG")))
+    if is_main:
+        _write_run_files(plan, run_dir, None, context, script_command=[str(path), *argv])
+        log.info("script: %s on %s", command, plan.describe(with_batch=False))  # (batch size is the script's)
+    if plan.joined is not None:  # inside torchrun/srun: this process is one rank; run the script here
+        return script.run_in_this_process(path, argv, plan.env, plan.joined.rank)
+    outcome = script.run_script(path, argv, run_dir, plan.strategy.processes, plan.env, cfg.max_restarts)
+    if outcome.exit_code == 0:
+        log.info("done in %.1fs: %s finished on every rank. Output of each rank: %s  log: %s",
+                 time.time() - context.started, path.name, run_dir / "logs", run_dir / LOG)
+    return outcome
+
+
+def resolve_resume(value: str, search_root: Path = Path("outputs")) -> Path:
+    """`resume` -> the checkpoint file: a .pt file, a run dir holding checkpoints/last.pt, or `latest`."""
+    if value == "latest":
+        candidates = sorted(search_root.glob(f"**/{CHECKPOINTS}/{LAST_CHECKPOINT}"), key=lambda p: p.stat().st_mtime)
+        if not candidates:
+            raise LaunchError(f"resume=latest is not valid: no checkpoint under {search_root.resolve()}/ "
+                              "(e.g. launch resume=outputs/DATE/TIME-RECIPE-ID)")
+        return candidates[-1]
+    path = Path(os.path.expanduser(value))
+    if path.is_dir():
+        path = last_checkpoint(path)
+    if not path.is_file():
+        raise LaunchError(f"resume={value} is not valid: {path} does not exist; give a run dir that holds "
+                          "checkpoints/last.pt, a .pt file, or latest (e.g. launch resume=latest)")
+    return path
+
+
+def _refuse_finished_run_dir(run_dir: Path) -> None:
+    """A run dir named by hand (hydra.run.dir=...) may already hold a run; never write over it."""
+    if (run_dir / RESULTS).exists() or last_checkpoint(run_dir).exists():
+        raise LaunchError(f"hydra.run.dir={run_dir} already holds a run: continue it with resume={run_dir} "
+                          "in a new dir, or pick another hydra.run.dir")
+
+
+def _write_run_files(plan: Plan, run_dir: Path, resume_from: str | None, context: LaunchContext,
+                     script_command: list[str] | None = None) -> None:
+    (run_dir / CONFIG).write_text(to_yaml(plan.config))
+    record = {**plan.record(), "resume_from": resume_from, "overrides": list(context.overrides)}
+    if script_command:
+        record["script_command"] = script_command
+    (run_dir / PLAN).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def describe_dry_run(plan: Plan, run_dir: Path, resume_from: str | None) -> str:
+    cfg, s = plan.config, plan.strategy
+    how = "torch.distributed.elastic, c10d rendezvous on localhost:0" if plan.joined is None else "already started"
+    lines = [
+        f"dry run: nothing started. {cfg.recipe.name} ({cfg.recipe.model}): {plan.describe()}",
+        *([f"  gpus          {plan.gpu_choice}"] if plan.gpu_choice else []),
+        f"  workers       {s.processes} process{'es' if s.processes > 1 else ''} ({how})",
+        "  worker env    " + " ".join(f"{k}={v!r}" for k, v in sorted(plan.env.items())),
+        f"  training      epochs={cfg.epochs} batch_size={cfg.batch_size} (global) lr={cfg.lr} seed={cfg.seed}",
+        "  data          " + ("synthetic (data.synthetic=true)" if cfg.data.synthetic else f"root={cfg.data.root}")
+        + f", placement={cfg.data.placement}",
+        f"  run dir       {run_dir} (not created)",
+    ]
+    if resume_from:
+        lines.append(f"  resume from   {resume_from}")
+    lines += [f"  note          {note}" for note in plan.notes]
+    return "\n".join(lines)
+
+
+def summarize(results: dict | None, run_dir: Path, elapsed: float) -> None:
+    """The launch's last line: the result, and where everything is."""
+    results = results or {}
+    acc = results.get("test_acc")
+    acc_text = f"test accuracy {100 * acc:.2f}%" if isinstance(acc, float) else "no epochs trained"
+    timed = results.get("timed") or {}
+    if timed.get("train_eval_s"):
+        acc_text += f", training + evaluation {timed['train_eval_s']:.2f}s ({timed['clock']})"
+    curves = run_dir / CURVES
+    log.info("done in %.1fs: %s. results: %s  checkpoints: %s  log: %s%s%s", elapsed, acc_text,
+             run_dir / RESULTS, run_dir / CHECKPOINTS, run_dir / LOG,
+             f"  curves: {curves}" if curves.exists() else "",
+             f"  tensorboard --logdir {run_dir}" if (run_dir / TENSORBOARD).is_dir() else "")
+    if results and not results.get("ranks_agree", True):
+        log.warning("the ranks ended with different weights: see weights_sha256 in results.json")

@@ -1,0 +1,107 @@
+"""`launch script=train.py gpus=[0,1] -- --their --args`: a user's own torchrun-style script, supervised.
+
+The script is what torchrun would run: it reads RANK, LOCAL_RANK, WORLD_SIZE (and MASTER_ADDR/PORT)
+from its environment and calls init_process_group itself. The launcher picks the devices and the
+process count exactly as for a recipe (one process per GPU, or `nprocs` CPU ranks), sets
+CUDA_VISIBLE_DEVICES and the thread count, and starts the processes through torch.distributed.elastic
+(the same agent as torchrun) with its own run dir: every rank's stdout/stderr is shown prefixed with
+its rank and kept under `logs/` in the run dir. One rank failing stops the others; launch exits with
+that rank's exit code and says which rank it was.
+
+Arguments reach the script two ways: everything after `--` verbatim, and `args.KEY=VALUE` overrides as
+`--KEY VALUE` (`true` -> `--KEY`, `false` -> left out), which is how `launch -m` sweeps over them:
+
+    launch -m script=train.py gpus=1 +args.lr=0.1,0.2,0.4
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from launcher.config import Config
+from launcher.errors import ConfigError
+from launcher.host.outcome import Outcome
+from launcher.host.spawn import (
+    _quiet_elastic,
+    launch_config,
+    our_start_method,
+    patched_environ,
+    restored_signal_handlers,
+)
+
+
+def script_path(cfg: Config) -> Path:
+    path = Path(cfg.script).expanduser()
+    if not path.is_file():
+        raise ConfigError("script", cfg.script, f"no such file (looked for {path.resolve()})", "script=train.py")
+    return path.resolve()
+
+
+def script_argv(cfg: Config) -> list[str]:
+    """The script's command line: `args.*` as flags, then the arguments given after `--`."""
+    argv: list[str] = []
+    for key, value in (cfg.args or {}).items():
+        if value is False or value is None:
+            continue
+        argv.append(f"--{key}")
+        if value is not True:
+            argv.append(",".join(map(str, value)) if isinstance(value, list) else str(value))
+    return argv + [str(a) for a in cfg.script_args]
+
+
+def run_script(path: Path, argv: list[str], run_dir: Path, nprocs: int, worker_env: dict[str, str],
+               max_restarts: int) -> Outcome:
+    """`nprocs` ranks of the script under torch.distributed.elastic, each rank's output kept in run_dir/logs."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    _quiet_elastic()
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**worker_env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "PYTHONUNBUFFERED": "1"}
+    with patched_environ(env), restored_signal_handlers(), our_start_method():
+        config = launch_config(nprocs, max_restarts, str(logs), tee_output=True)
+        try:
+            elastic_launch(config, sys.executable)("-u", str(path), *argv)
+        except ChildFailedError as err:
+            return _describe(err, path, logs)
+        except SignalException as sig:
+            return Outcome(128 + int(sig.sigval), error=f"stopped by signal {sig.sigval}: all ranks of {path.name} "
+                                                       f"ended; their output is in {logs}")
+    return Outcome(0)
+
+
+def run_in_this_process(path: Path, argv: list[str], worker_env: dict[str, str], rank: int) -> Outcome:
+    """Inside torchrun/srun this process is one rank already: run the script here, as `python path argv`."""
+    import os
+    import runpy
+
+    os.environ.update(worker_env)
+    saved = sys.argv
+    sys.argv = [str(path), *argv]
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if code:
+            return Outcome(code, error=f"rank {rank}: {path.name} exited with code {code}")
+    finally:
+        sys.argv = saved
+    return Outcome(0)
+
+
+def _describe(err: Any, path: Path, logs: Path) -> Outcome:
+    rank, failure = err.get_first_failure()
+    code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+    if failure.exitcode < 0:
+        how = f"was killed by signal {-failure.exitcode}"
+    else:
+        how = f"exited with code {failure.exitcode}"
+    text = f"rank {rank} of {path.name} {how}; the other ranks were stopped. Output of every rank: {logs}"
+    message = failure.message if isinstance(failure.message, str) else (failure.message or {}).get("message")
+    if message and "To enable traceback" not in str(message):
+        text = f"rank {rank} of {path.name} {how}: {str(message).strip().splitlines()[-1]}. Output: {logs}"
+    return Outcome(code, error=text)

@@ -1,0 +1,239 @@
+"""Start one worker per device with torch.distributed.elastic (what torchrun uses) and supervise them.
+
+- Rendezvous is c10d on loopback at port 0: the OS picks a free port, so launches never collide.
+- One rank failing ends all of them within the agent's monitor interval; the launcher then prints the
+  root cause (see failures.py) instead of elastic's table of every rank's exit.
+- Workers are forks of a forkserver started when `launch` starts (see prestart_worker_interpreter),
+  or fresh interpreters with LAUNCH_START_METHOD=spawn.
+- SIGINT/SIGTERM to the launcher: the agent forwards the signal, waits briefly, then kills; the
+  workers also die with their parent (PR_SET_PDEATHSIG; under the forkserver, that parent ends with
+  the launcher, see worker.py), so nothing is orphaned.
+- `max_restarts`: the agent restarts the whole group; workers see TORCHELASTIC_RESTART_COUNT>0 and
+  resume from the run's last checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import textwrap
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from launcher import failures
+from launcher.files import LOG
+from launcher.host.outcome import Outcome
+from launcher.logs import QUIET_PREFIXES
+
+log = logging.getLogger("launcher.spawn")
+
+SHUTDOWN_GRACE_S = 5  # after SIGTERM, how long workers get before SIGKILL
+
+
+@contextlib.contextmanager
+def patched_environ(changes: Mapping[str, str]) -> Iterator[None]:
+    """Apply `changes` to os.environ for the duration (workers inherit it), then restore it exactly."""
+    saved = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def restored_signal_handlers() -> Iterator[None]:
+    # elastic installs handlers that raise SignalException; a later sweep job must not inherit them.
+    signals = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT]
+    saved = {s: signal.getsignal(s) for s in signals}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def our_start_method() -> Iterator[None]:
+    """multiprocessing's process-wide start method set to ours while elastic starts the workers.
+
+    Every child multiprocessing starts is told the parent's start method and sets it first thing. Under
+    another Hydra launcher the task may run in a joblib (loky) worker whose start method is `loky`, which
+    a fresh child does not know: every worker failed at start ("cannot find context for 'loky'").
+    """
+    import multiprocessing
+
+    previous = multiprocessing.get_start_method(allow_none=True)
+    if previous in (None, start_method()):
+        yield
+        return
+    multiprocessing.set_start_method(start_method(), force=True)
+    try:
+        yield
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
+
+
+def _quiet_elastic() -> None:
+    """Elastic logs every rank's exit with its own handler; the launcher reports the root cause instead."""
+    if os.environ.get("LAUNCH_DEBUG"):
+        return
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(QUIET_PREFIXES):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def start_method() -> str:
+    """How workers start: `forkserver` (default) or `spawn`, from LAUNCH_START_METHOD."""
+    method = os.environ.get("LAUNCH_START_METHOD", "forkserver")
+    return method if method in ("forkserver", "spawn") else "forkserver"
+
+
+def prestart_worker_interpreter() -> None:
+    """Start the process that workers will be forked from now, while the launcher composes its config.
+
+    With `spawn`, every worker is a fresh interpreter that imports torch and the training modules
+    before it can do anything (seconds on a GPU machine, each worker). The forkserver pays that once,
+    in parallel with the launcher's own start-up, and each worker is then a fork of it. It holds no
+    threads and never touches CUDA, so the forks are safe; it exits when the launcher does, and
+    workers still die with it (torch's PR_SET_PDEATHSIG), so nothing is orphaned.
+    """
+    if start_method() != "forkserver":
+        return
+    import atexit
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.set_forkserver_preload(["launcher.train.preload"])
+    forkserver.ensure_running()
+    atexit.register(_stop_forkserver)
+
+
+def _stop_forkserver() -> None:
+    """At exit, end the forkserver now: it shares the launcher's stdout, so anything reading that
+    (a pipe, `| tee`, a test) would otherwise wait for it to finish importing torch and notice."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if pid:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
+
+
+def launch_config(nprocs: int, max_restarts: int, log_dir: str, tee_output: bool = False):
+    """elastic's LaunchConfig for `nprocs` local workers (also used for user scripts, launcher/host/script.py).
+
+    tee_output: every rank's stdout/stderr also goes to files under log_dir, prefixed [rankN]: on the
+    console (a script's own output); otherwise the workers' output is inherited as is.
+    """
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.launcher.api import LaunchConfig
+
+    options: dict[str, Any] = dict(
+        min_nodes=1, max_nodes=1, nproc_per_node=nprocs,
+        run_id=f"launch-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+        max_restarts=max_restarts, monitor_interval=0.1, start_method=start_method(),
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL if tee_output else Std.NONE),
+        role="rank" if tee_output else "default",
+    )
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    if "shutdown_timeout" in known:  # newer torch; older ones read TORCH_ELASTIC_SHUTDOWN_TIMEOUT or wait 30 s
+        options["shutdown_timeout"] = SHUTDOWN_GRACE_S
+    return LaunchConfig(**options)
+
+
+def launch_local(spec, nprocs: int, max_restarts: int) -> Outcome:
+    """Run `worker_main(spec)` in `nprocs` supervised processes on this host."""
+    from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from launcher.train.worker import worker_main  # the entry point of the training wing
+
+    _quiet_elastic()
+    run_dir = Path(spec.run_dir)
+    scratch = tempfile.mkdtemp(prefix="launch-elastic-")  # elastic's per-attempt error files
+    env = dict(spec.env)
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_GRACE_S))
+    # elastic asks torch.cuda.is_available() in this process; answer it from NVML so that the
+    # launcher never starts CUDA (it costs seconds, and the workers need the devices, not us).
+    env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+    try:
+        with patched_environ(env), restored_signal_handlers(), our_start_method():
+            config = launch_config(nprocs, max_restarts, scratch)
+            try:
+                returns = elastic_launch(config, worker_main)(spec)
+            except ChildFailedError as err:
+                return describe_failure(run_dir, err, nprocs, max_restarts)
+            except SignalException as sig:
+                name = signal.Signals(sig.sigval).name
+                return Outcome(128 + int(sig.sigval), error=f"stopped by {name}: all {nprocs} worker"
+                               f"{'s' if nprocs > 1 else ''} ended; what was written is in {run_dir}")
+        return Outcome(0, results=returns.get(0))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int) -> Outcome:
+    """Turn elastic's ChildFailedError into the root cause: which rank, what it raised, where the log is."""
+    # elastic gives up only after its last restart, so the failure to explain is that attempt's.
+    records = [r for r in failures.read_records(run_dir) if r.attempt == max_restarts]
+    cause = failures.root_cause(records)
+    log_path = run_dir / LOG
+    others = nprocs - 1
+    stopped = f"; the other {others} rank{'s were' if others > 1 else ' was'} stopped" if others else ""
+    restarts = f" after {max_restarts} restart{'s' if max_restarts > 1 else ''}" if max_restarts else ""
+    if cause is not None and cause.exit_code == 2:  # a LaunchError: the message is the whole story
+        return Outcome(2, error=cause.message)
+    if cause is not None and cause.explained:  # a stop that says what to do (errors.ExplainedStop)
+        return Outcome(1, error=f"{cause.message}. Log: {log_path}")
+    # A rank that died without a traceback (killed, os._exit, segfault) leaves no record. When the
+    # records only show peers complaining that someone vanished, the silent rank is the root cause.
+    if cause is None or cause.secondary:
+        silent = sorted(set(range(nprocs)) - {r.rank for r in records})
+        if silent:
+            return Outcome(1, error=_silent_death(silent, err, cause, restarts, stopped, log_path))
+    if cause is None:
+        return Outcome(1, error=f"a worker failed{restarts} without a report{stopped}. Log: {log_path}")
+    trace = textwrap.indent(cause.traceback.rstrip(), "  | ")
+    text = (f"rank {cause.rank} failed{restarts}: {cause.headline}\n{trace}\n"
+            f"root cause: rank {cause.rank}{stopped}. Log: {log_path}")
+    return Outcome(1, error=text)
+
+
+def _silent_death(silent: list[int], err, echo, restarts: str, stopped: str, log_path: Path) -> str:
+    known = {rank: f for rank, f in err.failures.items() if rank in silent}
+    if len(silent) == 1 or known:
+        rank = silent[0] if len(silent) == 1 else min(known, key=lambda r: known[r].timestamp)
+        failure = known.get(rank)
+        if failure is not None and failure.exitcode is not None and failure.exitcode < 0:
+            sig = failure.signal_name()
+            hint = " (SIGKILL is often the out-of-memory killer)" if sig == "SIGKILL" else ""
+            what = f"rank {rank} (pid {failure.pid}) was killed by {sig} without a Python traceback{hint}"
+        elif failure is not None:
+            what = f"rank {rank} (pid {failure.pid}) exited with code {failure.exitcode} without a Python traceback"
+        elif echo is not None and any(w in echo.message.lower() for w in ("timed out", "timeout")):
+            # It did not exit by itself (the supervisor stopped it) and its peer gave up waiting on it.
+            return (f"rank {rank} stopped responding (hung, or stuck outside a collective its peers were in): "
+                    f"rank {echo.rank} gave up waiting for it after strategy.timeout_s "
+                    f"({failures.short_headline(echo.headline)}){restarts}; rank {rank} was stopped. Log: {log_path}")
+        else:
+            what = f"rank {rank} died without a Python traceback (killed by a signal, or os._exit)"
+    else:
+        what = f"one of ranks {silent} died without a Python traceback"
+    seen = f"; rank {echo.rank} then saw: {failures.short_headline(echo.headline)}" if echo else ""
+    return f"{what}{restarts}{seen}{stopped}. Log: {log_path}"

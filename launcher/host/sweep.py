@@ -1,0 +1,194 @@
+"""`launch -m`: one sweep run (SweepJob), the sweep's summary, and how runs report back to Hydra.
+
+Hydra expands the sweep and composes every run's config; launch's own Hydra launcher
+(launcher/host/sweep_launcher.py, selected by conf/config.yaml as `hydra/launcher=launch`) then hands
+the runs to their backend: backend=local runs them side by side on free GPUs (launcher/host/packing.py),
+backend=slurm submits job arrays (launcher/host/backends/slurm.py). Each run returns its
+`sweep.objective` (test_acc by default) to Hydra, so a sweeper such as Optuna can optimize it.
+
+After the sweep: `summary.csv` and `summary.md` in the sweep dir (one row per run: its overrides,
+final metrics, img/s, time, exit code), the Markdown table printed, and `summary.png`: the swept
+key against throughput and test accuracy.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.config import Config
+from launcher.files import RESULTS
+from launcher.host.outcome import RunFailed
+
+
+@dataclass
+class SweepJob:
+    num: int
+    overrides: list[str]
+    config: Any  # the run's composed DictConfig, Hydra's part included (what hydra's run_job takes)
+    cfg: Config  # the same, typed, frozen and checked
+    run_dir: Path
+    # set as it runs
+    gpus: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+    exit_code: int | None = None  # None: submitted, not followed (backend.wait=false)
+    error: str | None = None  # a failed run's one-line reason
+    results: dict[str, Any] = field(default_factory=dict)  # its results.json, read once it has ended
+
+    def finished(self, exit_code: int, error: str | None = None, seconds: float | None = None) -> None:
+        self.exit_code = exit_code
+        self.error = error
+        if seconds is not None:
+            self.seconds = seconds
+        path = self.run_dir / RESULTS
+        self.results = json.loads(path.read_text()) if path.exists() else {}
+
+    @property
+    def objective(self) -> float | None:
+        """The run's `sweep.objective` value, for the sweeper."""
+        key = self.cfg.sweep.objective
+        value = self.results.get(key, (self.results.get("final") or {}).get(key))
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def job_return(self):
+        """What Hydra's sweeper gets back: the objective, or a RunFailed it re-raises."""
+        from hydra.core.utils import JobReturn, JobStatus
+
+        failed = self.exit_code not in (None, 0)
+        ret = JobReturn(overrides=self.overrides, hydra_cfg=self.config, working_dir=str(self.run_dir),
+                        task_name=str(self.config.hydra.job.name),
+                        status=JobStatus.FAILED if failed else JobStatus.COMPLETED)
+        ret.return_value = RunFailed(self.exit_code or 1, self.error or "failed") if failed else self.objective
+        return ret
+
+
+# ---- the summary -----------------------------------------------------------------------------------
+
+COLUMNS = ("job", "overrides", "exit_code", "test_acc", "best_test_acc", "loss", "img_per_s", "epochs", "seconds",
+           "run_dir")
+
+
+def summary_row(job: SweepJob) -> dict[str, Any]:
+    """The job's row. `seconds`: the run's wall time here, or (a SLURM run, timed elsewhere) its worker
+    time from results.json."""
+    results = job.results
+    final = results.get("final") or {}
+    seconds = job.seconds or results.get("worker_s") or 0.0
+    return {"job": job.num, "overrides": " ".join(job.overrides), "exit_code": job.exit_code,
+            "test_acc": results.get("test_acc"), "best_test_acc": results.get("best_test_acc"),
+            "loss": final.get("loss"), "img_per_s": final.get("img_per_s"), "epochs": final.get("epoch"),
+            "seconds": round(seconds, 1), "run_dir": str(job.run_dir)}
+
+
+def swept_keys(jobs: list[SweepJob]) -> list[str]:
+    """Keys whose value differs between the jobs, in the order they were typed."""
+    values: dict[str, set[str]] = {}
+    for job in jobs:
+        for override in job.overrides:
+            key, _, value = override.partition("=")
+            values.setdefault(key, set()).add(value)
+    return [k for k, v in values.items() if len(v) > 1]
+
+
+def write_summary(jobs: list[SweepJob], sweep_dir: Path) -> str:
+    """summary.csv, summary.md and summary.png in the sweep dir; returns the Markdown table."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    rows = [summary_row(j) for j in sorted(jobs, key=lambda j: j.num)]
+    with open(sweep_dir / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    shown = ("job", "overrides", "exit_code", "test_acc", "loss", "img_per_s", "seconds")
+    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(k, row[k]) for k in shown) + " |")
+    table = "\n".join(lines) + "\n"
+    (sweep_dir / "summary.md").write_text(table)
+    _plot(rows, swept_keys(jobs), sweep_dir / "summary.png")
+    return table
+
+
+def report(jobs: list[SweepJob], sweep_dir: Path) -> None:
+    """Write the summary files and print the table and where they are (local and SLURM sweeps alike)."""
+    table = write_summary(jobs, sweep_dir)
+    print(f"\nsweep: {len(jobs)} runs\n{table}\nsweep summary: {sweep_dir / 'summary.md'} · "
+          f"{sweep_dir / 'summary.csv'} · {sweep_dir / 'summary.png'}", flush=True)
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key == "test_acc":
+        return f"{100 * value:.2f}%"
+    if key == "img_per_s":
+        return f"{value:,.0f}"
+    if key == "loss":
+        return f"{value:.4f}"
+    return str(value).replace("|", "\\|")
+
+
+def _plot(rows: list[dict[str, Any]], keys: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def label(row: dict[str, Any]) -> str:
+        pairs = dict(o.partition("=")[::2] for o in row["overrides"].split())
+        return ", ".join(f"{k}={pairs.get(k, '')}" for k in keys) if keys else f"job {row['job']}"
+
+    x_values = [label(r) for r in rows]
+    numeric = len(keys) == 1 and all(_number(x.split("=", 1)[1]) is not None for x in x_values)
+    xs = [_number(x.split("=", 1)[1]) for x in x_values] if numeric else list(range(len(rows)))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, title in ((ax1, "img_per_s", "throughput (img/s)"), (ax2, "test_acc", "test accuracy")):
+        ys = [r[key] if isinstance(r[key], (int, float)) else float("nan") for r in rows]
+        ax.plot(xs, ys, "o-")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if numeric:
+            ax.set_xlabel(keys[0])
+            if min(xs) > 0 and max(xs) / min(xs) >= 8:
+                ax.set_xscale("log", base=2)
+        else:
+            ax.set_xticks(xs, x_values, rotation=30, ha="right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+
+@dataclass(frozen=True)
+class SweepContext:
+    """What a backend needs to run a batch of sweep runs: Hydra's context and task function (a run is
+    Hydra's run_job of them), and the sweep dir."""
+
+    hydra_context: Any
+    task_function: Any
+    sweep_dir: Path
+
+
+def save_hydra_files(job: SweepJob) -> None:
+    """The run's `.hydra/` files, as Hydra's run_job writes them, for runs that run_job does not start
+    here (a SLURM job array's elements)."""
+    from omegaconf import OmegaConf
+
+    subdir = job.config.hydra.output_subdir
+    if subdir is None:
+        return
+    folder = job.run_dir / str(subdir)
+    folder.mkdir(parents=True, exist_ok=True)
+    task = {k: v for k, v in job.config.items() if k != "hydra"}
+    OmegaConf.save(OmegaConf.create(task), folder / "config.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": job.config.hydra}), folder / "hydra.yaml")
+    OmegaConf.save(job.config.hydra.overrides.task, folder / "overrides.yaml")

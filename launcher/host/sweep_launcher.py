@@ -1,0 +1,93 @@
+"""launch's own Hydra launcher: `launch -m` hands each batch of runs Hydra composed to their backend.
+
+conf/config.yaml selects it (`hydra/launcher=launch`). For each run Hydra's sweeper asks for, it
+composes the run's config the Hydra way (`load_sweep_config`), checks it (a bad value fails the whole
+sweep before anything starts, exit 2), and gives the runs to their backend: backend=local runs them
+side by side on free GPUs (launcher/host/packing.py), backend=slurm submits job arrays
+(launcher/host/backends/slurm.py). Each run's JobReturn carries its `sweep.objective` (or the reason it
+failed), so any sweeper works: the basic one, or Optuna optimizing that value. After each batch the
+sweep's summary is written (launcher/host/sweep.py); the `launch` command exits with the worst exit
+code of its runs.
+
+Another `hydra/launcher` (basic, joblib, submitit_local, submitit_slurm) also works: every run then
+trains where that launcher runs it, in-process (no GPU packing, no summary). What cannot work there,
+backend=slurm (each of those runs would submit a SLURM job of its own), is refused by the CLI.
+Hydra finds launchers in the `hydra_plugins` package: ours is launcher/host/hydra_plugins/launcher_sweep.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from hydra.core.utils import run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from omegaconf import OmegaConf, open_dict, read_write
+
+from launcher.errors import LaunchError
+from launcher.host import backends
+from launcher.host.compose import typed
+from launcher.host.sweep import SweepContext, SweepJob, report
+from launcher.world import existing_world
+
+
+class SweepLauncher(Launcher):
+    def __init__(self) -> None:
+        self.config: Any = None
+        self.hydra_context: Any = None
+        self.task_function: Any = None
+        self.jobs: list[SweepJob] = []  # every run of the sweep so far: a sweeper may call launch() once per batch
+
+    def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
+        self.config = config
+        self.hydra_context = hydra_context
+        self.task_function = task_function
+
+    def launch(self, job_overrides: Any, initial_job_idx: int) -> list:
+        setup_globals()
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        jobs = [self._compose(num, list(overrides)) for num, overrides in enumerate(job_overrides, initial_job_idx)]
+        inline = existing_world() is not None  # inside torchrun/srun every rank runs the sweep, here
+        returns: dict[int, Any] = {}
+        for job in [j for j in jobs if j.cfg.dry_run or inline]:  # nothing to place: run here
+            returns[job.num] = run_job(hydra_context=self.hydra_context, task_function=self.task_function,
+                                       config=job.config, job_dir_key="hydra.sweep.dir",
+                                       job_subdir_key="hydra.sweep.subdir")
+        placed = [j for j in jobs if j.num not in returns]
+        context = SweepContext(self.hydra_context, self.task_function, sweep_dir)
+        by_backend: dict[str, list[SweepJob]] = {}
+        for job in placed:
+            by_backend.setdefault(job.cfg.backend.name, []).append(job)
+        for group in by_backend.values():
+            backends.for_config(group[0].cfg.backend).sweep(group, context)
+        self.jobs += placed
+        owner = getattr(self.task_function, "__self__", None)  # the `launch` command's Invocation
+        for job in placed:
+            if job.exit_code is not None and hasattr(owner, "record"):
+                owner.record(job.exit_code)
+        if self.jobs and all(j.exit_code is not None for j in self.jobs):
+            report(self.jobs, sweep_dir)
+        elif placed:
+            print("launch: not waiting (backend.wait=false); the summary is written by a sweep run with "
+                  "backend.wait=true", flush=True)
+        return [returns[j.num] if j.num in returns else j.job_return() for j in jobs]
+
+    def _compose(self, num: int, overrides: list[str]) -> SweepJob:
+        config = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(config):
+            config.hydra.job.id = num
+            config.hydra.job.num = num
+        task = copy.deepcopy(config)
+        with read_write(task), open_dict(task):
+            del task["hydra"]
+        try:
+            cfg = typed(task)
+            cfg.check()
+            backends.for_config(cfg.backend).check(cfg)
+        except LaunchError as err:  # one bad run fails the sweep before anything starts
+            raise LaunchError(f"{err} [sweep run {num}: {' '.join(overrides)}]") from None
+        run_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir"))) / str(OmegaConf.select(config,
+                                                                                                "hydra.sweep.subdir"))
+        return SweepJob(num, overrides, config, cfg, run_dir.resolve())

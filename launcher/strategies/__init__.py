@@ -1,0 +1,111 @@
+"""How the devices of a run share its work: one class per strategy, chosen once by the launcher's plan.
+
+    single      Single        one process, one device
+    dp          DataParallel  one process driving every selected GPU (slow; kept for one-process needs)
+    ddp         DDP           one process per GPU or CPU rank, DistributedDataParallel
+                CapturedDDP   ddp with perf.cuda_graph: the step replayed as a CUDA graph, own all-reduce
+    auto                      ddp for several devices, else single (never dp)
+
+The plan calls `choose` (or `for_world` inside a world torchrun or srun started) and puts the strategy
+into every WorkerSpec; the training loop then asks it (launcher/strategies/base.py lists what it
+answers) and never compares names.
+
+To add a strategy: a class here (a subclass of Strategy: its host-side facts and worker behaviour),
+its schema in launcher/config.py (and its line in SCHEMAS), conf/strategy/<name>.yaml, and its entry
+in STRATEGIES below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.config import (
+    AutoStrategyConfig,
+    DataParallelConfig,
+    DDPConfig,
+    PerfConfig,
+    SingleConfig,
+    StrategyConfig,
+)
+from launcher.errors import ConfigError
+from launcher.strategies.base import Devices, Nets, Strategy, check_batch_splits
+from launcher.strategies.ddp import DDP, CapturedDDP
+from launcher.strategies.dp import DataParallel
+from launcher.strategies.single import Single
+from launcher.world import WorldInfo
+
+__all__ = ["Choice", "Devices", "Nets", "Strategy", "Single", "DataParallel", "DDP", "CapturedDDP", "choose",
+           "for_world", "one_device", "check_batch_splits"]
+
+# The strategy each schema selects (auto picks between them).
+STRATEGIES: dict[type[StrategyConfig], type[Strategy]] = {
+    SingleConfig: Single,
+    DataParallelConfig: DataParallel,
+    DDPConfig: DDP,
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What the plan gets: the strategy, the perf settings it can honour, and what it turned off."""
+
+    strategy: Strategy
+    perf: PerfConfig
+    note: str | None = None
+
+
+def _requested(options: StrategyConfig) -> type[Strategy] | None:
+    """The class the user named, or None for auto."""
+    if isinstance(options, AutoStrategyConfig):
+        return None
+    return STRATEGIES[type(options)]
+
+
+def one_device(options: StrategyConfig) -> bool:
+    """Whether `gpus=auto` means one GPU (the first) rather than every visible one."""
+    requested = _requested(options)
+    return requested is not None and requested.one_device
+
+
+def _captured(cls: type[Strategy], perf: PerfConfig) -> tuple[type[Strategy], bool]:
+    """perf.cuda_graph needs gradients that stay in place: DDP then averages them itself."""
+    if perf.cuda_graph and cls is DDP:
+        return CapturedDDP, True
+    return cls, perf.cuda_graph
+
+
+def choose(options: StrategyConfig, devices: Devices, *, nprocs: int | None, global_batch: int, perf: PerfConfig,
+           gpus_text: str, nodes: int = 1) -> Choice:
+    """The strategy for `devices` on each of `nodes` hosts, or a ConfigError that says what to change."""
+    if devices.on_gpu and nprocs is not None and nprocs != devices.count:
+        raise ConfigError("nprocs", nprocs, f"nprocs sets CPU ranks; on GPUs there is one process per GPU "
+                          f"({devices.count} for gpus={gpus_text}); drop nprocs, or add gpus=[] for CPU ranks",
+                          f"gpus=[] strategy=ddp nprocs={nprocs}")
+    cls = _requested(options)
+    if cls is None:  # auto
+        ranks = devices.count if devices.on_gpu else (nprocs or 1)
+        cls = DDP if ranks > 1 else Single
+    processes = cls.processes_for(options, devices, nprocs, gpus_text)
+    if nodes > 1 and not cls.multi_node:
+        raise ConfigError("backend.nodes", nodes, f"strategy={cls.name} runs one process; several nodes need ddp",
+                          "strategy=ddp backend.nodes=2")
+    perf, note = cls.adjust_perf(perf)
+    cls, static = _captured(cls, perf)
+    strategy = cls(options, devices, processes, global_batch, world_size=processes * nodes, static_gradients=static)
+    return Choice(strategy, perf, note)
+
+
+def for_world(options: StrategyConfig, world: WorldInfo, devices: Devices, *, global_batch: int,
+              perf: PerfConfig) -> Choice:
+    """Inside a world that torchrun or srun started: this process is one of its ranks."""
+    requested = _requested(options)
+    if requested is not None and (not requested.joins_worlds or (not requested.distributed and world.world_size > 1)):
+        raise ConfigError("strategy", requested.name, f"launch runs inside a world of {world.world_size} ranks "
+                          "(started by torchrun or srun), which is ddp", "strategy=ddp")
+    cls: type[Strategy] = DDP if world.world_size > 1 else Single
+    perf, note = cls.adjust_perf(perf)
+    cls, static = _captured(cls, perf)
+    strategy = cls(options, devices, world.local_world_size, global_batch, world_size=world.world_size,
+                   static_gradients=static)
+    return Choice(strategy, perf, note)
+

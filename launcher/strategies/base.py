@@ -1,0 +1,214 @@
+"""The Strategy base class: how the devices of a run share its work, for the host and for each worker.
+
+A strategy is chosen once, by the launcher's plan (launcher/strategies/__init__.py `choose`), from the
+`strategy` config, the devices and the batch. The same object then travels to every worker in its
+WorkerSpec. It carries
+
+- host-side facts: how many worker processes to start, the world size, the process-group backend,
+  the batch each process takes, what a SLURM job must ask for, a line describing it;
+- worker behaviour: which device a rank uses, joining the process group, wrapping the model (and
+  the model to evaluate), reductions across ranks, averaging buffers, gathering facts from every rank,
+  the model's state dict, leaving cleanly.
+
+The training loop asks the strategy; it never compares strategy names. This module never imports
+torch at import time (the launcher reads the host-side facts without it); worker-side methods import
+it when they run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from launcher.config import PerfConfig, StrategyConfig
+from launcher.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from launcher.train.step import FlatGradients
+    from launcher.world import WorldInfo
+
+
+@dataclass(frozen=True)
+class Devices:
+    """The devices one host gives a run: GPU ids (relative to the inherited mask, as the user typed
+    them), or none for the CPU."""
+
+    gpu_ids: tuple[int, ...] = ()
+
+    @property
+    def on_gpu(self) -> bool:
+        return bool(self.gpu_ids)
+
+    @property
+    def count(self) -> int:
+        return len(self.gpu_ids)
+
+    @property
+    def type(self) -> str:
+        """torch's device type: cuda or cpu."""
+        return "cuda" if self.gpu_ids else "cpu"
+
+
+@dataclass
+class Nets:
+    """A model as a strategy prepared it: the bare module (weights, state dict), what the training step
+    calls, what evaluation calls, and the gradients' flat buffers when the step is captured."""
+
+    module: Any  # torch.nn.Module
+    train: Any
+    eval: Any
+    grads: FlatGradients | None = None
+
+
+def check_batch_splits(global_batch: int, ranks: int) -> None:
+    """The global batch must divide evenly over the ranks (each rank takes batch_size / ranks)."""
+    if global_batch % ranks:
+        low, high = (global_batch // ranks) * ranks, (global_batch // ranks + 1) * ranks
+        raise ConfigError("batch_size", global_batch, f"the global batch must split evenly over {ranks} ranks",
+                          f"batch_size={low if low > 0 else high}")
+
+
+class Strategy:
+    """One process on one device. Subclasses change what differs; see the module docstring."""
+
+    name: ClassVar[str]  # as the plan and results.json show it
+    one_device: ClassVar[bool] = False  # `gpus=auto` then means the first visible GPU, not all of them
+    distributed: ClassVar[bool] = False  # ranks in a process group
+    multi_node: ClassVar[bool] = False  # may span several nodes (backend.nodes > 1)
+    joins_worlds: ClassVar[bool] = True  # can run as the ranks of a world torchrun or srun started
+    runs_scripts: ClassVar[bool] = True  # script= runs one process per device under it
+
+    def __init__(self, options: StrategyConfig, devices: Devices, processes: int, global_batch: int,
+                 world_size: int | None = None, static_gradients: bool = False):
+        self.options = options
+        self.devices = devices
+        self.processes = processes  # worker processes on this host
+        self.world_size = world_size or processes  # ranks in all (several nodes: processes x nodes)
+        self.global_batch = global_batch
+        self.static_gradients = static_gradients  # perf.cuda_graph: gradients in flat buffers that stay put
+        check_batch_splits(global_batch, self.world_size)
+        self.rank = 0  # set in the worker by setup()
+
+    # ---- choosing (host) --------------------------------------------------------------------------
+    @classmethod
+    def processes_for(cls, options: StrategyConfig, devices: Devices, nprocs: int | None, gpus_text: str) -> int:
+        """How many processes this strategy runs on `devices`, or a ConfigError saying what to change."""
+        if devices.count > 1:
+            raise ConfigError("strategy", cls.name, f"{cls.name} uses one device but gpus={gpus_text} selects "
+                              f"{devices.count}; use strategy=ddp, or pick one GPU", "gpus=[0] strategy=single")
+        if not devices.on_gpu and (nprocs or 1) > 1:
+            raise ConfigError("strategy", cls.name, f"{cls.name} runs one process but nprocs={nprocs}; use "
+                              "strategy=ddp for several CPU ranks", "gpus=[] strategy=ddp nprocs=2")
+        return 1
+
+    @classmethod
+    def adjust_perf(cls, perf: PerfConfig) -> tuple[PerfConfig, str | None]:
+        """The perf settings this strategy can honour, and a line saying what it turned off (or None)."""
+        return perf, None
+
+    # ---- host-side facts --------------------------------------------------------------------------
+    @property
+    def process_group_backend(self) -> str | None:
+        return None
+
+    @property
+    def batch_per_process(self) -> int:
+        """What one process feeds each step: its share under ddp, the whole batch otherwise."""
+        return self.global_batch // self.world_size
+
+    @property
+    def gradient_sync(self) -> str | None:
+        """How gradients are averaged across ranks (results.json), None with one rank."""
+        return None
+
+    def warning(self) -> str | None:
+        """A caution to print before the run starts (e.g. DataParallel's cost)."""
+        return None
+
+    def describe(self, with_batch: bool = True) -> str:
+        backend = f", {self.process_group_backend}" if self.process_group_backend else ""
+        batch = f", batch {self.global_batch} global" if with_batch else ""
+        if with_batch and self.world_size > 1:
+            batch += f" = {self.batch_per_process} x {self.world_size} ranks"
+        return f"{self.name}{backend}{batch}"
+
+    def facts(self) -> dict[str, Any]:
+        """What plan.json records of the strategy."""
+        return {"strategy": self.name, "device_type": self.devices.type, "nprocs": self.processes,
+                "world_size": self.world_size, "global_batch": self.global_batch,
+                "batch_per_process": self.batch_per_process, "dist_backend": self.process_group_backend,
+                "gradient_sync": self.gradient_sync}
+
+    # ---- worker behaviour -------------------------------------------------------------------------
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def device_index(self, world: WorldInfo) -> int:
+        """This rank's GPU among those visible to its process, unless the plan named one."""
+        return 0
+
+    def select_device(self, world: WorldInfo, index: int | None) -> torch.device:
+        import torch
+
+        if not self.devices.on_gpu:
+            return torch.device("cpu")
+        index = self.device_index(world) if index is None else index
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+
+    def setup(self, world: WorldInfo, device: torch.device) -> None:
+        """Join whatever the ranks share (a process group). One process: nothing to join."""
+        self.rank = 0
+
+    def wrap(self, model: torch.nn.Module, device: torch.device) -> Nets:
+        """The model (already on its device) as training and evaluation use it."""
+        grads = None
+        if self.static_gradients:
+            from launcher.train.step import FlatGradients
+
+            grads = FlatGradients(model.parameters(), 1, getattr(self.options, "bucket_cap_mb", 25))
+        return Nets(model, model, model, grads)
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Sum (or max) `tensor` over the ranks, in place; returns it."""
+        return tensor
+
+    def align(self, device: torch.device) -> None:
+        """Wait until every rank has arrived (each epoch's clock starts then)."""
+
+    def barrier(self) -> None:
+        """Nobody leaves before everyone got here (outside the device's stream)."""
+
+    def average_buffers(self, model: torch.nn.Module) -> None:
+        """Make the ranks' buffers (BatchNorm statistics) equal at the end of an epoch."""
+
+    def gather(self, obj: Any) -> list[Any]:
+        """`obj` from every rank, in rank order."""
+        return [obj]
+
+    def collective_timeout(self) -> float | None:
+        """How long the host may wait for the device's epoch before a peer counts as stuck: set when
+        collectives run inside a CUDA graph, where no NCCL watchdog sees them; None otherwise."""
+        return None
+
+    def memory_devices(self, device: torch.device) -> list[int]:
+        """The GPUs whose peak memory this rank reports."""
+        return [device.index] if device.type == "cuda" else []
+
+    def device_names(self, device: torch.device) -> list[str]:
+        import torch
+
+        return [torch.cuda.get_device_name(i) for i in self.memory_devices(device)]
+
+    def state_dict(self, nets: Nets) -> dict[str, Any]:
+        """The model's weights and buffers as a checkpoint stores them (no wrapper prefixes)."""
+        return nets.module.state_dict()
+
+    def load_state_dict(self, nets: Nets, state: dict[str, Any]) -> None:
+        nets.module.load_state_dict(state)
+
+    def teardown(self) -> None:
+        """Leave what setup() joined, after a run that ended well."""

@@ -1,0 +1,16 @@
+"""The training wing: what each worker process runs (entry point: worker.py's worker_main).
+
+    worker.py       apply the worker env, log with the rank, train, record a failure, exit
+    loop.py         train(): device, process group, Trainer (setup -> resume -> warm-up -> epochs -> results)
+    data.py         the epoch's order, each rank's shard, data on the GPU or streamed from the host
+    prefetch.py     host -> device copies on a side CUDA stream
+    step.py         one training step; CUDA-graph capture; flat gradients with a bucketed all-reduce
+    optim.py        optimizers and schedules (the `optim` group)
+    checkpoint.py   capture/restore of the training state, atomic checkpoints, background writes
+    stall.py        input wait measured on the device's clock
+    metrics.py, reporting.py, progress.py, timeline.py   what a run reports while and after it trains
+    preemption.py   SIGUSR2 under SLURM: checkpoint, requeue, resume
+    faults.py       fault.*: deliberate failures
+    augment.py      batched augmentation on the training device
+    preload.py      what the forkserver imports before any worker exists
+"""

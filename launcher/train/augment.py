@@ -1,0 +1,102 @@
+"""Batched image augmentation that runs where the batch already is (GPU or CPU), without a DataLoader.
+
+Training augmentations take a batch (N, C, H, W) and a torch.Generator (or the rows' indices) on the
+batch's device, so a run is reproducible from its seed and the CPU never touches pixels during
+training. `tta_logits` is the evaluation-time counterpart.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def random_flip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Mirror each image left-right with probability 1/2."""
+    flip = torch.rand(x.shape[0], device=x.device, generator=generator) < 0.5
+    return torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
+
+
+def random_translate(x: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
+    """Shift each image by up to `max_shift` pixels in each direction, filling with reflected pixels.
+
+    Equivalent to a random crop of size HxW from the reflection-padded image, done as one gather.
+    """
+    if max_shift <= 0:
+        return x
+    n, _, h, w = x.shape
+    padded = torch.nn.functional.pad(x.float() if not x.is_floating_point() else x, (max_shift,) * 4, mode="reflect")
+    padded = padded.to(x.dtype)
+    span = 2 * max_shift + 1
+    dy = torch.randint(0, span, (n,), device=x.device, generator=generator)
+    dx = torch.randint(0, span, (n,), device=x.device, generator=generator)
+    rows = (dy.view(n, 1) + torch.arange(h, device=x.device)).view(n, 1, h, 1)
+    cols = (dx.view(n, 1) + torch.arange(w, device=x.device)).view(n, 1, 1, w)
+    batch = torch.arange(n, device=x.device).view(n, 1, 1, 1)
+    channel = torch.arange(x.shape[1], device=x.device).view(1, -1, 1, 1)
+    return padded[batch, channel, rows, cols]
+
+
+def alternating_flip(x: torch.Tensor, indices: torch.Tensor, epoch: int, seed: int) -> torch.Tensor:
+    """Mirror a fixed half of the images on even epochs and the other half on odd ones.
+
+    Which half an image is in comes from a hash of its index in the training set and the seed, so it is
+    the same on every rank and after a resume. Every image is then seen both ways in every two epochs,
+    which random flipping only gives on average (Jordan 2024, "94% on CIFAR-10 in 3.29 seconds").
+    """
+    mixed = (indices.long() * 2_654_435_761 + seed * 40_503 + 12_345) % (1 << 32)
+    flip = ((mixed >> 16) & 1) ^ (epoch % 2)
+    return torch.where(flip.bool().view(-1, 1, 1, 1), x.flip(3), x)
+
+
+def augment_images(x: torch.Tensor, generator: torch.Generator, *, indices: torch.Tensor, epoch: int,
+                   seed: int, flip: str, translate: int) -> torch.Tensor:
+    """The image recipes' training augmentation: `flip` (random | alternating | none), then a shift."""
+    if flip == "random":
+        x = random_flip(x, generator)
+    elif flip == "alternating":
+        x = alternating_flip(x, indices, epoch, seed)
+    return random_translate(x, translate, generator)
+
+
+def image_augmentation(hp, seed: int):
+    """The image recipes' augmentation as a function of (x, generator, *, indices, epoch).
+
+    `hp` is an ImageRecipeConfig (`recipe.flip`, `recipe.translate`), read here once.
+    """
+    flip, translate = str(hp.flip), hp.translate
+
+    def augment(x: torch.Tensor, generator: torch.Generator, *, indices: torch.Tensor, epoch: int) -> torch.Tensor:
+        return augment_images(x, generator, indices=indices, epoch=epoch, seed=seed, flip=flip, translate=translate)
+
+    return augment
+
+
+def tta_views(x: torch.Tensor, level: int) -> tuple[torch.Tensor, list[float]]:
+    """Test-time augmentation as one batch: the views of `x` stacked, and each view's weight.
+
+    level 0: x. level 1: x and its mirror. level 2: those, plus both mirrored and unmirrored copies
+    shifted one pixel up-left and down-right (weights 1/4 for the originals, 1/8 for each shift).
+    Stacking lets the network score all views in one forward pass (BatchNorm is per-sample in eval).
+    """
+    if level == 0:
+        return x, [1.0]
+    views = [x, x.flip(3)]
+    weights = [0.5, 0.5]
+    if level >= 2:
+        h, w = x.shape[2:]
+        padded = torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect")
+        for shifted in (padded[:, :, :h, :w], padded[:, :, 2:, 2:]):
+            views += [shifted, shifted.flip(3)]
+        weights = [0.25, 0.25, 0.125, 0.125, 0.125, 0.125]
+    stacked = torch.cat(views)
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+        stacked = stacked.contiguous(memory_format=torch.channels_last)
+    return stacked, weights
+
+
+def tta_logits(net: torch.nn.Module, x: torch.Tensor, level: int) -> torch.Tensor:
+    """The weighted mean of the network's logits over the TTA views of `x`."""
+    views, weights = tta_views(x, level)
+    logits = net(views).float().view(len(weights), len(x), -1)
+    w = torch.tensor(weights, device=logits.device).view(-1, 1, 1)
+    return (logits * w).sum(0)

@@ -1,0 +1,50 @@
+"""`fault.*`: a rank failing on purpose at a global step, to see supervision and its messages work.
+
+    launch gpus=[] strategy=ddp nprocs=2 fault.rank=1 fault.step=30 fault.kind=raise|exit|kill|hang|nan|oom
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import torch
+
+from launcher.config import FaultConfig
+from launcher.world import WorldInfo
+
+log = logging.getLogger("launcher.train")
+
+
+class Faults:
+    def __init__(self, options: FaultConfig, world: WorldInfo, device: torch.device):
+        self.kind = options.kind
+        self.rank = world.rank
+        applies = options.rank == world.rank and options.attempt in (-1, world.restart_count)
+        self.step = options.step if applies else -1  # the global step it fails at (-1: never, on this rank)
+        # fault.kind=nan: added to every step's loss; NaN from the injected step on (a tensor, so a
+        # captured step sees it change)
+        self.poison = torch.zeros((), device=device) if self.kind == "nan" else None
+
+    def at(self, global_step: int) -> None:
+        """Called every step: plain int comparison first, it must cost nothing."""
+        if global_step != self.step:
+            return
+        log.warning("injecting fault.kind=%s at step %d", self.kind, global_step)
+        if self.kind == "raise":
+            raise RuntimeError(f"injected failure (fault.kind=raise) on rank {self.rank} at step {global_step}")
+        if self.kind == "exit":
+            os._exit(3)
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "oom":  # what the allocator raises, to test the report on any device
+            raise torch.OutOfMemoryError(f"injected (fault.kind=oom) on rank {self.rank} at step {global_step}")
+        if self.kind == "nan":
+            assert self.poison is not None
+            self.poison.fill_(float("nan"))
+            return
+        if self.kind == "hang":
+            while True:
+                time.sleep(60)

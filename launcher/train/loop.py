@@ -1,0 +1,540 @@
+"""The training loop every recipe shares: what one worker process does, top to bottom.
+
+    train(spec, world, timeline)     the worker's device, its strategy's process group, one Trainer, teardown
+    Trainer.run()
+      setup     the data where it trains (Data), the model as the strategy wraps it (Nets), the
+                optimizers, the step (TrainStep)
+      resume    from this run's own checkpoint after a restart or requeue, else from `resume`
+      warm up   torch.compile and/or the CUDA-graph capture on the real shapes, then everything put back
+      epochs    train, stop on a NaN loss, average buffers, evaluate, save, report, stop for preemption
+      results   rank 0's results.json
+
+Per epoch: this rank's shard of the epoch's order (launcher/train/data.py) streams through the data
+path (`data.placement`), augmentation and normalization run on the training device, and nothing syncs
+the host inside an epoch: losses and accuracies are summed on the device and read once per epoch.
+Training and evaluation are timed on the device's own clock (CUDA events), along with the share of
+each epoch the compute stream spent waiting for input (launcher/train/stall.py). The strategy
+(launcher/strategies) does everything that depends on how devices share the work; this module never
+asks which one it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from launcher.config import CompileMode, Config, Precision, to_plain
+from launcher.errors import ConfigError, ExplainedStop
+from launcher.files import CURVES, last_checkpoint
+from launcher.recipes import Recipe, recipe_class
+from launcher.spec import WorkerSpec
+from launcher.strategies import Nets, Strategy
+from launcher.train import checkpoint, optim, progress, reporting
+from launcher.train.data import Data, eval_chunks, rank_order
+from launcher.train.faults import Faults
+from launcher.train.metrics import MetricsLog, write_results
+from launcher.train.preemption import Preempted, PreemptionWatch
+from launcher.train.stall import SpanTimer, StepClock, input_advice
+from launcher.train.step import TrainStep
+from launcher.train.timeline import StartupTimeline
+from launcher.world import WorldInfo
+
+log = logging.getLogger("launcher.train")
+
+WARMUP_STEPS = 3
+
+
+class NonFiniteLoss(ExplainedStop):
+    """The training loss became NaN or infinite: every rank stops at the end of that epoch."""
+
+
+class OutOfMemory(ExplainedStop):
+    """CUDA ran out of memory on a rank: the message says where, at which batch size, and what to lower."""
+
+
+def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict[str, Any] | None:
+    """Train one worker's part of the run. Returns the results on rank 0, None elsewhere."""
+    cfg, strategy = spec.config, spec.strategy
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        # torch may have been imported before the worker env was applied (a joined world): apply it now.
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    device = strategy.select_device(world, spec.device_index)
+    timeline.mark("device_set")
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = cfg.perf.cudnn_benchmark
+        torch.set_float32_matmul_precision("high")
+    strategy.setup(world, device)
+    if strategy.distributed:
+        timeline.mark("process_group")
+    try:
+        results = Trainer(spec, world, device, timeline).run()
+    except torch.OutOfMemoryError as exc:
+        raise OutOfMemory(_oom_message(cfg, strategy, device)) from exc
+    # On failure nothing is torn down (see DDP.teardown); here every rank finished.
+    strategy.teardown()
+    return results
+
+
+@dataclass
+class Start:
+    """Where training starts: after `epoch` finished epochs, with their history, from `source`."""
+
+    epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    source: str | None = None
+
+
+@dataclass
+class EpochEnd:
+    """What an epoch found out besides its metrics, agreed by every rank."""
+
+    preempted: bool = False  # a SIGUSR2 reached some rank
+    bad_step: int | None = None  # the first global step whose loss was not finite
+
+
+@dataclass
+class Timings:
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    warmup_s: float | None = None  # compile and capture, before any clock started
+    first_step_s: float | None = None  # from the command's start to the first step's end
+
+
+class Trainer:
+    def __init__(self, spec: WorkerSpec, world: WorldInfo, device: torch.device, timeline: StartupTimeline):
+        self.spec = spec
+        self.cfg: Config = spec.config
+        self.strategy: Strategy = spec.strategy
+        self.world = world
+        self.device = device
+        self.timeline = timeline
+        self.run_dir = Path(spec.run_dir)
+        self.recipe: Recipe = recipe_class(self.cfg.recipe.name)(self.cfg)
+        self.timings = Timings()
+        self.faults = Faults(self.cfg.fault, world, device)
+        # The augmentation's generator, on the device: seeded per (seed, epoch, rank) at each epoch.
+        self.generator = torch.Generator(device=device)
+
+    # ---- the run, top to bottom --------------------------------------------------------------------
+    def run(self) -> dict[str, Any] | None:
+        t_start = time.perf_counter()
+        self.data = self._load_data()
+        self.timeline.mark("data_loaded")
+        self.nets = self._build_model()
+        self.steppers = optim.build(self.cfg.optim, self.cfg.lr, self.cfg.epochs, self.nets.module,
+                                    self.steps_per_epoch, fused=self.device.type == "cuda")
+        self.step = self._build_step()
+        start = self._resume()
+        self.timeline.mark("model_built")
+        with contextlib.ExitStack() as stack:
+            self.writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter()))
+            self.preemption = stack.enter_context(contextlib.closing(PreemptionWatch(self.spec.requeue)))
+            self.tensorboard = stack.enter_context(contextlib.closing(
+                reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard)))
+            self.bar = progress.EpochBar(progress.wanted(str(self.cfg.progress), self.is_main), self.device,
+                                         self.cfg.epochs)
+            self._warm_up()
+            history = self._epochs(start)
+        # (the writer is closed: the last checkpoint is on disk before the run reports itself done)
+        digests, devices = self._gather_rank_facts()
+        if not self.is_main:
+            return None
+        reporting.plot_curves(history, self.run_dir / CURVES)
+        return self._results(history, digests, devices, start.source, time.perf_counter() - t_start)
+
+    @property
+    def is_main(self) -> bool:
+        return self.strategy.is_main
+
+    # ---- setup --------------------------------------------------------------------------------------
+    def _load_data(self) -> Data:
+        cfg = self.cfg
+        splits = self.recipe.load()
+        n = len(splits.train_y)
+        if cfg.batch_size > n:
+            raise ConfigError("batch_size", cfg.batch_size,
+                              f"larger than the {n} training images of {cfg.recipe.name}", f"batch_size={n // 4}")
+        if splits.synthetic and self.is_main:
+            log.warning("SYNTHETIC data (data.synthetic=true): for timing only, accuracy says nothing about "
+                        "the real dataset")
+        data = Data.place(splits, cfg.data, self.device, cfg.perf.channels_last)
+        if self.is_main and self.device.type == "cuda":
+            where = "on the GPU" if data.placement == "gpu" else "in pinned host memory, prefetched on a side stream"
+            log.info("data: %s, %.0f MB, %s (%s)", cfg.recipe.name, data.megabytes, where, data.why)
+        self.steps_per_epoch = n // cfg.batch_size
+        return data
+
+    def _build_model(self) -> Nets:
+        """The recipe's model on the device, set up from data, wrapped by the strategy, compiled if asked."""
+        torch.manual_seed(self.cfg.seed)  # same initial weights on every rank (DDP also broadcasts them)
+        model = self.recipe.build_model(self.data.num_classes).to(self.device)
+        self.timeline.mark("model_on_device")
+        if self.data.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        sample = self.data.host_train_x[:self.recipe.prepare_model_sample].to(self.device)
+        self.recipe.prepare_model(model, self.data.normalize(sample))
+        nets = self.strategy.wrap(model, self.device)
+        perf = self.cfg.perf
+        if perf.compile:
+            # Under ddp, compiling the DDP module lets dynamo split the graph at gradient buckets so the
+            # all-reduce still overlaps the backward pass; evaluation compiles the bare model.
+            mode = None if perf.compile_mode is CompileMode["default"] else perf.compile_mode.value
+            train_net = torch.compile(nets.train, mode=mode)
+            eval_net = train_net if nets.eval is nets.train else torch.compile(nets.eval, mode=mode)
+            nets = Nets(nets.module, train_net, eval_net, nets.grads)
+        return nets
+
+    def _build_step(self) -> TrainStep:
+        precision = self.cfg.perf.precision
+        bf16 = precision is Precision.bf16 or (precision is Precision.auto and self.device.type == "cuda")
+        device_type = self.device.type
+
+        def autocast():
+            return torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16)
+
+        self.autocast = autocast
+        return TrainStep(self.nets, self.steppers, self.recipe.loss(), self.data.normalize,
+                         self.recipe.augmentation(), autocast, self.device, self.faults.poison)
+
+    @property
+    def captures(self) -> bool:
+        """The step is replayed as a CUDA graph (perf.cuda_graph on a GPU; on the CPU it runs eagerly)."""
+        return self.nets.grads is not None and self.device.type == "cuda"
+
+    def _resume(self) -> Start:
+        """After a restart or requeue, this run's own last checkpoint; else `resume`, if given."""
+        own = last_checkpoint(self.run_dir)
+        restarted = self.world.restart_count > 0 or (self.spec.requeue is not None and self.spec.requeue.requeued)
+        source = str(own) if restarted and own.exists() else self.spec.resume_from
+        if source is None:
+            return Start()
+        state = checkpoint.load(source, map_location=self.device)
+        now = {"recipe.name": self.cfg.recipe.name, "recipe.model": str(self.cfg.recipe.model),
+               "optim": self.cfg.optim.name}
+        for key, saved in checkpoint.saved_choices(state).items():
+            if saved not in (None, now[key]):
+                raise ConfigError(key, now[key], f"the checkpoint {source} was trained with {key}={saved}",
+                                  f"{key}={saved} resume={self.spec.resume_from or source}")
+        checkpoint.restore(state, self.strategy, self.nets, self.steppers, self.device)
+        return Start(int(state["epoch"]), list(state.get("history", [])), source)
+
+    def _warm_up(self) -> None:
+        """Compile, autotune and (perf.cuda_graph) capture the step on the real shapes, then put the
+        model, optimizers and RNG back as they were: the warm-up leaves no trace but speed."""
+        if not (self.cfg.perf.compile or self.captures):
+            return
+        start = time.perf_counter()
+        saved = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device, clone=True)
+        self.nets.train.train()
+        generator = self.generator
+        generator.manual_seed(0)
+        rows = self._order(0)[:WARMUP_STEPS]
+        # Graph capture wants the eager warm-up on a side stream (lazily made state then belongs to it).
+        side = torch.cuda.Stream(self.device) if self.captures else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            batch = None
+            for batch in self.data.train.batches(rows):
+                self.step(*batch, 0, generator)
+            if side is not None:
+                self.step.capture(*batch, generator, stream=side)
+        if side is not None:
+            torch.cuda.current_stream(self.device).wait_stream(side)
+        self._evaluate()
+        checkpoint.restore(saved, self.strategy, self.nets, self.steppers, self.device)
+        self.step.zero_grads()
+        self._sync()
+        self.timings.warmup_s = time.perf_counter() - start
+        self.timeline.mark("warmed_up")
+        if self.is_main:
+            done = ["compiled"] * self.cfg.perf.compile + ["captured the step as one CUDA graph"] * self.captures
+            log.info("%s in %.1fs (not counted in the timings)", " and ".join(done), self.timings.warmup_s)
+
+    # ---- epochs -------------------------------------------------------------------------------------
+    def _epochs(self, start: Start) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        history = list(start.history)
+        metrics_log = MetricsLog(self.run_dir)
+        if self.is_main:
+            metrics_log.rewrite(history)
+            if start.source:
+                log.info("resumed from %s after epoch %d", start.source, start.epoch)
+        advised = False
+        for epoch in range(start.epoch, cfg.epochs):
+            epoch_start = time.perf_counter()
+            row: dict[str, Any] = {"epoch": epoch + 1, "started_unix": round(time.time(), 3)}
+            # Seeded per (seed, epoch, rank), so a resumed run augments exactly as an uninterrupted one.
+            self.generator.manual_seed((cfg.seed * 100_003 + epoch) * 1_009 + self.strategy.rank)
+            profiling = cfg.profile and epoch == min(start.epoch + 1, cfg.epochs - 1) and self.is_main
+            with profiled(self.run_dir) if profiling else contextlib.nullcontext():
+                end = self._train_epoch(epoch, row)
+            if end.bad_step is not None:
+                raise self._non_finite_loss(epoch, row["loss"], end.bad_step)
+            self.strategy.average_buffers(self.nets.module)
+            if self._evaluates_after(epoch):
+                row.update(self._evaluate())
+                self.timings.eval_s += row["eval_s"]
+            self.timings.train_s += row["train_s"]
+            row["lr"] = self.steppers[0].scheduler.get_last_lr()[0]
+            row["max_mem_allocated_mb"], row["max_mem_reserved_mb"] = self._memory_mb()
+            row["epoch_s"] = time.perf_counter() - epoch_start
+            history.append(row)
+            self._save(epoch + 1, history)
+            if self.is_main:
+                metrics_log.append(row)
+                self.tensorboard.epoch(row)
+                self.bar.epoch_done(row)
+                self._log_epoch(row)
+                advised = advised or self._advise(row, epoch)
+            more_to_do = epoch + 1 < cfg.epochs and cfg.checkpoint
+            if end.preempted and more_to_do and self.preemption.may_requeue(warn=self.is_main):
+                self._stop_for_requeue(epoch + 1)
+        return history
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        return rank_order(len(self.data.train), self.cfg.batch_size, self.cfg.seed, epoch, self.strategy.world_size,
+                          self.strategy.rank)
+
+    def _train_epoch(self, epoch: int, row: dict[str, Any]) -> EpochEnd:
+        strategy, sums = self.strategy, self.step.sums
+        self.nets.train.train()
+        order = self._order(epoch)
+        sums.zero()
+        self.step.epoch.fill_(epoch)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        # A bounded wait at the epoch's end when collectives run inside a graph (no NCCL watchdog there).
+        clock = StepClock(self.device, strategy.collective_timeout())
+        # Start every rank's clock when all have arrived: rank 0's end-of-epoch work (checkpoint
+        # snapshot, logs, TensorBoard) would otherwise count as the other ranks' training time, while a
+        # 1-GPU run never counts it. It shows in the wall time between epochs' `started_unix`.
+        strategy.align(self.device)
+        clock.start()
+        host_start = time.perf_counter()
+        steps = self.steps_per_epoch
+        batches = self.bar.wrap(self.data.train.batches(order), epoch, steps, self.cfg.batch_size)
+        for step, (x, y, idx) in enumerate(batches):
+            clock.batch_ready()
+            self.faults.at(epoch * steps + step)
+            self.step(x, y, idx, epoch, self.generator)
+            clock.step_end()
+            if self.timings.first_step_s is None:
+                self._first_step_done()
+        # How long the host took to issue the epoch. Close to the device's span: the host is what limits
+        # the speed (Python, launches), and CUDA graphs or a larger batch would help more than kernels.
+        host_s = time.perf_counter() - host_start
+        timing = clock.finish()
+        # The preemption flag rides along, so every rank learns of a SIGUSR2 that reached any of them.
+        loss_sum, correct, count, stop = strategy.all_reduce(torch.stack([
+            sums.loss, sums.correct.float(), torch.tensor(float(order.numel()), device=self.device),
+            torch.tensor(float(self.preemption.requested), device=self.device),
+        ])).tolist()
+        # The slowest rank sets the pace: report its span and its input wait. The rank with the most
+        # non-finite steps rides along, as it hit the first one earliest.
+        span_s, stall, non_finite = strategy.all_reduce(torch.stack([
+            torch.tensor(timing.span_s, dtype=torch.float64, device=self.device),
+            torch.tensor(timing.stall_fraction, dtype=torch.float64, device=self.device),
+            steps - sums.finite_steps.double(),
+        ]), op="max").tolist()
+        row.update({"loss": loss_sum / count, "train_acc": correct / count, "train_s": span_s,
+                    "img_per_s": steps * self.cfg.batch_size / span_s, "input_stall": round(stall, 4),
+                    "host_issue_s": round(host_s, 4)})
+        bad_step = epoch * steps + steps - int(non_finite) if non_finite > 0 else None
+        return EpochEnd(preempted=stop > 0, bad_step=bad_step)
+
+    def _first_step_done(self) -> None:
+        self._sync()
+        self.timings.first_step_s = time.time() - self.spec.started_at
+        self.timeline.mark("first_step")
+        if self.is_main:
+            log.info(self.timeline.describe())
+
+    @torch.no_grad()
+    def _evaluate(self) -> dict[str, float]:
+        # With several ranks every one holds the same weights (buffers are averaged first), so each
+        # scores a disjoint shard and the counts are summed.
+        s = self.strategy
+        self.nets.eval.eval()
+        chunks = eval_chunks(len(self.data.test), max(1, self.cfg.eval.batch_size // s.world_size), s.world_size,
+                             s.rank)
+        loss_sum = torch.zeros((), device=self.device)
+        correct = torch.zeros((), device=self.device)
+        with SpanTimer(self.device) as timer:
+            for x, y, _ in self.data.test.batches(chunks):
+                with self.autocast():
+                    logits = self.recipe.predict(self.nets.eval, self.data.normalize(x))
+                loss_sum += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+                correct += (logits.argmax(1) == y).sum()
+        count = float(sum(len(c) for c in chunks))
+        loss_total, correct_total, count = s.all_reduce(
+            torch.stack([loss_sum, correct, torch.tensor(count, device=self.device)])).tolist()
+        return {"test_loss": loss_total / count, "test_acc": correct_total / count, "eval_s": timer.seconds}
+
+    def _evaluates_after(self, epoch: int) -> bool:
+        every = self.cfg.eval.every
+        return epoch + 1 == self.cfg.epochs or (every > 0 and (epoch + 1) % every == 0)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _memory_mb(self) -> tuple[float | None, float | None]:
+        devices = self.strategy.memory_devices(self.device)
+        if not devices:
+            return None, None
+        alloc = max(torch.cuda.max_memory_allocated(d) for d in devices) / 2**20
+        reserved = max(torch.cuda.max_memory_reserved(d) for d in devices) / 2**20
+        both = self.strategy.all_reduce(torch.tensor([alloc, reserved], device=self.device), op="max").tolist()
+        return round(both[0], 1), round(both[1], 1)
+
+    def _save(self, epoch: int, history: list[dict[str, Any]]) -> None:
+        if not (self.is_main and self.cfg.checkpoint):
+            return
+        state = {**checkpoint.capture(self.strategy, self.nets, self.steppers, self.device),
+                 "epoch": epoch, "history": list(history), "config": to_plain(self.cfg)}
+        # Snapshot now (training changes the weights in place), write on the writer's thread.
+        self.writer.submit(checkpoint.HostSnapshot(state), last_checkpoint(self.run_dir))
+
+    # ---- ending early -------------------------------------------------------------------------------
+    def _non_finite_loss(self, epoch: int, loss: float, bad_step: int) -> NonFiniteLoss:
+        """Every rank gets here at the same epoch (the step came through an all-reduce) and stops;
+        this epoch is not saved, so the last checkpoint is the last good state."""
+        self.writer.wait()
+        steps = self.steps_per_epoch
+        last = last_checkpoint(self.run_dir)
+        if epoch > 0 and last.exists() and self.cfg.checkpoint:
+            good = (f"the last good checkpoint is {last} (after epoch {epoch}); resume from it with "
+                    f"resume={self.run_dir} and a lower lr (now {self.cfg.lr})")
+        else:
+            good = f"no checkpoint precedes it; try a lower lr (now {self.cfg.lr})"
+        return NonFiniteLoss(f"the training loss became {loss} at step {bad_step} (epoch {epoch + 1}, step "
+                             f"{bad_step - epoch * steps + 1} of {steps}); training stopped on every rank and "
+                             f"epoch {epoch + 1} was not saved; {good}")
+
+    def _stop_for_requeue(self, epochs_done: int) -> None:
+        """SIGUSR2 reached a rank during this epoch: checkpoint, requeue the job, and leave on every rank."""
+        self.writer.wait()  # this epoch's checkpoint is on disk
+        if self.is_main:
+            log.warning("SIGUSR2 (preemption or time limit): stopping after epoch %d, checkpoint written; the "
+                        "job is requeued and resumes from it in this run dir", epochs_done)
+            self.preemption.requeue(self.run_dir)
+        self.strategy.barrier()  # nobody leaves (and ends the others) before rank 0 has requeued the job
+        raise Preempted()
+
+    # ---- reporting ----------------------------------------------------------------------------------
+    def _log_epoch(self, row: dict[str, Any]) -> None:
+        epochs = self.cfg.epochs
+        test = f"{100 * row['test_acc']:.2f}%" if "test_acc" in row else "-"
+        log.info("epoch %*d/%d  loss %.4f  train %.2f%%  test %s  %s img/s  input wait %.1f%%  %.2fs",
+                 len(str(epochs)), row["epoch"], epochs, row["loss"], 100 * row["train_acc"], test,
+                 f"{row['img_per_s']:,.0f}", 100 * row["input_stall"], row["epoch_s"])
+
+    def _advise(self, row: dict[str, Any], epoch: int) -> bool:
+        """Say once per run when training was input-bound (not judged on a first epoch that has more)."""
+        if self.device.type != "cuda" or (epoch == 0 and self.cfg.epochs > 1):
+            return False
+        advice = input_advice(row["input_stall"], self.data.placement, self.data.megabytes, self.cfg.perf.compile)
+        if advice:
+            log.warning(advice)
+        return advice is not None
+
+    def _gather_rank_facts(self) -> tuple[list[str], list[str]]:
+        """Every rank's weights digest and device names, in rank order."""
+        mine = (weights_digest(self.nets.module), self.strategy.device_names(self.device))
+        everyone = self.strategy.gather(mine)
+        digests = [d for d, _ in everyone]
+        if len(set(digests)) > 1 and self.is_main:
+            log.warning("ranks ended with DIFFERENT weights (digests %s): the replicas diverged", digests)
+        return digests, [name for _, names in everyone for name in names]
+
+    def _results(self, history: list[dict[str, Any]], digests: list[str], devices: list[str],
+                 resumed_from: str | None, total_s: float) -> dict[str, Any]:
+        cfg, s, t = self.cfg, self.strategy, self.timings
+        final = history[-1] if history else {}
+        scored = [r["test_acc"] for r in history if "test_acc" in r]
+        stalls = [r["input_stall"] for r in history]
+        timed = {"train_s": t.train_s, "eval_s": t.eval_s, "train_eval_s": t.train_s + t.eval_s,
+                 "clock": "cuda events" if self.device.type == "cuda" else "host clock",
+                 "compile_warmup_s": t.warmup_s}
+        results = {
+            "recipe": cfg.recipe.name,
+            "model": str(cfg.recipe.model),
+            "strategy": s.name,
+            "world_size": s.world_size,
+            "device_type": self.device.type,
+            "devices": devices,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "epochs": cfg.epochs,
+            "batch_size": cfg.batch_size,
+            "batch_per_process": s.batch_per_process,
+            "synthetic_data": self.data.synthetic,
+            "data_placement": self.data.placement,
+            "compiled": cfg.perf.compile,
+            "cuda_graph": self.step.captured is not None,
+            "gradient_sync": s.gradient_sync,
+            "final": final,
+            "test_acc": final.get("test_acc"),
+            "best_test_acc": max(scored, default=None),
+            "train_s": t.train_s,
+            "timed": timed,
+            "input_stall": round(sum(stalls) / len(stalls), 4) if stalls else None,
+            "worker_s": total_s,
+            "first_step_s": t.first_step_s,
+            "started_unix": self.spec.started_at,  # when `launch` began: first_step_s counts from it
+            "startup": self.timeline.as_dict(),
+            "resumed_from": resumed_from,
+            "restarts": self.world.restart_count,
+            "weights_sha256": digests,
+            "ranks_agree": len(set(digests)) == 1,
+            "torch": torch.__version__,
+        }
+        write_results(self.run_dir, results)
+        return results
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter and buffer, to show that all ranks ended with the same model."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().to("cpu", torch.float64 if tensor.is_floating_point() else torch.int64)
+                 .contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def profiled(run_dir: Path):
+    """torch.profiler over one epoch: profile.txt (ops by device time) and trace.json (chrome://tracing)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        yield
+    sort = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    (run_dir / "profile.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40) + "\n")
+    prof.export_chrome_trace(str(run_dir / "trace.json"))
+    log.info("profile of this epoch: %s (and trace.json for chrome://tracing or Perfetto)", run_dir / "profile.txt")
+
+
+def _oom_message(cfg: Config, strategy: Strategy, device: torch.device) -> str:
+    where = "the CPU"
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        peak = torch.cuda.max_memory_allocated(device) / 2**30
+        where = (f"GPU {device.index} ({props.name}, {props.total_memory / 2**30:.0f} GiB; this process peaked at "
+                 f"{peak:.1f} GiB; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')})")
+    ranks = strategy.world_size
+    per_rank = f" = {strategy.batch_per_process} per rank" if ranks > 1 else ""
+    lower = max(1, cfg.batch_size // 2)
+    lower -= lower % ranks if lower >= ranks else 0
+    return (f"out of memory on rank {strategy.rank}, {where}, at batch_size={cfg.batch_size}{per_rank}: lower it "
+            f"(e.g. batch_size={lower}), or free the GPU (other jobs on it?); every rank was stopped")

@@ -1,0 +1,26 @@
+"""Modules the forkserver imports before any worker exists, so that no worker pays for them
+(the worker's entry point and trainer, torch's lazily imported parts, the built-in recipes).
+
+torch imports some of its heaviest parts lazily, on first use inside a worker: the first optimizer
+call and DDP's constructor import torch._dynamo (and with it sympy and the inductor's modules),
+which took ~4 s of each worker's start-up on the H200 hosts (0.6 s on 2 CPU cores). Imported here,
+in the forkserver that `launch` starts in parallel with composing its config, the workers inherit
+them already loaded. Nothing here touches CUDA (the forkserver must never initialize it).
+"""
+
+import importlib
+
+from launcher import bytecode
+
+bytecode.write_in_this_process()  # before the imports below; see launcher/bytecode.py
+
+import torch._dynamo  # noqa: E402, F401
+import torch.nn.parallel.distributed  # noqa: E402, F401
+import torch.optim  # noqa: E402, F401
+
+import launcher.train.loop  # noqa: E402, F401
+import launcher.train.worker  # noqa: E402, F401
+from launcher.recipes import BUILTIN  # noqa: E402
+
+for _module in BUILTIN.values():  # the built-in recipes and their models
+    importlib.import_module(_module)

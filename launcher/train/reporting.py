@@ -1,0 +1,81 @@
+"""What rank 0 leaves for people to look at: TensorBoard scalars every epoch, a curves PNG at the end.
+
+    tensorboard --logdir <run dir>       # loss, accuracy, lr, img/s, GPU memory, input wait per epoch
+
+TensorBoard goes through torch.utils.tensorboard into `<run dir>/tensorboard/` (`tensorboard=false`
+turns it off); its import happens after the first epoch, off the start-up path. `curves.png` is
+drawn from the epoch history with matplotlib, so a run that is resumed draws its whole history.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from launcher.files import TENSORBOARD
+
+# metrics.jsonl key -> TensorBoard tag
+SCALARS = {
+    "loss": "train/loss", "train_acc": "train/accuracy", "test_loss": "test/loss", "test_acc": "test/accuracy",
+    "lr": "train/lr", "img_per_s": "speed/img_per_s", "input_stall": "speed/input_wait_fraction",
+    "max_mem_allocated_mb": "gpu/max_memory_allocated_mb", "max_mem_reserved_mb": "gpu/max_memory_reserved_mb",
+}
+
+
+class TensorBoardLog:
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.folder = Path(run_dir) / TENSORBOARD
+        self.enabled = enabled
+        self._writer = None
+
+    def epoch(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if self._writer is None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:  # tensorboard is a dependency, but an environment may lack it
+                logging.getLogger("launcher.train").warning("no TensorBoard logs: %s (pip install tensorboard)", exc)
+                self.enabled = False
+                return
+            self._writer = SummaryWriter(log_dir=str(self.folder))
+        for key, tag in SCALARS.items():
+            value = row.get(key)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self._writer.add_scalar(tag, value, global_step=row["epoch"])
+        self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def plot_curves(history: list[dict[str, Any]], path: Path) -> Path | None:
+    """Loss and accuracy per epoch (train, and test where evaluated) as a PNG; None with no epochs."""
+    if not history:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [r["epoch"] for r in history]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot(epochs, [r["loss"] for r in history], "o-", label="train")
+    ax_acc.plot(epochs, [100 * r["train_acc"] for r in history], "o-", label="train")
+    tested = [r for r in history if "test_acc" in r]
+    if tested:
+        ax_loss.plot([r["epoch"] for r in tested], [r["test_loss"] for r in tested], "s-", label="test")
+        ax_acc.plot([r["epoch"] for r in tested], [100 * r["test_acc"] for r in tested], "s-", label="test")
+    for ax, title in ((ax_loss, "loss"), (ax_acc, "accuracy (%)")):
+        ax.set_title(title)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

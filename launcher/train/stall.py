@@ -1,0 +1,129 @@
+"""How long training waited for its input, measured on the compute stream rather than guessed.
+
+Per step, one CUDA event is recorded when the batch is ready for the model (after the prefetcher made
+the compute stream wait for its copy, or after the on-device gather) and one after the step's last
+kernel. The GPU stamps an event when it reaches it, so the time from the previous step's end to this
+step's "ready" is time the compute stream sat idle waiting for the input (or for the host to hand it
+work). Summed over the epoch and divided by the epoch's span, that is the input-stall fraction.
+On a CPU device the same marks are taken with the host clock.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from launcher.errors import ExplainedStop
+
+INPUT_BOUND = 0.10  # above this fraction of the epoch, the log calls the run input-bound
+
+
+@dataclass
+class EpochTiming:
+    span_s: float  # first mark to the last step's end, on the device's own clock
+    input_wait_s: float
+
+    @property
+    def stall_fraction(self) -> float:
+        return self.input_wait_s / self.span_s if self.span_s > 0 else 0.0
+
+
+class DeviceTimeout(ExplainedStop):
+    """The device did not finish an epoch's work in time (a peer stuck inside a captured collective)."""
+
+
+def wait_for(event, timeout_s: float | None, what: str) -> None:
+    """event.synchronize(), but giving up after `timeout_s` with a DeviceTimeout.
+
+    With perf.cuda_graph the gradient all-reduces run inside the replayed graph, where NCCL's
+    watchdog cannot see them; if a peer hangs, this is where its partner would otherwise wait forever.
+    """
+    if timeout_s is None:
+        event.synchronize()
+        return
+    deadline = time.monotonic() + timeout_s
+    pause = 1e-4
+    while not event.query():
+        if time.monotonic() > deadline:
+            raise DeviceTimeout(f"{what} did not finish within {timeout_s:g}s (strategy.timeout_s): another rank "
+                                "is probably stuck or gone")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
+
+
+class StepClock:
+    def __init__(self, device: torch.device, timeout_s: float | None = None):
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.timeout_s = timeout_s
+        self._marks: list[tuple[str, object]] = []
+
+    def _mark(self, kind: str) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            self._marks.append((kind, event))
+        else:
+            self._marks.append((kind, time.perf_counter()))
+
+    def start(self) -> None:
+        self._marks = []
+        self._mark("end")  # the span starts as if a step had just ended: the first batch's wait counts
+
+    def batch_ready(self) -> None:
+        self._mark("ready")
+
+    def step_end(self) -> None:
+        self._mark("end")
+
+    def _seconds(self, a, b) -> float:
+        if self.cuda:
+            return a.elapsed_time(b) / 1000.0
+        return b - a
+
+    def finish(self) -> EpochTiming:
+        """Waits for the device, then sums the waits. Call once per epoch, not per step."""
+        if self.cuda:
+            wait_for(self._marks[-1][1], self.timeout_s, "the GPU's work of this epoch")
+        wait = 0.0
+        last_end = None
+        for kind, stamp in self._marks:
+            if kind == "end":
+                last_end = stamp
+            elif last_end is not None:
+                wait += self._seconds(last_end, stamp)
+                last_end = None
+        span = self._seconds(self._marks[0][1], self._marks[-1][1]) if len(self._marks) > 1 else 0.0
+        return EpochTiming(span, wait)
+
+
+class SpanTimer:
+    """Wall time of a stretch of device work (e.g. one evaluation), on the device's clock."""
+
+    def __init__(self, device: torch.device):
+        self.clock = StepClock(device)
+
+    def __enter__(self) -> SpanTimer:
+        self.clock.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.clock.step_end()
+            self.seconds = self.clock.finish().span_s
+
+
+def input_advice(fraction: float, placement: str, data_mb: float, compiled: bool) -> str | None:
+    """One line for the log when an epoch was input-bound, naming the setting that would help."""
+    if fraction <= INPUT_BOUND:
+        return None
+    share = f"training waited for input {100 * fraction:.0f}% of the epoch"
+    if placement == "host":
+        return (f"input-bound: {share}; data.placement=gpu keeps the {data_mb:,.0f} MB dataset on the GPU, "
+                "or raise data.prefetch_depth")
+    if not compiled:
+        return (f"input-bound: {share} with the data already on the GPU, so the host is too slow to issue "
+                "the steps: try perf.compile=true or a larger batch_size")
+    return f"input-bound: {share} with the data on the GPU: a larger batch_size gives the GPU more work per step"

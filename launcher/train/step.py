@@ -1,0 +1,239 @@
+"""One training step (TrainStep), and with `perf.cuda_graph=true` its device work replayed as one CUDA graph.
+
+At CIFAR sizes a step is a few hundred small kernels, and issuing them from Python takes about as
+long as running them: the GPU waits for the host. Under DDP it gets worse, because the reducer's
+per-parameter autograd hooks add host work to every backward pass. Capturing the step once and
+replaying it costs one launch per step instead.
+
+What is in the graph: zeroing the gradients, augmentation, normalization, forward, loss, backward
+with the gradient all-reduce (ranks > 1), and the epoch's running loss/accuracy sums. DDP's reducer
+cannot run inside a replayed graph (its host-side bookkeeping would not replay), so the gradients
+live in flat buffers (`FlatGradients`) whose buckets are all-reduced from autograd hooks; captured
+once, those all-reduces replay with the backward pass. NCCL's watchdog does not see collectives
+inside a graph, so the loop bounds its epoch-end wait by `strategy.timeout_s` (stall.wait_for). The
+strategy decides who averages (launcher/strategies: CapturedDDP under ddp, nobody on one device).
+
+What stays outside, run eagerly after each replay: the optimizer and its schedule (learning rates
+change every step and live in Python floats, and Muon's orthogonalization is its own story; a
+foreach/fused step is a handful of launches anyway).
+
+The gradients stay in place between steps (`FlatGradients`), so nothing may set them to None, and
+the inputs are copied into static buffers before each replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from launcher.strategies import Nets
+    from launcher.train.optim import Stepper
+
+
+class FlatGradients:
+    """Every trainable parameter's `.grad` as a view into one flat buffer per dtype, averaged across
+    ranks in buckets while the backward pass still runs.
+
+    Zeroing is one kernel per dtype. Parameters are laid out in reverse order (the last layers' grads
+    are ready first), cut into buckets of about `bucket_mb`; a post-accumulate-grad hook counts each
+    bucket's parameters and, once a bucket and all before it are complete, starts its all-reduce.
+    Buckets therefore start in the same order on every rank, the way DDP orders them. Under capture
+    the hooks run once and the all-reduces land in the graph where the hooks fired, so replays overlap
+    communication with the rest of the backward pass as well. Each view keeps its parameter's strides
+    (channels_last filters included), since autograd accumulates into it.
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], world_size: int = 1, bucket_mb: float = 25.0):
+        self.world_size = world_size
+        trainable = [p for p in params if p.requires_grad][::-1]
+        for p in trainable:
+            if not _dense(p):
+                raise ValueError(f"a parameter of shape {tuple(p.shape)} is not dense in memory; "
+                                 "flat gradients need dense parameters")
+        by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+        for p in trainable:
+            by_dtype.setdefault(p.dtype, []).append(p)
+        self.buffers: list[torch.Tensor] = []
+        self.buckets: list[torch.Tensor] = []  # slices of the buffers, in the order they are reduced
+        self._bucket_of: dict[torch.nn.Parameter, int] = {}
+        self._members: list[int] = []
+        cap = max(1, int(bucket_mb * 2**20))
+        for dtype, group in by_dtype.items():
+            flat = torch.zeros(sum(p.numel() for p in group), dtype=dtype, device=group[0].device)
+            self.buffers.append(flat)
+            start = offset = members = 0
+            for i, p in enumerate(group):
+                p.grad = flat.as_strided(p.shape, p.stride(), offset)
+                self._bucket_of[p] = len(self.buckets)
+                offset += p.numel()
+                members += 1
+                if (offset - start) * flat.element_size() >= cap or i == len(group) - 1:
+                    self.buckets.append(flat[start:offset])
+                    self._members.append(members)
+                    start, members = offset, 0
+        self.views = {p: p.grad for p in trainable}  # what each .grad must stay (nothing may set it to None)
+        self._pending: list[int] = []
+        self._works: list = []
+        self._launched = 0
+        if world_size > 1:
+            for p in trainable:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def zero(self) -> None:
+        for flat in self.buffers:
+            flat.zero_()
+
+    def start_backward(self) -> None:
+        self._pending = list(self._members)
+        self._works = []
+        self._launched = 0
+
+    def _grad_ready(self, p: torch.nn.Parameter) -> None:
+        self._pending[self._bucket_of[p]] -= 1
+        while self._launched < len(self.buckets) and self._pending[self._launched] == 0:
+            self._launch(self._launched)
+
+    def _launch(self, b: int) -> None:
+        bucket = self.buckets[b]
+        bucket.div_(self.world_size)  # the mean, with a sum all-reduce (gloo has no AVG)
+        self._works.append(dist.all_reduce(bucket, async_op=True))
+        self._launched += 1
+
+    def finish_backward(self) -> None:
+        """Reduce buckets whose parameters got no gradient this step, then make the stream wait for all."""
+        if self.world_size <= 1:
+            return
+        while self._launched < len(self.buckets):
+            self._launch(self._launched)
+        for work in self._works:
+            work.wait()
+        self._works = []
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Laid out as one contiguous block (row-major or channels_last), so a flat slice can hold its grad."""
+    formats = [torch.contiguous_format]
+    if t.dim() == 4:
+        formats.append(torch.channels_last)
+    return any(t.is_contiguous(memory_format=f) for f in formats)
+
+
+class CapturedStep:
+    """A step body captured once, replayed per batch.
+
+    `body(x, y, idx)` must do only device work with static shapes (no .item(), no host sync).
+    `capture` is called once, after eager warm-up steps on the same shapes (cuDNN has picked its
+    algorithms, lazily created state such as optimizer buffers exists); `run` copies a batch into
+    the static inputs and replays.
+    """
+
+    def __init__(self, body: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None],
+                 generators: Iterable[torch.Generator] = ()):
+        self.body = body
+        self.generators = list(generators)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def capture(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor,
+                stream: torch.cuda.Stream | None = None) -> None:
+        """Capture on `stream` (the side stream the warm-up ran on), with (x, y, idx) as the example batch."""
+        self.static = (x.clone(), y.clone(), idx.clone())
+        graph = torch.cuda.CUDAGraph()
+        for generator in self.generators:
+            # Random ops on this generator read its seed and offset at each replay, so reseeding it
+            # between replays (every epoch) takes effect and each replay draws fresh numbers.
+            graph.register_generator_state(generator)
+        # thread_local: a data thread (data.placement=host) may pin memory while this thread captures.
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            self.body(*self.static)
+        self.graph = graph
+
+    def run(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> None:
+        assert self.graph is not None and self.static is not None, "capture() first"
+        for static, new in zip(self.static, (x, y, idx), strict=True):
+            static.copy_(new, non_blocking=True)
+        self.graph.replay()
+
+
+class EpochSums:
+    """The epoch's loss, correct predictions and finite steps, summed on the device, read once per epoch.
+
+    A non-finite loss poisons the weights, so every later step is non-finite too: the count of finite
+    steps is the index of the first bad step within the epoch (found without a per-step host sync).
+    """
+
+    def __init__(self, device: torch.device):
+        self.loss = torch.zeros((), device=device)
+        self.correct = torch.zeros((), dtype=torch.long, device=device)
+        self.finite_steps = torch.zeros((), dtype=torch.long, device=device)
+
+    def zero(self) -> None:
+        for tensor in (self.loss, self.correct, self.finite_steps):
+            tensor.zero_()
+
+
+class TrainStep:
+    """A training step: its device work up to the gradients (`body`, what a CUDA graph captures) and
+    the optimizers after it. Built once per run; `capture` turns the body into a replayed graph."""
+
+    def __init__(self, nets: Nets, steppers: list[Stepper], loss_fn: torch.nn.Module,
+                 normalize: Callable[[torch.Tensor], torch.Tensor], augment: Callable | None,
+                 autocast: Callable, device: torch.device, poison: torch.Tensor | None = None):
+        self.nets = nets
+        self.steppers = steppers
+        self.loss_fn = loss_fn
+        self.normalize = normalize
+        self.augment = augment
+        self.autocast = autocast
+        self.poison = poison  # fault.kind=nan: added to the loss (a tensor, so a graph sees it change)
+        self.sums = EpochSums(device)
+        self.epoch = torch.zeros((), dtype=torch.long, device=device)  # the epoch, as a graph reads it
+        self.captured: CapturedStep | None = None
+
+    def body(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int | torch.Tensor,
+             generator: torch.Generator) -> None:
+        """The step's device work up to the gradients, and the epoch's sums. No host sync."""
+        grads = self.nets.grads
+        if grads is not None:
+            grads.zero()
+            grads.start_backward()
+        else:
+            self.nets.module.zero_grad(set_to_none=True)
+        if self.augment is not None:
+            x = self.augment(x, generator, indices=idx, epoch=epoch)
+        with self.autocast():
+            logits = self.nets.train(self.normalize(x))
+            loss = self.loss_fn(logits, y)
+        if self.poison is not None:
+            loss = loss + self.poison
+        loss.backward()
+        if grads is not None:
+            grads.finish_backward()  # ddp: every bucket's all-reduce issued and waited for
+        self.sums.loss += loss.detach().float() * len(y)
+        self.sums.correct += (logits.argmax(1) == y).sum()
+        self.sums.finite_steps += torch.isfinite(loss.detach())
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int,
+                 generator: torch.Generator) -> None:
+        if self.captured is not None:
+            self.captured.run(x, y, idx)
+        else:  # with flat gradients the epoch is the tensor a graph would read, so both paths agree
+            self.body(x, y, idx, self.epoch if self.nets.grads is not None else epoch, generator)
+        for stepper in self.steppers:
+            stepper.step()
+
+    def capture(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, generator: torch.Generator,
+                stream: torch.cuda.Stream) -> None:
+        step = CapturedStep(lambda x, y, idx: self.body(x, y, idx, self.epoch, generator), generators=[generator])
+        step.capture(x, y, idx, stream=stream)
+        self.captured = step
+
+    def zero_grads(self) -> None:
+        if self.nets.grads is not None:
+            self.nets.grads.zero()
+        else:
+            self.nets.module.zero_grad(set_to_none=True)

@@ -1,0 +1,75 @@
+"""The function each worker process runs: apply the environment, set up logging, train, report failure.
+
+It is the entry point of the training wing: the one handed to torch.distributed.elastic (spawned
+workers) and the one called in place when `launch` joins a world that torchrun or srun started. All
+it is given is a WorkerSpec (launcher/spec.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import LaunchError
+from launcher.spec import PREEMPTED_EXIT, WorkerSpec
+
+
+def _let_forkserver_end_with_the_launcher() -> None:
+    """A worker forked by the forkserver inherits a copy of the launcher's "still alive" pipe end, and
+    the forkserver only exits once every copy is closed. Close ours: then a launcher killed outright
+    takes the forkserver with it, and the forkserver's death reaches this worker as PR_SET_PDEATHSIG
+    (set by torch.multiprocessing), so no worker outlives the launcher. Under `spawn` this is a no-op.
+    """
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None
+
+
+def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
+    # The mask and thread counts go in before anything can start CUDA in this process.
+    os.environ.update(spec.env)
+    _let_forkserver_end_with_the_launcher()
+    from launcher import failures, logs
+    from launcher.train.timeline import StartupTimeline
+    from launcher.world import WorldInfo
+
+    timeline = StartupTimeline(spec.started_at, {"spawn": spec.spawned_s} if spec.spawned_s is not None else None)
+    timeline.mark("worker_process")
+    world = WorldInfo.from_env()
+    run_dir = Path(spec.run_dir)
+    logs.setup_worker_logging(run_dir, world.rank)
+    try:
+        from launcher.train.loop import train
+
+        return train(spec, world, timeline)
+    except BaseException as exc:  # noqa: BLE001 - every failure is recorded, then the process ends
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C reached the whole group: the launcher says so
+            os._exit(130)
+        from launcher.train.preemption import Preempted
+
+        if isinstance(exc, Preempted):  # checkpointed and requeued: not a failure
+            logging.shutdown()
+            os._exit(PREEMPTED_EXIT)
+        code = exc.exit_code if isinstance(exc, LaunchError) else 1
+        if isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else 1
+            if code == 0:
+                raise
+        failures.write_record(run_dir, world.rank, world.restart_count, exc, code)
+        if not isinstance(exc, LaunchError):
+            logging.getLogger("launcher.worker").error("rank %d failed: %s: %s", world.rank, type(exc).__name__, exc,
+                                                       exc_info=exc, extra={"file_only": True})
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Exit now: a process group torn down politely can block on peers that are already gone.
+        os._exit(code)

@@ -1,0 +1,86 @@
+"""The torch.distributed environment contract: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT. Workers read their place in the world from it (WorldInfo.from_env); the
+launcher recognises when it already runs inside a world (started by torchrun, or as one task of
+`srun`), in which case it joins instead of spawning.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    restart_count: int = 0  # TORCHELASTIC_RESTART_COUNT: >0 after the group was restarted
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> WorldInfo:
+        env = os.environ if env is None else env
+        return cls(
+            rank=int(env.get("RANK", 0)),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            world_size=int(env.get("WORLD_SIZE", 1)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", 1))),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        )
+
+    def as_env(self) -> dict[str, str]:
+        return {"RANK": str(self.rank), "LOCAL_RANK": str(self.local_rank), "WORLD_SIZE": str(self.world_size),
+                "LOCAL_WORLD_SIZE": str(self.local_world_size), "MASTER_ADDR": self.master_addr,
+                "MASTER_PORT": str(self.master_port)}
+
+
+def started_by_torchrun(env: Mapping[str, str]) -> bool:
+    return "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def in_srun_with_tasks(env: Mapping[str, str]) -> bool:
+    """One task of a multi-task `srun` step: SLURM started the processes, one per rank.
+
+    The step's own task count decides, not the job's: a batch script of a `--ntasks=2` job is one
+    process, and must spawn its workers rather than wait for a second rank that nobody starts.
+    """
+    return "SLURM_STEP_ID" in env and "SLURM_PROCID" in env and int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1
+
+
+def existing_world(env: Mapping[str, str] | None = None) -> WorldInfo | None:
+    """The world this process already belongs to, or None when `launch` should spawn its own workers."""
+    env = os.environ if env is None else env
+    if started_by_torchrun(env):
+        return WorldInfo.from_env(env)
+    if in_srun_with_tasks(env):
+        return _from_slurm()  # reads os.environ, as SLURM set it
+    return None
+
+
+def _from_slurm() -> WorldInfo:
+    # submitit parses SLURM's variables (the compressed node list included). Its generic
+    # JobEnvironment() only recognises jobs that submitit itself submitted, so use the SLURM one directly.
+    import random
+
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    job = SlurmJobEnvironment()
+    # Every task must agree on a port without talking: derive it from the job id, unless one is given.
+    port = int(os.environ.get("MASTER_PORT") or random.Random(job.job_id).randint(20000, 60000))
+    return WorldInfo(job.global_rank, job.local_rank, job.num_tasks, job.num_tasks // job.num_nodes,
+                     job.hostnames[0], port)
+
+
+def joined_run_id(env: Mapping[str, str]) -> str:
+    """A name every rank of a joined world agrees on, for the one shared run dir."""
+    if "TORCHELASTIC_RUN_ID" in env:
+        return f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
+    if "SLURM_JOB_ID" in env:
+        return f"slurm-{env['SLURM_JOB_ID']}-{env.get('SLURM_STEP_ID', '0')}"
+    return f"world-{env.get('MASTER_ADDR', 'local')}-{env.get('MASTER_PORT', '0')}"

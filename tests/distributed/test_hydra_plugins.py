@@ -1,0 +1,63 @@
+"""`launch -m` under Hydra's other launchers and sweepers, with the real plugins installed: every run trains
+(or the sweep is refused in one line, exit 2), a failed run fails the sweep, and each run's objective reaches
+the sweeper."""
+
+import json
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.distributed
+
+CPU = ("gpus=[]", "epochs=1")
+
+
+def _results(result) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(result.cwd.glob("multirun/*/*/*/results.json"))]
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local", "basic"])
+def test_every_run_trains_under_another_launcher(launch, launcher):
+    result = launch("-m", f"hydra/launcher={launcher}", *CPU, "batch_size=32,64", timeout=300)
+    assert result.returncode == 0, result.output
+    runs = _results(result)
+    assert sorted(r["batch_size"] for r in runs) == [32, 64] and all(r["test_acc"] > 0.5 for r in runs)
+
+
+def test_a_failed_run_under_another_launcher_fails_the_sweep(launch):
+    result = launch("-m", "hydra/launcher=joblib", *CPU, "fault.rank=0,null", "fault.step=3", timeout=300)
+    assert result.returncode == 1, result.output
+    assert "launch: a sweep run failed: rank 0 failed: RuntimeError: injected failure" in result.stderr
+    assert len(_results(result)) == 1  # the healthy run still trained
+
+
+def test_backend_slurm_under_another_launcher_is_refused_before_anything_is_submitted(launch):
+    result = launch("-m", "hydra/launcher=submitit_slurm", "backend=slurm", *CPU, "batch_size=32,64", timeout=60)
+    assert result.returncode == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "backend=slurm is not valid with hydra/launcher=submitit_slurm" in lines[0]
+    assert not (result.cwd / "multirun").exists()
+
+
+def test_an_unknown_launcher_is_one_line(launch):
+    result = launch("-m", "hydra/launcher=ray", *CPU, timeout=60)
+    assert result.returncode == 2 and "hydra/launcher=ray is not valid: choose one of" in result.stderr
+    assert "launch" in result.stderr and "Traceback" not in result.output
+
+
+def test_optuna_optimizes_the_objective_each_run_returns(launch):
+    result = launch("-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=2",
+                    "hydra.sweeper.direction=maximize", "lr=interval(0.01,0.1)", *CPU, timeout=300)
+    assert result.returncode == 0, result.output
+    runs = _results(result)
+    assert len(runs) == 2
+    best = yaml.safe_load(next(result.cwd.glob("multirun/*/*/optimization_results.yaml")).read_text())
+    assert best["best_value"] == pytest.approx(max(r["test_acc"] for r in runs))  # sweep.objective: test_acc
+
+
+def test_a_bad_run_fails_the_sweep_before_any_run_starts(launch):
+    result = launch("-m", *CPU, "strategy=ddp", "nprocs=2", "batch_size=32,63", timeout=60)
+    assert result.returncode == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "batch_size=63 is not valid" in lines[0] and "sweep run 1" in lines[0]
+    assert not _results(result) and "started" not in result.stdout

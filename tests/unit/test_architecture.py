@@ -1,0 +1,159 @@
+"""The house rules of docs/ARCHITECTURE.md, checked on the source:
+
+- the host wing (and what it shares with workers) never imports torch when it is imported, so the
+  launcher never starts CUDA and `launch --help`, bad input and dry runs stay fast;
+- no import circles among launcher's modules;
+- the wings meet only where the map says: the host starts the training wing through its entry point
+  (launcher.train.worker), the training wing never imports the host wing;
+- no strategy-name comparisons outside launcher/strategies: the loop and the host ask the strategy.
+"""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import launcher
+
+PACKAGE = Path(launcher.__file__).parent
+RECIPES = PACKAGE.parent / "recipes"  # installed as launcher.recipes
+SHARED = ["launcher", "launcher.config", "launcher.errors", "launcher.files", "launcher.world", "launcher.spec",
+          "launcher.logs", "launcher.failures", "launcher.bytecode", "launcher.strategies",
+          "launcher.strategies.base", "launcher.strategies.single", "launcher.strategies.dp",
+          "launcher.strategies.ddp"]
+# Where the host wing may reach into the training wing: the workers' entry point, run in-process when
+# launch joins a world torchrun or srun started, or handed to torch.distributed.elastic.
+HOST_TO_TRAIN = {("launcher.host.spawn", "launcher.train.worker"), ("launcher.host.run_here", "launcher.train.worker")}
+
+
+def _module_files() -> dict[str, Path]:
+    files = {}
+    for root, prefix in ((PACKAGE, "launcher"), (RECIPES, "launcher.recipes")):
+        for path in root.rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            if "hydra_plugins" in parts:
+                continue
+            files[".".join([prefix, *parts])] = path
+    return files
+
+
+MODULES = _module_files()
+
+
+def host_modules() -> list[str]:
+    return sorted(m for m in MODULES if m.startswith("launcher.host"))
+
+
+def test_importing_the_host_wing_imports_no_torch():
+    names = [*SHARED, *host_modules(), "hydra_plugins.launcher_sweep"]
+    code = ("import importlib, json, sys\n"
+            f"for name in {names!r}:\n    importlib.import_module(name)\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [], "a host or shared module imports torch at import time"
+    assert len(names) > 25  # the walk found the wing
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """launcher modules `module` imports anywhere in its body (functions too), except under TYPE_CHECKING."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped |= {id(n) for child in node.body for n in ast.walk(child)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in MODULES:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
+
+
+def _ancestors(module: str) -> set[str]:
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def test_no_import_circles():
+    """Tarjan's strongly connected components; a package importing its own submodules is not a circle
+    unless a submodule imports the package back."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    sys.setrecursionlimit(10_000)
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in GRAPH[v]:
+            if w in _ancestors(v):
+                continue  # `from launcher.x import y` inside launcher.x.z loads launcher.x first, by design
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in GRAPH:
+        if module not in index:
+            visit(module)
+    assert not circles, f"import circles: {circles}"
+
+
+def test_the_wings_meet_only_at_the_workers_entry_point():
+    train_to_host = [(m, i) for m, deps in GRAPH.items() if m.startswith("launcher.train") for i in deps
+                     if i.startswith("launcher.host")]
+    assert not train_to_host, f"the training wing imports the host wing: {train_to_host}"
+    host_to_train = {(m, i) for m, deps in GRAPH.items() if m.startswith("launcher.host") for i in deps
+                     if i.startswith("launcher.train")}
+    assert host_to_train <= HOST_TO_TRAIN, f"undeclared crossings: {host_to_train - HOST_TO_TRAIN}"
+    shared_to_wings = [(m, i) for m in SHARED for i in GRAPH[m] if i.startswith("launcher.host")]
+    assert not shared_to_wings, shared_to_wings
+
+
+def test_no_strategy_name_is_compared_outside_the_strategies():
+    """`if strategy == "ddp"` scattered over the code is what made adding a strategy touch ten files."""
+    names = {"single", "dp", "ddp"}  # ("auto" is also a word of gpus= and data.placement=)
+    found = []
+    for module, path in MODULES.items():
+        if module.startswith("launcher.strategies"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            operands = [node.left, *node.comparators]
+            literals = {c.value for o in operands for c in ast.walk(o)
+                        if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+            if literals & names:
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
