@@ -38,11 +38,12 @@ class LaunchRun:
         return self.output.strip().splitlines()[-lines:]
 
 
-def run_launch(*overrides: str, env: dict[str, str] | None = None) -> LaunchRun:
+def run_launch(*overrides: str, env: dict[str, str] | None = None, module: str = "launcher") -> LaunchRun:
+    """`python -m MODULE overrides...` (launch's entry point was `launcher.cli` before 0.2)."""
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as scratch:
         start = time.perf_counter()
         run_started = time.time()
-        proc = subprocess.run([sys.executable, "-m", "launcher", *overrides], cwd=scratch,
+        proc = subprocess.run([sys.executable, "-m", module, *overrides], cwd=scratch,
                               capture_output=True, text=True, env=env)
         wall = time.perf_counter() - start
         run = LaunchRun(proc.returncode, round(wall, 2), proc.stdout + proc.stderr, command_started=run_started)

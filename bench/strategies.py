@@ -21,12 +21,13 @@ from launch_run import run_launch  # noqa: E402
 PER_GPU_BATCH = {"airbench": 1024, "resnet18": 512, "mobilenetv3_small": 512}
 
 
-def run(model: str, gpus: list[int], strategy: str, epochs: int, extra: tuple[str, ...] = ()) -> dict:
+def run(model: str, gpus: list[int], strategy: str, epochs: int, extra: tuple[str, ...] = (), **how) -> dict:
+    """One `launch` of the cifar10 recipe on synthetic data; `how` goes to run_launch (env, module)."""
     per_gpu = PER_GPU_BATCH[model]
     n = len(gpus)
     launched = run_launch("recipe=cifar10", "data.synthetic=true", f"recipe.model={model}", f"epochs={epochs}",
                           f"batch_size={per_gpu * n}", f"gpus=[{','.join(map(str, gpus))}]", f"strategy={strategy}",
-                          *extra)
+                          *extra, **how)
     record = {"model": model, "strategy": strategy, "gpus": n, "batch_per_gpu": per_gpu, "global_batch": per_gpu * n,
               "epochs": epochs, "exit_code": launched.exit_code, "wall_s": launched.wall_s}
     if not launched.ok:

@@ -179,8 +179,9 @@ class Trainer:
         self.timeline.mark("model_on_device")
         if self.data.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        sample = self.data.host_train_x[:self.recipe.prepare_model_sample].to(self.device)
-        self.recipe.prepare_model(model, self.data.normalize(sample))
+        if type(self.recipe).prepare_model is not Recipe.prepare_model:  # (a sample costs a copy to the device)
+            sample = self.data.host_train_x[:self.recipe.prepare_model_sample].to(self.device)
+            self.recipe.prepare_model(model, self.data.normalize(sample))
         nets = self.strategy.wrap(model, self.device)
         perf = self.cfg.perf
         if perf.compile:
@@ -399,8 +400,8 @@ class Trainer:
     def _save(self, epoch: int, history: list[dict[str, Any]]) -> None:
         if not (self.is_main and self.cfg.checkpoint):
             return
-        state = {**checkpoint.capture(self.strategy, self.nets, self.steppers, self.device),
-                 "epoch": epoch, "history": list(history), "config": to_plain(self.cfg)}
+        state = checkpoint.for_epoch(self.strategy, self.nets, self.steppers, self.device, epoch, history,
+                                     to_plain(self.cfg))
         # Snapshot now (training changes the weights in place), write on the writer's thread.
         self.writer.submit(checkpoint.HostSnapshot(state), last_checkpoint(self.run_dir))
 
