@@ -123,7 +123,7 @@ def make_plan(cfg: Config, joined: WorldInfo | None = None, env: Mapping[str, st
                 notes=_notes(choice))
 
 
-def _notes(choice: strategies.Choice) -> tuple[str, ...]:
+def _notes(choice: strategies.Chosen) -> tuple[str, ...]:
     return tuple(n for n in (choice.note, choice.strategy.warning()) if n)
 
 

@@ -34,7 +34,7 @@ from launcher.strategies.dp import DataParallel
 from launcher.strategies.single import Single
 from launcher.world import WorldInfo
 
-__all__ = ["Choice", "Devices", "Nets", "Strategy", "Single", "DataParallel", "DDP", "CapturedDDP", "choose",
+__all__ = ["Chosen", "Devices", "Nets", "Strategy", "Single", "DataParallel", "DDP", "CapturedDDP", "choose",
            "for_world", "one_device", "check_batch_splits"]
 
 # The strategy each schema selects (auto picks between them).
@@ -46,8 +46,8 @@ STRATEGIES: dict[type[StrategyConfig], type[Strategy]] = {
 
 
 @dataclass(frozen=True)
-class Choice:
-    """What the plan gets: the strategy, the perf settings it can honour, and what it turned off."""
+class Chosen:
+    """What `choose` gives the plan: the strategy, the perf settings it can honour, and what it turned off."""
 
     strategy: Strategy
     perf: PerfConfig
@@ -75,7 +75,7 @@ def _captured(cls: type[Strategy], perf: PerfConfig) -> tuple[type[Strategy], bo
 
 
 def choose(options: StrategyConfig, devices: Devices, *, nprocs: int | None, global_batch: int, perf: PerfConfig,
-           gpus_text: str, nodes: int = 1) -> Choice:
+           gpus_text: str, nodes: int = 1) -> Chosen:
     """The strategy for `devices` on each of `nodes` hosts, or a ConfigError that says what to change."""
     if devices.on_gpu and nprocs is not None and nprocs != devices.count:
         raise ConfigError("nprocs", nprocs, f"nprocs sets CPU ranks; on GPUs there is one process per GPU "
@@ -92,11 +92,11 @@ def choose(options: StrategyConfig, devices: Devices, *, nprocs: int | None, glo
     perf, note = cls.adjust_perf(perf)
     cls, static = _captured(cls, perf)
     strategy = cls(options, devices, processes, global_batch, world_size=processes * nodes, static_gradients=static)
-    return Choice(strategy, perf, note)
+    return Chosen(strategy, perf, note)
 
 
 def for_world(options: StrategyConfig, world: WorldInfo, devices: Devices, *, global_batch: int,
-              perf: PerfConfig) -> Choice:
+              perf: PerfConfig) -> Chosen:
     """Inside a world that torchrun or srun started: this process is one of its ranks."""
     requested = _requested(options)
     if requested is not None and (not requested.joins_worlds or (not requested.distributed and world.world_size > 1)):
@@ -107,5 +107,5 @@ def for_world(options: StrategyConfig, world: WorldInfo, devices: Devices, *, gl
     cls, static = _captured(cls, perf)
     strategy = cls(options, devices, world.local_world_size, global_batch, world_size=world.world_size,
                    static_gradients=static)
-    return Choice(strategy, perf, note)
+    return Chosen(strategy, perf, note)
 

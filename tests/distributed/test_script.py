@@ -23,6 +23,7 @@ def test_the_script_runs_on_two_ranks_with_its_arguments(launch):
     assert "[rank1]:rank 1 of 2 local 1 name=hello sum=6.0" in result.stdout
     run_dir = result.run_dir()
     assert (run_dir / "logs").is_dir() and (run_dir / "plan.json").exists()
+    assert "-torchrun_style_script-" in run_dir.name and "digits" not in run_dir.name  # named after the script
     assert "finished on every rank" in result.output
 
 
