@@ -18,6 +18,7 @@ Hydra finds launchers in the `hydra_plugins` package: ours is launcher/host/hydr
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,11 @@ class SweepLauncher(Launcher):
         for job in placed:
             if job.exit_code is not None and hasattr(owner, "record"):
                 owner.record(job.exit_code)
+        unscored = [j.num for j in placed if j.exit_code == 0 and j.objective is None]
+        if unscored:
+            key = placed[0].cfg.sweep.objective
+            print(f"sweep: runs {unscored} have no `{key}` in their results.json (sweep.objective={key}): they "
+                  "return nothing to the sweeper", file=sys.stderr, flush=True)
         if self.jobs and all(j.exit_code is not None for j in self.jobs):
             report(self.jobs, sweep_dir)
         elif placed:

@@ -127,13 +127,6 @@ class Strategy:
         """A caution to print before the run starts (e.g. DataParallel's cost)."""
         return None
 
-    def describe(self, with_batch: bool = True) -> str:
-        backend = f", {self.process_group_backend}" if self.process_group_backend else ""
-        batch = f", batch {self.global_batch} global" if with_batch else ""
-        if with_batch and self.world_size > 1:
-            batch += f" = {self.batch_per_process} x {self.world_size} ranks"
-        return f"{self.name}{backend}{batch}"
-
     def facts(self) -> dict[str, Any]:
         """What plan.json records of the strategy."""
         return {"strategy": self.name, "device_type": self.devices.type, "nprocs": self.processes,

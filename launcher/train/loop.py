@@ -41,6 +41,7 @@ from launcher.train import checkpoint, optim, progress, reporting
 from launcher.train.data import Data, eval_chunks, rank_order
 from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog, write_results
+from launcher.train.optim import Stepper
 from launcher.train.preemption import Preempted, PreemptionWatch
 from launcher.train.stall import SpanTimer, StepClock, input_advice
 from launcher.train.step import TrainStep
@@ -109,6 +110,17 @@ class Timings:
 
 
 class Trainer:
+    # What run() sets up, in this order; nothing else is added to a Trainer.
+    data: Data  # the splits where they train, and how a batch is normalized
+    steps_per_epoch: int
+    nets: Nets  # the model as the strategy wrapped it (and compiled, when asked)
+    steppers: list[Stepper]  # the optimizers with their schedules
+    step: TrainStep  # one training step and the epoch's sums on the device
+    writer: checkpoint.BackgroundWriter  # checkpoints, written off the training thread
+    preemption: PreemptionWatch  # SIGUSR2 under SLURM
+    tensorboard: reporting.TensorBoardLog
+    bar: progress.EpochBar
+
     def __init__(self, spec: WorkerSpec, world: WorldInfo, device: torch.device, timeline: StartupTimeline):
         self.spec = spec
         self.cfg: Config = spec.config
@@ -120,6 +132,8 @@ class Trainer:
         self.recipe: Recipe = recipe_class(self.cfg.recipe.name)(self.cfg)
         self.timings = Timings()
         self.faults = Faults(self.cfg.fault, world, device)
+        precision = self.cfg.perf.precision
+        self.bf16 = precision is Precision.bf16 or (precision is Precision.auto and device.type == "cuda")
         # The augmentation's generator, on the device: seeded per (seed, epoch, rank) at each epoch.
         self.generator = torch.Generator(device=device)
 
@@ -194,16 +208,12 @@ class Trainer:
         return nets
 
     def _build_step(self) -> TrainStep:
-        precision = self.cfg.perf.precision
-        bf16 = precision is Precision.bf16 or (precision is Precision.auto and self.device.type == "cuda")
-        device_type = self.device.type
-
-        def autocast():
-            return torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16)
-
-        self.autocast = autocast
         return TrainStep(self.nets, self.steppers, self.recipe.loss(), self.data.normalize,
-                         self.recipe.augmentation(), autocast, self.device, self.faults.poison)
+                         self.recipe.augmentation(), self.autocast, self.device, self.faults.poison)
+
+    def autocast(self) -> torch.autocast:
+        """bf16 autocast on GPUs (perf.precision=auto), as perf.precision says otherwise."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     @property
     def captures(self) -> bool:
