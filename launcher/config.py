@@ -44,10 +44,6 @@ class Choice(Enum):
     def __str__(self) -> str:
         return self.value
 
-    @classmethod
-    def names(cls) -> list[str]:
-        return list(cls.__members__)
-
 
 def _choice(name: str, values: str) -> type[Choice]:
     """A Choice whose names are not all Python identifiers (torch's `reduce-overhead`, `raise`)."""

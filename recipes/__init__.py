@@ -29,6 +29,7 @@ top of the module as you like: a built-in recipe's module is imported only where
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable
@@ -114,14 +115,32 @@ def recipe_class(name: str) -> type[Recipe]:
             raise ConfigError("recipe", name, "choose one of " + ", ".join(sorted([*BUILTIN, "cifar10_fast"])) +
                               f", or a module on the path or in this directory (no module named {exc.name})",
                               "recipe=digits") from None
-        raise
+        raise _broken(name, module_name, exc) from exc
+    except Exception as exc:  # noqa: BLE001 - the user's module failed while it was imported
+        raise _broken(name, module_name, exc) from exc
     found = [obj for _, obj in inspect.getmembers(module, inspect.isclass)
              if issubclass(obj, Recipe) and obj is not Recipe and obj.__module__ == module.__name__]
     if len(found) != 1:
         what = "defines no subclass of launcher.recipes.Recipe" if not found else \
             f"defines {len(found)} Recipe classes ({', '.join(c.__name__ for c in found)}); keep one per module"
         raise LaunchError(f"recipe={name} is not valid: {module_name} {what} (see launcher/recipes/__init__.py)")
+    schema = found[0].Config
+    if not (isinstance(schema, type) and dataclasses.is_dataclass(schema) and issubclass(schema, RecipeConfig)):
+        raise LaunchError(f"recipe={name} is not valid: {found[0].__name__}.Config must be a @dataclass subclassing "
+                          "launcher.recipes.RecipeConfig (see launcher/recipes/__init__.py)")
     return found[0]
+
+
+def _broken(name: str, module_name: str, exc: BaseException) -> LaunchError:
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None:  # the deepest frame of the failure that is the user's module's
+        if tb.tb_frame.f_globals.get("__name__") == module_name:
+            where = f" (line {tb.tb_lineno})"
+        tb = tb.tb_next
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return LaunchError(f"recipe={name} is not valid: importing {module_name} failed{where}: "
+                       f"{type(exc).__name__}: {first}")
 
 
 def check_model(cls: type[Recipe], cfg: LaunchConfig) -> None:

@@ -118,6 +118,8 @@ def _will_spawn_workers(argv: list[str]) -> bool:
 def _refuse_impossible_sweeps(argv: list[str]) -> None:
     """Another Hydra launcher runs each sweep run itself: backend=slurm there would submit a SLURM job
     from every one of them (from inside a SLURM job, under submitit_slurm). Refused before anything starts."""
+    if not {"-m", "--multirun"} & set(argv):
+        return  # without -m no hydra/launcher runs anything
     values: dict[str, str] = {}
     for arg in argv:
         key, _, value = arg.partition("=")
@@ -189,15 +191,15 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("LAUNCH_DEBUG"):
             raise
         failed = next((e for e in _chain(exc) if isinstance(e, RunFailed)), None)
-        if any(invocation.codes) or failed is not None:
-            # Runs ended and one failed: its own reason was printed when it ended. A sweep run under
-            # another hydra/launcher failed in a process of its own: Hydra re-raised its RunFailed here.
-            if failed is not None and not invocation.codes:
-                print(f"launch: a sweep run failed: {str(failed).splitlines()[0]}", file=sys.stderr)
-                raise SystemExit(failed.exit_code) from None
-        else:
+        if failed is not None and not invocation.codes:
+            # A sweep run under another hydra/launcher failed in a process of its own (it printed why
+            # there); Hydra's sweeper re-raised its RunFailed here.
+            print(f"launch: a sweep run failed: {str(failed).splitlines()[0]}", file=sys.stderr)
+            raise SystemExit(failed.exit_code) from None
+        if not any(invocation.codes):  # nothing ran, or all went well: the error is the whole story
             print(f"launch: {describe_hydra_error(exc)}", file=sys.stderr)
             raise SystemExit(2) from None
+        # else: runs failed and said why when they ended; the exit code below is the worst of them
     finally:
         sys.argv = saved_argv
     code = invocation.exit_code()

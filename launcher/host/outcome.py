@@ -23,8 +23,13 @@ class Outcome:
 
     def objective(self, key: str) -> float | None:
         """The value a sweeper optimizes (sweep.objective), when the run has it."""
-        value = (self.results or {}).get(key, (self.results or {}).get("final", {}).get(key))
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        return objective_of(self.results or {}, key)
+
+
+def objective_of(results: dict[str, Any], key: str) -> float | None:
+    """`key` of a run's results.json (or of its final epoch's row) as a number, or None."""
+    value = results.get(key, (results.get("final") or {}).get(key))
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def signal_exit_code(returncode: int) -> int:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import shutil
 import signal
@@ -35,7 +34,7 @@ from launcher.files import SWEEP_OUTPUT
 from launcher.host.gpus import GpuRequest, physical_gpu_count, visible_devices
 from launcher.host.outcome import signal_exit_code
 from launcher.host.plan import available_cores
-from launcher.host.sweep import SweepJob
+from launcher.host.sweep import SweepJob, read_json
 
 
 @dataclass(frozen=True)
@@ -174,8 +173,8 @@ class SideBySide:
     def _finished(self, entry: _Running, returncode: int) -> None:
         job = entry.job
         seconds = time.monotonic() - entry.started
-        reported = json.loads(entry.result.read_text()) if entry.result.exists() else None
-        if reported is not None:
+        reported = read_json(entry.result)
+        if "exit_code" in reported:
             job.finished(reported["exit_code"], reported.get("error"), seconds)
         else:  # it died without a word (killed): say how, and what it printed last
             code = signal_exit_code(returncode) or 1

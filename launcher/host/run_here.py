@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher import logs
 from launcher.config import Config
@@ -36,18 +37,23 @@ from launcher.host.plan import Plan, make_plan
 from launcher.spec import WorkerSpec
 from launcher.world import existing_world
 
+if TYPE_CHECKING:
+    from launcher.recipes import Recipe
+
 log = logging.getLogger("launcher")
 
 
-def check_runnable(cfg: Config) -> None:
+def check_runnable(cfg: Config) -> type[Recipe] | None:
     """What can be checked of the run itself before anything starts: the script exists, or the recipe
-    imports and has the model named."""
+    imports and has the model named. Returns the recipe's class (None for a script)."""
     if cfg.script:
         script.script_path(cfg)
-        return
+        return None
     from launcher.recipes import check_model, recipe_class
 
-    check_model(recipe_class(cfg.recipe.name), cfg)
+    recipe = recipe_class(cfg.recipe.name)
+    check_model(recipe, cfg)
+    return recipe
 
 
 def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
@@ -57,19 +63,17 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
         joined = existing_world()
         requeued = context.requeue is not None and context.requeue.requeued
         if joined is None and not requeued:
-            _refuse_finished_run_dir(run_dir)
+            refuse_finished_run_dir(run_dir)
         plan = make_plan(cfg, joined)
         if cfg.script:
             return _run_user_script(plan, run_dir, context)
-        check_runnable(cfg)
+        recipe = check_runnable(cfg)
         resume_from = str(resolve_resume(cfg.resume).resolve()) if cfg.resume else None
         if cfg.dry_run:
             print(describe_dry_run(plan, run_dir, resume_from))
             return Outcome(0)
-        if joined is None or joined.local_rank == 0:
-            from launcher.recipes import recipe_class
-
-            recipe_class(cfg.recipe.name)(plan.config).prepare()  # fetch or check data once per host
+        if recipe is not None and (joined is None or joined.local_rank == 0):
+            recipe(plan.config).prepare()  # fetch or check data once per host
     except LaunchError as err:
         return Outcome(err.exit_code, error=str(err))
 
@@ -151,11 +155,12 @@ def resolve_resume(value: str, search_root: Path = Path("outputs")) -> Path:
     return path
 
 
-def _refuse_finished_run_dir(run_dir: Path) -> None:
-    """A run dir named by hand (hydra.run.dir=...) may already hold a run; never write over it."""
+def refuse_finished_run_dir(run_dir: Path, setting: str = "hydra.run.dir") -> None:
+    """A run dir named by hand (`setting`=...) may already hold a run; never write over it."""
     if (run_dir / RESULTS).exists() or last_checkpoint(run_dir).exists():
-        raise LaunchError(f"hydra.run.dir={run_dir} already holds a run: continue it with resume={run_dir} "
-                          "in a new dir, or pick another hydra.run.dir")
+        shown = f"{setting}={run_dir}" if setting == "hydra.run.dir" else f"the run dir {run_dir}"
+        raise LaunchError(f"{shown} already holds a run: continue it with resume={run_dir} in a new dir, or pick "
+                          f"another {setting}")
 
 
 def _write_run_files(plan: Plan, run_dir: Path, resume_from: str | None, context: LaunchContext,

@@ -21,7 +21,7 @@ from typing import Any
 
 from launcher.config import Config
 from launcher.files import RESULTS
-from launcher.host.outcome import RunFailed
+from launcher.host.outcome import RunFailed, objective_of
 
 
 @dataclass
@@ -43,15 +43,12 @@ class SweepJob:
         self.error = error
         if seconds is not None:
             self.seconds = seconds
-        path = self.run_dir / RESULTS
-        self.results = json.loads(path.read_text()) if path.exists() else {}
+        self.results = read_json(self.run_dir / RESULTS)
 
     @property
     def objective(self) -> float | None:
         """The run's `sweep.objective` value, for the sweeper."""
-        key = self.cfg.sweep.objective
-        value = self.results.get(key, (self.results.get("final") or {}).get(key))
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        return objective_of(self.results, self.cfg.sweep.objective)
 
     def job_return(self):
         """What Hydra's sweeper gets back: the objective, or a RunFailed it re-raises."""
@@ -166,6 +163,22 @@ def _number(text: str) -> float | None:
     except ValueError:
         return None
 
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON file a run wrote, or {} when it is missing or not JSON (a run killed while writing it)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def run_sweep_job(hydra_context: Any, task_function: Any, config: Any):
+    """Hydra's run_job for one sweep run: its dir under the sweep dir, its .hydra/ files, callbacks."""
+    from hydra.core.utils import run_job
+
+    return run_job(hydra_context=hydra_context, task_function=task_function, config=config,
+                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
 
 
 @dataclass(frozen=True)

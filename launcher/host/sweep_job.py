@@ -24,16 +24,17 @@ def main(argv: list[str]) -> int:
 
     prestart_worker_interpreter()  # imports torch for the workers while this process unpickles the run
     import cloudpickle
-    from hydra.core.utils import JobStatus, run_job
+    from hydra.core.utils import JobStatus
 
+    from launcher.files import write_text_atomic
     from launcher.host.compose import allow_imports_from_cwd, register
     from launcher.host.outcome import RunFailed
+    from launcher.host.sweep import run_sweep_job
 
     allow_imports_from_cwd()
     register([])  # the resolvers the config's interpolations use
     hydra_context, task_function, config = cloudpickle.loads(payload.read_bytes())
-    ret = run_job(hydra_context=hydra_context, task_function=task_function, config=config,
-                  job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+    ret = run_sweep_job(hydra_context, task_function, config)
     if ret.status == JobStatus.COMPLETED:
         code, error = 0, None
     else:
@@ -42,7 +43,7 @@ def main(argv: list[str]) -> int:
         error = str(failure) if isinstance(failure, RunFailed) else f"{type(failure).__name__}: {failure}"
         if not isinstance(failure, RunFailed):
             print(f"launch: {error}", file=sys.stderr, flush=True)
-    result.write_text(json.dumps({"exit_code": code, "error": error}))
+    write_text_atomic(result, json.dumps({"exit_code": code, "error": error}))
     return code
 
 

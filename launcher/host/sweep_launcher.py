@@ -22,14 +22,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hydra.core.utils import run_job, setup_globals
+from hydra.core.utils import setup_globals
 from hydra.plugins.launcher import Launcher
 from omegaconf import OmegaConf, open_dict, read_write
 
 from launcher.errors import LaunchError
 from launcher.host import backends
 from launcher.host.compose import typed
-from launcher.host.sweep import SweepContext, SweepJob, report
+from launcher.host.run_here import refuse_finished_run_dir
+from launcher.host.sweep import SweepContext, SweepJob, report, run_sweep_job
 from launcher.world import existing_world
 
 
@@ -53,9 +54,7 @@ class SweepLauncher(Launcher):
         inline = existing_world() is not None  # inside torchrun/srun every rank runs the sweep, here
         returns: dict[int, Any] = {}
         for job in [j for j in jobs if j.cfg.dry_run or inline]:  # nothing to place: run here
-            returns[job.num] = run_job(hydra_context=self.hydra_context, task_function=self.task_function,
-                                       config=job.config, job_dir_key="hydra.sweep.dir",
-                                       job_subdir_key="hydra.sweep.subdir")
+            returns[job.num] = run_sweep_job(self.hydra_context, self.task_function, job.config)
         placed = [j for j in jobs if j.num not in returns]
         context = SweepContext(self.hydra_context, self.task_function, sweep_dir)
         by_backend: dict[str, list[SweepJob]] = {}
@@ -88,12 +87,13 @@ class SweepLauncher(Launcher):
         task = copy.deepcopy(config)
         with read_write(task), open_dict(task):
             del task["hydra"]
+        run_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir"))) / str(OmegaConf.select(config,
+                                                                                                "hydra.sweep.subdir"))
         try:
             cfg = typed(task)
             cfg.check()
             backends.for_config(cfg.backend).check(cfg)
+            refuse_finished_run_dir(run_dir.resolve(), "hydra.sweep.dir")  # (pointing at an earlier sweep)
         except LaunchError as err:  # one bad run fails the sweep before anything starts
             raise LaunchError(f"{err} [sweep run {num}: {' '.join(overrides)}]") from None
-        run_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir"))) / str(OmegaConf.select(config,
-                                                                                                "hydra.sweep.subdir"))
         return SweepJob(num, overrides, config, cfg, run_dir.resolve())

@@ -55,6 +55,16 @@ def test_optuna_optimizes_the_objective_each_run_returns(launch):
     assert best["best_value"] == pytest.approx(max(r["test_acc"] for r in runs))  # sweep.objective: test_acc
 
 
+def test_a_sweep_into_a_dir_that_holds_runs_is_refused_before_any_run_starts(launch):
+    first = launch("-m", "hydra.sweep.dir=earlier", *CPU, "batch_size=32", timeout=120)
+    assert first.returncode == 0, first.output
+    before = (first.cwd / "earlier" / "0" / "results.json").read_text()
+    again = launch("-m", "hydra.sweep.dir=earlier", *CPU, "batch_size=32,64", timeout=60)
+    assert again.returncode == 2 and "already holds a run" in again.stderr and "started" not in again.stdout
+    assert (first.cwd / "earlier" / "0" / "results.json").read_text() == before
+    assert not (first.cwd / "earlier" / "1").exists()
+
+
 def test_a_bad_run_fails_the_sweep_before_any_run_starts(launch):
     result = launch("-m", *CPU, "strategy=ddp", "nprocs=2", "batch_size=32,63", timeout=60)
     assert result.returncode == 2, result.output

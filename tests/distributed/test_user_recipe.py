@@ -50,3 +50,16 @@ def test_a_module_without_a_recipe_class_is_one_line(launch, tmp_path):
     (tmp_path / "pkg" / "plain.py").write_text("X = 1\n")
     result = launch("recipe=pkg.plain", timeout=60)
     assert result.returncode == 2 and "pkg.plain defines no subclass of launcher.recipes.Recipe" in result.stderr
+
+
+def test_a_recipe_module_that_fails_to_import_is_one_line(launch, tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "__init__.py").write_text("")
+    (tmp_path / "mine" / "needs.py").write_text("import not_installed_anywhere\n")
+    (tmp_path / "mine" / "typo.py").write_text("def f(:\n")
+    for module, words in (("mine.needs", "importing mine.needs failed (line 1): ModuleNotFoundError: No module "
+                                         "named 'not_installed_anywhere'"),
+                          ("mine.typo", "importing mine.typo failed: SyntaxError")):
+        result = launch(f"recipe={module}", timeout=60)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2 and len(lines) == 1 and words in lines[0], result.output
