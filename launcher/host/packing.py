@@ -14,8 +14,6 @@ Each run's output goes to `launch.out` in its run dir; one line per run start an
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -35,6 +33,7 @@ from launcher.host.gpus import GpuRequest, physical_gpu_count, visible_devices
 from launcher.host.outcome import signal_exit_code
 from launcher.host.plan import available_cores
 from launcher.host.sweep import SweepJob, read_json
+from launcher.lifetime import die_with_parent
 
 
 @dataclass(frozen=True)
@@ -86,9 +85,9 @@ class GpuPool:
 
 
 def _die_with_parent() -> None:
-    """Child preexec: SIGTERM when the sweep's launcher dies, even by SIGKILL (Linux prctl)."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    """Child preexec: SIGTERM when the sweep's launcher dies, even by SIGKILL; the run's launcher then
+    stops its workers as on any SIGTERM."""
+    die_with_parent(signal.SIGTERM)
 
 
 @dataclass

@@ -119,8 +119,16 @@ def make_plan(cfg: Config, joined: WorldInfo | None = None, env: Mapping[str, st
                                perf=cfg.perf, gpus_text=request.text)
     worker_env = {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(ids, visible)}
     worker_env.update(_thread_env(env, choice.strategy.processes, bool(ids)))
+    worker_env.update(loopback_env(env))
     return Plan(choice.strategy, derive(cfg, perf=choice.perf), ids, visible, worker_env, gpu_choice=gpu_choice,
                 notes=_notes(choice))
+
+
+def loopback_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A single-machine launch's workers talk over loopback only: gloo's and NCCL's sockets bind `lo`
+    (the rendezvous store is bound to 127.0.0.1 too, see rendezvous.py). A value the user set stays."""
+    wanted = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "=lo"}
+    return {k: v for k, v in wanted.items() if k not in env}
 
 
 def _notes(choice: strategies.Chosen) -> tuple[str, ...]:

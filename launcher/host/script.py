@@ -65,7 +65,10 @@ def run_script(path: Path, argv: list[str], run_dir: Path, nprocs: int, worker_e
     with patched_environ(env), restored_signal_handlers(), our_start_method():
         config = launch_config(nprocs, max_restarts, str(logs), tee_output=True)
         try:
-            elastic_launch(config, sys.executable)("-u", str(path), *argv)
+            # (through launcher.lifetime: elastic starts each rank in a session of its own, which
+            # nothing would end if the launcher were killed outright)
+            elastic_launch(config, sys.executable)("-m", "launcher.lifetime", "--", sys.executable, "-u", str(path),
+                                                   *argv)
         except ChildFailedError as err:
             return _describe(err, path, logs)
         except SignalException as sig:

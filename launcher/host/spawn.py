@@ -1,6 +1,7 @@
 """Start one worker per device with torch.distributed.elastic (what torchrun uses) and supervise them.
 
-- Rendezvous is c10d on loopback at port 0: the OS picks a free port, so launches never collide.
+- Rendezvous is elastic's c10d rendezvous on a store bound to 127.0.0.1 (rendezvous.py), at a port the
+  OS picks: launches never collide, and nothing listens on an interface another machine can reach.
 - One rank failing ends all of them within the agent's monitor interval; the launcher then prints the
   root cause (see failures.py) instead of elastic's table of every rank's exit.
 - Workers are forks of a forkserver started when `launch` starts (see prestart_worker_interpreter),
@@ -142,10 +143,13 @@ def launch_config(nprocs: int, max_restarts: int, log_dir: str, tee_output: bool
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig
 
+    from launcher.host import rendezvous
+
+    rendezvous.register()
     options: dict[str, Any] = dict(
         min_nodes=1, max_nodes=1, nproc_per_node=nprocs,
         run_id=f"launch-{uuid.uuid4().hex[:12]}",
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+        rdzv_backend=rendezvous.BACKEND, rdzv_endpoint=f"{rendezvous.LOOPBACK}:0", local_addr=rendezvous.LOOPBACK,
         max_restarts=max_restarts, monitor_interval=0.1, start_method=start_method(),
         logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL if tee_output else Std.NONE),
         role="rank" if tee_output else "default",

@@ -15,14 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import LaunchError
+from launcher.lifetime import die_with_parent
 from launcher.spec import PREEMPTED_EXIT, WorkerSpec
 
 
 def _let_forkserver_end_with_the_launcher() -> None:
     """A worker forked by the forkserver inherits a copy of the launcher's "still alive" pipe end, and
     the forkserver only exits once every copy is closed. Close ours: then a launcher killed outright
-    takes the forkserver with it, and the forkserver's death reaches this worker as PR_SET_PDEATHSIG
-    (set by torch.multiprocessing), so no worker outlives the launcher. Under `spawn` this is a no-op.
+    takes the forkserver with it, and the forkserver's death reaches this worker as its parent-death
+    signal (launcher/lifetime.py), so no worker outlives the launcher. Under `spawn` this is a no-op.
     """
     from multiprocessing import forkserver
 
@@ -38,6 +39,7 @@ def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
     # The mask and thread counts go in before anything can start CUDA in this process.
     os.environ.update(spec.env)
     _let_forkserver_end_with_the_launcher()
+    die_with_parent()  # SIGKILL, not torch's SIGINT: a background job's workers ignore SIGINT
     from launcher import failures, logs
     from launcher.train.timeline import StartupTimeline
     from launcher.world import WorldInfo

@@ -1,0 +1,171 @@
+"""Nothing outlives a launch, however it was started or killed; a local launch listens on loopback only."""
+
+import ipaddress
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env, descendants, launch_command, stop_tree
+
+pytestmark = pytest.mark.distributed
+
+DDP_CPU = ("gpus=[]", "strategy=ddp", "nprocs=2")
+
+
+def tagged(tag: str) -> set[int]:
+    """Live processes whose environment carries LAUNCH_TEST_TAG=tag (a launch and all it started)."""
+    found = set()
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"LAUNCH_TEST_TAG={tag}".encode() in environ.read_bytes().split(b"\0"):
+                state = (environ.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.add(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def wait_for(predicate, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+def kill_tagged(tag: str) -> None:
+    for pid in tagged(tag):
+        stop_tree(pid)
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def wait_for_workers(tag: str, how_many: int, within: float = 60) -> set[int]:
+    assert wait_for(lambda: len(tagged(tag)) >= how_many, within), f"only {tagged(tag)} started"
+    time.sleep(1.0)  # the workers are past their start-up
+    return tagged(tag)
+
+
+def test_launcher_killed_in_a_background_job_of_a_script_leaves_no_worker(tmp_path):
+    """A shell script's background job inherits SIGINT ignored: torch's SIGINT parent-death signal
+    cannot end the workers there. They must still die within seconds of a kill -9 of the launcher."""
+    tag = f"bg-{os.getpid()}"
+    command = " ".join(launch_command(*DDP_CPU, "epochs=500"))
+    env = clean_env(LAUNCH_TEST_TAG=tag)
+    started = subprocess.run(["bash", "-c", f"{command} > out.txt 2>&1 & echo $!"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=30)
+    launcher = int(started.stdout.strip())
+    try:
+        assert wait_for(lambda: "loss" in (tmp_path / "out.txt").read_text(), 90), \
+            (tmp_path / "out.txt").read_text()
+        before = tagged(tag)
+        assert len(before - {launcher}) >= 2, before  # the workers (and the forkserver) are running
+        os.kill(launcher, 9)
+        assert wait_for(lambda: not tagged(tag), 10), f"left running: {tagged(tag)}"
+    finally:
+        kill_tagged(tag)
+
+
+def test_script_ranks_die_with_a_launcher_killed_outright(tmp_path):
+    """elastic starts a script's ranks in sessions of their own; a kill -9 of the launcher must end them."""
+    (tmp_path / "train.py").write_text(
+        "import time, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "print('rank', dist.get_rank(), 'ready', flush=True)\n"
+        "time.sleep(300)\n")
+    tag = f"script-{os.getpid()}"
+    proc = subprocess.Popen(launch_command("script=train.py", "gpus=[]", "nprocs=2"), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=clean_env(LAUNCH_TEST_TAG=tag))
+    try:
+        ready = 0
+        for line in proc.stdout:
+            ready += "ready" in line
+            if ready == 2:
+                break
+        assert ready == 2
+        ranks = tagged(tag) - {proc.pid}
+        assert len(ranks) >= 2, ranks
+        proc.kill()
+        proc.wait(timeout=10)
+        assert wait_for(lambda: not tagged(tag), 10), f"left running: {tagged(tag)}"
+    finally:
+        stop_tree(proc.pid)
+        kill_tagged(tag)
+
+
+def _listening_inodes() -> dict[int, str]:
+    """socket inode -> 'address:port' for every TCP socket in LISTEN state on this machine."""
+    found = {}
+    for table, family in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 6)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], int(fields[9])
+            if state != "0A":
+                continue
+            hex_addr, hex_port = local.split(":")
+            raw = bytes.fromhex(hex_addr)
+            if family == 4:
+                addr = ipaddress.IPv4Address(raw[::-1])
+            else:  # four little-endian 32-bit words
+                addr = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+            found[inode] = f"{addr}:{int(hex_port, 16)}"
+    return found
+
+
+def listening_sockets(pids: set[int]) -> set[str]:
+    inodes = _listening_inodes()
+    found = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inode = int(target[8:-1])
+                if inode in inodes:
+                    found.add(inodes[inode])
+    return found
+
+
+def _is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.rsplit(":", 1)[0])
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+@pytest.mark.parametrize("mode", ["recipe", "script"])
+def test_a_local_launch_listens_on_loopback_only(tmp_path, mode):
+    """The rendezvous store, the workers' store (MASTER_PORT) and gloo's sockets: none on `*:port`."""
+    (tmp_path / "train.py").write_text(
+        "import time, torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "dist.all_reduce(torch.ones(1))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(300)\n")
+    args = (*DDP_CPU, "epochs=500") if mode == "recipe" else ("script=train.py", "gpus=[]", "nprocs=2")
+    tag = f"bind-{mode}-{os.getpid()}"
+    proc = subprocess.Popen(launch_command(*args), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=clean_env(LAUNCH_TEST_TAG=tag))
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch") or "ready" in line:
+                break
+        sockets = listening_sockets({proc.pid} | descendants(proc.pid))
+        assert sockets, "found no listening socket: the check would pass for the wrong reason"
+        assert all(_is_loopback(s) for s in sockets), f"listening beyond loopback: {sorted(sockets)}"
+    finally:
+        stop_tree(proc.pid)
+        kill_tagged(tag)
