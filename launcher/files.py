@@ -26,6 +26,7 @@ CURVES = "curves.png"  # loss and accuracy per epoch
 PREEMPTED = "preempted"  # SLURM: the restart count of the job run that asked for its own requeue
 SWEEP_OUTPUT = "launch.out"  # a sweep run's console output (local sweeps)
 SLURM_RECORD = "slurm.json"
+CLAIM = ".launch-claim.json"  # which launch owns the dir: pid, host, start, command (host/rundir.py)
 
 
 def last_checkpoint(run_dir: str | Path) -> Path:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -48,6 +47,7 @@ class Invocation:
         from launcher.host.compose import typed
         from launcher.host.launch import launch
         from launcher.host.outcome import LaunchContext, Outcome, RunFailed
+        from launcher.host.rundir import release
 
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -59,7 +59,7 @@ class Invocation:
             outcome = launch(typed(cfg), run_dir, context)
         except LaunchError as err:
             outcome = Outcome(err.exit_code, error=str(err))
-        _remove_if_only_hydra_files(run_dir)  # a dry run, or input refused before anything started
+        release(run_dir)  # a dry run, or input refused before anything started: leave nothing behind
         self.record(outcome.exit_code)
         if outcome.error:
             print(f"launch: {outcome.error}", file=sys.stderr, flush=True)
@@ -69,21 +69,6 @@ class Invocation:
 
     def exit_code(self) -> int:
         return max(self.codes, default=0)
-
-
-def _remove_if_only_hydra_files(run_dir: Path) -> None:
-    """A launch that started nothing should leave nothing: drop the dir Hydra made if it holds only .hydra/."""
-    entries = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
-    if entries <= {".hydra"}:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        stop = Path.cwd().resolve()
-        for parent in run_dir.resolve().parents:  # outputs/DATE/ too, when this run was all they held
-            if parent == stop or not parent.is_relative_to(stop):
-                break
-            try:
-                parent.rmdir()
-            except OSError:
-                break
 
 
 def _script_args_as_override(argv: list[str]) -> list[str]:
@@ -173,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from launcher.host.hydra_errors import describe_hydra_error
     from launcher.host.outcome import RunFailed
+    from launcher.host.rundir import Refused
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us; they are reworded below
     invocation = Invocation(started)
@@ -184,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
         _refuse_impossible_sweeps(argv)
         register(argv)
         entry()
+    except Refused as refused:
+        print(f"launch: {refused.error}", file=sys.stderr)
+        raise SystemExit(refused.error.exit_code) from None
     except KeyboardInterrupt:
         print("launch: interrupted (Ctrl-C); every run it started was stopped", file=sys.stderr)
         raise SystemExit(130) from None
@@ -202,6 +191,9 @@ def main(argv: list[str] | None = None) -> None:
         # else: runs failed and said why when they ended; the exit code below is the worst of them
     finally:
         sys.argv = saved_argv
+        from launcher.host.rundir import release_unused
+
+        release_unused()
     code = invocation.exit_code()
     if code and len(invocation.codes) > 1:
         failed_runs = sum(1 for c in invocation.codes if c)
