@@ -491,3 +491,11 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     return obj
+
+
+def saved_choices(config: dict[str, Any]) -> dict[str, Any]:
+    """The recipe, model and optimizer a resolved config in plain data names (a checkpoint's `config`;
+    launcher 0.1's layout too): what a resume cannot change."""
+    recipe = config.get("recipe") or {}
+    optimizer = (config.get("optim") or {}).get("name", recipe.get("optimizer"))
+    return {"recipe": recipe.get("name"), "recipe.model": recipe.get("model"), "optim": optimizer}

@@ -23,7 +23,6 @@ from launcher.files import (
     CHECKPOINTS,
     CONFIG,
     CURVES,
-    LAST_CHECKPOINT,
     LOG,
     PLAN,
     RESULTS,
@@ -34,6 +33,9 @@ from launcher.host import script
 from launcher.host.compose import to_yaml
 from launcher.host.outcome import LaunchContext, Outcome
 from launcher.host.plan import Plan, make_plan
+from launcher.host.resume import Resume
+from launcher.host.resume import inspect as inspect_resume
+from launcher.host.resume import resolve as resolve_resume
 from launcher.spec import WorkerSpec
 from launcher.world import existing_world
 
@@ -68,9 +70,11 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
         if cfg.script:
             return _run_user_script(plan, run_dir, context)
         recipe = check_runnable(cfg)
-        resume_from = str(resolve_resume(cfg.resume).resolve()) if cfg.resume else None
+        resume = inspect_resume(cfg.resume, plan.config) if cfg.resume and not requeued else None
+        resume_from = str(resume.path) if resume else (str(resolve_resume(cfg.resume).resolve()) if cfg.resume
+                                                       else None)
         if cfg.dry_run:
-            print(describe_dry_run(plan, run_dir, resume_from))
+            print(describe_dry_run(plan, run_dir, resume))
             return Outcome(0)
         if recipe is not None and (joined is None or joined.local_rank == 0):
             recipe(plan.config).prepare()  # fetch or check data once per host
@@ -82,8 +86,10 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
     debug = bool(os.environ.get("LAUNCH_DEBUG"))
     logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
     if is_main:
-        _write_run_files(plan, run_dir, resume_from, context)
+        _write_run_files(plan, run_dir, resume, context)
         log.info("%s: %s", cfg.recipe.name, plan.describe())
+        if resume is not None:
+            log.info(resume.describe())
         if plan.gpu_choice:
             log.info(plan.gpu_choice)
         log.info("run dir: %s", run_dir)
@@ -138,23 +144,6 @@ def _run_user_script(plan: Plan, run_dir: Path, context: LaunchContext) -> Outco
     return outcome
 
 
-def resolve_resume(value: str, search_root: Path = Path("outputs")) -> Path:
-    """`resume` -> the checkpoint file: a .pt file, a run dir holding checkpoints/last.pt, or `latest`."""
-    if value == "latest":
-        candidates = sorted(search_root.glob(f"**/{CHECKPOINTS}/{LAST_CHECKPOINT}"), key=lambda p: p.stat().st_mtime)
-        if not candidates:
-            raise LaunchError(f"resume=latest is not valid: no checkpoint under {search_root.resolve()}/ "
-                              "(e.g. launch resume=outputs/DATE/TIME-RECIPE-ID)")
-        return candidates[-1]
-    path = Path(os.path.expanduser(value))
-    if path.is_dir():
-        path = last_checkpoint(path)
-    if not path.is_file():
-        raise LaunchError(f"resume={value} is not valid: {path} does not exist; give a run dir that holds "
-                          "checkpoints/last.pt, a .pt file, or latest (e.g. launch resume=latest)")
-    return path
-
-
 def refuse_finished_run_dir(run_dir: Path, setting: str = "hydra.run.dir") -> None:
     """A run dir named by hand (`setting`=...) may already hold a run; never write over it."""
     if (run_dir / RESULTS).exists() or last_checkpoint(run_dir).exists():
@@ -163,16 +152,17 @@ def refuse_finished_run_dir(run_dir: Path, setting: str = "hydra.run.dir") -> No
                           f"another {setting}")
 
 
-def _write_run_files(plan: Plan, run_dir: Path, resume_from: str | None, context: LaunchContext,
+def _write_run_files(plan: Plan, run_dir: Path, resume: Resume | None, context: LaunchContext,
                      script_command: list[str] | None = None) -> None:
     (run_dir / CONFIG).write_text(to_yaml(plan.config))
-    record = {**plan.record(), "resume_from": resume_from, "overrides": list(context.overrides)}
+    record = {**plan.record(), "resume_from": str(resume.path) if resume else None,
+              "resume": resume.record() if resume else None, "overrides": list(context.overrides)}
     if script_command:
         record["script_command"] = script_command
     (run_dir / PLAN).write_text(json.dumps(record, indent=2) + "\n")
 
 
-def describe_dry_run(plan: Plan, run_dir: Path, resume_from: str | None) -> str:
+def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None) -> str:
     cfg, s = plan.config, plan.strategy
     how = "torch.distributed.elastic, c10d rendezvous on localhost:0" if plan.joined is None else "already started"
     lines = [
@@ -185,8 +175,8 @@ def describe_dry_run(plan: Plan, run_dir: Path, resume_from: str | None) -> str:
         + f", placement={cfg.data.placement}",
         f"  run dir       {run_dir} (not created)",
     ]
-    if resume_from:
-        lines.append(f"  resume from   {resume_from}")
+    if resume:
+        lines.append(f"  resume        {resume.describe()}")
     lines += [f"  note          {note}" for note in plan.notes]
     return "\n".join(lines)
 

@@ -90,14 +90,6 @@ def optimizer_states(state: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     return [state["optimizer_state_dict"]], [state["scheduler_state_dict"]]
 
 
-def saved_choices(state: dict[str, Any]) -> dict[str, Any]:
-    """The recipe, model and optimizer a checkpoint was trained with (checkpoints of launcher 0.1 too)."""
-    config = state.get("config") or {}
-    recipe = config.get("recipe") or {}
-    optimizer = (config.get("optim") or {}).get("name", recipe.get("optimizer"))
-    return {"recipe.name": recipe.get("name"), "recipe.model": recipe.get("model"), "optim": optimizer}
-
-
 class HostSnapshot:
     """A copy of a (nested) state with every tensor in host memory, which training can go on changing
     in place while the copy is written.

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from launcher.config import CompileMode, Config, Precision, to_plain
+from launcher.config import CompileMode, Config, Precision, saved_choices, to_plain
 from launcher.errors import ConfigError, ExplainedStop
 from launcher.files import CURVES, last_checkpoint
 from launcher.recipes import Recipe, recipe_class
@@ -221,21 +221,42 @@ class Trainer:
         return self.nets.grads is not None and self.device.type == "cuda"
 
     def _resume(self) -> Start:
-        """After a restart or requeue, this run's own last checkpoint; else `resume`, if given."""
+        """After a restart or requeue, this run's own last checkpoint; else `resume`, if given.
+
+        The checkpoint gives the training state; the settings are this run's (launcher/host/resume.py
+        states the rule): the optimizers' hyper-parameters and learning rates as configured now, the
+        schedule continued at the epochs done, laid over this run's epochs and steps per epoch."""
         own = last_checkpoint(self.run_dir)
         restarted = self.world.restart_count > 0 or (self.spec.requeue is not None and self.spec.requeue.requeued)
         source = str(own) if restarted and own.exists() else self.spec.resume_from
         if source is None:
             return Start()
         state = checkpoint.load(source, map_location=self.device)
-        now = {"recipe.name": self.cfg.recipe.name, "recipe.model": str(self.cfg.recipe.model),
+        now = {"recipe": self.cfg.recipe.name, "recipe.model": str(self.cfg.recipe.model),
                "optim": self.cfg.optim.name}
-        for key, saved in checkpoint.saved_choices(state).items():
+        for key, saved in saved_choices(state.get("config") or {}).items():
             if saved not in (None, now[key]):
                 raise ConfigError(key, now[key], f"the checkpoint {source} was trained with {key}={saved}",
                                   f"{key}={saved} resume={self.spec.resume_from or source}")
-        checkpoint.restore(state, self.strategy, self.nets, self.steppers, self.device)
-        return Start(int(state["epoch"]), list(state.get("history", [])), source)
+        settings = optim.settings(self.steppers)  # this run's, before the checkpoint's replace them
+        try:
+            checkpoint.restore(state, self.strategy, self.nets, self.steppers, self.device)
+        except (RuntimeError, ValueError) as exc:
+            raise self._does_not_fit(source, state, exc) from None
+        epoch = int(state["epoch"])
+        optim.continue_with(self.steppers, settings, epoch * self.steps_per_epoch)
+        return Start(epoch, list(state.get("history", [])), source)
+
+    def _does_not_fit(self, source: str, state: dict[str, Any], exc: Exception) -> ConfigError:
+        """The checkpoint's weights (or optimizer state) do not fit the network this config builds."""
+        saved = (state.get("config") or {}).get("recipe") or {}
+        mine = to_plain(self.cfg.recipe)
+        differ = [f"recipe.{k}={saved[k]}" for k in mine if k in saved and saved[k] != mine[k]]
+        first = str(exc).strip().splitlines()[0][:200]
+        hint = (f"it was trained with {' '.join(differ)}" if differ else "the network's layers differ")
+        return ConfigError("resume", self.spec.resume_from or source,
+                           f"the checkpoint does not fit the network this config builds ({hint}: {first})",
+                           f"{' '.join(differ) or 'recipe.model=...'} resume={self.spec.resume_from or source}")
 
     def _warm_up(self) -> None:
         """Compile, autotune and (perf.cuda_graph) capture the step on the real shapes, then put the

@@ -57,6 +57,36 @@ class Stepper:
         self.scheduler.step()
 
 
+@dataclass(frozen=True)
+class Settings:
+    """An optimizer's hyper-parameters per parameter group (lr, momentum, weight decay, ...) and its
+    schedule's base learning rates: what a run's config decides, as opposed to its training state."""
+
+    groups: list[dict]
+    base_lrs: list[float]
+
+
+def settings(steppers: list[Stepper]) -> list[Settings]:
+    return [Settings([{k: v for k, v in g.items() if k != "params"} for g in s.optimizer.param_groups],
+                     list(s.scheduler.base_lrs)) for s in steppers]
+
+
+def continue_with(steppers: list[Stepper], wanted: list[Settings], step: int) -> None:
+    """After a checkpoint was loaded (its optimizer state and schedule, and with them the hyper-parameters
+    of the run that wrote it): put this run's hyper-parameters back and place the schedule at `step`
+    (the epochs done x this run's steps per epoch), so the learning rate is this run's schedule there."""
+    for stepper, want in zip(steppers, wanted, strict=True):
+        sched = stepper.scheduler
+        for group, values in zip(stepper.optimizer.param_groups, want.groups, strict=True):
+            group.update(values)
+        sched.base_lrs = list(want.base_lrs)
+        sched.last_epoch = step
+        sched._step_count = step + 1  # (LambdaLR counts its own steps; keeps its order warning quiet)
+        for group, base, factor in zip(stepper.optimizer.param_groups, sched.base_lrs, sched.lr_lambdas, strict=True):
+            group["lr"] = base * factor(step)
+        sched._last_lr = [g["lr"] for g in stepper.optimizer.param_groups]
+
+
 def _stepper(optimizer: torch.optim.Optimizer, schedules: Schedule | list[Schedule]) -> Stepper:
     return Stepper(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedules))
 

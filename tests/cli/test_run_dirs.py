@@ -84,7 +84,8 @@ def test_a_refused_launch_into_the_current_folder_keeps_it(tmp_path):
     proc = subprocess.run(launch_command("epochs=-1", "hydra.run.dir=."), cwd=here, capture_output=True,
                           text=True, env=clean_env(), timeout=120)
     assert proc.returncode == 2
-    assert one_launch_line(proc.stderr) == "launch: epochs=-1 is not valid: must be an integer >= 1 (e.g. launch epochs=10)"
+    expected = "launch: epochs=-1 is not valid: must be an integer >= 1 (e.g. launch epochs=10)"
+    assert one_launch_line(proc.stderr) == expected
     assert here.is_dir() and not any(here.iterdir())
 
 

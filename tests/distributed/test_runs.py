@@ -92,10 +92,17 @@ def test_resumed_run_matches_an_uninterrupted_one(launch):
         shutil.rmtree(d)  # so that resume=latest finds the interrupted run
     first = launch("epochs=3", "optim.warmup_epochs=0", "fault.rank=0", f"fault.step={2 * (1438 // 64)}")
     assert first.returncode == 1
+    [interrupted] = first.run_dirs()
     second = launch("epochs=3", "optim.warmup_epochs=0", "resume=latest")
     assert second.returncode == 0, second.output
-    resumed = [d for d in second.run_dirs() if (d / "results.json").exists()]
-    assert json.loads((resumed[0] / "results.json").read_text())["weights_sha256"] == whole_digest
+    [resumed] = [d for d in second.run_dirs() if (d / "results.json").exists()]
+    results = json.loads((resumed / "results.json").read_text())
+    assert results["weights_sha256"] == whole_digest
+    # ...and it was a resume, not a deterministic run from scratch: it started from the checkpoint,
+    # and epochs 1-2 are the interrupted run's own rows (their start times), not trained again
+    assert results["resumed_from"] == str(interrupted / "checkpoints" / "last.pt")
+    metrics = [(d / "metrics.jsonl").read_text().splitlines() for d in (interrupted, resumed)]
+    assert len(metrics[1]) == 3 and metrics[1][:2] == metrics[0][:2]
 
 
 def test_a_finished_run_dir_is_never_written_over(launch):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from launcher.errors import LaunchError
-from launcher.host.run_here import resolve_resume
+from launcher.host.resume import resolve as resolve_resume
 from launcher.train import checkpoint
 from launcher.world import WorldInfo, existing_world
 

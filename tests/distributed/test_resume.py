@@ -1,0 +1,121 @@
+"""`resume=`: the checkpoint's training state continues under this command line's settings (README
+"Resuming"), what cannot continue is refused in one line before any worker starts, and a resumed run
+really starts after the checkpoint's epoch (a run from scratch is deterministic too, so the tests look
+at what only a resume does)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.distributed
+
+STEPS = 1438 // 64  # digits: steps per epoch at batch 64
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def one_line(stderr: str) -> str:
+    lines = [x for x in stderr.splitlines() if x.startswith("launch:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A 2-epoch digits run to resume from (copied per test, so tests never share a run dir)."""
+    import subprocess
+
+    from tests.conftest import clean_env, launch_command
+
+    where = tmp_path_factory.mktemp("first")
+    proc = subprocess.run(launch_command("gpus=[]", "epochs=2", "hydra.run.dir=first"), cwd=where,
+                          capture_output=True, text=True, env=clean_env(), timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return where / "first"
+
+
+@pytest.fixture
+def first(finished, tmp_path):
+    shutil.copytree(finished, tmp_path / "first")
+    return tmp_path / "first"
+
+
+def test_a_resume_trains_with_the_new_settings_and_records_them(launch, first, tmp_path):
+    result = launch("gpus=[]", "epochs=4", "resume=first", "hydra.run.dir=second", "lr=0.005",
+                    "optim.weight_decay=0.1", "optim.momentum=0.5")
+    assert result.returncode == 0, result.output
+    second = tmp_path / "second"
+    got = rows(second)
+    assert [r["epoch"] for r in got] == [1, 2, 3, 4]
+    assert got[:2] == rows(first)  # epochs 1-2 are the checkpoint's history, not trained again
+    # epoch 3 ends at step 3*STEPS of 4*STEPS, warm-up 1 epoch: this command's lr on this command's schedule
+    factor = (4 * STEPS - 3 * STEPS) / (4 * STEPS - STEPS)
+    assert got[2]["lr"] == pytest.approx(0.005 * factor)
+    state = torch.load(second / "checkpoints" / "last.pt", weights_only=True)
+    group = state["optimizer_state_dicts"][0]["param_groups"][0]
+    assert group["weight_decay"] == 0.1 and group["momentum"] == 0.5 and group["initial_lr"] == 0.005
+    plan = json.loads((second / "plan.json").read_text())
+    assert plan["resume"]["epoch"] == 2
+    assert plan["resume"]["changed"] == {"optim.weight_decay": [0.0005, 0.1], "optim.momentum": [0.9, 0.5],
+                                         "epochs": [2, 4], "lr": [0.05, 0.005]}
+    assert "from this command line: optim.weight_decay 0.0005 -> 0.1" in result.stdout
+    assert json.loads((second / "results.json").read_text())["resumed_from"] == str(first / "checkpoints" / "last.pt")
+
+
+def test_a_resume_with_the_same_settings_changes_nothing_and_starts_after_the_checkpoint(launch, first, tmp_path):
+    result = launch("gpus=[]", "epochs=3", "resume=first", "hydra.run.dir=second")
+    assert result.returncode == 0, result.output
+    got = rows(tmp_path / "second")
+    assert got[:2] == rows(first) and got[2]["started_unix"] > rows(first)[1]["started_unix"]
+    assert "every setting as it was" in result.stdout or "epochs 2 -> 3" in result.stdout
+    assert json.loads((tmp_path / "second" / "results.json").read_text())["resumed_from"].startswith(str(first))
+
+
+def _write_bad_files(where: Path, good: Path) -> dict[str, str]:
+    state = torch.load(good, weights_only=True)
+    (where / "empty.pt").write_bytes(b"")
+    (where / "truncated.pt").write_bytes(good.read_bytes()[:2000])
+    (where / "random.pt").write_bytes(bytes(range(256)) * 20)
+    torch.save(state["net_state_dict"], where / "weights.pt")
+    torch.save(torch.ones(3), where / "tensor.pt")
+    return {"empty.pt": "the file is empty", "truncated.pt": "truncated", "random.pt": "not written by torch.save",
+            "weights.pt": "a plain state_dict", "tensor.pt": "a single tensor"}
+
+
+def test_a_file_that_is_not_a_launch_checkpoint_is_one_line_before_any_worker(launch, first, tmp_path):
+    for name, why in _write_bad_files(tmp_path, first / "checkpoints" / "last.pt").items():
+        result = launch("gpus=[]", "epochs=3", f"resume={name}", timeout=120)
+        assert result.returncode == 2, (name, result.output)
+        line = one_line(result.stderr)
+        assert line.startswith(f"launch: resume={name} is not valid:") and "is not a launch checkpoint" in line
+        assert why in line, (name, line)
+        assert not result.run_dirs() and not (tmp_path / "outputs").exists(), name  # nothing started, nothing left
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ("optim=adamw", "optim=adamw is not valid with resume=first: the checkpoint was trained with optim=sgd"),
+    ("recipe=cifar10", "recipe=cifar10 is not valid with resume=first: the checkpoint was trained with "
+                       "recipe=digits"),
+    ("epochs=2", "epochs=2 is not valid with resume=first: the checkpoint has trained 2 epochs already"),
+])
+def test_what_a_checkpoint_cannot_continue_under_is_refused(launch, first, change, expected):
+    result = launch("gpus=[]", "epochs=3", "resume=first", "data.synthetic=true", change, timeout=120)
+    assert result.returncode == 2, result.output
+    assert expected in one_line(result.stderr)
+    assert not result.run_dirs()
+
+
+def test_a_network_of_another_shape_is_one_line(launch, tmp_path):
+    shutil.copytree(Path(__file__).parent / "data" / "my_pkg", tmp_path / "my_pkg")
+    base = ("recipe=my_pkg.my_recipe", "gpus=[]", "batch_size=32")
+    first = launch(*base, "epochs=1", "recipe.hidden=16", "hydra.run.dir=narrow")
+    assert first.returncode == 0, first.output
+    result = launch(*base, "epochs=2", "recipe.hidden=32", "resume=narrow")
+    assert result.returncode == 2, result.output
+    line = one_line(result.stderr)
+    assert "the checkpoint does not fit the network this config builds" in line and "recipe.hidden=16" in line
