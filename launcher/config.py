@@ -85,9 +85,15 @@ CompileMode = _choice("CompileMode", "default reduce-overhead max-autotune max-a
 FAULT_KINDS = ("raise", "exit", "hang", "kill", "nan", "oom")
 
 
+INT_MAX = 2**31 - 1  # no setting needs more, and every value fits the C ints torch and its libraries take
+
+
 def check_int(key: str, value: Any, low: int, example: str, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bound = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
+    """`value` is an integer in [low, high] (high: INT_MAX unless given)."""
+    top = INT_MAX if high is None else high
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or value > top:
+        too_big = isinstance(value, int) and not isinstance(value, bool) and value > top
+        bound = f"an integer from {low} to {top}" if high is not None or too_big else f"an integer >= {low}"
         raise ConfigError(key, value, f"must be {bound}", example)
 
 
@@ -439,6 +445,9 @@ class Config(Schema):
         check_int("max_restarts", self.max_restarts, 0, "max_restarts=2", high=100)
         if self.nprocs is not None:
             check_int("nprocs", self.nprocs, 1, "gpus=[] strategy=ddp nprocs=2", high=os.cpu_count() or 1024)
+        if self.script is not None and not str(self.script).strip():
+            raise ConfigError("script", self.script, "give the path of your script, or leave script out to train "
+                              "a recipe", "script=train.py gpus=[0,1]")
         if self.resume is not None and str(self.resume).strip().lower() in ("", "true", "false", "none"):
             raise ConfigError("resume", self.resume, "give a run dir or checkpoint file, or `latest`", "resume=latest")
         for f in dataclasses.fields(self):

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -61,8 +62,9 @@ def register(argv: list[str]) -> None:
         hydra_plugins.__path__.append(str(PLUGIN_FOLDER))
     store.store(group="hydra/launcher", name="launch", node=LaunchLauncherConf, provider="launcher")
     _register_resolvers()
+    help_only = bool({"--help", "-h", "--hydra-help"} & set(argv))
     for module_path in user_recipes_named(argv):
-        register_user_recipe(module_path)
+        register_user_recipe(module_path, run_module=not help_only)
 
 
 def user_recipes_named(argv: list[str]) -> list[str]:
@@ -76,19 +78,84 @@ def user_recipes_named(argv: list[str]) -> list[str]:
     return found
 
 
-def register_user_recipe(module_path: str) -> None:
-    """`recipe=my_pkg.my_recipe`: its Recipe class's schema becomes the option `recipe/my_pkg.my_recipe`."""
+def register_user_recipe(module_path: str, run_module: bool = True) -> None:
+    """`recipe=my_pkg.my_recipe`: its Recipe class's schema becomes the option `recipe/my_pkg.my_recipe`.
+
+    run_module=False (`launch --help`): the module is not imported, which would run its code; its
+    schema is read from its source instead (see schema_from_source)."""
     from hydra.core.config_store import ConfigStore
 
     from launcher.config import MISSING
-    from launcher.recipes import recipe_class
 
     allow_imports_from_cwd()
-    cls = recipe_class(module_path)  # a LaunchError naming the problem when it is not a recipe
+    if run_module:
+        from launcher.recipes import recipe_class
+
+        cls = recipe_class(module_path)  # a LaunchError naming the problem when it is not a recipe
+        schema, models = cls.Config, cls.models
+    else:
+        schema, models = schema_from_source(module_path)
     defaults = {"name": module_path}
-    if getattr(cls.Config, "model", MISSING) == MISSING:
-        defaults["model"] = cls.models[0] if cls.models else "default"
-    ConfigStore.instance().store(group="recipe", name=module_path, node=cls.Config(**defaults))
+    if getattr(schema, "model", MISSING) == MISSING:
+        defaults["model"] = models[0] if models else "default"
+    ConfigStore.instance().store(group="recipe", name=module_path, node=schema(**defaults))
+
+
+def module_file(module_path: str) -> Path | None:
+    """Where `import module_path` would find its source, found without importing anything."""
+    parts = module_path.split(".")
+    for root in [Path(p or ".") for p in sys.path]:
+        for candidate in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py")):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def schema_from_source(module_path: str) -> tuple[type, tuple[str, ...]]:
+    """A user recipe's Config dataclass, read from its source without running it: the fields of the
+    module's @dataclass subclassing RecipeConfig whose defaults are literals. Anything it cannot read
+    statically is left out (the run itself imports the module and gets the real schema). Also the
+    Recipe class's `models`, when they are a literal."""
+    import ast
+    import dataclasses
+    from typing import Any
+
+    from launcher.config import RecipeConfig
+
+    path = module_file(module_path)
+    if path is None:
+        return RecipeConfig, ()
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return RecipeConfig, ()
+    types: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool}
+    classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    models: tuple[str, ...] = ()
+    for node in classes:
+        for item in node.body:
+            if isinstance(item, ast.Assign) and [getattr(t, "id", "") for t in item.targets] == ["models"]:
+                with contextlib.suppress(ValueError):
+                    models = tuple(str(m) for m in ast.literal_eval(item.value))
+    schema: type = RecipeConfig
+    for node in classes:
+        if "RecipeConfig" not in [getattr(b, "id", getattr(b, "attr", "")) for b in node.bases]:
+            continue
+        fields = []
+        for item in node.body:
+            if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
+                continue
+            try:
+                default = ast.literal_eval(item.value) if item.value is not None else dataclasses.MISSING
+            except ValueError:
+                continue
+            kind = types.get(getattr(item.annotation, "id", ""), Any)
+            if isinstance(default, (list, dict)):
+                continue  # (a mutable default needs a factory; not worth guessing for --help)
+            fields.append((item.target.id, kind, dataclasses.field(default=default)))
+        schema = dataclasses.make_dataclass(node.name, fields, bases=(RecipeConfig,))
+        break
+    return schema, models
 
 
 def typed(cfg: DictConfig) -> Config:

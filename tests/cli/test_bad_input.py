@@ -39,6 +39,12 @@ CASES = [
     ("gpus=ALL", "gpus=ALL is not valid: no GPU is visible"),
     ("gpus=cpu strategy=dp", "DataParallel needs GPUs"),
     ("fault.kind=explode", "fault.kind=explode is not valid: choose one of raise, exit, hang, kill, nan, oom"),
+    ("script=", "script= is not valid: give the path of your script, or leave script out"),  # not: train digits
+    ("seed=18446744073709551615", "seed=18446744073709551615 is not valid: must be an integer from 0 to 2147483647"),
+    ("epochs=99999999999999999999", "must be an integer from 1 to 2147483647"),
+    ("strategy=ddp strategy.timeout_s=99999999999999999", "strategy.timeout_s=99999999999999999 is not valid"),
+    ("eval.every=99999999999999999999", "eval.every=99999999999999999999 is not valid"),
+    ("recipe.translate=20", "recipe.translate=20 is not valid: must be an integer from 0 to 8"),
     ("recipe=nowhere.my_recipe", "recipe=nowhere.my_recipe is not valid: choose one of cifar10, cifar10_fast, digits, "
      "or a module"),
 ]
@@ -88,3 +94,19 @@ def test_python_dash_m_launcher_is_the_launch_command(tmp_path):
     out = subprocess.run([sys.executable, "-m", "launcher", "--help"], capture_output=True, text=True, timeout=60,
                          cwd=tmp_path)
     assert out.returncode == 0 and "launch: train a PyTorch recipe" in out.stdout
+
+
+def test_help_on_a_users_recipe_shows_its_keys_without_running_its_module(launch, tmp_path):
+    """Importing a module runs it: `--help` reads the recipe's schema from its source instead."""
+    import shutil
+    from pathlib import Path
+
+    shutil.copytree(Path(__file__).parents[1] / "distributed" / "data" / "my_pkg", tmp_path / "my_pkg")
+    with open(tmp_path / "my_pkg" / "my_recipe.py", "a") as f:
+        f.write("\nopen('MODULE_RAN', 'w').write('imported')\n")
+    result = launch("recipe=my_pkg.my_recipe", "recipe.hidden=8", "--help", timeout=60)
+    assert result.returncode == 0, result.output
+    assert "  name: my_pkg.my_recipe\n  model: mlp\n  hidden: 8" in result.stdout
+    assert not (tmp_path / "MODULE_RAN").exists()
+    ran = launch("recipe=my_pkg.my_recipe", "--cfg", "job", timeout=60)  # composing for real imports it
+    assert ran.returncode == 0 and (tmp_path / "MODULE_RAN").exists()
