@@ -7,10 +7,14 @@ so nobody ever reads half a file and a crash never leaves one.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
+
+from launcher.errors import ExplainedStop
 
 # The files of a run dir (README.md "What a run leaves behind").
 CONFIG = "config.yaml"  # the resolved config
@@ -48,9 +52,53 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None], durable: bool =
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
+        full = isinstance(exc, Exception) and disk_full(path.parent, exc)  # (before the tmp file frees its space)
         tmp.unlink(missing_ok=True)
+        if full:
+            raise DiskFull(path) from exc
         raise
+
+
+FULL_BELOW_BYTES = 1 << 20  # a write that failed with less free than this failed for want of space
+
+
+def free_bytes(folder: Path) -> int | None:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def disk_full(folder: Path, exc: BaseException) -> bool:
+    """Whether a failed write failed because the disk is full. torch.save does not always say so
+    (a zip writer's "unexpected pos" instead of ENOSPC), so a nearly full disk counts too."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    free = free_bytes(folder)
+    return free is not None and free < FULL_BELOW_BYTES
+
+
+class DiskFull(ExplainedStop):
+    """No space left on the device of the run dir: the message names the file, the space and the way on."""
+
+    def __init__(self, path: Path):
+        free = free_bytes(path.parent)
+        shown = f"{free / 1e6:.1f} MB free" if free is not None else "no space"
+        super().__init__(f"No space left on device: writing {path} failed ({shown} on that file system); free "
+                         "some space, or resume the run elsewhere (launch resume=RUN_DIR hydra.run.dir=OTHER_DISK/..."
+                         "); the file it was replacing, if any, is unchanged")
+
+
+def remove_stale_temporaries(run_dir: Path) -> None:
+    """Temporary files of writes whose process is gone (a worker killed mid-write): nobody will rename them."""
+    for tmp in Path(run_dir).rglob(".*.tmp-*"):
+        pid = tmp.name.rpartition(".tmp-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            tmp.unlink(missing_ok=True)
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -7,9 +7,12 @@ other ranks print warnings and errors only, so a healthy 8-GPU run reads like a 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from launcher.files import LOG
 
@@ -18,6 +21,44 @@ FILE_FORMAT = "%(asctime)s [{who}] %(levelname)s %(name)s: %(message)s"
 # Libraries whose chatter the launcher replaces with its own summary (see launcher/host/spawn.py).
 QUIET_PREFIXES = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.distributed.run",
                    "torch.multiprocessing")
+
+
+class _ReaderGone:
+    """sys.stdout/sys.stderr that go quiet when their reader has gone (`launch ... | head -1`): the run
+    goes on and its log file keeps every line; the console gets no "BrokenPipeError" block per line."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _silence(self) -> None:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())  # what is still buffered goes there too
+            os.close(devnull)
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def survive_closed_console() -> None:
+    """Wrap sys.stdout and sys.stderr (once) so that a closed pipe silences them instead of raising."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _ReaderGone):
+            setattr(sys, name, _ReaderGone(stream))
 
 
 class _DropLibraryChatter(logging.Filter):

@@ -133,6 +133,9 @@ def version() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     started = time.time()
+    from launcher.logs import survive_closed_console
+
+    survive_closed_console()  # `launch ... | head`: the run goes on, the console goes quiet
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["doctor"]:
         from launcher.host.doctor import main as doctor_main

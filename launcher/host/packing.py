@@ -134,6 +134,7 @@ class SideBySide:
         import cloudpickle
 
         job.gpus = gpus
+        job.started = True
         config = job.config
         with read_write(config), open_dict(config):
             config.gpus = list(gpus)  # this run's share of the host, as its plan will read it

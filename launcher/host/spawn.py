@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import failures
-from launcher.files import LOG
+from launcher.files import FULL_BELOW_BYTES, LOG, free_bytes, remove_stale_temporaries
 from launcher.host.outcome import Outcome
 from launcher.logs import QUIET_PREFIXES
 
@@ -190,6 +190,7 @@ def launch_local(spec, nprocs: int, max_restarts: int) -> Outcome:
         return Outcome(0, results=returns.get(0))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        remove_stale_temporaries(run_dir)  # a worker stopped in the middle of a write
 
 
 def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int) -> Outcome:
@@ -212,7 +213,8 @@ def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int) -> Outc
         if silent:
             return Outcome(1, error=_silent_death(silent, err, cause, restarts, stopped, log_path))
     if cause is None:
-        return Outcome(1, error=f"a worker failed{restarts} without a report{stopped}. Log: {log_path}")
+        return Outcome(1, error=f"a worker failed{restarts} without a report{stopped}{_if_disk_full(run_dir)}. "
+                                f"Log: {log_path}")
     trace = textwrap.indent(cause.traceback.rstrip(), "  | ")
     text = (f"rank {cause.rank} failed{restarts}: {cause.headline}\n{trace}\n"
             f"root cause: rank {cause.rank}{stopped}. Log: {log_path}")
@@ -240,4 +242,12 @@ def _silent_death(silent: list[int], err, echo, restarts: str, stopped: str, log
     else:
         what = f"one of ranks {silent} died without a Python traceback"
     seen = f"; rank {echo.rank} then saw: {failures.short_headline(echo.headline)}" if echo else ""
-    return f"{what}{restarts}{seen}{stopped}. Log: {log_path}"
+    return f"{what}{restarts}{seen}{stopped}{_if_disk_full(log_path.parent)}. Log: {log_path}"
+
+
+def _if_disk_full(run_dir: Path) -> str:
+    """A rank that could not even write its failure record: say so when the run dir's disk is full."""
+    free = free_bytes(run_dir)
+    if free is None or free >= FULL_BELOW_BYTES:
+        return ""
+    return f" (No space left on device: {free / 1e6:.1f} MB free where the run dir is, {run_dir})"

@@ -33,6 +33,7 @@ class SweepJob:
     run_dir: Path
     # set as it runs
     gpus: list[int] = field(default_factory=list)
+    started: bool = False
     seconds: float = 0.0
     exit_code: int | None = None  # None: submitted, not followed (backend.wait=false)
     error: str | None = None  # a failed run's one-line reason

@@ -60,10 +60,20 @@ class SweepLauncher(Launcher):
         by_backend: dict[str, list[SweepJob]] = {}
         for job in placed:
             by_backend.setdefault(job.cfg.backend.name, []).append(job)
-        for group in by_backend.values():
-            backends.for_config(group[0].cfg.backend).sweep(group, context)
-        self.jobs += placed
         owner = getattr(self.task_function, "__self__", None)  # the `launch` command's Invocation
+        try:
+            for group in by_backend.values():
+                backends.for_config(group[0].cfg.backend).sweep(group, context)
+        except KeyboardInterrupt:  # Ctrl-C: the runs were stopped; say what had finished, then exit 130
+            self.jobs += placed
+            for job in placed:
+                if job.exit_code is None and job.started:
+                    job.finished(130, "stopped by Ctrl-C")
+                elif job.exit_code is None:
+                    job.error = "not started (Ctrl-C)"
+            report(self.jobs, sweep_dir)
+            raise
+        self.jobs += placed
         for job in placed:
             if job.exit_code is not None and hasattr(owner, "record"):
                 owner.record(job.exit_code)

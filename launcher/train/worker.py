@@ -41,6 +41,8 @@ def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
     _let_forkserver_end_with_the_launcher()
     die_with_parent()  # SIGKILL, not torch's SIGINT: a background job's workers ignore SIGINT
     from launcher import failures, logs
+
+    logs.survive_closed_console()
     from launcher.train.timeline import StartupTimeline
     from launcher.world import WorldInfo
 
@@ -66,7 +68,11 @@ def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
             code = exc.code if isinstance(exc.code, int) else 1
             if code == 0:
                 raise
-        failures.write_record(run_dir, world.rank, world.restart_count, exc, code)
+        try:
+            failures.write_record(run_dir, world.rank, world.restart_count, exc, code)
+        except OSError as unwritten:  # (a full disk): the console still hears why
+            print(f"launch: rank {world.rank} failed: {type(exc).__name__}: {exc} (its failure record could not be "
+                  f"written: {unwritten})", file=sys.stderr, flush=True)
         if not isinstance(exc, LaunchError):
             logging.getLogger("launcher.worker").error("rank %d failed: %s: %s", world.rank, type(exc).__name__, exc,
                                                        exc_info=exc, extra={"file_only": True})

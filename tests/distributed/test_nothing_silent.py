@@ -1,0 +1,115 @@
+"""Nothing fails silently: a full disk is named, a run killed by a signal fails its sweep with 128+N,
+Ctrl-C on a sweep still says what finished, a closed console pipe does not stop or litter a run."""
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env, launch_command, stop_tree
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 120 kB file system (tmpfs, needs root): room for a run's small files, not for a checkpoint."""
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=120k", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_full_disk_is_named_and_leaves_no_temporary_file(launch, tiny_disk):
+    result = launch("gpus=[]", "epochs=5", f"hydra.run.dir={tiny_disk}/run")
+    assert result.returncode == 1, result.output
+    [line] = [x for x in result.stderr.splitlines() if x.startswith("launch:")]
+    assert "No space left on device: writing" in line and "checkpoints/last.pt" in line, result.stderr
+    assert "Traceback" not in result.stderr and "unexpected pos" not in result.stderr
+    assert not list(tiny_disk.rglob("*.tmp-*"))
+
+
+def test_temporaries_of_a_killed_writer_are_removed(tmp_path):
+    from launcher.files import remove_stale_temporaries
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / "checkpoints").mkdir()
+    stale = tmp_path / "checkpoints" / f".last.pt.tmp-{dead.pid}"
+    live = tmp_path / f".metrics.jsonl.tmp-{os.getpid()}"
+    stale.write_bytes(b"half")
+    live.write_bytes(b"being written")
+    remove_stale_temporaries(tmp_path)
+    assert not stale.exists() and live.exists()
+
+
+def _sweep_job_pids(parent: int) -> list[int]:
+    from tests.conftest import descendants
+
+    found = []
+    for pid in descendants(parent):
+        try:
+            if b"launcher.host.sweep_job" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_a_sweep_whose_run_is_killed_by_a_signal_exits_128_plus_n(tmp_path):
+    proc = subprocess.Popen(launch_command("-m", "gpus=[]", "epochs=200,2"), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        deadline = time.monotonic() + 60
+        while not _sweep_job_pids(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        [run] = _sweep_job_pids(proc.pid)[:1]
+        time.sleep(3)
+        os.kill(run, signal.SIGKILL)  # the first run's own launch process; the second then runs to its end
+        out, err = proc.communicate(timeout=120)
+    finally:
+        stop_tree(proc.pid)
+    assert proc.returncode == 137, (proc.returncode, out, err)
+    assert "killed by SIGKILL" in err and "1 of 2 sweep runs failed" in err
+    assert "| 0 | gpus=[] epochs=200 | 137 |" in out and "| 1 | gpus=[] epochs=2 | 0 |" in out
+
+
+def test_ctrl_c_on_a_sweep_says_what_finished(tmp_path):
+    proc = subprocess.Popen(launch_command("-m", "gpus=[]", "epochs=2", "seed=1,2,3"), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if "job 1 started" in line:
+                break
+        time.sleep(1)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        stop_tree(proc.pid)
+    assert proc.returncode == 130, err
+    assert "| 0 | gpus=[] epochs=2 seed=1 | 0 |" in out  # the finished run, in the summary table
+    assert "| 1 | gpus=[] epochs=2 seed=2 | 130 |" in out
+    assert "interrupted (Ctrl-C)" in err and "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert (next(tmp_path.glob("multirun/*/*")) / "summary.md").exists()
+
+
+def test_a_closed_console_pipe_neither_stops_the_run_nor_prints_errors(tmp_path):
+    proc = subprocess.Popen(launch_command("gpus=[]", "epochs=3", "hydra.run.dir=run"), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
+    first = proc.stdout.readline()
+    proc.stdout.close()  # `| head -1`
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    assert first.startswith(b"launch: ")
+    assert proc.returncode == 0, err
+    assert "BrokenPipeError" not in err and "Logging error" not in err, err
+    assert (tmp_path / "run" / "results.json").exists()  # the run went on to the end
