@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import textwrap
 import uuid
@@ -182,8 +183,10 @@ def launch_local(spec, nprocs: int, max_restarts: int) -> Outcome:
             try:
                 returns = elastic_launch(config, worker_main)(spec)
             except ChildFailedError as err:
+                clear_console_line()
                 return describe_failure(run_dir, err, nprocs, max_restarts)
             except SignalException as sig:
+                clear_console_line()
                 name = signal.Signals(sig.sigval).name
                 return Outcome(128 + int(sig.sigval), error=f"stopped by {name}: all {nprocs} worker"
                                f"{'s' if nprocs > 1 else ''} ended; what was written is in {run_dir}")
@@ -191,6 +194,14 @@ def launch_local(spec, nprocs: int, max_restarts: int) -> Outcome:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         remove_stale_temporaries(run_dir)  # a worker stopped in the middle of a write
+
+
+def clear_console_line() -> None:
+    """Rank 0's live bar, if a stopped or failed rank left it drawn on the terminal."""
+    with contextlib.suppress(OSError, ValueError):
+        if sys.stdout.isatty():
+            sys.stdout.write("\r\033[K")
+            sys.stdout.flush()
 
 
 def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int) -> Outcome:

@@ -10,6 +10,7 @@ memory figure is the allocator's own count.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -17,7 +18,8 @@ from typing import Any
 
 import torch
 
-REFRESH_S = 0.5  # the bar's postfix is rebuilt at most this often
+REFRESH_S = 0.5  # the bar's line is rebuilt at most this often
+BAR_MIN = 10  # narrower than this, the bar itself is left out (the figures matter more)
 
 
 def wanted(mode: str, is_main: bool) -> bool:
@@ -40,33 +42,49 @@ class EpochBar:
         if not self.enabled:
             yield from batches
             return
+        import threading
+
         from tqdm import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
+        # A thread lock, not tqdm's default multiprocessing one: a semaphore of a worker that is stopped
+        # outright would be reported "leaked" by the resource tracker after the shell prompt.
+        tqdm.set_lock(threading.RLock())
         # On stdout, where the epoch lines go: rank 0's stdout is the launcher's terminal itself.
-        bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{self.epochs}", unit="step", leave=False,
-                   dynamic_ncols=True, file=sys.stdout, mininterval=REFRESH_S,
-                   postfix=self._postfix(epoch, 0, steps, batch_size, 0.0))
+        bar = tqdm(total=steps, leave=False, dynamic_ncols=False, file=sys.stdout, mininterval=REFRESH_S)
+        self._fit(bar, epoch, 0, steps, batch_size, 0.0)
         started = last_refresh = time.perf_counter()
         # Lines logged while the bar is up (the start-up timeline, warnings) print above it, not into it.
         with logging_redirect_tqdm():
             try:
                 for step, batch in enumerate(batches):
                     yield batch
-                    bar.update(1)
                     now = time.perf_counter()
                     if now - last_refresh >= REFRESH_S:
                         last_refresh = now
-                        bar.set_postfix_str(self._postfix(epoch, step + 1, steps, batch_size, now - started),
-                                            refresh=False)
+                        self._fit(bar, epoch, step + 1, steps, batch_size, now - started)
+                    bar.update(1)
             finally:
                 bar.close()
                 self.epoch_seconds.append(time.perf_counter() - started)
 
-    def _postfix(self, epoch: int, done: int, steps: int, batch_size: int, elapsed: float) -> str:
+    def _fit(self, bar: Any, epoch: int, done: int, steps: int, batch_size: int, elapsed: float) -> None:
+        """The bar's line for this terminal's width, now (it may have been resized): what matters most
+        first (epoch and step, img/s, the run's ETA, loss, GPU memory), then the bar in what is left. A
+        line never reaches the last column, so it never wraps (a wrapped line cannot be redrawn)."""
+        bar.ncols = width = max(20, shutil.get_terminal_size((80, 24)).columns - 1)
+        line = f"epoch {epoch + 1}/{self.epochs} step {{n}}/{steps}"
+        room = width - len(line) + len("{n}") - len(str(steps))
+        fields = []
+        for part in self._parts(epoch, done, steps, batch_size, elapsed):
+            if len(part) + 2 <= room:
+                fields.append(part)
+                room -= len(part) + 2
+        tail = "".join(f"  {f}" for f in fields)
+        bar.bar_format = line + (" {bar}" if room >= BAR_MIN + 1 else "") + tail
+
+    def _parts(self, epoch: int, done: int, steps: int, batch_size: int, elapsed: float) -> list[str]:
         parts = []
-        if self.last_loss is not None:
-            parts.append(f"loss {self.last_loss:.4f}")
         if done:
             parts.append(f"{done * batch_size / max(elapsed, 1e-9):,.0f} img/s")
         if self.epoch_seconds:
@@ -76,9 +94,11 @@ class EpochBar:
         if per_epoch is not None:
             left = per_epoch * (steps - done) / steps + per_epoch * (self.epochs - epoch - 1)
             parts.append(f"run ETA {_clock(left)}")
+        if self.last_loss is not None:
+            parts.append(f"loss {self.last_loss:.4f}")
         if self.device.type == "cuda":
             parts.append(f"GPU {torch.cuda.memory_allocated(self.device) / 2**30:.1f} GiB")
-        return ", ".join(parts)
+        return parts
 
     def epoch_done(self, row: dict[str, Any]) -> None:
         self.last_loss = row.get("loss")

@@ -26,12 +26,14 @@ def test_output_to_a_pipe_is_one_line_per_epoch(launch):
     assert len(epoch_lines) == 3 and all("loss" in x and "img/s" in x and "test" in x for x in epoch_lines)
 
 
-def test_a_terminal_gets_the_live_bar(tmp_path):
-    # 40 epochs of 22 steps: long enough for the bar to redraw with its postfix at least once
+def _on_a_terminal(tmp_path, columns: int, *args: str) -> tuple[int, str]:
+    """Run launch on a pseudo-terminal `columns` wide; (exit code, everything it drew)."""
     master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))  # a terminal 140 columns wide
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", *RUN[:-1], "epochs=40"], cwd=tmp_path,
-                            stdin=slave, stdout=slave, stderr=slave, env=clean_env(), close_fds=True)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = clean_env()
+    env.pop("COLUMNS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=tmp_path,
+                            stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
     os.close(slave)
     seen = b""
     while True:
@@ -45,7 +47,23 @@ def test_a_terminal_gets_the_live_bar(tmp_path):
         if not chunk:
             break
         seen += chunk
-    assert proc.wait(timeout=120) == 0, seen.decode(errors="replace")[-2000:]
-    text = seen.decode(errors="replace")
+    return proc.wait(timeout=120), seen.decode(errors="replace")
+
+
+def test_a_terminal_gets_the_live_bar(tmp_path):
+    # 40 epochs of 22 steps: long enough for the bar to redraw with its figures at least once
+    code, text = _on_a_terminal(tmp_path, 140, *RUN[:-1], "epochs=40")
+    assert code == 0, text[-2000:]
     assert "epoch 2/40" in text and "step" in text and "run ETA" in text and "loss" in text
     assert "epoch 40/40  loss" in text  # the per-epoch lines are still there
+
+
+def test_a_narrow_terminal_keeps_the_figures_and_never_wraps(tmp_path):
+    code, text = _on_a_terminal(tmp_path, 60, *RUN[:-1], "epochs=40")
+    assert code == 0, text[-2000:]
+    drawn = [seg for line in text.split("\n") for seg in line.split("\r")
+             if seg.startswith("epoch ") and " step " in seg]
+    assert drawn, text[-2000:]
+    plain = [seg.replace("\x1b[A", "").replace("\x1b[K", "").rstrip() for seg in drawn]
+    assert max(len(seg) for seg in plain) < 60, max(plain, key=len)  # never the last column: no wrapping
+    assert any("img/s" in seg and "run ETA" in seg for seg in plain), plain[-5:]
