@@ -347,6 +347,8 @@ class DataConfig(Schema):
 class EvalConfig(Schema):
     batch_size: int = 1024  # global, like batch_size
     every: int = 1  # evaluate after every N-th epoch (0: only after the last)
+    # Evaluate this run dir's (or checkpoint file's) weights instead of training: `launch eval RUN_DIR`
+    checkpoint: str | None = None
 
     def check(self, at: str) -> None:
         check_int(f"{at}.batch_size", self.batch_size, 1, f"{at}.batch_size=1024")
@@ -445,6 +447,9 @@ class Config(Schema):
         check_int("max_restarts", self.max_restarts, 0, "max_restarts=2", high=100)
         if self.nprocs is not None:
             check_int("nprocs", self.nprocs, 1, "gpus=[] strategy=ddp nprocs=2", high=os.cpu_count() or 1024)
+        if self.eval.checkpoint is not None and (self.resume is not None or self.script):
+            raise ConfigError("eval.checkpoint", self.eval.checkpoint, "evaluates a saved model; it does not go "
+                              "with resume or script", f"eval.checkpoint={self.eval.checkpoint}")
         if self.script is not None and not str(self.script).strip():
             raise ConfigError("script", self.script, "give the path of your script, or leave script out to train "
                               "a recipe", "script=train.py gpus=[0,1]")

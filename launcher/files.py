@@ -30,6 +30,8 @@ CURVES = "curves.png"  # loss and accuracy per epoch
 PREEMPTED = "preempted"  # SLURM: the restart count of the job run that asked for its own requeue
 SWEEP_OUTPUT = "launch.out"  # a sweep run's console output (local sweeps)
 SLURM_RECORD = "slurm.json"
+EVAL = "eval.json"  # `launch eval`: accuracy, per class, the confusion matrix
+CONFUSION = "confusion.png"
 CLAIM = ".launch-claim.json"  # which launch owns the dir: pid, host, start, command (host/rundir.py)
 
 
@@ -103,3 +105,9 @@ def remove_stale_temporaries(run_dir: Path) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, lambda f: f.write(text.encode()))
+
+
+def write_json(path: Path, data: object) -> None:
+    import json
+
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")

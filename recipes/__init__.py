@@ -69,6 +69,7 @@ class Recipe:
 
     Config: ClassVar[type[RecipeConfig]] = RecipeConfig
     models: ClassVar[tuple[str, ...]] = ()  # a user recipe's model names (built-ins type recipe.model instead)
+    class_names: ClassVar[tuple[str, ...]] = ()  # shown by `launch eval` (else the class indices)
     # Training images `prepare_model` sees, normalized (a whitening layer, say).
     prepare_model_sample: ClassVar[int] = 5000
 

@@ -172,6 +172,7 @@ def write_official_format(folder: Path, splits: Splits, per_batch: int | None = 
 
 
 class Cifar10(Recipe):
+    class_names = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
     Config = Cifar10Config
     hp: Cifar10Config
 

@@ -3,6 +3,7 @@
     launch [key=value ...]          one run (Hydra overrides; `launch --help` lists them)
     launch -m key=a,b,c ...         a sweep (launcher/host/sweep_launcher.py)
     launch doctor                   an environment report
+    launch eval RUN_DIR [k=v ...]   evaluate a saved model (launcher/host/evaluate.py)
     launch --version                launch's, torch's and Hydra's versions
     launch --cfg job                the composed config, nothing started
 
@@ -144,6 +145,15 @@ def main(argv: list[str] | None = None) -> None:
     if argv in (["--version"], ["-V"]):
         print(version())
         raise SystemExit(0)
+
+    if argv[:1] == ["eval"]:  # launch eval RUN_DIR ...: the checkpoint's recipe values, then the user's
+        from launcher.host.evaluate import command_line
+
+        try:
+            argv = command_line(argv)
+        except LaunchError as err:
+            print(f"launch: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
 
     from launcher.bytecode import enable as keep_bytecode
     from launcher.host.compose import allow_imports_from_cwd, register

@@ -204,12 +204,12 @@ def to_yaml(cfg: Config) -> str:
 # ---- resolvers used by conf/config.yaml -----------------------------------------------------------
 
 
-def _run_name(recipe: str, script: str | None) -> str:
+def _run_name(recipe: str, script: str | None, evaluated: str | None = None) -> str:
     """The run dir's name under outputs/ (or multirun/): DATE/TIME-WHAT-ID, WHAT the recipe or the
     script; inside torchrun/srun one name every rank agrees on, so they share one run dir."""
     if existing_world() is not None:
         return joined_run_id(os.environ)
-    what = Path(str(script)).stem if script else recipe
+    what = Path(str(script)).stem if script else recipe + ("-eval" if evaluated else "")
     now = datetime.now()
     # The random suffix keeps two launches started in the same second in separate run dirs.
     return f"{now:%Y-%m-%d}/{now:%H-%M-%S}-{what}-{secrets.token_hex(2)}"

@@ -10,7 +10,7 @@ run's plan.json (`resume.changed`), and config.yaml records the values used.
 
 What the state cannot carry over is refused in one line: a file that is not a launch checkpoint;
 another recipe, model or optimizer (recipe.name, recipe.model, optim); epochs not above the epochs
-already trained (evaluate it instead: `launch eval=...`). A network of another shape (a recipe
+already trained (evaluate it instead: `launch eval RUN_DIR`). A network of another shape (a recipe
 hyper-parameter that changes a layer) only shows when a worker loads the weights: one line too.
 """
 
@@ -47,20 +47,22 @@ class Resume:
         return f"resuming {self.path} after epoch {self.epoch}; from this command line: {shown}"
 
 
-def resolve(value: str, search_root: Path = Path("outputs")) -> Path:
-    """`resume` -> the checkpoint file: a .pt file, a run dir holding checkpoints/last.pt, or `latest`."""
+def resolve(value: str, search_root: Path = Path("outputs"), setting: str = "resume") -> Path:
+    """`resume` (or `setting`) -> the checkpoint file: a .pt file, a run dir holding checkpoints/last.pt,
+    or `latest` (the newest under outputs/)."""
     if value == "latest":
         candidates = sorted(search_root.glob(f"**/{CHECKPOINTS}/{LAST_CHECKPOINT}"), key=lambda p: p.stat().st_mtime)
         if not candidates:
-            raise LaunchError(f"resume=latest is not valid: no checkpoint under {search_root.resolve()}/ "
-                              "(e.g. launch resume=outputs/DATE/TIME-RECIPE-ID)")
+            raise LaunchError(f"{setting}=latest is not valid: no checkpoint under {search_root.resolve()}/ "
+                              f"(e.g. launch {setting}=outputs/DATE/TIME-RECIPE-ID)")
         return candidates[-1]
     path = Path(os.path.expanduser(value))
     if path.is_dir():
         path = last_checkpoint(path)
     if not path.is_file():
-        raise LaunchError(f"resume={value} is not valid: {path} does not exist; give a run dir that holds "
-                          "checkpoints/last.pt, a .pt file, or latest (e.g. launch resume=latest)")
+        shown = f"{setting} {value}" if " " in setting else f"{setting}={value}"
+        raise LaunchError(f"{shown} is not valid: {path} does not exist; give a run dir that holds "
+                          f"checkpoints/last.pt, a .pt file, or latest (e.g. launch {setting}=latest)")
     return path
 
 
@@ -115,7 +117,7 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
     if cfg.epochs <= epoch:
         raise LaunchError(f"epochs={cfg.epochs} is not valid with resume={value}: the checkpoint has trained {epoch} "
                           f"epoch{'s' if epoch != 1 else ''} already; give more (e.g. launch resume={value} "
-                          f"epochs={epoch + max(1, epoch)}), or evaluate it: launch eval={value}")
+                          f"epochs={epoch + max(1, epoch)}), or evaluate it: launch eval {value}")
     changed = _differences(_flat(state.get("config") or {}), _flat(to_plain(cfg)))
     return Resume(path, epoch, changed)
 

@@ -9,6 +9,7 @@ create their own.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher import logs
-from launcher.config import Config
+from launcher.config import Config, derive
 from launcher.errors import LaunchError
 from launcher.files import (
     CHECKPOINTS,
@@ -31,6 +32,8 @@ from launcher.files import (
 )
 from launcher.host import script
 from launcher.host.compose import to_yaml
+from launcher.host.evaluate import checkpoint_to_evaluate
+from launcher.host.evaluate import summarize as summarize_evaluation
 from launcher.host.outcome import LaunchContext, Outcome
 from launcher.host.plan import Plan, make_plan
 from launcher.host.resume import Resume
@@ -70,11 +73,14 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
         if cfg.script:
             return _run_user_script(plan, run_dir, context)
         recipe = check_runnable(cfg)
+        evaluate = checkpoint_to_evaluate(cfg) if cfg.eval.checkpoint else None
+        if evaluate is not None:  # one pass over the test split: compiling would cost more than it saves
+            plan = dataclasses.replace(plan, config=derive(plan.config, perf=derive(plan.config.perf, compile=False)))
         resume = inspect_resume(cfg.resume, plan.config) if cfg.resume and not requeued else None
         resume_from = str(resume.path) if resume else (str(resolve_resume(cfg.resume).resolve()) if cfg.resume
                                                        else None)
         if cfg.dry_run:
-            print(describe_dry_run(plan, run_dir, resume))
+            print(describe_dry_run(plan, run_dir, resume, evaluate))
             return Outcome(0)
         if recipe is not None and (joined is None or joined.local_rank == 0):
             recipe(plan.config).prepare()  # fetch or check data once per host
@@ -97,12 +103,13 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
             log.warning(note)
 
     spec = WorkerSpec(plan.config, plan.strategy, str(run_dir), plan.env, plan.device_index, resume_from,
-                      context.requeue, context.started, spawned_s=round(time.time() - context.started, 3))
+                      evaluate=str(evaluate) if evaluate else None, requeue=context.requeue,
+                      started_at=context.started, spawned_s=round(time.time() - context.started, 3))
     outcome = _execute(spec, plan)
     if plan.joined is not None:  # this process was a worker too: back to the launcher's own logging
         logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
     if outcome.exit_code == 0 and is_main:
-        summarize(outcome.results, run_dir, time.time() - context.started)
+        (summarize_evaluation if evaluate else summarize)(outcome.results, run_dir, time.time() - context.started)
     return outcome
 
 
@@ -162,7 +169,7 @@ def _write_run_files(plan: Plan, run_dir: Path, resume: Resume | None, context: 
     (run_dir / PLAN).write_text(json.dumps(record, indent=2) + "\n")
 
 
-def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None) -> str:
+def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None, evaluate: Path | None = None) -> str:
     cfg, s = plan.config, plan.strategy
     how = "torch.distributed.elastic, c10d rendezvous on localhost:0" if plan.joined is None else "already started"
     lines = [
@@ -177,6 +184,8 @@ def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None) -> str:
     ]
     if resume:
         lines.append(f"  resume        {resume.describe()}")
+    if evaluate:
+        lines.append(f"  evaluate      {evaluate} (no training)")
     lines += [f"  note          {note}" for note in plan.notes]
     return "\n".join(lines)
 

@@ -33,7 +33,7 @@ import torch
 
 from launcher.config import CompileMode, Config, Precision, saved_choices, to_plain
 from launcher.errors import ConfigError, ExplainedStop
-from launcher.files import CURVES, last_checkpoint
+from launcher.files import CONFUSION, CURVES, EVAL, last_checkpoint, write_json
 from launcher.recipes import Recipe, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
@@ -76,7 +76,8 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     if strategy.distributed:
         timeline.mark("process_group")
     try:
-        results = Trainer(spec, world, device, timeline).run()
+        trainer = Trainer(spec, world, device, timeline)
+        results = trainer.evaluate(spec.evaluate) if spec.evaluate else trainer.run()
     except torch.OutOfMemoryError as exc:
         raise OutOfMemory(_oom_message(cfg, strategy, device)) from exc
     # On failure nothing is torn down (see DDP.teardown); here every rank finished.
@@ -163,6 +164,38 @@ class Trainer:
             return None
         reporting.plot_curves(history, self.run_dir / CURVES)
         return self._results(history, digests, devices, start.source, time.perf_counter() - t_start)
+
+    def evaluate(self, source: str) -> dict[str, Any] | None:
+        """`launch eval`: the saved weights of `source` on the test split (the recipe's predict, so its
+        test-time augmentation too), on every rank's shard; accuracy per class and the confusion matrix."""
+        t_start = time.perf_counter()
+        self.data = self._load_data()
+        self.timeline.mark("data_loaded")
+        self.nets = self._build_model()
+        state = checkpoint.load(source, map_location=self.device)
+        try:
+            self.strategy.load_state_dict(self.nets, state["net_state_dict"])
+        except (RuntimeError, ValueError) as exc:
+            raise self._does_not_fit(source, state, exc) from None
+        self.strategy.barrier()
+        row = self._evaluate(confusion=True)
+        if not self.is_main:
+            return None
+        confusion = row.pop("confusion")
+        counts = [sum(r) for r in confusion]
+        per_class = [confusion[i][i] / counts[i] if counts[i] else None for i in range(len(confusion))]
+        names = list(self.recipe.class_names) or [str(i) for i in range(len(confusion))]
+        results = {
+            "evaluated": source, "recipe": self.cfg.recipe.name, "model": str(self.cfg.recipe.model),
+            "trained_epochs": state.get("epoch"), "strategy": self.strategy.name,
+            "world_size": self.strategy.world_size, "device_type": self.device.type,
+            "synthetic_data": self.data.synthetic, "test_images": int(sum(counts)),
+            **row, "classes": names, "per_class_acc": dict(zip(names, per_class, strict=True)),
+            "confusion": confusion, "worker_s": time.perf_counter() - t_start, "torch": torch.__version__,
+        }
+        write_json(self.run_dir / EVAL, results)
+        reporting.plot_confusion(confusion, names, self.run_dir / CONFUSION)
+        return results
 
     @property
     def is_main(self) -> bool:
@@ -391,7 +424,7 @@ class Trainer:
             log.info(self.timeline.describe())
 
     @torch.no_grad()
-    def _evaluate(self) -> dict[str, float]:
+    def _evaluate(self, confusion: bool = False) -> dict[str, Any]:
         # With several ranks every one holds the same weights (buffers are averaged first), so each
         # scores a disjoint shard and the counts are summed.
         s = self.strategy
@@ -400,16 +433,25 @@ class Trainer:
                              s.rank)
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device)
+        classes = self.data.num_classes
+        matrix = torch.zeros(classes * classes, device=self.device) if confusion else None
         with SpanTimer(self.device) as timer:
             for x, y, _ in self.data.test.batches(chunks):
                 with self.autocast():
                     logits = self.recipe.predict(self.nets.eval, self.data.normalize(x))
                 loss_sum += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum")
-                correct += (logits.argmax(1) == y).sum()
+                predicted = logits.argmax(1)
+                correct += (predicted == y).sum()
+                if matrix is not None:  # rows: the true class, columns: the predicted one
+                    matrix += torch.bincount(y * classes + predicted, minlength=classes * classes)
         count = float(sum(len(c) for c in chunks))
         loss_total, correct_total, count = s.all_reduce(
             torch.stack([loss_sum, correct, torch.tensor(count, device=self.device)])).tolist()
-        return {"test_loss": loss_total / count, "test_acc": correct_total / count, "eval_s": timer.seconds}
+        row: dict[str, Any] = {"test_loss": loss_total / count, "test_acc": correct_total / count,
+                               "eval_s": timer.seconds}
+        if matrix is not None:
+            row["confusion"] = [[int(v) for v in r] for r in s.all_reduce(matrix).view(classes, classes).tolist()]
+        return row
 
     def _evaluates_after(self, epoch: int) -> bool:
         every = self.cfg.eval.every

@@ -79,3 +79,35 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path | None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def plot_confusion(confusion: list[list[int]], names: list[str], path: Path) -> Path:
+    """The confusion matrix (rows: true class, columns: predicted), each row as fractions of that class."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(confusion)
+    fractions = [[v / max(1, sum(row)) for v in row] for row in confusion]
+    size = max(4.0, 0.45 * n + 2)
+    fig, ax = plt.subplots(figsize=(size, size * 0.9))
+    image = ax.imshow(fractions, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(n), names, rotation=45, ha="right")
+    ax.set_yticks(range(n), names)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true class")
+    if n <= 20:
+        for i in range(n):
+            for j in range(n):
+                if confusion[i][j]:
+                    ax.text(j, i, str(confusion[i][j]), ha="center", va="center", fontsize=7,
+                            color="white" if fractions[i][j] > 0.5 else "black")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="fraction of the true class")
+    total = sum(map(sum, confusion))
+    correct = sum(confusion[i][i] for i in range(n))
+    ax.set_title(f"accuracy {100 * correct / max(1, total):.2f}% on {total} test images")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,81 @@
+"""`launch eval RUN_DIR [key=value ...]`: evaluate a saved model, on any gpus and strategy.
+
+    launch eval outputs/2026-11-22/10-00-00-cifar10-ab12              its test split, where launch picks
+    launch eval outputs/.../checkpoints/last.pt gpus=[0,1] strategy=ddp
+
+The weights are read with weights_only=True; the run is a new run dir (TIME-RECIPE-eval-ID) holding
+eval.json (accuracy, loss, accuracy per class, the confusion matrix) and confusion.png. The recipe, its
+model and its hyper-parameters are the checkpoint's (what built the network that was saved); the
+command line can change the rest (gpus, strategy, eval.batch_size, data.root, precision). It is the same
+as `launch eval.checkpoint=PATH recipe=...` with the checkpoint's recipe values spelled out.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from launcher.config import Config, saved_choices
+from launcher.errors import LaunchError
+from launcher.files import CONFUSION, EVAL
+from launcher.host.resume import load_checkpoint, resolve
+
+log = logging.getLogger("launcher")
+
+USAGE = "launch eval RUN_DIR_OR_CHECKPOINT [key=value ...] (e.g. launch eval outputs/DATE/TIME-RECIPE-ID gpus=[0])"
+
+
+def _hydra_value(value: Any) -> str:
+    """A value as a Hydra override spells it (strings quoted, so nothing in them is read as syntax)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{text}'"
+
+
+def command_line(argv: list[str]) -> list[str]:
+    """`eval PATH overrides...` -> the overrides of the launch that evaluates PATH."""
+    if len(argv) < 2 or "=" in argv[1] or argv[1].startswith("-"):
+        raise LaunchError(f"launch eval needs the run dir or checkpoint to evaluate: {USAGE}")
+    where, overrides = argv[1], argv[2:]
+    path = resolve(where, setting="launch eval")
+    state = load_checkpoint(path, f"launch eval {where}")
+    recipe = (state.get("config") or {}).get("recipe") or {}
+    if not recipe.get("name"):
+        raise LaunchError(f"launch eval {where}: the checkpoint does not say which recipe trained it (written by an "
+                          "older launch); evaluate it with launch eval.checkpoint=PATH recipe=NAME")
+    mine = [f"eval.checkpoint={_hydra_value(str(path.resolve()))}", f"recipe={recipe['name']}"]
+    given = {o.partition("=")[0].lstrip("+~") for o in overrides}
+    mine += [f"recipe.{k}={_hydra_value(v)}" for k, v in recipe.items() if k != "name" and f"recipe.{k}" not in given]
+    return [*mine, *overrides]
+
+
+def checkpoint_to_evaluate(cfg: Config) -> Path:
+    """The checkpoint `eval.checkpoint` names, checked: a launch checkpoint of this recipe and model."""
+    value = str(cfg.eval.checkpoint)
+    path = resolve(value, setting="eval.checkpoint").resolve()
+    state = load_checkpoint(path, f"eval.checkpoint={value}")
+    now = {"recipe": cfg.recipe.name, "recipe.model": str(cfg.recipe.model)}
+    for key, saved in saved_choices(state.get("config") or {}).items():
+        if key in now and saved not in (None, now[key]):
+            raise LaunchError(f"{key}={now[key]} is not valid with eval.checkpoint={value}: the checkpoint holds a "
+                              f"{key}={saved} network (e.g. launch eval {value}, which takes the checkpoint's)")
+    return path
+
+
+def summarize(results: dict[str, Any] | None, run_dir: Path, elapsed: float) -> None:
+    results = results or {}
+    acc, images = results.get("test_acc"), results.get("test_images")
+    per_class = {k: v for k, v in (results.get("per_class_acc") or {}).items() if v is not None}
+    worst = sorted(per_class.items(), key=lambda kv: kv[1])[:3]
+    shown = ", ".join(f"{name} {100 * v:.1f}%" for name, v in worst)
+    log.info("evaluated %s in %.1fs: test accuracy %.2f%% on %s images (loss %.4f); lowest classes: %s. "
+             "%s  %s", results.get("evaluated"), elapsed, 100 * (acc or 0.0), images, results.get("test_loss") or 0.0,
+             shown, run_dir / EVAL, run_dir / CONFUSION)
