@@ -4,6 +4,7 @@
     launch -m key=a,b,c ...         a sweep (launcher/host/sweep_launcher.py)
     launch doctor                   an environment report
     launch eval RUN_DIR [k=v ...]   evaluate a saved model (launcher/host/evaluate.py)
+    launch runs [--json]            the recent runs here and their state (launcher/host/runs.py)
     launch --version                launch's, torch's and Hydra's versions
     launch --cfg job                the composed config, nothing started
 
@@ -142,6 +143,10 @@ def main(argv: list[str] | None = None) -> None:
         from launcher.host.doctor import main as doctor_main
 
         raise SystemExit(doctor_main(argv[1:]))
+    if argv[:1] == ["runs"]:
+        from launcher.host.runs import main as runs_main
+
+        raise SystemExit(runs_main(argv[1:]))
     if argv in (["--version"], ["-V"]):
         print(version())
         raise SystemExit(0)

@@ -1,0 +1,141 @@
+"""`launch runs [--json] [--limit N]`: the recent runs under outputs/ and multirun/ of this directory,
+newest first: when, recipe, strategy, devices, epochs, best test accuracy, state, dir.
+
+A run's state, from what its dir holds (launcher/files.py names the files):
+    running    its claim's process is alive (on this host)
+    finished   results.json (or eval.json for `launch eval`)
+    preempted  SLURM asked it to stop and requeue (`preempted`), not finished since
+    failed     anything else that started (a failure record, or a launch that ended without results)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.files import CLAIM, CONFIG, EVAL, FAILURES, METRICS, PLAN, PREEMPTED, RESULTS
+from launcher.host.rundir import pid_alive, read_claim
+
+ROOTS = ("outputs", "multirun")
+USAGE = "launch runs [--json] [--limit N]"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _config_values(run_dir: Path) -> dict[str, Any]:
+    """recipe, model and epochs from config.yaml (plain YAML; no Hydra needed to read it)."""
+    try:
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.load(run_dir / CONFIG)
+        return {"recipe": OmegaConf.select(cfg, "recipe.name"), "model": OmegaConf.select(cfg, "recipe.model"),
+                "epochs": OmegaConf.select(cfg, "epochs"), "script": OmegaConf.select(cfg, "script")}
+    except Exception:  # noqa: BLE001 - a torn or missing config.yaml: show what else is known
+        return {}
+
+
+def describe(run_dir: Path) -> dict[str, Any]:
+    claim = read_claim(run_dir) or {}
+    plan = _read_json(run_dir / PLAN)
+    results = _read_json(run_dir / RESULTS) or _read_json(run_dir / EVAL)
+    values = _config_values(run_dir)
+    rows = []
+    if (run_dir / METRICS).exists():
+        for line in (run_dir / METRICS).read_text(errors="replace").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    accs = [r["test_acc"] for r in rows if isinstance(r.get("test_acc"), (int, float))]
+    best = results.get("best_test_acc") or results.get("test_acc") or (max(accs) if accs else None)
+    if claim and pid_alive(claim.get("pid"), claim.get("host")):
+        state = "running"
+    elif results:
+        state = "finished"
+    elif (run_dir / PREEMPTED).exists():
+        state = "preempted"
+    else:
+        state = "failed"
+    started = claim.get("started")
+    if not started:
+        source = run_dir / PLAN if (run_dir / PLAN).exists() else run_dir
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(source.stat().st_mtime))
+    devices = plan.get("gpu_ids")
+    what = values.get("script") or values.get("recipe") or results.get("recipe")
+    if what and values.get("script"):
+        what = Path(str(what)).name
+    if what and (run_dir / EVAL).exists():
+        what = f"{what} (eval)"
+    return {
+        "started": started,
+        "recipe": what,
+        "strategy": plan.get("strategy"),
+        "devices": (f"GPU {','.join(map(str, devices))}" if devices else
+                    f"CPU x{plan.get('nprocs', 1)}" if plan else None),
+        "epochs": f"{len(rows)}/{values.get('epochs')}" if values.get("epochs") and not (run_dir / EVAL).exists()
+        else None,
+        "best_test_acc": best,
+        "state": state,
+        "failed_ranks": sorted({p.name for p in (run_dir / FAILURES).glob("*.json")}) if state == "failed" else [],
+        "dir": str(run_dir),
+    }
+
+
+def find(root: Path) -> list[Path]:
+    """Run dirs under outputs/ and multirun/ (a dir launch claimed or wrote a plan into)."""
+    found = set()
+    for top in ROOTS:
+        base = root / top
+        if not base.is_dir():
+            continue
+        for marker in (CLAIM, PLAN):
+            for path in base.glob(f"**/{marker}"):
+                if not (path.parent / "multirun.yaml").exists():  # a sweep's own dir: its runs are listed
+                    found.add(path.parent)
+    return sorted(found)
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    heads = ("started", "recipe", "strategy", "devices", "epochs", "best acc", "state", "dir")
+    cells = [[r["started"], r["recipe"] or "-", r["strategy"] or "-", r["devices"] or "-", r["epochs"] or "-",
+              f"{100 * r['best_test_acc']:.2f}%" if isinstance(r["best_test_acc"], (int, float)) else "-",
+              r["state"], r["dir"]] for r in runs]
+    widths = [max(len(str(x)) for x in col) for col in zip(heads, *cells, strict=False)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
+             for row in (heads, *cells)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str], root: Path | None = None) -> int:
+    as_json, limit = False, 20
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--json":
+            as_json = True
+        elif arg in ("--limit", "-n") and args and args[0].isdigit():
+            limit = int(args.pop(0))
+        elif arg == "--all":
+            limit = 0
+        else:
+            print(f"launch: runs does not take {arg!r}: {USAGE}", file=sys.stderr)
+            return 2
+    root = Path.cwd() if root is None else root
+    runs = sorted((describe(d) for d in find(root)), key=lambda r: (r["started"], r["dir"]), reverse=True)
+    runs = runs[:limit] if limit else runs
+    if as_json:
+        print(json.dumps(runs, indent=2))
+    elif not runs:
+        print(f"no runs under {root / 'outputs'} or {root / 'multirun'}")
+    else:
+        print(table(runs))
+    return 0
