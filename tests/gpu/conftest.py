@@ -23,3 +23,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs CUDA"))
         elif item.get_closest_marker("two_gpus") and count < 2:
             item.add_marker(pytest.mark.skip(reason="needs 2 GPUs"))
+
+
+@pytest.fixture(autouse=True)
+def every_run_ran_on_cuda(tmp_path):
+    """A silent fall-back to the CPU must fail a GPU test: every run a test finished in its directory
+    (results.json, eval.json) says it ran on CUDA."""
+    yield
+    import json
+
+    for name in ("results.json", "eval.json"):
+        for path in tmp_path.glob(f"**/{name}"):
+            ran_on = json.loads(path.read_text()).get("device_type")
+            assert ran_on == "cuda", f"{path} ran on {ran_on}, not CUDA"

@@ -29,6 +29,14 @@ def test_a_checkpoint_written_in_the_background_holds_the_state_of_when_it_was_t
     assert torch.equal(checkpoint.load(tmp_path / "last.pt")["net_state_dict"]["w"], torch.arange(4.0))
 
 
+def test_a_snapshot_copies_the_tensors_it_is_given():
+    """Deterministic (no writer thread): the snapshot must not alias the live weights."""
+    weights = torch.arange(4.0)
+    snapshot = checkpoint.HostSnapshot({"net_state_dict": {"w": weights}, "epoch": 1})
+    weights.add_(100)
+    assert torch.equal(snapshot.state()["net_state_dict"]["w"], torch.arange(4.0))
+
+
 def test_capture_and_restore_put_back_weights_optimizer_state_and_rng():
     """The one pair that save, resume and the warm-up use: after restore, training goes on exactly as
     from the captured moment, the live tensors (which a captured step holds by address) kept."""
@@ -85,3 +93,32 @@ def test_torchrun_environment_is_joined():
     batch = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}
     assert existing_world(batch) is None
     assert existing_world({**batch, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"}) is None
+
+
+def test_a_checkpoint_write_that_fails_leaves_the_previous_checkpoint_whole(tmp_path):
+    """Atomic: the new state goes to a temporary file renamed over the old one; a write that fails
+    half way (here: an object torch.save cannot pickle) leaves last.pt as it was, and no temporary file."""
+    import torch
+
+    from launcher.train.checkpoint import load, save_atomic
+
+    path = tmp_path / "last.pt"
+    save_atomic({"epoch": 1, "w": torch.arange(1000.0)}, path)
+    before = path.read_bytes()
+    with pytest.raises(Exception):  # noqa: B017 - whatever pickle raises
+        save_atomic({"epoch": 2, "w": torch.zeros(1000), "bad": lambda: 0}, path)
+    assert path.read_bytes() == before and load(path)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+@pytest.mark.parametrize(("restarts", "cap", "may"), [(0, 0, False), (0, 1, True), (2, 3, True), (3, 3, False),
+                                                      (4, 3, False)])
+def test_a_job_requeues_itself_at_most_max_requeues_times(restarts, cap, may):
+    from launcher.spec import RequeuePolicy
+    from launcher.train.preemption import PreemptionWatch
+
+    watch = PreemptionWatch(RequeuePolicy("42", restarts, cap))
+    try:
+        assert watch.may_requeue(warn=False) is may
+    finally:
+        watch.close()

@@ -51,6 +51,25 @@ def test_tta_views_and_weights():
     assert torch.allclose(tta_logits(net, x, 2), torch.arange(4.0).expand(5, 4))
 
 
+def test_tta_views_are_six_different_images_weighted_as_stated():
+    """A network that reads pixels by position sees every view differently: each view must be its own
+    image (mirror, one-pixel shifts up-left and down-right), and the logits their weighted mean."""
+    x = torch.randn(3, 1, 6, 6)
+    views, weights = tta_views(x, 2)
+    chunks = views.split(3)
+    assert all(not torch.equal(chunks[i], chunks[j]) for i in range(6) for j in range(i + 1, 6))
+    assert torch.equal(chunks[2][:, :, 1:, 1:], x[:, :, :-1, :-1])  # shifted: the pixel up-left moved in
+    assert torch.equal(chunks[4][:, :, :-1, :-1], x[:, :, 1:, 1:])  # and down-right
+    assert torch.equal(chunks[3], chunks[2].flip(3)) and torch.equal(chunks[5], chunks[4].flip(3))
+
+    def by_position(v):  # logits = the first row's first four pixels
+        return v[:, 0, 0, :4]
+
+    expected = sum(w * by_position(c) for w, c in zip(weights, chunks, strict=True))
+    assert torch.allclose(tta_logits(by_position, x, 2), expected)
+    assert weights == [0.25, 0.25, 0.125, 0.125, 0.125, 0.125]
+
+
 def test_muon_groups_train_matrices_and_keep_their_scale():
     torch.manual_seed(0)
     net = Airbench94()

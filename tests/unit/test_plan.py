@@ -41,6 +41,14 @@ def test_cpu_runs_hide_the_gpus_and_share_the_cores(cuda_build):
     assert int(plan.env["OMP_NUM_THREADS"]) == max(1, len(os.sched_getaffinity(0)) // 2)
 
 
+@pytest.mark.parametrize(("cores", "nprocs", "threads"), [(16, 2, 8), (16, 1, 16), (3, 2, 1), (1, 2, 1)])
+def test_cpu_ranks_split_the_cores_the_launch_may_use(cuda_build, cores, nprocs, threads):
+    """Stated as numbers (SLURM's count of this job's CPUs), not as the formula again."""
+    plan = make_plan(config_of("gpus=[]", "strategy=ddp", f"nprocs={nprocs}"), env={"SLURM_CPUS_ON_NODE": str(cores)},
+                     physical_count=0)
+    assert plan.env["OMP_NUM_THREADS"] == str(threads)
+
+
 def test_cpu_threads_follow_a_slurm_allocation_not_the_whole_host(cuda_build):
     env = {"SLURM_CPUS_ON_NODE": "8"}
     plan = make_plan(config_of("gpus=[]", "strategy=ddp", "nprocs=2"), env=env, physical_count=0)
@@ -102,3 +110,32 @@ def test_a_count_on_an_idle_machine_takes_the_first_gpus_whatever_their_driver_m
     # one GPU running a small job: the idle ones still come first, in index order
     in_use = [GpuLoad(0, "H200", 120.0, 140.0, 20), *idle[1:]]
     assert least_busy(in_use, 2)[0] == [1, 2]
+
+
+def test_among_gpus_in_use_the_one_with_the_most_free_memory_is_taken():
+    loads = [GpuLoad(0, "H200", 100.0, 140.0, 10), GpuLoad(1, "H200", 130.0, 140.0, 10),
+             GpuLoad(2, "H200", 110.0, 140.0, 10)]
+    assert least_busy(loads, 1)[0] == [1]
+    assert least_busy(loads, 2)[0] == [1, 2]
+
+
+def test_a_gpu_computing_with_little_memory_is_not_idle():
+    """Utilization counts: a small job at 90% leaves the driver's share of memory but is busy."""
+    loads = [GpuLoad(0, "H200", 139.8, 140.0, 90), GpuLoad(1, "H200", 139.5, 140.0, 0)]
+    assert not loads[0].idle and loads[0].busy and loads[1].idle
+    assert least_busy(loads, 1)[0] == [1]
+
+
+def test_a_users_process_group_backend_is_kept_on_gpus(cuda_build):
+    plan = make_plan(config_of("gpus=[0,1]", "strategy=ddp", "strategy.backend=gloo"), env={}, physical_count=2)
+    assert plan.strategy.process_group_backend == "gloo"
+    default = make_plan(config_of("gpus=[0,1]", "strategy=ddp"), env={}, physical_count=2)
+    assert default.strategy.process_group_backend == "nccl"
+
+
+def test_a_local_launch_keeps_its_sockets_on_loopback_unless_the_user_chose(cuda_build):
+    plan = make_plan(config_of("gpus=[]", "strategy=ddp", "nprocs=2"), env={}, physical_count=0)
+    assert plan.env["GLOO_SOCKET_IFNAME"] == "lo" and plan.env["NCCL_SOCKET_IFNAME"] == "=lo"
+    chosen = make_plan(config_of("gpus=[]", "strategy=ddp", "nprocs=2"), env={"GLOO_SOCKET_IFNAME": "eth1"},
+                       physical_count=0)
+    assert "GLOO_SOCKET_IFNAME" not in chosen.env
