@@ -1,0 +1,129 @@
+"""A small mutation check over the modules where a wrong answer loses work or time: checkpoint, resume,
+failures, gpus, strategy, preemption, run dirs, process lifetime, binding, exit codes.
+
+Each mutant is a one-line bug put into the source; the tests that should notice it run against it; a
+mutant is *caught* when they fail. The file is restored afterwards, whatever happens.
+
+    python -m tests.mutants                 # all mutants; one JSON line each, then a summary line
+    python -m tests.mutants atomic idle     # only the mutants whose name contains one of these words
+
+It edits the working tree in place (launcher/ and recipes/ are installed in editable mode, so a copy
+would not be what the tests import): run it on a clean checkout, with nothing else running tests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+UNIT_CKPT = "tests/unit/test_checkpoint_and_env.py"
+UNIT_PLAN = "tests/unit/test_plan.py"
+
+MUTANTS = [
+    Mutant("checkpoint write not atomic", "launcher/train/checkpoint.py",
+           "write_atomic(path, lambda f: torch.save(state, f), durable=True)", "torch.save(state, path)", (UNIT_CKPT,)),
+    Mutant("snapshot aliases the weights", "launcher/train/checkpoint.py",
+           "            if obj.device.type != \"cuda\":\n                return obj.detach().clone()",
+           "            if obj.device.type != \"cuda\":\n                return obj.detach()", (UNIT_CKPT,)),
+    Mutant("resume= is a no-op", "launcher/train/loop.py",
+           "source = str(own) if restarted and own.exists() else self.spec.resume_from",
+           "source = str(own) if restarted and own.exists() else None",
+           ("tests/distributed/test_resume.py::test_a_resume_with_the_same_settings_changes_nothing_and_starts_after"
+            "_the_checkpoint",)),
+    Mutant("resume keeps the checkpoint's hyper-parameters", "launcher/train/loop.py",
+           "optim.continue_with(self.steppers, settings, epoch * self.steps_per_epoch)", "pass",
+           ("tests/distributed/test_resume.py::test_a_resume_trains_with_the_new_settings_and_records_them",)),
+    Mutant("resume allows epochs already trained", "launcher/host/resume.py",
+           "if cfg.epochs <= epoch:", "if cfg.epochs < epoch:",
+           ("tests/distributed/test_resume.py::test_what_a_checkpoint_cannot_continue_under_is_refused",)),
+    Mutant("gpus=N prefers the least free memory", "launcher/host/gpus.py",
+           "(1 + g.busy, -round(g.free_gib, 1), g.util_pct, g.index)",
+           "(1 + g.busy, round(g.free_gib, 1), g.util_pct, g.index)", (UNIT_PLAN,)),
+    Mutant("idle ignores utilization", "launcher/host/gpus.py",
+           "< IDLE_USED_GIB and self.util_pct <= IDLE_UTIL_PCT", "< IDLE_USED_GIB", (UNIT_PLAN,)),
+    Mutant("a user's strategy.backend ignored", "launcher/strategies/ddp.py",
+           "        if chosen is ProcessGroupBackend.auto:", "        if True:", (UNIT_PLAN,)),
+    Mutant("max_requeues off by one", "launcher/train/preemption.py",
+           "if policy.restart_count >= policy.max_requeues:", "if policy.restart_count > policy.max_requeues:",
+           (UNIT_CKPT,)),
+    Mutant("root cause: the latest failure, not the earliest", "launcher/failures.py",
+           "return min(primary or latest, key=lambda r: r.time)", "return max(primary or latest, key=lambda r: r.time)",
+           ("tests/unit/test_failures.py",)),
+    Mutant("signal deaths lose their signal", "launcher/host/outcome.py",
+           "return 128 - returncode if returncode < 0 else returncode", "return returncode if returncode < 0 else 0",
+           ("tests/distributed/test_nothing_silent.py::test_a_sweep_whose_run_is_killed_by_a_signal_exits_128_plus_n",)),
+    Mutant("run dir claim not exclusive", "launcher/host/rundir.py",
+           "os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644", "os.O_WRONLY | os.O_CREAT, 0o644",
+           ("tests/cli/test_run_dirs.py::test_two_launches_started_together_on_one_dir_never_share_it",)),
+    Mutant("a user's folder is written into", "launcher/host/rundir.py",
+           "    if not entries:\n        return None", "    if True:\n        return None",
+           ("tests/cli/test_run_dirs.py",)),
+    Mutant("a refused launch removes dirs it did not make", "launcher/host/rundir.py",
+           "    if taken is None:  # a sweep's", "    if True:  # a sweep's",
+           ("tests/cli/test_run_dirs.py::test_a_refused_launch_removes_only_what_it_created",
+            "tests/cli/test_run_dirs.py::test_a_refused_launch_into_the_current_folder_keeps_it")),
+    Mutant("workers keep torch's SIGINT parent-death signal", "launcher/train/worker.py",
+           "    die_with_parent()  # SIGKILL", "    pass  # SIGKILL",
+           ("tests/distributed/test_lifetime_and_binding.py::test_launcher_killed_in_a_background_job_of_a_script"
+            "_leaves_no_worker",)),
+    Mutant("the workers' store listens on every interface", "launcher/host/rendezvous.py",
+           "    handler._create_tcp_store_server = lambda addr, port: store", "    pass",
+           ("tests/distributed/test_lifetime_and_binding.py::test_a_local_launch_listens_on_loopback_only",)),
+    Mutant("a bad checkpoint reaches the workers", "launcher/host/resume.py",
+           "    if \"net_state_dict\" not in state or \"epoch\" not in state:", "    if False:",
+           ("tests/distributed/test_resume.py::test_a_file_that_is_not_a_launch_checkpoint_is_one_line_before_any"
+            "_worker",)),
+]
+
+
+def run(mutant: Mutant) -> dict:
+    path = REPO / mutant.path
+    original = path.read_text()
+    if original.count(mutant.old) != 1:
+        return {"mutant": mutant.name, "caught": None, "error": f"the line is not in {mutant.path} exactly once"}
+    started = time.monotonic()
+    try:
+        path.write_text(original.replace(mutant.old, mutant.new))
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+                              cwd=REPO, capture_output=True, text=True, timeout=900)
+    finally:
+        path.write_text(original)
+    tail = (proc.stdout.strip().splitlines() or [""])[-1]
+    return {"mutant": mutant.name, "file": mutant.path, "caught": proc.returncode != 0, "tests": tail,
+            "seconds": round(time.monotonic() - started, 1)}
+
+
+def main(words: list[str]) -> int:
+    chosen = [m for m in MUTANTS if not words or any(w.lower() in m.name.lower() for w in words)]
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", *sorted({m.path for m in chosen})], cwd=REPO,
+                           capture_output=True, text=True).stdout.strip()
+    if dirty:
+        print(f"mutants: these files have uncommitted changes; commit or stash them first:\n{dirty}", file=sys.stderr)
+        return 2
+    caught = 0
+    for mutant in chosen:
+        row = run(mutant)
+        caught += bool(row["caught"])
+        print(json.dumps(row), flush=True)
+    print(json.dumps({"caught": caught, "of": len(chosen)}))
+    return 0 if caught == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
