@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -124,3 +125,48 @@ def cifar_root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("cifar")
     write_official_format(root / FOLDER, synthetic_splits(500, 100, seed=3))
     return root
+
+
+def _listening_inodes() -> dict[int, str]:
+    """socket inode -> 'address:port' for every TCP socket in LISTEN state on this machine."""
+    found = {}
+    for table, family in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 6)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], int(fields[9])
+            if state != "0A":
+                continue
+            hex_addr, hex_port = local.split(":")
+            raw = bytes.fromhex(hex_addr)
+            if family == 4:
+                addr = ipaddress.IPv4Address(raw[::-1])
+            else:  # four little-endian 32-bit words
+                addr = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+            found[inode] = f"{addr}:{int(hex_port, 16)}"
+    return found
+
+
+def listening_sockets(pids: set[int]) -> set[str]:
+    inodes = _listening_inodes()
+    found = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inode = int(target[8:-1])
+                if inode in inodes:
+                    found.add(inodes[inode])
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.rsplit(":", 1)[0])
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback

@@ -70,7 +70,8 @@ MUTANTS = [
            ("tests/distributed/test_nothing_silent.py::test_a_sweep_whose_run_is_killed_by_a_signal_exits_128_plus_n",)),
     Mutant("run dir claim not exclusive", "launcher/host/rundir.py",
            "os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644", "os.O_WRONLY | os.O_CREAT, 0o644",
-           ("tests/cli/test_run_dirs.py::test_two_launches_started_together_on_one_dir_never_share_it",)),
+           ("tests/unit/test_rundir.py", "tests/cli/test_run_dirs.py::test_two_launches_started_together_on_one_dir_"
+            "never_share_it")),
     Mutant("a user's folder is written into", "launcher/host/rundir.py",
            "    if not entries:\n        return None", "    if True:\n        return None",
            ("tests/cli/test_run_dirs.py",)),

@@ -1,6 +1,5 @@
 """Nothing outlives a launch, however it was started or killed; a local launch listens on loopback only."""
 
-import ipaddress
 import os
 import subprocess
 import time
@@ -8,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env, descendants, launch_command, stop_tree
+from tests.conftest import clean_env, descendants, is_loopback, launch_command, listening_sockets, stop_tree
 
 pytestmark = pytest.mark.distributed
 
@@ -101,51 +100,6 @@ def test_script_ranks_die_with_a_launcher_killed_outright(tmp_path):
         kill_tagged(tag)
 
 
-def _listening_inodes() -> dict[int, str]:
-    """socket inode -> 'address:port' for every TCP socket in LISTEN state on this machine."""
-    found = {}
-    for table, family in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 6)):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], int(fields[9])
-            if state != "0A":
-                continue
-            hex_addr, hex_port = local.split(":")
-            raw = bytes.fromhex(hex_addr)
-            if family == 4:
-                addr = ipaddress.IPv4Address(raw[::-1])
-            else:  # four little-endian 32-bit words
-                addr = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
-            found[inode] = f"{addr}:{int(hex_port, 16)}"
-    return found
-
-
-def listening_sockets(pids: set[int]) -> set[str]:
-    inodes = _listening_inodes()
-    found = set()
-    for pid in pids:
-        for fd in Path(f"/proc/{pid}/fd").glob("*"):
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                inode = int(target[8:-1])
-                if inode in inodes:
-                    found.add(inodes[inode])
-    return found
-
-
-def _is_loopback(address: str) -> bool:
-    ip = ipaddress.ip_address(address.rsplit(":", 1)[0])
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return (mapped or ip).is_loopback
-
-
 @pytest.mark.parametrize("mode", ["recipe", "script"])
 def test_a_local_launch_listens_on_loopback_only(tmp_path, mode):
     """The rendezvous store, the workers' store (MASTER_PORT) and gloo's sockets: none on `*:port`."""
@@ -165,7 +119,7 @@ def test_a_local_launch_listens_on_loopback_only(tmp_path, mode):
                 break
         sockets = listening_sockets({proc.pid} | descendants(proc.pid))
         assert sockets, "found no listening socket: the check would pass for the wrong reason"
-        assert all(_is_loopback(s) for s in sockets), f"listening beyond loopback: {sorted(sockets)}"
+        assert all(is_loopback(s) for s in sockets), f"listening beyond loopback: {sorted(sockets)}"
     finally:
         stop_tree(proc.pid)
         kill_tagged(tag)

@@ -1,0 +1,48 @@
+"""Run-dir claims (launcher/host/rundir.py), without Hydra: what may be claimed, and what a release removes."""
+
+import json
+
+import pytest
+
+from launcher.errors import LaunchError
+from launcher.host import rundir
+
+
+def test_a_claim_between_the_check_and_the_create_is_lost_by_the_slower_launch(tmp_path, monkeypatch):
+    """The race two launches started together run: both find the dir free, one creates the claim
+    first. The exclusive create must refuse the other, not let it write its claim over the first."""
+    target = tmp_path / "run"
+    real = rundir._why_taken
+
+    def rival_claims_meanwhile(path, setting):
+        verdict = real(path, setting)
+        target.mkdir(exist_ok=True)
+        (target / ".launch-claim.json").write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": "t"}))
+        return verdict
+
+    monkeypatch.setattr(rundir, "_why_taken", rival_claims_meanwhile)
+    with pytest.raises(LaunchError):
+        rundir.claim(target)
+    assert json.loads((target / ".launch-claim.json").read_text())["host"] == "elsewhere"  # the first one's
+
+
+def test_claim_and_release_take_back_only_what_the_launch_made(tmp_path):
+    existing = tmp_path / "mine"
+    existing.mkdir()
+    taken = rundir.claim(existing / "a" / "b")
+    assert taken is not None and taken.created == [existing / "a" / "b", existing / "a"]
+    (existing / "a" / "b" / ".hydra").mkdir()
+    rundir.release(existing / "a" / "b")
+    assert existing.is_dir() and not any(existing.iterdir())
+    rundir.claim(existing)  # an empty dir of the user's may be claimed...
+    rundir.release(existing)
+    assert existing.is_dir() and not any(existing.iterdir())  # ...and is never removed
+
+
+@pytest.mark.parametrize(("files", "why"), [({"notes.txt": "x"}, "holds files launch did not write (notes.txt)"),
+                                            ({"results.json": "{}"}, "already holds a run")])
+def test_a_dir_with_files_is_refused(tmp_path, files, why):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(LaunchError, match=why.replace("(", r"\(").replace(")", r"\)")):
+        rundir.claim(tmp_path)
