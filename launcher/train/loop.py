@@ -78,6 +78,9 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     try:
         trainer = Trainer(spec, world, device, timeline)
         results = trainer.evaluate(spec.evaluate) if spec.evaluate else trainer.run()
+        # Let go of the nets and a captured step before teardown: destroying NCCL's communicator while
+        # a CUDA graph that captured its all-reduce is alive blocks forever (seen on 2x H200).
+        del trainer
     except torch.OutOfMemoryError as exc:
         raise OutOfMemory(_oom_message(cfg, strategy, device)) from exc
     # On failure nothing is torn down (see DDP.teardown); here every rank finished.
