@@ -5,8 +5,9 @@
 
 The weights are read with weights_only=True; the run is a new run dir (TIME-RECIPE-eval-ID) holding
 eval.json (accuracy, loss, accuracy per class, the confusion matrix) and confusion.png. The recipe, its
-model and its hyper-parameters are the checkpoint's (what built the network that was saved); the
-command line can change the rest (gpus, strategy, eval.batch_size, data.root, precision). It is the same
+model and its hyper-parameters are the checkpoint's (what built the network that was saved), and so is
+`data.synthetic` (a model trained on generated data is evaluated on generated data); the command line
+can change the rest (gpus, strategy, eval.batch_size, data.root, precision). It is the same
 as `launch eval.checkpoint=PATH recipe=...` with the checkpoint's recipe values spelled out.
 """
 
@@ -54,6 +55,9 @@ def command_line(argv: list[str]) -> list[str]:
     mine = [f"eval.checkpoint={_hydra_value(str(path.resolve()))}", f"recipe={recipe['name']}"]
     given = {o.partition("=")[0].lstrip("+~") for o in overrides}
     mine += [f"recipe.{k}={_hydra_value(v)}" for k, v in recipe.items() if k != "name" and f"recipe.{k}" not in given]
+    synthetic = ((state.get("config") or {}).get("data") or {}).get("synthetic")
+    if synthetic and "data.synthetic" not in given:  # the data it was trained on (generated: say so again)
+        mine.append("data.synthetic=true")
     return [*mine, *overrides]
 
 
