@@ -88,8 +88,7 @@ MUTANTS = [
            ("tests/distributed/test_lifetime_and_binding.py::test_a_local_launch_listens_on_loopback_only",)),
     Mutant("a bad checkpoint reaches the workers", "launcher/host/resume.py",
            "    if \"net_state_dict\" not in state or \"epoch\" not in state:", "    if False:",
-           ("tests/distributed/test_resume.py::test_a_file_that_is_not_a_launch_checkpoint_is_one_line_before_any"
-            "_worker",)),
+           ("tests/distributed/test_resume.py::test_a_file_that_is_not_a_launch_checkpoint_is_named_for_what_it_is",)),
 ]
 
 

@@ -4,8 +4,6 @@ and removes only what it created."""
 import json
 import subprocess
 
-import pytest
-
 from tests.conftest import clean_env, launch_command
 
 QUICK = ("gpus=[]", "epochs=1")
@@ -39,6 +37,8 @@ def test_a_finished_run_is_never_written_over(launch, tmp_path):
     assert again.returncode == 2
     assert "already holds a run: continue it with resume=" in one_launch_line(again.stderr)
     assert (tmp_path / "run" / "results.json").read_bytes() == before
+    claim = json.loads((tmp_path / "run" / ".launch-claim.json").read_text())  # who wrote it, and when
+    assert {"pid", "host", "started", "argv"} <= set(claim) and "hydra.run.dir=run" in claim["argv"]
 
 
 def test_two_launches_started_together_on_one_dir_never_share_it(tmp_path):
@@ -97,12 +97,3 @@ def test_a_sweep_into_a_folder_with_the_users_files_is_refused_before_hydra_writ
     assert result.returncode == 2, result.output
     assert "hydra.sweep.dir=" in one_launch_line(result.stderr)
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]  # no multirun.yaml, no run dirs
-
-
-@pytest.mark.parametrize("where", ["run", "sweep"])
-def test_a_launch_claims_its_dir_with_who_and_when(launch, tmp_path, where):
-    args = ("hydra.run.dir=r",) if where == "run" else ("hydra.sweep.dir=r", "seed=0")
-    result = launch(*(("-m",) if where == "sweep" else ()), *QUICK, *args)
-    assert result.returncode == 0, result.output
-    claim = json.loads((tmp_path / "r" / ".launch-claim.json").read_text())
-    assert {"pid", "host", "started", "argv"} <= set(claim)

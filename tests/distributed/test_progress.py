@@ -51,15 +51,15 @@ def _on_a_terminal(tmp_path, columns: int, *args: str) -> tuple[int, str]:
 
 
 def test_a_terminal_gets_the_live_bar(tmp_path):
-    # 40 epochs of 22 steps: long enough for the bar to redraw with its figures at least once
-    code, text = _on_a_terminal(tmp_path, 140, *RUN[:-1], "epochs=40")
+    # 15 epochs of 22 steps: long enough for the bar to redraw with its figures at least once
+    code, text = _on_a_terminal(tmp_path, 140, *RUN[:-1], "epochs=15")
     assert code == 0, text[-2000:]
-    assert "epoch 2/40" in text and "step" in text and "run ETA" in text and "loss" in text
-    assert "epoch 40/40  loss" in text  # the per-epoch lines are still there
+    assert "epoch 2/15" in text and "step" in text and "run ETA" in text and "loss" in text
+    assert "epoch 15/15  loss" in text  # the per-epoch lines are still there
 
 
 def test_a_narrow_terminal_keeps_the_figures_and_never_wraps(tmp_path):
-    code, text = _on_a_terminal(tmp_path, 60, *RUN[:-1], "epochs=40")
+    code, text = _on_a_terminal(tmp_path, 60, *RUN[:-1], "epochs=12")
     assert code == 0, text[-2000:]
     drawn = [seg for line in text.split("\n") for seg in line.split("\r")
              if seg.startswith("epoch ") and " step " in seg]

@@ -87,14 +87,23 @@ def _write_bad_files(where: Path, good: Path) -> dict[str, str]:
             "weights.pt": "a plain state_dict", "tensor.pt": "a single tensor"}
 
 
-def test_a_file_that_is_not_a_launch_checkpoint_is_one_line_before_any_worker(launch, first, tmp_path):
+def test_a_file_that_is_not_a_launch_checkpoint_is_named_for_what_it_is(first, tmp_path):
+    from launcher.errors import LaunchError
+    from launcher.host.resume import load_checkpoint
+
     for name, why in _write_bad_files(tmp_path, first / "checkpoints" / "last.pt").items():
-        result = launch("gpus=[]", "epochs=3", f"resume={name}", timeout=120)
-        assert result.returncode == 2, (name, result.output)
-        line = one_line(result.stderr)
-        assert line.startswith(f"launch: resume={name} is not valid:") and "is not a launch checkpoint" in line
-        assert why in line, (name, line)
-        assert not result.run_dirs() and not (tmp_path / "outputs").exists(), name  # nothing started, nothing left
+        with pytest.raises(LaunchError) as refused:
+            load_checkpoint(tmp_path / name, f"resume={name}")
+        assert str(refused.value).startswith(f"resume={name} is not valid:") and why in str(refused.value), name
+        assert "is not a launch checkpoint" in str(refused.value)
+
+
+def test_resuming_from_a_file_that_is_not_a_checkpoint_is_one_line_before_any_worker(launch, tmp_path):
+    (tmp_path / "random.pt").write_bytes(bytes(range(256)) * 20)
+    result = launch("gpus=[]", "epochs=3", "resume=random.pt", timeout=120)
+    assert result.returncode == 2, result.output
+    assert "resume=random.pt is not valid:" in one_line(result.stderr)
+    assert not (tmp_path / "outputs").exists()  # nothing started, nothing left
 
 
 @pytest.mark.parametrize(("change", "expected"), [
