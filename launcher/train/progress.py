@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-REFRESH_S = 0.5  # the bar's line is rebuilt at most this often
+REFRESH_S = 0.5  # the bar's figures are recomputed at most this often
+DRAW_S = 0.1  # and the line redrawn at most this often
 BAR_MIN = 10  # narrower than this, the bar itself is left out (the figures matter more)
 
 
@@ -51,9 +52,11 @@ class EpochBar:
         # outright would be reported "leaked" by the resource tracker after the shell prompt.
         tqdm.set_lock(threading.RLock())
         # On stdout, where the epoch lines go: rank 0's stdout is the launcher's terminal itself.
-        bar = tqdm(total=steps, leave=False, dynamic_ncols=False, file=sys.stdout, mininterval=REFRESH_S)
+        bar = tqdm(total=steps, leave=False, dynamic_ncols=False, file=sys.stdout, mininterval=DRAW_S)
         self._fit(bar, epoch, 0, steps, batch_size, 0.0)
-        started = last_refresh = time.perf_counter()
+        bar.refresh()  # (drawn at creation with tqdm's own format)
+        started = time.perf_counter()
+        last_refresh = started - REFRESH_S  # the figures after the first step, then every REFRESH_S
         # Lines logged while the bar is up (the start-up timeline, warnings) print above it, not into it.
         with logging_redirect_tqdm():
             try:
