@@ -31,7 +31,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from launcher.errors import ConfigError
 
@@ -140,11 +140,14 @@ class ImageRecipeConfig(RecipeConfig):
     augment: bool = True
     flip: Flip = Flip.random
     translate: int = 2  # random shift by up to this many pixels (reflect padding)
+    image_side: ClassVar[int | None] = None  # the images' side in pixels, when the recipe knows it
 
     def check(self, at: str) -> None:
         check_float(f"{at}.label_smoothing", self.label_smoothing, f"{at}.label_smoothing=0.1", positive=False,
                     high=1.0)
-        check_int(f"{at}.translate", self.translate, 0, f"{at}.translate=2", high=8)
+        # reflect padding needs a shift smaller than the image (a worker checks user recipes' images)
+        high = 8 if self.image_side is None else min(8, self.image_side - 1)
+        check_int(f"{at}.translate", self.translate, 0, f"{at}.translate=2", high=high)
 
 
 class DigitsModel(Choice):
@@ -155,6 +158,7 @@ class DigitsModel(Choice):
 class DigitsConfig(ImageRecipeConfig):
     name: str = "digits"
     model: DigitsModel = DigitsModel.cnn
+    image_side: ClassVar[int | None] = 8
 
 
 class Cifar10Model(Choice):
@@ -169,6 +173,7 @@ class Cifar10Config(ImageRecipeConfig):
     name: str = "cifar10"
     model: Cifar10Model = Cifar10Model.airbench
     tta: int = 0  # test-time augmentation: 0 none | 1 mirror | 2 mirror + 1-pixel shifts
+    image_side: ClassVar[int | None] = 32
 
     def check(self, at: str) -> None:
         super().check(at)

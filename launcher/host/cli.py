@@ -61,6 +61,12 @@ class Invocation:
             outcome = launch(typed(cfg), run_dir, context)
         except LaunchError as err:
             outcome = Outcome(err.exit_code, error=str(err))
+        except Exception as exc:  # noqa: BLE001 - a failure of launch itself: exit 1, said in one line
+            if os.environ.get("LAUNCH_DEBUG"):
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0]
+            outcome = Outcome(1, error=f"launch itself failed: {type(exc).__name__}: {first} (LAUNCH_DEBUG=1 "
+                                       "shows the traceback)")
         release(run_dir)  # a dry run, or input refused before anything started: leave nothing behind
         self.record(outcome.exit_code)
         if outcome.error:

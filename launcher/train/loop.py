@@ -212,6 +212,11 @@ class Trainer:
         if cfg.batch_size > n:
             raise ConfigError("batch_size", cfg.batch_size,
                               f"larger than the {n} training images of {cfg.recipe.name}", f"batch_size={n // 4}")
+        translate = getattr(cfg.recipe, "translate", 0)
+        side = min(splits.train_x.shape[-2:]) if splits.train_x.dim() >= 3 else None
+        if isinstance(translate, int) and side is not None and translate >= side:
+            raise ConfigError("recipe.translate", translate, f"must be smaller than the {side}-pixel images of "
+                              f"{cfg.recipe.name} (reflect padding)", f"recipe.translate={max(0, side // 4)}")
         if splits.synthetic and self.is_main:
             log.warning("SYNTHETIC data (data.synthetic=true): for timing only, accuracy says nothing about "
                         "the real dataset")

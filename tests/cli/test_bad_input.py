@@ -44,7 +44,8 @@ CASES = [
     ("epochs=99999999999999999999", "must be an integer from 1 to 2147483647"),
     ("strategy=ddp strategy.timeout_s=99999999999999999", "strategy.timeout_s=99999999999999999 is not valid"),
     ("eval.every=99999999999999999999", "eval.every=99999999999999999999 is not valid"),
-    ("recipe.translate=20", "recipe.translate=20 is not valid: must be an integer from 0 to 8"),
+    ("recipe.translate=20", "recipe.translate=20 is not valid: must be an integer from 0 to 7"),  # digits: 8 px
+    ("recipe.translate=8", "recipe.translate=8 is not valid: must be an integer from 0 to 7"),  # was a traceback
     ("recipe=nowhere.my_recipe", "recipe=nowhere.my_recipe is not valid: choose one of cifar10, cifar10_fast, digits, "
      "or a module"),
 ]
