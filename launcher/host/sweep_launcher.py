@@ -29,6 +29,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 from launcher.errors import LaunchError
 from launcher.host import backends
 from launcher.host.compose import typed
+from launcher.host.outcome import RunFailed
 from launcher.host.run_here import refuse_finished_run_dir
 from launcher.host.sweep import SweepContext, SweepJob, report, run_sweep_job
 from launcher.world import existing_world
@@ -87,6 +88,10 @@ class SweepLauncher(Launcher):
         elif placed:
             print("launch: not waiting (backend.wait=false); the summary is written by a sweep run with "
                   "backend.wait=true", flush=True)
+        failed = [j for j in placed if j.exit_code not in (None, 0)]
+        if failed:  # the sweep ends here, as Hydra's sweepers end it on a failed run, minus their extra line
+            worst = max(failed, key=lambda j: j.exit_code or 0)
+            raise RunFailed(worst.exit_code or 1, f"sweep run {worst.num} failed: {worst.error or 'see its output'}")
         return [returns[j.num] if j.num in returns else j.job_return() for j in jobs]
 
     def _compose(self, num: int, overrides: list[str]) -> SweepJob:
