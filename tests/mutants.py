@@ -44,8 +44,7 @@ MUTANTS = [
     Mutant("resume= is a no-op", "launcher/train/loop.py",
            "source = str(own) if restarted and own.exists() else self.spec.resume_from",
            "source = str(own) if restarted and own.exists() else None",
-           ("tests/distributed/test_resume.py::test_a_resume_with_the_same_settings_changes_nothing_and_starts_after"
-            "_the_checkpoint",)),
+           ("tests/distributed/test_resume.py::test_a_resume_trains_with_the_new_settings_and_records_them",)),
     Mutant("resume keeps the checkpoint's hyper-parameters", "launcher/train/loop.py",
            "optim.continue_with(self.steppers, settings, epoch * self.steps_per_epoch)", "pass",
            ("tests/distributed/test_resume.py::test_a_resume_trains_with_the_new_settings_and_records_them",)),

@@ -67,15 +67,6 @@ def test_a_resume_trains_with_the_new_settings_and_records_them(launch, first, t
     assert json.loads((second / "results.json").read_text())["resumed_from"] == str(first / "checkpoints" / "last.pt")
 
 
-def test_a_resume_with_the_same_settings_changes_nothing_and_starts_after_the_checkpoint(launch, first, tmp_path):
-    result = launch("gpus=[]", "epochs=3", "resume=first", "hydra.run.dir=second")
-    assert result.returncode == 0, result.output
-    got = rows(tmp_path / "second")
-    assert got[:2] == rows(first) and got[2]["started_unix"] > rows(first)[1]["started_unix"]
-    assert "every setting as it was" in result.stdout or "epochs 2 -> 3" in result.stdout
-    assert json.loads((tmp_path / "second" / "results.json").read_text())["resumed_from"].startswith(str(first))
-
-
 def _write_bad_files(where: Path, good: Path) -> dict[str, str]:
     state = torch.load(good, weights_only=True)
     (where / "empty.pt").write_bytes(b"")
@@ -107,15 +98,25 @@ def test_resuming_from_a_file_that_is_not_a_checkpoint_is_one_line_before_any_wo
 
 
 @pytest.mark.parametrize(("change", "expected"), [
-    ("optim=adamw", "optim=adamw is not valid with resume=first: the checkpoint was trained with optim=sgd"),
-    ("recipe=cifar10", "recipe=cifar10 is not valid with resume=first: the checkpoint was trained with "
-                       "recipe=digits"),
-    ("epochs=2", "epochs=2 is not valid with resume=first: the checkpoint has trained 2 epochs already"),
+    ("optim=adamw", "optim=adamw is not valid with resume=R: the checkpoint was trained with optim=sgd"),
+    ("recipe=cifar10", "recipe=cifar10 is not valid with resume=R: the checkpoint was trained with recipe=digits"),
+    ("epochs=2", "epochs=2 is not valid with resume=R: the checkpoint has trained 2 epochs already"),
 ])
-def test_what_a_checkpoint_cannot_continue_under_is_refused(launch, first, change, expected):
-    result = launch("gpus=[]", "epochs=3", "resume=first", "data.synthetic=true", change, timeout=120)
+def test_what_a_checkpoint_cannot_continue_under_is_refused(first, change, expected):
+    from launcher.errors import LaunchError
+    from launcher.host.resume import inspect
+    from tests.conftest import config_of
+
+    cfg = config_of("gpus=[]", "epochs=3", "data.synthetic=true", change)
+    with pytest.raises(LaunchError) as refused:
+        inspect(str(first), cfg)
+    assert expected.replace("resume=R", f"resume={first}") in str(refused.value)
+
+
+def test_a_refusal_comes_before_any_worker_and_leaves_nothing(launch, first):
+    result = launch("gpus=[]", "epochs=3", "resume=first", "optim=adamw", timeout=120)
     assert result.returncode == 2, result.output
-    assert expected in one_line(result.stderr)
+    assert "optim=adamw is not valid with resume=first" in one_line(result.stderr)
     assert not result.run_dirs()
 
 
