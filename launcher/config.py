@@ -512,6 +512,11 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
+def choices(cfg: Config) -> dict[str, Any]:
+    """The recipe, model and optimizer this config trains (the keys of `saved_choices`)."""
+    return {"recipe": cfg.recipe.name, "recipe.model": str(cfg.recipe.model), "optim": cfg.optim.name}
+
+
 def saved_choices(config: dict[str, Any]) -> dict[str, Any]:
     """The recipe, model and optimizer a resolved config in plain data names (a checkpoint's `config`;
     launcher 0.1's layout too): what a resume cannot change."""

@@ -107,6 +107,17 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, lambda f: f.write(text.encode()))
 
 
+def read_json(path: Path) -> dict:
+    """A JSON object a run wrote, or {} when it is missing, torn or not an object (a writer killed mid-way)."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def write_json(path: Path, data: object) -> None:
     import json
 

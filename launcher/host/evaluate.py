@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config, saved_choices
+from launcher.config import Config, choices, saved_choices
 from launcher.errors import LaunchError
 from launcher.files import CONFUSION, EVAL
 from launcher.host.resume import load_checkpoint, resolve
@@ -66,9 +66,9 @@ def checkpoint_to_evaluate(cfg: Config) -> Path:
     value = str(cfg.eval.checkpoint)
     path = resolve(value, setting="eval.checkpoint").resolve()
     state = load_checkpoint(path, f"eval.checkpoint={value}")
-    now = {"recipe": cfg.recipe.name, "recipe.model": str(cfg.recipe.model)}
+    now = choices(cfg)
     for key, saved in saved_choices(state.get("config") or {}).items():
-        if key in now and saved not in (None, now[key]):
+        if key != "optim" and saved not in (None, now[key]):  # (evaluating needs no optimizer)
             raise LaunchError(f"{key}={now[key]} is not valid with eval.checkpoint={value}: the checkpoint holds a "
                               f"{key}={saved} network (e.g. launch eval {value}, which takes the checkpoint's)")
     return path

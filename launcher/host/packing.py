@@ -28,11 +28,11 @@ from omegaconf import open_dict, read_write
 
 from launcher import strategies
 from launcher.errors import LaunchError
-from launcher.files import SWEEP_OUTPUT
+from launcher.files import SWEEP_OUTPUT, read_json
 from launcher.host.gpus import GpuRequest, physical_gpu_count, visible_devices
 from launcher.host.outcome import signal_exit_code
 from launcher.host.plan import available_cores
-from launcher.host.sweep import SweepJob, read_json
+from launcher.host.sweep import SweepJob
 from launcher.lifetime import die_with_parent
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config, saved_choices, to_plain
+from launcher.config import Config, choices, saved_choices, to_plain
 from launcher.errors import LaunchError
 from launcher.files import CHECKPOINTS, LAST_CHECKPOINT, last_checkpoint
 
@@ -108,7 +108,7 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
     path = resolve(value, search_root).resolve()
     state = load_checkpoint(path, f"resume={value}")
     epoch = int(state["epoch"])
-    now = {"recipe": cfg.recipe.name, "recipe.model": str(cfg.recipe.model), "optim": cfg.optim.name}
+    now = choices(cfg)
     for key, saved in saved_choices(state.get("config") or {}).items():
         if saved not in (None, now[key]):
             raise LaunchError(f"{key}={now[key]} is not valid with resume={value}: the checkpoint was trained with "

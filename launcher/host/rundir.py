@@ -32,7 +32,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from launcher.errors import LaunchError
-from launcher.files import CLAIM, RESULTS, last_checkpoint
+from launcher.files import CLAIM, RESULTS, last_checkpoint, read_json
 from launcher.world import existing_world
 
 HYDRA_DIR = ".hydra"
@@ -49,10 +49,7 @@ _claims: dict[Path, Claim] = {}
 
 
 def read_claim(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((Path(run_dir) / CLAIM).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(Path(run_dir) / CLAIM) or None
 
 
 def pid_alive(pid: Any, host: Any) -> bool:

@@ -16,19 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.files import CLAIM, CONFIG, EVAL, FAILURES, METRICS, PLAN, PREEMPTED, RESULTS
+from launcher.files import CLAIM, CONFIG, EVAL, FAILURES, METRICS, PLAN, PREEMPTED, RESULTS, read_json
 from launcher.host.rundir import pid_alive, read_claim
 
 ROOTS = ("outputs", "multirun")
 USAGE = "launch runs [--json] [--limit N]"
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _config_values(run_dir: Path) -> dict[str, Any]:
@@ -45,8 +37,8 @@ def _config_values(run_dir: Path) -> dict[str, Any]:
 
 def describe(run_dir: Path) -> dict[str, Any]:
     claim = read_claim(run_dir) or {}
-    plan = _read_json(run_dir / PLAN)
-    results = _read_json(run_dir / RESULTS) or _read_json(run_dir / EVAL)
+    plan = read_json(run_dir / PLAN)
+    results = read_json(run_dir / RESULTS) or read_json(run_dir / EVAL)
     values = _config_values(run_dir)
     rows = []
     if (run_dir / METRICS).exists():

@@ -14,13 +14,12 @@ key against throughput and test accuracy.
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launcher.config import Config
-from launcher.files import RESULTS
+from launcher.files import RESULTS, read_json
 from launcher.host.outcome import RunFailed, objective_of
 
 
@@ -164,14 +163,6 @@ def _number(text: str) -> float | None:
     except ValueError:
         return None
 
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON file a run wrote, or {} when it is missing or not JSON (a run killed while writing it)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def run_sweep_job(hydra_context: Any, task_function: Any, config: Any):

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from launcher.config import CompileMode, Config, Precision, saved_choices, to_plain
+from launcher.config import CompileMode, Config, Precision, to_plain
 from launcher.errors import ConfigError, ExplainedStop
 from launcher.files import CONFUSION, CURVES, EVAL, last_checkpoint, write_json
 from launcher.recipes import Recipe, recipe_class
@@ -272,13 +272,8 @@ class Trainer:
         source = str(own) if restarted and own.exists() else self.spec.resume_from
         if source is None:
             return Start()
+        # (resume= was checked in the launcher, host/resume.py; a restart reads this run's own checkpoint)
         state = checkpoint.load(source, map_location=self.device)
-        now = {"recipe": self.cfg.recipe.name, "recipe.model": str(self.cfg.recipe.model),
-               "optim": self.cfg.optim.name}
-        for key, saved in saved_choices(state.get("config") or {}).items():
-            if saved not in (None, now[key]):
-                raise ConfigError(key, now[key], f"the checkpoint {source} was trained with {key}={saved}",
-                                  f"{key}={saved} resume={self.spec.resume_from or source}")
         settings = optim.settings(self.steppers)  # this run's, before the checkpoint's replace them
         try:
             checkpoint.restore(state, self.strategy, self.nets, self.steppers, self.device)
