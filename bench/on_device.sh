@@ -7,6 +7,7 @@
 #
 #   bash bench/on_device.sh tests tests/gpu/test_gpu.py ...     # GPU tests -> $OUT/gpu-tests-<commit>.txt
 #   bash bench/on_device.sh versions airbench resnet18          # bench/versions.py -> $OUT/versions-<commit>.jsonl
+#   bash bench/on_device.sh peers --models resnet18             # bench/peers.py -> $OUT/peers-<commit>.jsonl
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -23,6 +24,10 @@ case "$what" in
         nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu-tests-$commit.txt"
         python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/gpu-tests-$commit.txt"
         python3 -m pytest -m gpu -v --durations=30 -p no:cacheprovider "$@" 2>&1 | tee -a "$OUT/gpu-tests-$commit.txt"
+        ;;
+    peers)
+        nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+        python3 bench/peers.py "$@" | tee -a "$OUT/peers-$commit.jsonl"
         ;;
     versions)
         if [ ! -d /tmp/base ]; then

@@ -44,6 +44,8 @@ def run(model: str, gpus: list[int], strategy: str, epochs: int, extra: tuple[st
         "train_s": round(sum(r["train_s"] for r in steady) / len(steady), 4),
         "input_stall": round(sum(r["input_stall"] for r in steady) / len(steady), 4),
         "cuda_graph": res.get("cuda_graph"),
+        "compiled": res.get("compiled"),
+        "warmup_s": res.get("timed", {}).get("compile_warmup_s"),
         "max_mem_allocated_mb": rows[-1]["max_mem_allocated_mb"],
         "device": (res["devices"] or ["cpu"])[0],
         "torch": res["torch"],

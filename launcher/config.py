@@ -366,7 +366,9 @@ class PerfConfig(Schema):
 
     precision: Precision = Precision.auto
     channels_last: bool = True  # GPU only
-    compile: bool = False  # torch.compile the model; its warm-up runs before any clock starts
+    # torch.compile the model (its warm-up runs before any clock starts): true | false | auto, which
+    # compiles GPU runs long enough to earn the compile time back (launcher/train/compiling.py)
+    compile: Any = "auto"
     compile_mode: CompileMode = CompileMode["default"]  # type: ignore[valid-type]
     # GPUs: capture each step (augment, forward, backward, gradient all-reduce) as one CUDA graph and
     # replay it. Under ddp the gradients then sit in flat buckets averaged by the launcher instead of
@@ -376,8 +378,20 @@ class PerfConfig(Schema):
     # convolutions; for tiny ones it only delays the first step (BENCHMARKS.md).
     cudnn_benchmark: bool = True
 
+    @property
+    def compile_setting(self) -> bool | str:
+        """perf.compile as True, False or "auto" (a YAML or command line may give it as a string)."""
+        value = self.compile
+        if isinstance(value, str) and value.lower() in ("true", "false", "auto"):
+            value = {"true": True, "false": False}.get(value.lower(), "auto")
+        return value
+
     def check(self, at: str) -> None:
-        if self.cuda_graph and self.compile and self.compile_mode.value in ("reduce-overhead", "max-autotune"):
+        if self.compile_setting not in (True, False, "auto"):
+            raise ConfigError(f"{at}.compile", self.compile, "choose true, false or auto (compile GPU runs long "
+                              "enough to earn the compile time back)", f"{at}.compile=auto")
+        if (self.cuda_graph and self.compile_setting is not False
+                and self.compile_mode.value in ("reduce-overhead", "max-autotune")):
             raise ConfigError(f"{at}.compile_mode", self.compile_mode, f"{at}.cuda_graph=true captures the whole "
                               "step already and this mode would make CUDA graphs inside it; use default or "
                               f"max-autotune-no-cudagraphs, or {at}.cuda_graph=false to let torch.compile graph it",

@@ -46,7 +46,7 @@ class DataParallel(Strategy):
         # results do not carry over, so with benchmark on it re-tunes every step (on 2x H200 the fast
         # net ran at 2.5k img/s under dp with it on, 63.7k with it off; BENCHMARKS.md).
         note = None
-        if perf.compile or perf.cuda_graph:
+        if perf.compile_setting is True or perf.cuda_graph:
             note = ("perf.compile / perf.cuda_graph are off under strategy=dp (DataParallel re-replicates the "
                     "model every step); ddp uses them")
         return derive(perf, compile=False, cuda_graph=False, cudnn_benchmark=False), note

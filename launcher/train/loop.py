@@ -31,13 +31,13 @@ from typing import Any
 
 import torch
 
-from launcher.config import CompileMode, Config, Precision, to_plain
+from launcher.config import Config, Precision, to_plain
 from launcher.errors import ConfigError, ExplainedStop
 from launcher.files import CONFUSION, CURVES, EVAL, last_checkpoint, write_json
 from launcher.recipes import Recipe, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
-from launcher.train import checkpoint, optim, progress, reporting
+from launcher.train import checkpoint, compiling, optim, progress, reporting
 from launcher.train.data import Data, eval_chunks, rank_order
 from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog, write_results
@@ -118,6 +118,7 @@ class Trainer:
     data: Data  # the splits where they train, and how a batch is normalized
     steps_per_epoch: int
     nets: Nets  # the model as the strategy wrapped it (and compiled, when asked)
+    compiled: compiling.Decision  # whether this run compiles (perf.compile), and why
     steppers: list[Stepper]  # the optimizers with their schedules
     step: TrainStep  # one training step and the epoch's sums on the device
     writer: checkpoint.BackgroundWriter  # checkpoints, written off the training thread
@@ -239,14 +240,23 @@ class Trainer:
             self.recipe.prepare_model(model, self.data.normalize(sample))
         nets = self.strategy.wrap(model, self.device)
         perf = self.cfg.perf
-        if perf.compile:
-            # Under ddp, compiling the DDP module lets dynamo split the graph at gradient buckets so the
-            # all-reduce still overlaps the backward pass; evaluation compiles the bare model.
-            mode = None if perf.compile_mode is CompileMode["default"] else perf.compile_mode.value
-            train_net = torch.compile(nets.train, mode=mode)
-            eval_net = train_net if nets.eval is nets.train else torch.compile(nets.eval, mode=mode)
-            nets = Nets(nets.module, train_net, eval_net, nets.grads)
-        return nets
+        self.compiled = compiling.decide(perf.compile_setting, self.device.type, self.steps_per_epoch * self.cfg.epochs)
+        if self.is_main and self.device.type == "cuda" and perf.compile_setting == "auto":
+            log.info("%s torch.compile (%s)", "with" if self.compiled.compile else "without", self.compiled.why)
+        if not self.compiled.compile:
+            return nets
+        compiling.use_persistent_cache()
+        mode = compiling.compiled_mode(perf.compile_mode.value)
+        if nets.grads is not None and self.device.type == "cuda":
+            # A captured step: its units compiled for training, so each unit's gradients are reduced
+            # as soon as its backward pass is done (launcher/train/compiling.py).
+            compiling.compile_for_training(nets.module, mode)
+            return nets
+        # Under ddp, compiling the DDP module lets dynamo split the graph at gradient buckets so the
+        # all-reduce still overlaps the backward pass; evaluation compiles the bare model.
+        train_net = torch.compile(nets.train, mode=mode)
+        eval_net = train_net if nets.eval is nets.train else torch.compile(nets.eval, mode=mode)
+        return Nets(nets.module, train_net, eval_net, nets.grads)
 
     def _build_step(self) -> TrainStep:
         return TrainStep(self.nets, self.steppers, self.recipe.loss(), self.data.normalize,
@@ -297,7 +307,7 @@ class Trainer:
     def _warm_up(self) -> None:
         """Compile, autotune and (perf.cuda_graph) capture the step on the real shapes, then put the
         model, optimizers and RNG back as they were: the warm-up leaves no trace but speed."""
-        if not (self.cfg.perf.compile or self.captures):
+        if not (self.compiled.compile or self.captures):
             return
         start = time.perf_counter()
         saved = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device, clone=True)
@@ -324,7 +334,7 @@ class Trainer:
         self.timings.warmup_s = time.perf_counter() - start
         self.timeline.mark("warmed_up")
         if self.is_main:
-            done = ["compiled"] * self.cfg.perf.compile + ["captured the step as one CUDA graph"] * self.captures
+            done = ["compiled"] * self.compiled.compile + ["captured the step as one CUDA graph"] * self.captures
             log.info("%s in %.1fs (not counted in the timings)", " and ".join(done), self.timings.warmup_s)
 
     # ---- epochs -------------------------------------------------------------------------------------
@@ -519,7 +529,7 @@ class Trainer:
         """Say once per run when training was input-bound (not judged on a first epoch that has more)."""
         if self.device.type != "cuda" or (epoch == 0 and self.cfg.epochs > 1):
             return False
-        advice = input_advice(row["input_stall"], self.data.placement, self.data.megabytes, self.cfg.perf.compile)
+        advice = input_advice(row["input_stall"], self.data.placement, self.data.megabytes, self.compiled.compile)
         if advice:
             log.warning(advice)
         return advice is not None
@@ -555,7 +565,8 @@ class Trainer:
             "batch_per_process": s.batch_per_process,
             "synthetic_data": self.data.synthetic,
             "data_placement": self.data.placement,
-            "compiled": cfg.perf.compile,
+            "compiled": self.compiled.compile,
+            "compile_decision": self.compiled.why,
             "cuda_graph": self.step.captured is not None,
             "gradient_sync": s.gradient_sync,
             "final": final,
