@@ -369,6 +369,8 @@ class PerfConfig(Schema):
     # torch.compile the model (its warm-up runs before any clock starts): true | false | auto, which
     # compiles GPU runs long enough to earn the compile time back (launcher/train/compiling.py)
     compile: Any = "auto"
+    # perf.compile=auto compiles when, after the first epoch, the epochs left would take this long uncompiled
+    compile_auto_min_s: float = 60.0
     compile_mode: CompileMode = CompileMode["default"]  # type: ignore[valid-type]
     # GPUs: capture each step (augment, forward, backward, gradient all-reduce) as one CUDA graph and
     # replay it. Under ddp the gradients then sit in flat buckets averaged by the launcher instead of
@@ -387,6 +389,7 @@ class PerfConfig(Schema):
         return value
 
     def check(self, at: str) -> None:
+        check_float(f"{at}.compile_auto_min_s", self.compile_auto_min_s, f"{at}.compile_auto_min_s=60", positive=False)
         if self.compile_setting not in (True, False, "auto"):
             raise ConfigError(f"{at}.compile", self.compile, "choose true, false or auto (compile GPU runs long "
                               "enough to earn the compile time back)", f"{at}.compile=auto")

@@ -4,6 +4,7 @@ Data is looked for under `data.root`: an extracted `cifar-10-batches-py/`, else 
 `cifar-10-python.tar.gz` (checked against its published MD5, then extracted), else it is downloaded
 when `data.download=true` and the network allows. Offline, one line says where to put the archive.
 `data.synthetic=true` generates learnable CIFAR-shaped data for timing runs; it is never used unless asked.
+Either is decoded (or generated) once and then read from launch's data cache (launcher/datacache.py).
 Hyper-parameters: Cifar10Config in launcher/config.py; values: conf/recipe/cifar10.yaml and
 conf/recipe/cifar10_fast.yaml (the record-speed configuration of the same recipe).
 """
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from launcher import datacache
 from launcher.config import Cifar10Config
 from launcher.errors import LaunchError
 from launcher.recipes import Augment, Recipe, Splits
@@ -182,9 +184,24 @@ class Cifar10(Recipe):
             ensure_extracted(data_root(self.cfg), download=self.cfg.data.download)
 
     def load(self) -> Splits:
+        """The splits, decoded (or generated) once and then read from launch's data cache (launcher/datacache.py)."""
         if self.cfg.data.synthetic:
-            return synthetic_splits(*SYNTHETIC_SIZES, seed=0)
-        return load_official(data_root(self.cfg))
+            key = datacache.key_for("cifar10-synthetic", sizes=SYNTHETIC_SIZES, seed=0)
+            arrays = datacache.cached(key, lambda: _arrays(synthetic_splits(*SYNTHETIC_SIZES, seed=0)))
+            return _splits(arrays, synthetic=True)
+        folder = ensure_extracted(data_root(self.cfg), download=False)
+        key = datacache.key_for("cifar10", [folder / name for name in [*TRAIN_FILES, TEST_FILE]])
+        return _splits(datacache.cached(key, lambda: _arrays(load_official(data_root(self.cfg)))))
+
+
+def _arrays(splits: Splits) -> dict[str, np.ndarray]:
+    return {"train_x": splits.train_x.numpy(), "train_y": splits.train_y.numpy(), "test_x": splits.test_x.numpy(),
+            "test_y": splits.test_y.numpy()}
+
+
+def _splits(arrays: dict[str, np.ndarray], synthetic: bool = False) -> Splits:
+    t = {name: torch.from_numpy(array) for name, array in arrays.items()}
+    return Splits(t["train_x"], t["train_y"], t["test_x"], t["test_y"], 10, MEAN, STD, synthetic=synthetic)
 
     def augmentation(self) -> Augment | None:
         # flips and shifts on the device, as recipe.flip / recipe.translate say

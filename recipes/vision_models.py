@@ -59,10 +59,6 @@ class AirbenchNet(nn.Module):
         self.head = nn.Linear(widths[2], num_classes, bias=False)
         self.scale = 1 / 9  # keeps the initial logits small, which the records found to train faster
 
-    def compile_units(self) -> list[nn.Module]:
-        """What perf.compile compiles one by one under a captured step (launcher/train/compiling.py)."""
-        return [self.stem, *self.blocks, self.head]
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.blocks(F.gelu(self.stem(x)))
         x = torch.amax(x, dim=(2, 3))
@@ -139,9 +135,6 @@ class Airbench94(nn.Module):
         return {"matrices": [m.weight for m in convs], "biases": [m.bias for m in norms],
                 "stem_bias": [self.stem.bias], "head": [self.head.weight]}
 
-    def compile_units(self) -> list[nn.Module]:
-        return [self.stem, *self.blocks, self.head]
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool(self.blocks(F.gelu(self.stem(x))))
         return self.head(torch.flatten(x, 1)) * self.scale
@@ -173,9 +166,6 @@ class ResNet18(nn.Module):
             c_in = c_out
         self.layers = nn.Sequential(*layers)
         self.fc = nn.Linear(512, num_classes)
-
-    def compile_units(self) -> list[nn.Module]:
-        return [self.stem, *self.layers, self.fc]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.layers(self.stem(x))
@@ -241,9 +231,6 @@ class MobileNetV3Small(nn.Module):
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(nn.Linear(576, 1024), nn.Hardswish(), nn.Dropout(0.2),
                                         nn.Linear(1024, num_classes))
-
-    def compile_units(self) -> list[nn.Module]:
-        return [*self.features, self.classifier]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.adaptive_avg_pool2d(self.features(x), 1)

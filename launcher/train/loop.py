@@ -239,28 +239,24 @@ class Trainer:
             sample = self.data.host_train_x[:self.recipe.prepare_model_sample].to(self.device)
             self.recipe.prepare_model(model, self.data.normalize(sample))
         nets = self.strategy.wrap(model, self.device)
-        perf = self.cfg.perf
-        self.compiled = compiling.decide(perf.compile_setting, self.device.type, self.steps_per_epoch * self.cfg.epochs)
-        if self.is_main and self.device.type == "cuda" and perf.compile_setting == "auto":
-            log.info("%s torch.compile (%s)", "with" if self.compiled.compile else "without", self.compiled.why)
-        if not self.compiled.compile:
-            return nets
-        compiling.use_persistent_cache()
-        mode = compiling.compiled_mode(perf.compile_mode.value)
-        if nets.grads is not None and self.device.type == "cuda":
-            # A captured step: its units compiled for training, so each unit's gradients are reduced
-            # as soon as its backward pass is done (launcher/train/compiling.py).
-            compiling.compile_for_training(nets.module, mode)
-            return nets
+        self.compiled = compiling.decide(self.cfg.perf.compile_setting, self.device.type)
+        captured = nets.grads is not None and self.device.type == "cuda"  # (a captured step compiles itself)
+        return self._compiled_nets(nets) if self.compiled.compile and not captured else nets
+
+    def _compiled_nets(self, nets: Nets) -> Nets:
         # Under ddp, compiling the DDP module lets dynamo split the graph at gradient buckets so the
         # all-reduce still overlaps the backward pass; evaluation compiles the bare model.
+        mode = compiling.compiled_mode(self.cfg.perf.compile_mode.value)
         train_net = torch.compile(nets.train, mode=mode)
         eval_net = train_net if nets.eval is nets.train else torch.compile(nets.eval, mode=mode)
         return Nets(nets.module, train_net, eval_net, nets.grads)
 
     def _build_step(self) -> TrainStep:
-        return TrainStep(self.nets, self.steppers, self.recipe.loss(), self.data.normalize,
+        step = TrainStep(self.nets, self.steppers, self.recipe.loss(), self.data.normalize,
                          self.recipe.augmentation(), self.autocast, self.device, self.faults.poison)
+        if self.compiled.compile and self.captures:
+            step.compile_captured(compiling.compiled_mode(self.cfg.perf.compile_mode.value))
+        return step
 
     def autocast(self) -> torch.autocast:
         """bf16 autocast on GPUs (perf.precision=auto), as perf.precision says otherwise."""
@@ -304,6 +300,23 @@ class Trainer:
                            f"the checkpoint does not fit the network this config builds ({hint}: {first})",
                            f"{' '.join(differ) or 'recipe.model=...'} resume={self.spec.resume_from or source}")
 
+    def _compile_if_it_pays(self, epoch_s: float, epochs_left: int) -> None:
+        """perf.compile=auto after the first epoch: compile (and capture again) if the rest of the run is
+        long enough to earn the compile time back (launcher/train/compiling.py). Every rank decides
+        alike: `epoch_s` is the slowest rank's, agreed through an all-reduce."""
+        self.compiled = compiling.after_first_epoch(epoch_s, epochs_left, self.cfg.perf.compile_auto_min_s)
+        if self.is_main:
+            log.info("%s (%s)", "compiling" if self.compiled.compile else "not compiling", self.compiled.why)
+        if not self.compiled.compile:
+            return
+        if self.captures:
+            self.step.captured = None  # the uncompiled graph goes; the warm-up captures the compiled step
+            self.step.compile_captured(compiling.compiled_mode(self.cfg.perf.compile_mode.value))
+        else:
+            self.nets = self._compiled_nets(self.nets)
+            self.step.nets = self.nets
+        self._warm_up()
+
     def _warm_up(self) -> None:
         """Compile, autotune and (perf.cuda_graph) capture the step on the real shapes, then put the
         model, optimizers and RNG back as they were: the warm-up leaves no trace but speed."""
@@ -331,11 +344,13 @@ class Trainer:
         checkpoint.restore(saved, self.strategy, self.nets, self.steppers, self.device)
         self.step.zero_grads()
         self._sync()
-        self.timings.warmup_s = time.perf_counter() - start
-        self.timeline.mark("warmed_up")
+        seconds = time.perf_counter() - start
+        if self.timings.warmup_s is None:
+            self.timeline.mark("warmed_up")
+        self.timings.warmup_s = (self.timings.warmup_s or 0.0) + seconds
         if self.is_main:
             done = ["compiled"] * self.compiled.compile + ["captured the step as one CUDA graph"] * self.captures
-            log.info("%s in %.1fs (not counted in the timings)", " and ".join(done), self.timings.warmup_s)
+            log.info("%s in %.1fs (not counted in the timings)", " and ".join(done), seconds)
 
     # ---- epochs -------------------------------------------------------------------------------------
     def _epochs(self, start: Start) -> list[dict[str, Any]]:
@@ -376,6 +391,8 @@ class Trainer:
             more_to_do = epoch + 1 < cfg.epochs and cfg.checkpoint
             if end.preempted and more_to_do and self.preemption.may_requeue(warn=self.is_main):
                 self._stop_for_requeue(epoch + 1)
+            if self.compiled.pending and epoch + 1 < cfg.epochs:
+                self._compile_if_it_pays(row["train_s"], cfg.epochs - epoch - 1)
         return history
 
     def _order(self, epoch: int) -> torch.Tensor:

@@ -54,3 +54,18 @@ def test_a_rank_failing_during_graph_replays_ends_the_launch(launch):
     assert "rank 1 failed: RuntimeError: injected failure" in result.stderr
     records = {p.name: json.loads(p.read_text()) for p in (result.run_dir() / "failures").glob("*.json")}
     assert result.finished_at - records["attempt0-rank1.json"]["time"] < 10
+
+
+@two_gpus
+def test_compile_auto_compiles_after_the_first_epoch_when_the_rest_is_long_enough(launch):
+    """perf.compile=auto trains epoch 1 uncompiled, then compiles and captures again when the epochs
+    left would take at least perf.compile_auto_min_s: with 0 it must compile (and the compiled
+    captured ddp step must train like the uncompiled one, ranks identical); with a huge bound it must not."""
+    plain, r_plain = _losses(launch, "gpus=[0,1]", "perf.compile=auto", "perf.compile_auto_min_s=1000000")
+    assert r_plain["compiled"] is False and "less than" in r_plain["compile_decision"], r_plain["compile_decision"]
+    compiled, r = _losses(launch, "gpus=[0,1]", "perf.compile=auto", "perf.compile_auto_min_s=0")
+    assert r["compiled"] is True and r["cuda_graph"] is True and r["ranks_agree"], r
+    assert "at least 0s" in r["compile_decision"], r["compile_decision"]
+    assert plain[0] == pytest.approx(compiled[0], rel=1e-3)  # epoch 1 ran the same uncompiled step
+    for a, b in zip(plain, compiled, strict=True):
+        assert abs(a - b) / a < 0.03, (plain, compiled)

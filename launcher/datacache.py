@@ -1,0 +1,67 @@
+"""Decoded datasets kept on disk between runs, so a run's data loads in a fraction of a second.
+
+A recipe that decodes its data (CIFAR-10's pickled batches) or generates it (data.synthetic=true)
+does so once: the arrays are saved as uncompressed .npy files under ~/.cache/launcher/data/<key>/
+(XDG_CACHE_HOME and LAUNCH_CACHE_DIR move it), and later runs read them back. The key names what
+was decoded and from which files (their paths, sizes and modification times), so a changed source
+is decoded again. Each rank of a run may be the one to write the cache: files are written under a
+temporary name and renamed into place, and a failure to write (a read-only home, a full disk) costs
+only the cache, never the run. Nothing here touches the dataset's own folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("launcher.data")
+
+VERSION = 1  # bump when a recipe's decoded layout changes
+
+
+def cache_root(env: os._Environ | dict[str, str] = os.environ) -> Path:
+    """~/.cache/launcher (XDG_CACHE_HOME/launcher, or LAUNCH_CACHE_DIR)."""
+    if env.get("LAUNCH_CACHE_DIR"):
+        return Path(env["LAUNCH_CACHE_DIR"])
+    base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "launcher"
+
+
+def key_for(name: str, sources: Iterable[Path] = (), **params: object) -> str:
+    """A cache key: `name`, the parameters, and each source file's path, size and modification time."""
+    digest = hashlib.sha256(f"v{VERSION} {name} {sorted(params.items())}".encode())
+    for path in sources:
+        stat = path.stat()
+        digest.update(f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}".encode())
+    return f"{name}-{digest.hexdigest()[:16]}"
+
+
+def cached(key: str, build: Callable[[], dict[str, np.ndarray]], root: Path | None = None) -> dict[str, np.ndarray]:
+    """The arrays saved under `key`, or `build()`'s, saved for next time."""
+    folder = (root or cache_root() / "data") / key
+    done = folder / "complete"
+    if done.exists():
+        try:
+            names = done.read_text().split()
+            return {name: np.load(folder / f"{name}.npy") for name in names}
+        except (OSError, ValueError) as exc:
+            log.debug("data cache %s unreadable (%s): decoding again", folder, exc)
+    arrays = build()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, array in arrays.items():
+            temporary = folder / f".{name}.{uuid.uuid4().hex}.tmp.npy"
+            np.save(temporary, np.ascontiguousarray(array))
+            os.replace(temporary, folder / f"{name}.npy")
+        temporary = folder / f".complete.{uuid.uuid4().hex}.tmp"
+        temporary.write_text(" ".join(arrays))
+        os.replace(temporary, done)
+    except OSError as exc:
+        log.debug("data cache %s not written (%s)", folder, exc)
+    return arrays

@@ -1,0 +1,83 @@
+"""perf.compile (true | false | auto, decided after the first epoch) and the decoded-data cache."""
+
+import numpy as np
+import pytest
+
+from launcher import datacache
+from launcher.errors import ConfigError
+from launcher.recipes import cifar10
+from launcher.recipes.cifar10 import FOLDER, synthetic_splits, write_official_format
+from launcher.train import compiling
+from tests.conftest import config_of
+
+
+def test_compile_setting_takes_true_false_auto_and_refuses_the_rest():
+    assert config_of("recipe=cifar10").perf.compile_setting == "auto"
+    assert config_of("recipe=cifar10", "perf.compile=true").perf.compile_setting is True
+    assert config_of("recipe=cifar10_fast").perf.compile_setting is True
+    assert config_of("perf.compile=false").perf.compile_setting is False
+    with pytest.raises(ConfigError, match=r"perf.compile=often is not valid: choose true, false or auto"):
+        config_of("perf.compile=often")
+    with pytest.raises(ConfigError, match="perf.compile_auto_min_s"):
+        config_of("perf.compile_auto_min_s=-1")
+
+
+def test_auto_waits_for_the_first_epoch_on_gpus_and_never_compiles_on_the_cpu():
+    assert compiling.decide(True, "cpu").compile and not compiling.decide(False, "cuda").compile
+    assert not compiling.decide("auto", "cpu").compile and not compiling.decide("auto", "cpu").pending
+    gpu = compiling.decide("auto", "cuda")
+    assert not gpu.compile and gpu.pending  # no compile before the first step
+
+
+def test_auto_compiles_only_when_the_rest_of_the_run_earns_the_compile_back():
+    short = compiling.after_first_epoch(epoch_s=0.2, epochs_left=9, min_seconds=60)  # the default cifar10 run
+    assert not short.compile and "~2s" in short.why and "less than the 60s" in short.why
+    long = compiling.after_first_epoch(epoch_s=0.45, epochs_left=199, min_seconds=60)
+    assert long.compile and "~90s" in long.why
+    assert compiling.after_first_epoch(0.5, 120, min_seconds=60).compile  # exactly at the bound
+
+
+def test_caches_live_under_launch_cache_dir_unless_inductor_is_told_otherwise(tmp_path):
+    env = {"LAUNCH_CACHE_DIR": str(tmp_path)}
+    assert compiling.cache_dir(env) == tmp_path / "inductor"
+    assert compiling.cache_dir({**env, "TORCHINDUCTOR_CACHE_DIR": "/x"}).as_posix() == "/x"
+    assert datacache.cache_root({"HOME": "/home/u"}).as_posix() == "/home/u/.cache/launcher"
+
+
+def test_a_dataset_is_decoded_once_and_read_back(tmp_path):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"x": np.arange(12, dtype=np.uint8).reshape(3, 4), "y": np.array([1, 2, 3])}
+
+    first = datacache.cached("k", build, root=tmp_path)
+    second = datacache.cached("k", build, root=tmp_path)
+    assert len(calls) == 1 and np.array_equal(first["x"], second["x"]) and np.array_equal(first["y"], second["y"])
+    assert not list(tmp_path.rglob("*.tmp*"))  # nothing half-written left behind
+    (tmp_path / "k" / "x.npy").write_bytes(b"damaged")
+    assert np.array_equal(datacache.cached("k", build, root=tmp_path)["x"], first["x"]) and len(calls) == 2
+
+
+def test_a_cache_that_cannot_be_written_costs_only_the_cache(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    arrays = datacache.cached("k", lambda: {"x": np.ones(3)}, root=blocked)
+    assert arrays["x"].sum() == 3
+
+
+def test_cifar10_reads_the_cache_and_decodes_again_when_its_files_change(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCH_CACHE_DIR", str(tmp_path / "cache"))
+    splits = synthetic_splits(50, 10, seed=5)
+    write_official_format(tmp_path / FOLDER, splits)
+    recipe = cifar10.Cifar10(config_of("recipe=cifar10", f"data.root={tmp_path}"))
+    first = recipe.load()
+    assert (first.train_x == splits.train_x).all() and (first.test_y == splits.test_y).all()
+    assert len(list((tmp_path / "cache" / "data").iterdir())) == 1
+    # a new data_batch_1 (another size): decoded again, never the stale arrays
+    other = synthetic_splits(60, 10, seed=6)
+    write_official_format(tmp_path / FOLDER, other)
+    again = recipe.load()
+    assert len(again.train_y) == 60 and (again.train_x == other.train_x).all()
+    assert len(list((tmp_path / "cache" / "data").iterdir())) == 2
+    assert not any(p.name.endswith(".npy") for p in (tmp_path / FOLDER).iterdir())  # the dataset's folder untouched
