@@ -173,6 +173,16 @@ def write_official_format(folder: Path, splits: Splits, per_batch: int | None = 
         pickle.dump({b"label_names": names, b"num_cases_per_batch": per_batch, b"num_vis": 3072}, f)
 
 
+def _arrays(splits: Splits) -> dict[str, np.ndarray]:
+    return {"train_x": splits.train_x.numpy(), "train_y": splits.train_y.numpy(), "test_x": splits.test_x.numpy(),
+            "test_y": splits.test_y.numpy()}
+
+
+def _splits(arrays: dict[str, np.ndarray], synthetic: bool = False) -> Splits:
+    t = {name: torch.from_numpy(array) for name, array in arrays.items()}
+    return Splits(t["train_x"], t["train_y"], t["test_x"], t["test_y"], 10, MEAN, STD, synthetic=synthetic)
+
+
 class Cifar10(Recipe):
     class_names = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
     Config = Cifar10Config
@@ -192,16 +202,6 @@ class Cifar10(Recipe):
         folder = ensure_extracted(data_root(self.cfg), download=False)
         key = datacache.key_for("cifar10", [folder / name for name in [*TRAIN_FILES, TEST_FILE]])
         return _splits(datacache.cached(key, lambda: _arrays(load_official(data_root(self.cfg)))))
-
-
-def _arrays(splits: Splits) -> dict[str, np.ndarray]:
-    return {"train_x": splits.train_x.numpy(), "train_y": splits.train_y.numpy(), "test_x": splits.test_x.numpy(),
-            "test_y": splits.test_y.numpy()}
-
-
-def _splits(arrays: dict[str, np.ndarray], synthetic: bool = False) -> Splits:
-    t = {name: torch.from_numpy(array) for name, array in arrays.items()}
-    return Splits(t["train_x"], t["train_y"], t["test_x"], t["test_y"], 10, MEAN, STD, synthetic=synthetic)
 
     def augmentation(self) -> Augment | None:
         # flips and shifts on the device, as recipe.flip / recipe.translate say
