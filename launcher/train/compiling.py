@@ -29,6 +29,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from torch import nn
+
 from launcher.datacache import cache_root
 
 
@@ -74,6 +77,28 @@ def after_first_epoch(epoch_s: float, epochs_left: int, min_seconds: float) -> D
                         f"uncompiled, at least {min_seconds:.0f}s")
     return Decision(False, f"perf.compile=auto: the {epochs_left} epochs left would take ~{left_s:.0f}s "
                     f"uncompiled, less than the {min_seconds:.0f}s that earn the compile time back")
+
+
+def compile_units(model: nn.Module) -> list[nn.Module]:
+    """The modules compiled one by one: the model's `compile_units()` if it has one, else the model."""
+    units = getattr(model, "compile_units", None)
+    return list(units()) if callable(units) else [model]
+
+
+def compile_for_training(model: nn.Module, mode: str | None) -> int:
+    """Compile each of the model's units for training, in place: a unit in training mode runs its
+    compiled forward, in eval mode its own. The modules and their state dict keys stay as they were.
+    Returns how many units were compiled."""
+    units = compile_units(model)
+    for unit in units:
+        eager = unit.forward
+        fast = torch.compile(eager, mode=mode)
+
+        def forward(*args, _unit=unit, _fast=fast, _eager=eager, **kwargs):
+            return _fast(*args, **kwargs) if _unit.training else _eager(*args, **kwargs)
+
+        unit.forward = forward
+    return len(units)
 
 
 def compiled_mode(value: str) -> str | None:

@@ -201,19 +201,12 @@ class TrainStep:
             return logits, self.loss_fn(logits, y)
 
     def compile_captured(self, mode: str | None) -> None:
-        """For a captured step: compile the network as one graph for training (the CUDA graph already
-        removed the launch costs; this fuses kernels). In eval mode the module runs its own forward:
-        evaluation would otherwise compile again for eval-mode BatchNorm and each batch shape. The module
-        and its state dict keys stay as they were. (Measured on 2x H200: one graph for the whole network
-        beat one per block, and beat normalization + network + loss with the augmentation compiled too.)"""
-        module = self.nets.module
-        eager = module.forward
-        fast = torch.compile(eager, mode=mode)
+        """For a captured step: compile the network's units for training (launcher/train/compiling.py;
+        the CUDA graph already removed the launch costs, this fuses kernels). Eval mode runs the eager
+        forward: evaluation would otherwise compile again for eval-mode BatchNorm and each batch shape."""
+        from launcher.train.compiling import compile_for_training
 
-        def forward(*args, **kwargs):
-            return fast(*args, **kwargs) if module.training else eager(*args, **kwargs)
-
-        module.forward = forward
+        compile_for_training(self.nets.module, mode)
 
     def body(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int | torch.Tensor,
              generator: torch.Generator) -> None:
