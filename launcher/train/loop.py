@@ -51,8 +51,6 @@ from launcher.world import WorldInfo
 log = logging.getLogger("launcher.train")
 
 WARMUP_STEPS = 3
-# The previous epoch's report is written once this many of the next epoch's steps are queued.
-REPORT_AFTER_STEPS = 3
 
 
 class NonFiniteLoss(ExplainedStop):
@@ -127,8 +125,6 @@ class Trainer:
     preemption: PreemptionWatch  # SIGUSR2 under SLURM
     tensorboard: reporting.TensorBoardLog
     bar: progress.EpochBar
-    _report: Any = None  # the finished epoch's report, written during the next epoch's first steps
-    _advised: bool = False  # the input-wait advice was given
 
     def __init__(self, spec: WorkerSpec, world: WorldInfo, device: torch.device, timeline: StartupTimeline):
         self.spec = spec
@@ -365,64 +361,39 @@ class Trainer:
             metrics_log.rewrite(history)
             if start.source:
                 log.info("resumed from %s after epoch %d", start.source, start.epoch)
-        self._advised = False
-        try:
-            for epoch in range(start.epoch, cfg.epochs):
-                self._epoch(epoch, start, history, metrics_log)
-        except BaseException:
-            with contextlib.suppress(Exception):  # a finished epoch's report, when the next one failed early
-                self._report_now()
-            raise
-        self._report_now()  # the last epoch's
+        advised = False
+        for epoch in range(start.epoch, cfg.epochs):
+            epoch_start = time.perf_counter()
+            row: dict[str, Any] = {"epoch": epoch + 1, "started_unix": round(time.time(), 3)}
+            # Seeded per (seed, epoch, rank), so a resumed run augments exactly as an uninterrupted one.
+            self.generator.manual_seed((cfg.seed * 100_003 + epoch) * 1_009 + self.strategy.rank)
+            profiling = cfg.profile and epoch == min(start.epoch + 1, cfg.epochs - 1) and self.is_main
+            with profiled(self.run_dir) if profiling else contextlib.nullcontext():
+                end = self._train_epoch(epoch, row)
+            if end.bad_step is not None:
+                raise self._non_finite_loss(epoch, row["loss"], end.bad_step)
+            self.strategy.average_buffers(self.nets.module)
+            if self._evaluates_after(epoch):
+                row.update(self._evaluate())
+                self.timings.eval_s += row["eval_s"]
+            self.timings.train_s += row["train_s"]
+            row["lr"] = self.steppers[0].scheduler.get_last_lr()[0]
+            row["max_mem_allocated_mb"], row["max_mem_reserved_mb"] = self._memory_mb()
+            row["epoch_s"] = time.perf_counter() - epoch_start
+            history.append(row)
+            self._save(epoch + 1, history)
+            if self.is_main:
+                metrics_log.append(row)
+                self.tensorboard.epoch(row)
+                self.bar.epoch_done(row)
+                self._log_epoch(row)
+                advised = advised or self._advise(row, epoch)
+            more_to_do = epoch + 1 < cfg.epochs and cfg.checkpoint
+            if end.preempted and more_to_do and self.preemption.may_requeue(warn=self.is_main):
+                self._stop_for_requeue(epoch + 1)
+            if self.compiled.pending and epoch + 1 < cfg.epochs:
+                self._compile_if_it_pays(row["train_s"], cfg.epochs - epoch - 1)
         return history
-
-    def _epoch(self, epoch: int, start: Start, history: list[dict[str, Any]], metrics_log: MetricsLog) -> None:
-        """One epoch: train, then what must happen before the next one (the NaN check, buffers averaged,
-        evaluation, the checkpoint's snapshot, preemption); its report (metrics.jsonl, TensorBoard, the
-        epoch's line) waits for the next epoch's first steps to be queued (`_report_now`), so the GPU
-        trains while the host writes it."""
-        cfg = self.cfg
-        epoch_start = time.perf_counter()
-        row: dict[str, Any] = {"epoch": epoch + 1, "started_unix": round(time.time(), 3)}
-        # Seeded per (seed, epoch, rank), so a resumed run augments exactly as an uninterrupted one.
-        self.generator.manual_seed((cfg.seed * 100_003 + epoch) * 1_009 + self.strategy.rank)
-        profiling = cfg.profile and epoch == min(start.epoch + 1, cfg.epochs - 1) and self.is_main
-        with profiled(self.run_dir) if profiling else contextlib.nullcontext():
-            end = self._train_epoch(epoch, row)
-        if end.bad_step is not None:
-            raise self._non_finite_loss(epoch, row["loss"], end.bad_step)
-        self.strategy.average_buffers(self.nets.module)
-        if self._evaluates_after(epoch):
-            row.update(self._evaluate())
-            self.timings.eval_s += row["eval_s"]
-        self.timings.train_s += row["train_s"]
-        row["lr"] = self.steppers[0].scheduler.get_last_lr()[0]
-        row["max_mem_allocated_mb"], row["max_mem_reserved_mb"] = self._memory_mb()
-        row["epoch_s"] = time.perf_counter() - epoch_start
-        history.append(row)
-        self._save(epoch + 1, history)
-        if self.is_main:
-            self.bar.epoch_done(row)
-            self._report = lambda: self._write_report(row, epoch, metrics_log)
-        more_to_do = epoch + 1 < cfg.epochs and cfg.checkpoint
-        if end.preempted and more_to_do and self.preemption.may_requeue(warn=self.is_main):
-            self._report_now()
-            self._stop_for_requeue(epoch + 1)
-        if self.compiled.pending and epoch + 1 < cfg.epochs:
-            self._report_now()
-            self._compile_if_it_pays(row["train_s"], cfg.epochs - epoch - 1)
-
-    def _write_report(self, row: dict[str, Any], epoch: int, metrics_log: MetricsLog) -> None:
-        metrics_log.append(row)
-        self.tensorboard.epoch(row)
-        self._log_epoch(row)
-        self._advised = self._advised or self._advise(row, epoch)
-
-    def _report_now(self) -> None:
-        """Write the finished epoch's report, if one waits."""
-        report, self._report = self._report, None
-        if report is not None:
-            report()
 
     def _order(self, epoch: int) -> torch.Tensor:
         return rank_order(len(self.data.train), self.cfg.batch_size, self.cfg.seed, epoch, self.strategy.world_size,
@@ -453,8 +424,6 @@ class Trainer:
             clock.step_end()
             if self.timings.first_step_s is None:
                 self._first_step_done()
-            if step == REPORT_AFTER_STEPS:
-                self._report_now()  # the last epoch's report, while these steps run on the device
         # How long the host took to issue the epoch. Close to the device's span: the host is what limits
         # the speed (Python, launches), and CUDA graphs or a larger batch would help more than kernels.
         host_s = time.perf_counter() - host_start
