@@ -2,21 +2,26 @@
 
 What is compiled (launcher/train/loop.py, step.py): with a captured step (perf.cuda_graph on a GPU)
 the CUDA graph already removes the launch cost, so compiling is for fused kernels (BatchNorm
-statistics, activations, casts, residual adds, the input pipeline): normalization + network + loss
-are one compiled graph and the augmentation another (its random draws stay eager on the run's
-generator), all captured into the step's CUDA graph with the launcher's bucketed all-reduce after the
-backward pass. Evaluation stays eager (a small share of a run, and it would compile every layer again
-for eval-mode BatchNorm and each evaluation batch shape). Without a captured step the module that
-trains is compiled as one would by hand (the DDP module, which dynamo splits at DDP's buckets).
-On 2x H200 the whole network as one graph beat compiling it block by block (whose backward pieces
-let each bucket's all-reduce start early) by 6% on one GPU and 6% on two: fusion outweighs the
-overlap of a 0.2 ms all-reduce (BENCHMARKS.md, issue 15).
+statistics, activations, casts, residual adds). The model's `compile_units()` (else the whole model)
+are compiled for training, each as its own graph, captured into the step's CUDA graph with the
+launcher's bucketed all-reduce; normalization, loss and augmentation stay eager inside the graph.
+Evaluation runs the eager forward (a small share of a run, and compiling it would compile again for
+eval-mode BatchNorm and each evaluation batch shape). Measured on 2x H200, torch 2.11 (BENCHMARKS.md,
+issue 15): ResNet-18 as one graph ran 6-7% faster than block by block (fusion outweighs letting each
+bucket's all-reduce start early); the fast net as one graph turned its loss NaN at the second compiled
+step (not understood), block by block it trains, so its units are its blocks. Normalization + network
++ loss as one graph, with the augmentation compiled too, was slower for ResNet-18. Without a captured
+step the module that trains is compiled as one would by hand (the DDP module, which dynamo splits at
+DDP's buckets).
 
 Whether (perf.compile=auto): compiling costs time, most of it the first time a configuration is
 compiled on a machine, less once inductor's caches hold its kernels. A short run does not earn that
 back, so `auto` trains the first epoch uncompiled (no compile before the first step), measures it,
 and compiles at the end of it only if the rest of the run would take long enough for compiling to
-pay (`after_first_epoch`); the compile and capture then happen once, between epochs 1 and 2.
+pay (`after_first_epoch`); the compile and capture then happen once, between epochs 1 and 2. The
+bound (perf.compile_auto_min_s, 60 s) suits ResNet-18, whose compiled step is ~24% faster; for the
+fast net, whose compiled step was only ~3.5% faster on 2 GPUs, compiling a run of 1-8 minutes does
+not pay back its cold compile (~17 s): set perf.compile=false there.
 
 The caches: inductor's FX-graph and AOT-autograd caches (and Triton's kernels) go to
 ~/.cache/launcher/inductor unless TORCHINDUCTOR_CACHE_DIR is set, so they outlive /tmp and are shared
@@ -85,14 +90,14 @@ def compile_units(model: nn.Module) -> list[nn.Module]:
     return list(units()) if callable(units) else [model]
 
 
-def compile_for_training(model: nn.Module, mode: str | None) -> int:
+def compile_for_training(model: nn.Module, mode: str | None, backend: str = "inductor") -> int:
     """Compile each of the model's units for training, in place: a unit in training mode runs its
     compiled forward, in eval mode its own. The modules and their state dict keys stay as they were.
     Returns how many units were compiled."""
     units = compile_units(model)
     for unit in units:
         eager = unit.forward
-        fast = torch.compile(eager, mode=mode)
+        fast = torch.compile(eager, mode=mode, backend=backend)
 
         def forward(*args, _unit=unit, _fast=fast, _eager=eager, **kwargs):
             return _fast(*args, **kwargs) if _unit.training else _eager(*args, **kwargs)

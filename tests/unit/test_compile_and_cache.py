@@ -81,3 +81,38 @@ def test_cifar10_reads_the_cache_and_decodes_again_when_its_files_change(tmp_pat
     assert len(again.train_y) == 60 and (again.train_x == other.train_x).all()
     assert len(list((tmp_path / "cache" / "data").iterdir())) == 2
     assert not any(p.name.endswith(".npy") for p in (tmp_path / FOLDER).iterdir())  # the dataset's folder untouched
+
+
+def test_compiled_units_train_into_the_flat_gradients_and_evaluate_eagerly():
+    """compile_for_training (dynamo's eager backend here, inductor on GPUs): the model's units run
+    compiled in training mode only, the state dict keeps its keys, and the gradients still land in
+    the flat buffers a captured step all-reduces (their views stay the .grad tensors)."""
+    import torch
+    import torch._dynamo
+
+    from launcher.recipes.vision_models import MODELS
+    from launcher.train.step import FlatGradients
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, reference = MODELS["airbench"](10), MODELS["airbench"](10)
+    reference.load_state_dict(model.state_dict())
+    keys = list(model.state_dict())
+    grads = FlatGradients(model.parameters(), 1)
+    assert [type(u).__name__ for u in compiling.compile_units(model)] == ["Conv2d", *["_ConvPoolBlock"] * 3, "Linear"]
+    assert compiling.compile_units(MODELS["resnet18"](10))[0].__class__.__name__ == "ResNet18"  # one graph
+    frames = torch._dynamo.utils.counters["stats"]
+    assert compiling.compile_for_training(model, None, backend="eager") == 5
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    for net in (model, reference):
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+    assert frames["unique_graphs"] >= 5  # every unit went through dynamo
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert p.grad.data_ptr() == grads.views[p].data_ptr()
+        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+    seen = frames["unique_graphs"]
+    model.eval()
+    reference.eval()
+    assert torch.allclose(model(x[:3]), reference(x[:3]), atol=1e-5)
+    assert frames["unique_graphs"] == seen  # evaluation did not compile
+    assert list(model.state_dict()) == keys
