@@ -1,7 +1,7 @@
 """Decoded datasets kept on disk between runs, so a run's data loads in a fraction of a second.
 
 A recipe that decodes its data (CIFAR-10's pickled batches) or generates it (data.synthetic=true)
-does so once: the arrays are saved as uncompressed .npy files under ~/.cache/launcher/data/<key>/
+does so once: the arrays are saved as uncompressed .npy files under ~/.cache/launcher/decoded/<key>/
 (XDG_CACHE_HOME and LAUNCH_CACHE_DIR move it), and later runs read them back. The key names what
 was decoded and from which files (their paths, sizes and modification times), so a changed source
 is decoded again. Each rank of a run may be the one to write the cache: files are written under a
@@ -44,7 +44,7 @@ def key_for(name: str, sources: Iterable[Path] = (), **params: object) -> str:
 
 def cached(key: str, build: Callable[[], dict[str, np.ndarray]], root: Path | None = None) -> dict[str, np.ndarray]:
     """The arrays saved under `key`, or `build()`'s, saved for next time."""
-    folder = (root or cache_root() / "data") / key
+    folder = (root or cache_root() / "decoded") / key
     done = folder / "complete"
     if done.exists():
         try:

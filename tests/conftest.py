@@ -18,9 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 # Decoded datasets and compiled kernels go to a cache of this test session, not the user's ~/.cache
 # (launcher/datacache.py; launches started by the tests inherit it).
 if "LAUNCH_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
     import tempfile
 
     os.environ["LAUNCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="launch-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["LAUNCH_CACHE_DIR"], ignore_errors=True)
 
 
 @dataclass

@@ -73,13 +73,13 @@ def test_cifar10_reads_the_cache_and_decodes_again_when_its_files_change(tmp_pat
     recipe = cifar10.Cifar10(config_of("recipe=cifar10", f"data.root={tmp_path}"))
     first = recipe.load()
     assert (first.train_x == splits.train_x).all() and (first.test_y == splits.test_y).all()
-    assert len(list((tmp_path / "cache" / "data").iterdir())) == 1
+    assert len(list((tmp_path / "cache" / "decoded").iterdir())) == 1
     # a new data_batch_1 (another size): decoded again, never the stale arrays
     other = synthetic_splits(60, 10, seed=6)
     write_official_format(tmp_path / FOLDER, other)
     again = recipe.load()
     assert len(again.train_y) == 60 and (again.train_x == other.train_x).all()
-    assert len(list((tmp_path / "cache" / "data").iterdir())) == 2
+    assert len(list((tmp_path / "cache" / "decoded").iterdir())) == 2
     assert not any(p.name.endswith(".npy") for p in (tmp_path / FOLDER).iterdir())  # the dataset's folder untouched
 
 
