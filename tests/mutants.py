@@ -1,5 +1,6 @@
 """A small mutation check over the modules where a wrong answer loses work or time: checkpoint, resume,
-failures, gpus, strategy, preemption, run dirs, process lifetime, binding, exit codes.
+failures, gpus, strategy, preemption, run dirs, process lifetime, binding, exit codes, the compile
+decision and the decoded-data cache.
 
 Each mutant is a one-line bug put into the source; the tests that should notice it run against it; a
 mutant is *caught* when they fail. The file is restored afterwards, whatever happens.
@@ -34,6 +35,7 @@ class Mutant:
 
 UNIT_CKPT = "tests/unit/test_checkpoint_and_env.py"
 UNIT_PLAN = "tests/unit/test_plan.py"
+UNIT_COMPILE = "tests/unit/test_compile_and_cache.py"
 
 MUTANTS = [
     Mutant("checkpoint write not atomic", "launcher/train/checkpoint.py",
@@ -88,6 +90,15 @@ MUTANTS = [
     Mutant("a bad checkpoint reaches the workers", "launcher/host/resume.py",
            "    if \"net_state_dict\" not in state or \"epoch\" not in state:", "    if False:",
            ("tests/distributed/test_resume.py::test_a_file_that_is_not_a_launch_checkpoint_is_named_for_what_it_is",)),
+    Mutant("compile auto compiles before the first step", "launcher/train/compiling.py",
+           'return Decision(False, "perf.compile=auto: a run of one epoch", pending=True)',
+           'return Decision(True, "perf.compile=auto: a run of one epoch", pending=True)', (UNIT_COMPILE,)),
+    Mutant("the data cache ignores a changed source", "launcher/datacache.py",
+           'digest.update(f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}".encode())',
+           'digest.update(f"{path.resolve()}".encode())', (UNIT_COMPILE,)),
+    Mutant("evaluation runs the compiled units", "launcher/train/compiling.py",
+           "return _fast(*args, **kwargs) if _unit.training else _eager(*args, **kwargs)",
+           "return _fast(*args, **kwargs)", (UNIT_COMPILE,)),
 ]
 
 
