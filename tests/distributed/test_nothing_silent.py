@@ -83,9 +83,11 @@ def test_a_sweep_whose_run_is_killed_by_a_signal_exits_128_plus_n(tmp_path):
 
 
 def test_ctrl_c_on_a_sweep_says_what_finished(tmp_path):
+    # A terminal's foreground job: SIGINT at its default even where this test runs with it ignored (a
+    # background job of a non-interactive shell inherits SIG_IGN, and Python then never raises KeyboardInterrupt).
     proc = subprocess.Popen(launch_command("-m", "gpus=[]", "epochs=2", "seed=1,2,3"), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in proc.stdout:
             if "job 1 started" in line:
