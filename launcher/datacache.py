@@ -53,6 +53,7 @@ def cached(key: str, build: Callable[[], dict[str, np.ndarray]], root: Path | No
         except (OSError, ValueError) as exc:
             log.debug("data cache %s unreadable (%s): decoding again", folder, exc)
     arrays = build()
+    temporary = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, array in arrays.items():
@@ -64,4 +65,6 @@ def cached(key: str, build: Callable[[], dict[str, np.ndarray]], root: Path | No
         os.replace(temporary, done)
     except OSError as exc:
         log.debug("data cache %s not written (%s)", folder, exc)
+        if temporary is not None:  # a full disk leaves no half-written array behind
+            temporary.unlink(missing_ok=True)
     return arrays

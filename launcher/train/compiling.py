@@ -47,9 +47,11 @@ def cache_dir(env: os._Environ | dict[str, str] = os.environ) -> Path:
     return cache_root(env) / "inductor"
 
 
-def use_persistent_cache() -> None:
-    """Point inductor at the launcher's cache directory (before anything compiles)."""
+def compiled(fn, mode: str | None, backend: str = "inductor"):
+    """torch.compile(fn), with inductor's caches in the launcher's cache directory (every compile of a
+    run goes through here, so the caches are where the module docstring says)."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir()))
+    return torch.compile(fn, mode=mode, backend=backend)
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def compile_for_training(model: nn.Module, mode: str | None, backend: str = "ind
     units = compile_units(model)
     for unit in units:
         eager = unit.forward
-        fast = torch.compile(eager, mode=mode, backend=backend)
+        fast = compiled(eager, mode, backend)
 
         def forward(*args, _unit=unit, _fast=fast, _eager=eager, **kwargs):
             return _fast(*args, **kwargs) if _unit.training else _eager(*args, **kwargs)

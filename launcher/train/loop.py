@@ -247,8 +247,8 @@ class Trainer:
         # Under ddp, compiling the DDP module lets dynamo split the graph at gradient buckets so the
         # all-reduce still overlaps the backward pass; evaluation compiles the bare model.
         mode = compiling.compiled_mode(self.cfg.perf.compile_mode.value)
-        train_net = torch.compile(nets.train, mode=mode)
-        eval_net = train_net if nets.eval is nets.train else torch.compile(nets.eval, mode=mode)
+        train_net = compiling.compiled(nets.train, mode)
+        eval_net = train_net if nets.eval is nets.train else compiling.compiled(nets.eval, mode)
         return Nets(nets.module, train_net, eval_net, nets.grads)
 
     def _build_step(self) -> TrainStep:

@@ -1,5 +1,7 @@
 """perf.compile (true | false | auto, decided after the first epoch) and the decoded-data cache."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -83,7 +85,7 @@ def test_cifar10_reads_the_cache_and_decodes_again_when_its_files_change(tmp_pat
     assert not any(p.name.endswith(".npy") for p in (tmp_path / FOLDER).iterdir())  # the dataset's folder untouched
 
 
-def test_compiled_units_train_into_the_flat_gradients_and_evaluate_eagerly():
+def test_compiled_units_train_into_the_flat_gradients_and_evaluate_eagerly(monkeypatch):
     """compile_for_training (dynamo's eager backend here, inductor on GPUs): the model's units run
     compiled in training mode only, the state dict keeps its keys, and the gradients still land in
     the flat buffers a captured step all-reduces (their views stay the .grad tensors)."""
@@ -102,7 +104,9 @@ def test_compiled_units_train_into_the_flat_gradients_and_evaluate_eagerly():
     assert [type(u).__name__ for u in compiling.compile_units(model)] == ["Conv2d", *["_ConvPoolBlock"] * 3, "Linear"]
     assert compiling.compile_units(MODELS["resnet18"](10))[0].__class__.__name__ == "ResNet18"  # one graph
     frames = torch._dynamo.utils.counters["stats"]
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     assert compiling.compile_for_training(model, None, backend="eager") == 5
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(compiling.cache_dir())  # the launcher's cache
     x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
     for net in (model, reference):
         torch.nn.functional.cross_entropy(net(x), y).backward()
