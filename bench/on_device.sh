@@ -8,6 +8,7 @@
 #   bash bench/on_device.sh tests tests/gpu/test_gpu.py ...     # GPU tests -> $OUT/gpu-tests-<commit>.txt
 #   bash bench/on_device.sh versions airbench resnet18          # bench/versions.py -> $OUT/versions-<commit>.jsonl
 #   bash bench/on_device.sh peers --models resnet18             # bench/peers.py -> $OUT/peers-<commit>.jsonl
+#   bash bench/on_device.sh py bench/probe/whole_graph.py ...    # any script, the launcher installed
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -24,6 +25,9 @@ case "$what" in
         nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee -a "$OUT/gpu-tests-$commit.txt"
         python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/gpu-tests-$commit.txt"
         python3 -m pytest -m gpu -v --durations=30 -p no:cacheprovider "$@" 2>&1 | tee -a "$OUT/gpu-tests-$commit.txt"
+        ;;
+    py)  # any bench script, with the launcher installed: bash bench/on_device.sh py bench/probe/x.py ARGS
+        python3 "$@"
         ;;
     peers)
         nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

@@ -53,6 +53,13 @@ def one(kind: str, what: str, gpus: int, model: str, epochs: int, extra: list[st
     return {**record, "what": "script", "variant": what, "model": model, "gpus": gpus}
 
 
+def gpu_count() -> int:
+    import subprocess
+
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+    return max(1, sum(line.startswith("GPU ") for line in listed.splitlines()))
+
+
 def summary(model: str, rows: list[dict]) -> dict:
     def best(kind: str, gpus: int) -> float | None:
         speeds = [r["img_per_s"] for r in rows if r["what"] == kind and r["gpus"] == gpus and r.get("img_per_s")]
@@ -90,8 +97,10 @@ def main() -> None:
         rows = []
         specs = [(kind, what, int(gpus)) for kind, what, gpus in (spec.split(":") for spec in args.runs)]
         singles = [s for s in specs if s[2] == 1]
-        # 1-GPU runs go two at a time, one on each GPU (they do not slow each other: BENCHMARKS.md)
-        for pair in (singles[i:i + 2] for i in range(0, len(singles), 2)):
+        # 1-GPU runs go two at a time, one on each GPU (they do not slow each other: BENCHMARKS.md),
+        # one at a time on a machine of one GPU
+        slots = min(2, gpu_count())
+        for pair in (singles[i:i + slots] for i in range(0, len(singles), slots)):
             with ThreadPoolExecutor(len(pair)) as pool:
                 done = pool.map(lambda slot, pair=pair, model=model: one(
                     *pair[slot], model, args.epochs, args.extra, {**env, "CUDA_VISIBLE_DEVICES": str(slot)}),

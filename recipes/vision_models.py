@@ -59,15 +59,13 @@ class AirbenchNet(nn.Module):
         self.head = nn.Linear(widths[2], num_classes, bias=False)
         self.scale = 1 / 9  # keeps the initial logits small, which the records found to train faster
 
-    def compile_units(self) -> list[nn.Module]:
-        """What perf.compile compiles one by one under a captured step (launcher/train/compiling.py): per
-        block here (compiled as one graph this network's loss became NaN at the second compiled step on
-        2x H200, unexplained; per block it trains), the whole network for ResNet-18."""
-        return [self.stem, *self.blocks, self.head]
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.blocks(F.gelu(self.stem(x)))
-        x = torch.amax(x, dim=(2, 3))
+        # The global max with its indices (the backward puts each gradient at the max's index), not
+        # torch.amax: compiled under bf16 autocast, amax's backward made every gradient below the head
+        # NaN at the first step (inductor, CPU and GPU, torch 2.11 and 2.13), as if it found no element
+        # equal to the max it had rounded. adaptive_max_pool2d trains too, 1.5% slower (BENCHMARKS.md).
+        x = x.flatten(2).max(dim=2).values
         return self.head(x) * self.scale
 
 
@@ -141,9 +139,6 @@ class Airbench94(nn.Module):
         return {"matrices": [m.weight for m in convs], "biases": [m.bias for m in norms],
                 "stem_bias": [self.stem.bias], "head": [self.head.weight]}
 
-    def compile_units(self) -> list[nn.Module]:
-        return [self.stem, *self.blocks, self.head]  # as AirbenchNet's
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool(self.blocks(F.gelu(self.stem(x))))
         return self.head(torch.flatten(x, 1)) * self.scale
@@ -175,9 +170,6 @@ class ResNet18(nn.Module):
             c_in = c_out
         self.layers = nn.Sequential(*layers)
         self.fc = nn.Linear(512, num_classes)
-
-    def compile_units(self) -> list[nn.Module]:
-        return [self]  # one graph: 6-7% faster than per block on 2x H200 (BENCHMARKS.md, issue 15)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.layers(self.stem(x))

@@ -96,9 +96,12 @@ MUTANTS = [
     Mutant("the data cache ignores a changed source", "launcher/datacache.py",
            'digest.update(f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}".encode())',
            'digest.update(f"{path.resolve()}".encode())', (UNIT_COMPILE,)),
-    Mutant("evaluation runs the compiled units", "launcher/train/compiling.py",
-           "return _fast(*args, **kwargs) if _unit.training else _eager(*args, **kwargs)",
-           "return _fast(*args, **kwargs)", (UNIT_COMPILE,)),
+    Mutant("evaluation runs the compiled model", "launcher/train/compiling.py",
+           "return fast(*args, **kwargs) if model.training else eager(*args, **kwargs)",
+           "return fast(*args, **kwargs)", (UNIT_COMPILE,)),
+    Mutant("fast net's global max back to torch.amax", "recipes/vision_models.py",
+           "x = x.flatten(2).max(dim=2).values", "x = torch.amax(x, dim=(2, 3))",
+           (UNIT_COMPILE + "::test_the_fast_net_compiled_by_inductor_under_bf16_keeps_finite_gradients",)),
 ]
 
 

@@ -2,17 +2,15 @@
 
 What is compiled (launcher/train/loop.py, step.py): with a captured step (perf.cuda_graph on a GPU)
 the CUDA graph already removes the launch cost, so compiling is for fused kernels (BatchNorm
-statistics, activations, casts, residual adds). The model's `compile_units()` (else the whole model)
-are compiled for training, each as its own graph, captured into the step's CUDA graph with the
-launcher's bucketed all-reduce; normalization, loss and augmentation stay eager inside the graph.
-Evaluation runs the eager forward (a small share of a run, and compiling it would compile again for
-eval-mode BatchNorm and each evaluation batch shape). Measured on 2x H200, torch 2.11 (BENCHMARKS.md,
-issue 15): ResNet-18 as one graph ran 6-7% faster than block by block (fusion outweighs letting each
-bucket's all-reduce start early); the fast net as one graph turned its loss NaN at the second compiled
-step (not understood), block by block it trains, so its units are its blocks. Normalization + network
-+ loss as one graph, with the augmentation compiled too, was slower for ResNet-18. Without a captured
-step the module that trains is compiled as one would by hand (the DDP module, which dynamo splits at
-DDP's buckets).
+statistics, activations, casts, residual adds). The model's training-mode forward is compiled as one
+graph (`compile_for_training`) and captured into the step's CUDA graph with the launcher's bucketed
+all-reduce; normalization, loss and augmentation stay eager inside the graph. Evaluation runs the
+eager forward (a small share of a run, and compiling it would compile again for eval-mode BatchNorm
+and each evaluation batch shape). Measured on 2x H200 and an H100, torch 2.11 (BENCHMARKS.md, issue
+15): one graph beat block-by-block compiles by 6-7% on ResNet-18 and by 25% on the fast net (fusion
+outweighs letting each bucket's all-reduce start early). Normalization + network + loss as one graph,
+with the augmentation compiled too, was slower for ResNet-18. Without a captured step the module that
+trains is compiled as one would by hand (the DDP module, which dynamo splits at DDP's buckets).
 
 Whether (perf.compile=auto): compiling costs time, most of it the first time a configuration is
 compiled on a machine, less once inductor's caches hold its kernels. A short run does not earn that
@@ -86,26 +84,16 @@ def after_first_epoch(epoch_s: float, epochs_left: int, min_seconds: float) -> D
                     f"uncompiled, less than the {min_seconds:.0f}s that earn the compile time back")
 
 
-def compile_units(model: nn.Module) -> list[nn.Module]:
-    """The modules compiled one by one: the model's `compile_units()` if it has one, else the model."""
-    units = getattr(model, "compile_units", None)
-    return list(units()) if callable(units) else [model]
+def compile_for_training(model: nn.Module, mode: str | None, backend: str = "inductor") -> None:
+    """Compile the model's forward for training, in place, as one graph: in training mode the model runs
+    the compiled forward, in eval mode its own. The module and its state dict keys stay as they were."""
+    eager = model.forward
+    fast = compiled(eager, mode, backend)
 
+    def forward(*args, **kwargs):
+        return fast(*args, **kwargs) if model.training else eager(*args, **kwargs)
 
-def compile_for_training(model: nn.Module, mode: str | None, backend: str = "inductor") -> int:
-    """Compile each of the model's units for training, in place: a unit in training mode runs its
-    compiled forward, in eval mode its own. The modules and their state dict keys stay as they were.
-    Returns how many units were compiled."""
-    units = compile_units(model)
-    for unit in units:
-        eager = unit.forward
-        fast = compiled(eager, mode, backend)
-
-        def forward(*args, _unit=unit, _fast=fast, _eager=eager, **kwargs):
-            return _fast(*args, **kwargs) if _unit.training else _eager(*args, **kwargs)
-
-        unit.forward = forward
-    return len(units)
+    model.forward = forward
 
 
 def compiled_mode(value: str) -> str | None:

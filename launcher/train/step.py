@@ -201,9 +201,10 @@ class TrainStep:
             return logits, self.loss_fn(logits, y)
 
     def compile_captured(self, mode: str | None) -> None:
-        """For a captured step: compile the network's units for training (launcher/train/compiling.py;
-        the CUDA graph already removed the launch costs, this fuses kernels). Eval mode runs the eager
-        forward: evaluation would otherwise compile again for eval-mode BatchNorm and each batch shape."""
+        """For a captured step: compile the network's training forward as one graph
+        (launcher/train/compiling.py; the CUDA graph already removed the launch costs, this fuses
+        kernels). Eval mode runs the eager forward: evaluation would otherwise compile again for
+        eval-mode BatchNorm and each batch shape."""
         from launcher.train.compiling import compile_for_training
 
         compile_for_training(self.nets.module, mode)

@@ -85,9 +85,9 @@ def test_cifar10_reads_the_cache_and_decodes_again_when_its_files_change(tmp_pat
     assert not any(p.name.endswith(".npy") for p in (tmp_path / FOLDER).iterdir())  # the dataset's folder untouched
 
 
-def test_compiled_units_train_into_the_flat_gradients_and_evaluate_eagerly(monkeypatch):
-    """compile_for_training (dynamo's eager backend here, inductor on GPUs): the model's units run
-    compiled in training mode only, the state dict keeps its keys, and the gradients still land in
+def test_the_compiled_model_trains_into_the_flat_gradients_and_evaluates_eagerly(monkeypatch):
+    """compile_for_training (dynamo's eager backend here, inductor on GPUs): the model runs compiled in
+    training mode only, as one graph, the state dict keeps its keys, and the gradients still land in
     the flat buffers a captured step all-reduces (their views stay the .grad tensors)."""
     import torch
     import torch._dynamo
@@ -101,22 +101,45 @@ def test_compiled_units_train_into_the_flat_gradients_and_evaluate_eagerly(monke
     reference.load_state_dict(model.state_dict())
     keys = list(model.state_dict())
     grads = FlatGradients(model.parameters(), 1)
-    assert [type(u).__name__ for u in compiling.compile_units(model)] == ["Conv2d", *["_ConvPoolBlock"] * 3, "Linear"]
-    assert compiling.compile_units(MODELS["resnet18"](10))[0].__class__.__name__ == "ResNet18"  # one graph
     frames = torch._dynamo.utils.counters["stats"]
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    assert compiling.compile_for_training(model, None, backend="eager") == 5
+    compiling.compile_for_training(model, None, backend="eager")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(compiling.cache_dir())  # the launcher's cache
     x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
     for net in (model, reference):
         torch.nn.functional.cross_entropy(net(x), y).backward()
-    assert frames["unique_graphs"] >= 5  # every unit went through dynamo
+    assert frames["unique_graphs"] == 1  # the whole network, one graph
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         assert p.grad.data_ptr() == grads.views[p].data_ptr()
         assert torch.allclose(p.grad, q.grad, atol=1e-5)
-    seen = frames["unique_graphs"]
     model.eval()
     reference.eval()
     assert torch.allclose(model(x[:3]), reference(x[:3]), atol=1e-5)
-    assert frames["unique_graphs"] == seen  # evaluation did not compile
+    assert frames["unique_graphs"] == 1  # evaluation did not compile
     assert list(model.state_dict()) == keys
+
+
+def test_the_fast_net_compiled_by_inductor_under_bf16_keeps_finite_gradients():
+    """Inductor compiles AirbenchNet as one graph (what perf.compile does to it on a GPU) and its first
+    bf16 step's gradients are finite and match the eager network's direction. Written with torch.amax
+    for its global max, this network's every gradient below the head came out NaN (CPU and GPU)."""
+    import torch
+    import torch._dynamo
+
+    from launcher.recipes.vision_models import MODELS
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, reference = MODELS["airbench"](10), MODELS["airbench"](10)
+    reference.load_state_dict(model.state_dict())
+    compiling.compile_for_training(model, None)  # inductor, on the CPU
+    x = torch.randn(4, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (4,))
+    for net in (model, reference):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        assert torch.isfinite(p.grad).all(), f"{name}: non-finite gradient from the compiled network"
+        cosine = torch.nn.functional.cosine_similarity(p.grad.flatten().float(), q.grad.flatten().float(), dim=0)
+        assert cosine > 0.8, f"{name}: compiled gradient points elsewhere (cosine {cosine:.2f})"
