@@ -141,6 +141,7 @@ class Trainer:
         self.bf16 = precision is Precision.bf16 or (precision is Precision.auto and device.type == "cuda")
         # The augmentation's generator, on the device: seeded per (seed, epoch, rank) at each epoch.
         self.generator = torch.Generator(device=device)
+        self.eval_warm = False  # evaluation has had its warm-up (`_warm_up_eval`)
 
     # ---- the run, top to bottom --------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
@@ -337,10 +338,15 @@ class Trainer:
             for batch in self.data.train.batches(rows):
                 self.step(*batch, 0, generator)
             if side is not None:
+                self._sync()
+                self.timeline.mark("warmup_steps")
                 self.step.capture(*batch, generator, stream=side)
         if side is not None:
             torch.cuda.current_stream(self.device).wait_stream(side)
-        self._evaluate()
+            self._sync()
+            self.timeline.mark("captured")
+        # Evaluation warms up later, at the first evaluation (`_warm_up_eval`): not before the first step.
+        self.eval_warm = False
         checkpoint.restore(saved, self.strategy, self.nets, self.steppers, self.device)
         self.step.zero_grads()
         self._sync()
@@ -461,6 +467,8 @@ class Trainer:
         self.nets.eval.eval()
         chunks = eval_chunks(len(self.data.test), max(1, self.cfg.eval.batch_size // s.world_size), s.world_size,
                              s.rank)
+        if not self.eval_warm:
+            self._warm_up_eval(chunks)
         loss_sum = torch.zeros((), device=self.device)
         correct = torch.zeros((), device=self.device)
         classes = self.data.num_classes
@@ -482,6 +490,23 @@ class Trainer:
         if matrix is not None:
             row["confusion"] = [[int(v) for v in r] for r in s.all_reduce(matrix).view(classes, classes).tolist()]
         return row
+
+    @torch.no_grad()
+    def _warm_up_eval(self, chunks: list[torch.Tensor]) -> None:
+        """Before the first timed evaluation of a warmed-up run (compiled or captured): one untimed
+        forward pass per distinct chunk size, so cuDNN's autotuning (and compiling, where evaluation is
+        compiled) stays out of eval_s as it did out of the training clock. Deferred from `_warm_up` to
+        here so that the first training step does not wait for it. Eval-mode forwards change no state."""
+        self.eval_warm = True
+        if not (self.compiled.compile or self.captures):
+            return
+        start = time.perf_counter()
+        one_of_each = {len(c): c for c in chunks}.values()
+        for x, _, _ in self.data.test.batches(list(one_of_each)):
+            with self.autocast():
+                self.recipe.predict(self.nets.eval, self.data.normalize(x))
+        self._sync()
+        self.timings.warmup_s = (self.timings.warmup_s or 0.0) + time.perf_counter() - start
 
     def _evaluates_after(self, epoch: int) -> bool:
         every = self.cfg.eval.every

@@ -8,8 +8,11 @@
     data_loaded      the dataset is in memory where it trains (synthetic data is generated here)
     model_on_device  the model is built and moved to its device
     model_built      the model is wrapped (DDP broadcasts the weights) and optimizers exist
-    warmed_up        torch.compile warm-up and/or the CUDA-graph capture finished (recipe.compile,
-                     recipe.cuda_graph on a GPU)
+    warmup_steps     (perf.cuda_graph on a GPU) the eager warm-up steps finished: cuDNN autotuned each
+                     convolution, torch.compile compiled (when compiling before the first step)
+    captured         the step was captured as a CUDA graph
+    warmed_up        the warm-up finished and the model, optimizers and RNG were put back (evaluation
+                     warms up at the first evaluation instead, outside its clock)
     first_step       the first training step finished on the device (cuDNN autotuning included)
 
 Rank 0's timeline goes into results.json (`startup`) and one log line, so the 15-20 s a multi-GPU
@@ -21,7 +24,7 @@ from __future__ import annotations
 import time
 
 ORDER = ("spawn", "worker_process", "device_set", "process_group", "data_loaded", "model_on_device",
-         "model_built", "warmed_up", "first_step")
+         "model_built", "warmup_steps", "captured", "warmed_up", "first_step")
 
 
 class StartupTimeline:
