@@ -1,7 +1,8 @@
 """`launch doctor`: what this machine offers for training, in one screen (or JSON with --json).
 
 torch, CUDA and NCCL versions; whether CUDA works; each visible device with its name and total/free
-memory (through NVML where there is a driver); the inherited CUDA_VISIBLE_DEVICES and SLURM variables.
+memory (through NVML where there is a driver); the inherited CUDA_VISIBLE_DEVICES and SLURM variables;
+the launcher's caches on this machine, where they are and how much they hold.
 """
 
 from __future__ import annotations
@@ -27,6 +28,37 @@ def _nvml_devices() -> tuple[list[dict[str, Any]], str | None]:
     devices, driver = nvml_devices()
     return [{"physical_index": d.physical_index, "name": d.name, "total_mib": d.total_bytes // 2**20,
              "free_mib": d.free_bytes // 2**20, "utilization_pct": d.util_pct} for d in devices], driver
+
+
+def _size(folder) -> tuple[int, int]:
+    """(bytes, top-level entries) under `folder`, links not followed; (0, 0) when it does not exist."""
+    total = 0
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:  # removed while we walk (a run writing its cache)
+                pass
+    try:
+        entries = len(os.listdir(folder))
+    except OSError:
+        entries = 0
+    return total, entries
+
+
+def caches() -> list[dict[str, Any]]:
+    """The launcher's caches: each can be removed at any time, and launch rebuilds what it needs (at the
+    cost of decoding a dataset, compiling or byte-compiling again)."""
+    from launcher import bytecode
+    from launcher.datacache import cache_root
+    from launcher.train.compiling import cache_dir
+
+    found = []
+    for what, folder in (("decoded datasets", cache_root() / "decoded"), ("inductor kernels", cache_dir()),
+                         ("bytecode", bytecode.cache_dir(os.environ))):
+        size, entries = _size(folder)
+        found.append({"what": what, "path": str(folder), "mib": round(size / 2**20, 1), "entries": entries})
+    return found
 
 
 def collect() -> dict[str, Any]:
@@ -66,6 +98,7 @@ def collect() -> dict[str, Any]:
                         "multiprocessors": props.multi_processor_count,
                         "total_mib": total // 2**20, "free_mib": free // 2**20})
     report["cuda_devices"] = visible
+    report["caches"] = caches()
     return report
 
 
@@ -91,6 +124,9 @@ def render(r: dict[str, Any]) -> str:
     lines.append("SLURM        " + (" ".join(f"{k}={v}" for k, v in r["slurm"].items()) or "(not in a SLURM job)"))
     if r["torchelastic"]:
         lines.append("torchrun     " + " ".join(f"{k}={v}" for k, v in r["torchelastic"].items()))
+    lines.append("caches       (any can be removed; launch rebuilds what it needs)")
+    for c in r["caches"]:
+        lines.append(f"  {c['what']:<17} {c['path']}  {c['mib']:,.1f} MiB, {c['entries']} entries")
     return "\n".join(lines)
 
 

@@ -17,8 +17,8 @@ compiled on a machine, less once inductor's caches hold its kernels. A short run
 back, so `auto` trains the first epoch uncompiled (no compile before the first step), measures it,
 and compiles at the end of it only if the rest of the run would take long enough for compiling to
 pay (`after_first_epoch`); the compile and capture then happen once, between epochs 1 and 2. The
-bound (perf.compile_auto_min_s, 60 s) suits both CIFAR networks, whose compiled steps are ~22-25%
-faster: a cold compile of 15-25 s is earned back after about a minute of uncompiled training. Both
+bound (perf.compile_auto_min_s, 60 s) suits both CIFAR networks, whose compiled steps are 20-25%
+shorter: a cold compile of 15-25 s is earned back after about a minute of uncompiled training. Both
 sides measured (BENCHMARKS.md, bench/auto_rule.py): on an H100, ResNet-18 for 20 epochs ended 7 s
 sooner uncompiled, as auto chose, and for 100 epochs 6 s sooner compiled after epoch 1, as auto chose.
 

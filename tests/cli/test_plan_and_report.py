@@ -2,6 +2,8 @@
 
 import json
 
+from tests.conftest import clean_env
+
 
 def test_dry_run_prints_the_plan_and_leaves_nothing(launch):
     result = launch("gpus=[]", "strategy=ddp", "nprocs=2", "dry_run=true", timeout=60)
@@ -24,16 +26,28 @@ def test_cfg_job_prints_the_composed_config(launch):
     assert not (result.cwd / "outputs").exists()
 
 
-def test_doctor_reports_versions_and_devices_as_json(launch):
-    result = launch("doctor", "--json", timeout=60)
+def test_doctor_reports_versions_devices_and_caches_as_json(launch, tmp_path):
+    cache = tmp_path / "cache"
+    decoded = cache / "decoded" / "cifar10-0123456789abcdef"
+    decoded.mkdir(parents=True)
+    (decoded / "train_x.npy").write_bytes(b"\0" * 3 * 2**20)
+    env = {**clean_env(), "LAUNCH_CACHE_DIR": str(cache)}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    result = launch("doctor", "--json", timeout=60, env=env)
     assert result.returncode == 0, result.output
     report = json.loads(result.stdout)
     assert report["packages"]["torch"] and report["packages"]["hydra-core"]
     assert report["cuda_device_count"] == len(report["cuda_devices"])
     assert "slurm" in report and "cuda_visible_devices" in report
+    by_what = {c["what"]: c for c in report["caches"]}
+    assert by_what["decoded datasets"] == {"what": "decoded datasets", "path": str(cache / "decoded"),
+                                           "mib": 3.0, "entries": 1}
+    assert by_what["inductor kernels"]["path"] == str(cache / "inductor")
+    assert by_what["inductor kernels"]["mib"] == 0 and "bytecode" in by_what
 
 
 def test_doctor_in_words(launch):
     result = launch("doctor", timeout=60)
     assert result.returncode == 0
     assert "torch CUDA" in result.stdout and "CUDA_VISIBLE_DEVICES" in result.stdout and "SLURM" in result.stdout
+    assert "caches" in result.stdout and "decoded datasets" in result.stdout
