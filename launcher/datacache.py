@@ -33,6 +33,14 @@ def cache_root(env: os._Environ | dict[str, str] = os.environ) -> Path:
     return Path(base) / "launcher"
 
 
+def inductor_dir(env: os._Environ | dict[str, str] = os.environ) -> Path:
+    """Where inductor's caches go (launcher/train/compiling.py points torch.compile there; `launch doctor`
+    reports it): TORCHINDUCTOR_CACHE_DIR, else <cache root>/inductor."""
+    if env.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(env["TORCHINDUCTOR_CACHE_DIR"])
+    return cache_root(env) / "inductor"
+
+
 def key_for(name: str, sources: Iterable[Path] = (), **params: object) -> str:
     """A cache key: `name`, the parameters, and each source file's path, size and modification time."""
     digest = hashlib.sha256(f"v{VERSION} {name} {sorted(params.items())}".encode())

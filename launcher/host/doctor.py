@@ -50,11 +50,10 @@ def caches() -> list[dict[str, Any]]:
     """The launcher's caches: each can be removed at any time, and launch rebuilds what it needs (at the
     cost of decoding a dataset, compiling or byte-compiling again)."""
     from launcher import bytecode
-    from launcher.datacache import cache_root
-    from launcher.train.compiling import cache_dir
+    from launcher.datacache import cache_root, inductor_dir
 
     found = []
-    for what, folder in (("decoded datasets", cache_root() / "decoded"), ("inductor kernels", cache_dir()),
+    for what, folder in (("decoded datasets", cache_root() / "decoded"), ("inductor kernels", inductor_dir()),
                          ("bytecode", bytecode.cache_dir(os.environ))):
         size, entries = _size(folder)
         found.append({"what": what, "path": str(folder), "mib": round(size / 2**20, 1), "entries": entries})

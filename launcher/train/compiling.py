@@ -31,19 +31,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from launcher.datacache import cache_root
+from launcher.datacache import inductor_dir
 
-
-def cache_dir(env: os._Environ | dict[str, str] = os.environ) -> Path:
-    """Where inductor's caches go: TORCHINDUCTOR_CACHE_DIR, else ~/.cache/launcher/inductor."""
-    if env.get("TORCHINDUCTOR_CACHE_DIR"):
-        return Path(env["TORCHINDUCTOR_CACHE_DIR"])
-    return cache_root(env) / "inductor"
+cache_dir = inductor_dir  # where inductor's caches go: TORCHINDUCTOR_CACHE_DIR, else ~/.cache/launcher/inductor
 
 
 def compiled(fn, mode: str | None, backend: str = "inductor"):
