@@ -360,6 +360,14 @@ class EvalConfig(Schema):
         check_int(f"{at}.every", self.every, 0, f"{at}.every=1")
 
 
+def _true_false_auto(value: Any) -> Any:
+    """A true | false | auto setting as True, False or "auto" (YAML and the command line may give strings);
+    anything else comes back as it was, for the check to name."""
+    if isinstance(value, str) and value.lower() in ("true", "false", "auto"):
+        return {"true": True, "false": False}.get(value.lower(), "auto")
+    return value
+
+
 @dataclass
 class PerfConfig(Schema):
     """Settings that change the speed, not (beyond rounding) what is computed."""
@@ -376,23 +384,30 @@ class PerfConfig(Schema):
     # replay it. Under ddp the gradients then sit in flat buckets averaged by the launcher instead of
     # DDP's reducer (launcher/train/step.py), so DDP's static_graph/find_unused_parameters do not apply.
     cuda_graph: bool = False
-    # GPUs: let cuDNN time its algorithms for each convolution shape on first use. Pays off for large
-    # convolutions; for tiny ones it only delays the first step (BENCHMARKS.md).
-    cudnn_benchmark: bool = True
+    # GPUs: let cuDNN time its algorithms for each convolution shape on first use (true | false | auto).
+    # On the CIFAR networks it made steps ~3.5% shorter and the first step 4-7 s later (BENCHMARKS.md), so
+    # auto autotunes exactly when the run compiles (perf.compile=true, or auto once it decides to compile):
+    # a run long enough to compile earns it back, a short one starts sooner.
+    cudnn_benchmark: Any = "auto"
 
     @property
     def compile_setting(self) -> bool | str:
         """perf.compile as True, False or "auto" (a YAML or command line may give it as a string)."""
-        value = self.compile
-        if isinstance(value, str) and value.lower() in ("true", "false", "auto"):
-            value = {"true": True, "false": False}.get(value.lower(), "auto")
-        return value
+        return _true_false_auto(self.compile)
+
+    @property
+    def cudnn_benchmark_setting(self) -> bool | str:
+        """perf.cudnn_benchmark as True, False or "auto"."""
+        return _true_false_auto(self.cudnn_benchmark)
 
     def check(self, at: str) -> None:
         check_float(f"{at}.compile_auto_min_s", self.compile_auto_min_s, f"{at}.compile_auto_min_s=60", positive=False)
         if self.compile_setting not in (True, False, "auto"):
             raise ConfigError(f"{at}.compile", self.compile, "choose true, false or auto (compile GPU runs long "
                               "enough to earn the compile time back)", f"{at}.compile=auto")
+        if self.cudnn_benchmark_setting not in (True, False, "auto"):
+            raise ConfigError(f"{at}.cudnn_benchmark", self.cudnn_benchmark, "choose true, false or auto "
+                              "(autotune cuDNN when the run compiles)", f"{at}.cudnn_benchmark=auto")
         if (self.cuda_graph and self.compile_setting is not False
                 and self.compile_mode.value in ("reduce-overhead", "max-autotune")):
             raise ConfigError(f"{at}.compile_mode", self.compile_mode, f"{at}.cuda_graph=true captures the whole "

@@ -79,6 +79,14 @@ def after_first_epoch(epoch_s: float, epochs_left: int, min_seconds: float) -> D
                     f"uncompiled, less than the {min_seconds:.0f}s that earn the compile time back")
 
 
+def autotunes(setting: bool | str, decision: Decision) -> bool:
+    """Whether cuDNN autotunes (perf.cudnn_benchmark): true and false as said; auto when the run compiles.
+    Autotuning shortened the CIFAR networks' steps by ~3.5% and delayed the first step by 4-7 s (an
+    H100, torch 2.11: BENCHMARKS.md), the same trade as compiling on a smaller scale, so it follows the
+    compile decision (with perf.compile=auto, from the second epoch of a run long enough to compile)."""
+    return decision.compile if setting == "auto" else bool(setting)
+
+
 def compile_for_training(model: nn.Module, mode: str | None, backend: str = "inductor") -> None:
     """Compile the model's forward for training, in place, as one graph: in training mode the model runs
     the compiled forward, in eval mode its own. The module and its state dict keys stay as they were."""

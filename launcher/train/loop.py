@@ -69,8 +69,7 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     device = strategy.select_device(world, spec.device_index)
     timeline.mark("device_set")
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = cfg.perf.cudnn_benchmark
+    if device.type == "cuda":  # (cuDNN's autotuning is set with the compile decision: Trainer._autotune)
         torch.set_float32_matmul_precision("high")
     strategy.setup(world, device)
     if strategy.distributed:
@@ -241,6 +240,7 @@ class Trainer:
             self.recipe.prepare_model(model, self.data.normalize(sample))
         nets = self.strategy.wrap(model, self.device)
         self.compiled = compiling.decide(self.cfg.perf.compile_setting, self.device.type)
+        self._autotune()
         captured = nets.grads is not None and self.device.type == "cuda"  # (a captured step compiles itself)
         return self._compiled_nets(nets) if self.compiled.compile and not captured else nets
 
@@ -251,6 +251,13 @@ class Trainer:
         train_net = compiling.compiled(nets.train, mode)
         eval_net = train_net if nets.eval is nets.train else compiling.compiled(nets.eval, mode)
         return Nets(nets.module, train_net, eval_net, nets.grads)
+
+    def _autotune(self) -> None:
+        """cuDNN's autotuning (perf.cudnn_benchmark): as set, or with auto, when the run compiles. Set
+        before the warm-up that captures the step, so the captured graph keeps the algorithms picked."""
+        if self.device.type != "cuda":
+            return
+        torch.backends.cudnn.benchmark = compiling.autotunes(self.cfg.perf.cudnn_benchmark_setting, self.compiled)
 
     def _build_step(self) -> TrainStep:
         step = TrainStep(self.nets, self.steppers, self.recipe.loss(), self.data.normalize,
@@ -307,9 +314,12 @@ class Trainer:
         alike: `epoch_s` is the slowest rank's, agreed through an all-reduce."""
         self.compiled = compiling.after_first_epoch(epoch_s, epochs_left, self.cfg.perf.compile_auto_min_s)
         if self.is_main:
-            log.info("%s (%s)", "compiling" if self.compiled.compile else "not compiling", self.compiled.why)
+            autotunes = self.compiled.compile and self.cfg.perf.cudnn_benchmark_setting == "auto"
+            doing = "compiling and autotuning cuDNN" if autotunes else "compiling"
+            log.info("%s (%s)", doing if self.compiled.compile else "not compiling", self.compiled.why)
         if not self.compiled.compile:
             return
+        self._autotune()
         if self.captures:
             self.step.captured = None  # the uncompiled graph goes; the warm-up captures the compiled step
             self.step.compile_captured(compiling.compiled_mode(self.cfg.perf.compile_mode.value))
@@ -610,6 +620,7 @@ class Trainer:
             "compiled": self.compiled.compile,
             "compile_decision": self.compiled.why,
             "cuda_graph": self.step.captured is not None,
+            "cudnn_benchmark": self.device.type == "cuda" and torch.backends.cudnn.benchmark,
             "gradient_sync": s.gradient_sync,
             "final": final,
             "test_acc": final.get("test_acc"),

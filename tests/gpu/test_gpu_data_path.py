@@ -49,6 +49,7 @@ def test_fast_recipe_on_one_gpu(launch):
     assert result.returncode == 0, result.output
     r = result.results()
     assert r["compiled"] and r["data_placement"] == "gpu" and r["epochs"] == 8 and r["batch_size"] == 2000
+    assert r["cudnn_benchmark"] is True  # compiled from the start: autotuned from the start (perf.cudnn_benchmark=auto)
     assert r["timed"]["clock"] == "cuda events" and 0 < r["timed"]["train_eval_s"] < 10
     assert r["test_acc"] > 0.9  # the synthetic set is easy: this checks that it learns, not CIFAR-10 accuracy
 

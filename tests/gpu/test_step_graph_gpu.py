@@ -63,8 +63,10 @@ def test_compile_auto_compiles_after_the_first_epoch_when_the_rest_is_long_enoug
     captured ddp step must train like the uncompiled one, ranks identical); with a huge bound it must not."""
     plain, r_plain = _losses(launch, "gpus=[0,1]", "perf.compile=auto", "perf.compile_auto_min_s=1000000")
     assert r_plain["compiled"] is False and "less than" in r_plain["compile_decision"], r_plain["compile_decision"]
+    assert r_plain["cudnn_benchmark"] is False  # perf.cudnn_benchmark=auto: no autotuning in a run that did not compile
     compiled, r = _losses(launch, "gpus=[0,1]", "perf.compile=auto", "perf.compile_auto_min_s=0")
     assert r["compiled"] is True and r["cuda_graph"] is True and r["ranks_agree"], r
+    assert r["cudnn_benchmark"] is True  # autotuned with the compile, from epoch 2
     assert "at least 0s" in r["compile_decision"], r["compile_decision"]
     assert plain[0] == pytest.approx(compiled[0], rel=1e-3)  # epoch 1 ran the same uncompiled step
     for a, b in zip(plain, compiled, strict=True):

@@ -39,6 +39,20 @@ def test_auto_compiles_only_when_the_rest_of_the_run_earns_the_compile_back():
     assert compiling.after_first_epoch(0.5, 120, min_seconds=60).compile  # exactly at the bound
 
 
+def test_cudnn_autotunes_when_the_run_compiles_unless_told():
+    assert config_of("recipe=cifar10").perf.cudnn_benchmark_setting == "auto"
+    assert config_of("recipe=digits").perf.cudnn_benchmark_setting is False
+    assert config_of("recipe=cifar10", "perf.cudnn_benchmark=true").perf.cudnn_benchmark_setting is True
+    with pytest.raises(ConfigError, match=r"perf.cudnn_benchmark=sometimes is not valid: choose true, false or auto"):
+        config_of("perf.cudnn_benchmark=sometimes")
+    pending = compiling.decide("auto", "cuda")
+    assert not compiling.autotunes("auto", pending)  # the first epoch of an auto run: heuristics, no delay
+    assert compiling.autotunes("auto", compiling.after_first_epoch(1.0, 100, min_seconds=60))
+    assert not compiling.autotunes("auto", compiling.after_first_epoch(0.2, 9, min_seconds=60))
+    assert compiling.autotunes("auto", compiling.decide(True, "cuda"))
+    assert compiling.autotunes(True, pending) and not compiling.autotunes(False, compiling.decide(True, "cuda"))
+
+
 def test_caches_live_under_launch_cache_dir_unless_inductor_is_told_otherwise(tmp_path):
     env = {"LAUNCH_CACHE_DIR": str(tmp_path)}
     assert compiling.cache_dir(env) == tmp_path / "inductor"
