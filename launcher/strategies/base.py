@@ -169,6 +169,11 @@ class Strategy:
         """Sum (or max) `tensor` over the ranks, in place; returns it."""
         return tensor
 
+    def reduce_host(self, values: list[float], op: str = "sum") -> list[float]:
+        """Sum (or max) host numbers over the ranks, without touching the device's stream (the epoch's
+        figures are read while the next epoch's steps run: launcher/train/loop.py)."""
+        return list(values)
+
     def align(self, device: torch.device) -> None:
         """Wait until every rank has arrived (each epoch's clock starts then)."""
 

@@ -72,6 +72,7 @@ class DDP(Strategy):
             device_id=device if device.type == "cuda" else None,
         )
         self.rank = world.rank
+        self._host_group = None  # for reduce_host beside NCCL
 
     def wrap(self, model: torch.nn.Module, device: torch.device) -> Nets:
         from torch.nn.parallel import DistributedDataParallel
@@ -87,6 +88,19 @@ class DDP(Strategy):
 
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return tensor
+
+    def reduce_host(self, values: list[float], op: str = "sum") -> list[float]:
+        """Over gloo: the default group on CPU ranks; beside NCCL, a gloo group of the same ranks, made at
+        the first call (every rank reaches it at the same point of the loop), so the host reads the
+        epoch's figures while its GPU still runs queued work."""
+        import torch
+        import torch.distributed as dist
+
+        if self.process_group_backend != "gloo" and self._host_group is None:
+            self._host_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.options.timeout_s))
+        tensor = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=self._host_group)
+        return tensor.tolist()
 
     def align(self, device: torch.device) -> None:
         import torch

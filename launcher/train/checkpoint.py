@@ -58,12 +58,6 @@ def restore(state: dict[str, Any], strategy: Strategy, nets: Nets, steppers: lis
         torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
 
 
-def for_epoch(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: torch.device, epoch: int,
-              history: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint after `epoch` finished epochs: the training state and where the run stands."""
-    return {**capture(strategy, nets, steppers, device), "epoch": epoch, "history": list(history), "config": config}
-
-
 def _cloned(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach().clone()
@@ -118,6 +112,10 @@ class HostSnapshot:
         if isinstance(obj, (list, tuple)):
             return type(obj)(self._copy(v) for v in obj)
         return obj
+
+    def add(self, **plain: Any) -> None:
+        """Add plain entries (the epoch, the history) known only after the copies were queued."""
+        self._state.update(plain)
 
     def state(self) -> dict[str, Any]:
         for event in self._copied:

@@ -6,12 +6,15 @@
                 optimizers, the step (TrainStep)
       resume    from this run's own checkpoint after a restart or requeue, else from `resume`
       warm up   torch.compile and/or the CUDA-graph capture on the real shapes, then everything put back
-      epochs    train, stop on a NaN loss, average buffers, evaluate, save, report, stop for preemption
+      epochs    train; queue the epoch's end (average buffers, evaluate, copy the sums and the
+                checkpoint's tensors to host memory); a few steps into the next epoch, read it: stop
+                on a NaN loss, save, report, stop for preemption
       results   rank 0's results.json
 
 Per epoch: this rank's shard of the epoch's order (launcher/train/data.py) streams through the data
 path (`data.placement`), augmentation and normalization run on the training device, and nothing syncs
-the host inside an epoch: losses and accuracies are summed on the device and read once per epoch.
+the host inside an epoch: losses and accuracies are summed on the device and read once per epoch,
+while the next epoch's first steps keep the device busy (`Trainer._epochs`).
 Training and evaluation are timed on the device's own clock (CUDA events), along with the share of
 each epoch the compute stream spent waiting for input (launcher/train/stall.py). The strategy
 (launcher/strategies) does everything that depends on how devices share the work; this module never
@@ -43,7 +46,7 @@ from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog, write_results
 from launcher.train.optim import Stepper
 from launcher.train.preemption import Preempted, PreemptionWatch
-from launcher.train.stall import SpanTimer, StepClock, input_advice
+from launcher.train.stall import Readback, StepClock, input_advice
 from launcher.train.step import TrainStep
 from launcher.train.timeline import StartupTimeline
 from launcher.world import WorldInfo
@@ -51,6 +54,9 @@ from launcher.world import WorldInfo
 log = logging.getLogger("launcher.train")
 
 WARMUP_STEPS = 3
+# On GPUs an epoch's figures are read (and it is logged and checkpointed) this many steps into the next
+# epoch, with those steps queued for the device to run meanwhile (`Trainer._epochs`).
+OVERLAP_STEPS = 4
 
 
 class NonFiniteLoss(ExplainedStop):
@@ -97,11 +103,30 @@ class Start:
 
 
 @dataclass
-class EpochEnd:
-    """What an epoch found out besides its metrics, agreed by every rank."""
+class QueuedEvaluation:
+    """An evaluation queued on the device: its sums stay there until read."""
 
-    preempted: bool = False  # a SIGUSR2 reached some rank
-    bad_step: int | None = None  # the first global step whose loss was not finite
+    loss_sum: torch.Tensor
+    correct: torch.Tensor
+    count: float  # this rank's test examples
+    clock: StepClock
+    matrix: torch.Tensor | None = None  # the confusion matrix, flattened (`launch eval`)
+
+
+@dataclass
+class QueuedEpoch:
+    """An epoch whose steps and end are queued on the device and whose figures the host has not read
+    yet (`Trainer._conclude` reads them while the next epoch's first steps run)."""
+
+    epoch: int
+    row: dict[str, Any]  # what the host knew when it queued the epoch's end
+    clock: StepClock
+    started: float  # perf_counter() when the host began the epoch
+    examples: int  # this rank's training examples in the epoch
+    figures: Readback  # loss sum, correct, finite steps (, the evaluation's loss sum and correct)
+    evaluation: QueuedEvaluation | None
+    memory_mb: list[float]  # this rank's peak allocated and reserved (-1 without a GPU)
+    snapshot: checkpoint.HostSnapshot | None  # rank 0: the state after the epoch, being copied to host memory
 
 
 @dataclass
@@ -124,6 +149,8 @@ class Trainer:
     preemption: PreemptionWatch  # SIGUSR2 under SLURM
     tensorboard: reporting.TensorBoardLog
     bar: progress.EpochBar
+    history: list[dict[str, Any]]  # every finished epoch's row (`_epochs`, `_conclude`)
+    metrics_log: MetricsLog
 
     def __init__(self, spec: WorkerSpec, world: WorldInfo, device: torch.device, timeline: StartupTimeline):
         self.spec = spec
@@ -141,6 +168,7 @@ class Trainer:
         # The augmentation's generator, on the device: seeded per (seed, epoch, rank) at each epoch.
         self.generator = torch.Generator(device=device)
         self.eval_warm = False  # evaluation has had its warm-up (`_warm_up_eval`)
+        self.advised = False  # the input-bound advice was logged (once per run)
 
     # ---- the run, top to bottom --------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
@@ -370,97 +398,149 @@ class Trainer:
 
     # ---- epochs -------------------------------------------------------------------------------------
     def _epochs(self, start: Start) -> list[dict[str, Any]]:
+        """Every epoch's steps, with each epoch's end overlapping the next epoch's first steps: the
+        host queues the epoch's end on the device (buffer averaging, evaluation, the sums and the
+        checkpoint copied to pinned memory) and starts the next epoch; `OVERLAP_STEPS` steps into it,
+        it reads the finished epoch's figures, logs them and writes its checkpoint, while the GPU runs
+        those steps. Nothing is decided later than before: a NaN loss or a preemption stops the run
+        before any state of the next epoch is saved. The last epoch, and the first one of a
+        perf.compile=auto run (whose time decides the compile), end at once."""
         cfg = self.cfg
-        history = list(start.history)
-        metrics_log = MetricsLog(self.run_dir)
+        self.history = list(start.history)
+        self.metrics_log = MetricsLog(self.run_dir)
         if self.is_main:
-            metrics_log.rewrite(history)
+            self.metrics_log.rewrite(self.history)
             if start.source:
                 log.info("resumed from %s after epoch %d", start.source, start.epoch)
-        advised = False
+        pending: QueuedEpoch | None = None
         for epoch in range(start.epoch, cfg.epochs):
-            epoch_start = time.perf_counter()
-            row: dict[str, Any] = {"epoch": epoch + 1, "started_unix": round(time.time(), 3)}
             # Seeded per (seed, epoch, rank), so a resumed run augments exactly as an uninterrupted one.
             self.generator.manual_seed((cfg.seed * 100_003 + epoch) * 1_009 + self.strategy.rank)
             profiling = cfg.profile and epoch == min(start.epoch + 1, cfg.epochs - 1) and self.is_main
             with profiled(self.run_dir) if profiling else contextlib.nullcontext():
-                end = self._train_epoch(epoch, row)
-            if end.bad_step is not None:
-                raise self._non_finite_loss(epoch, row["loss"], end.bad_step)
-            self.strategy.average_buffers(self.nets.module)
-            if self._evaluates_after(epoch):
-                row.update(self._evaluate())
-                self.timings.eval_s += row["eval_s"]
-            self.timings.train_s += row["train_s"]
-            row["lr"] = self.steppers[0].scheduler.get_last_lr()[0]
-            row["max_mem_allocated_mb"], row["max_mem_reserved_mb"] = self._memory_mb()
-            row["epoch_s"] = time.perf_counter() - epoch_start
-            history.append(row)
-            self._save(epoch + 1, history)
-            if self.is_main:
-                metrics_log.append(row)
-                self.tensorboard.epoch(row)
-                self.bar.epoch_done(row)
-                self._log_epoch(row)
-                advised = advised or self._advise(row, epoch)
-            more_to_do = epoch + 1 < cfg.epochs and cfg.checkpoint
-            if end.preempted and more_to_do and self.preemption.may_requeue(warn=self.is_main):
-                self._stop_for_requeue(epoch + 1)
-            if self.compiled.pending and epoch + 1 < cfg.epochs:
-                self._compile_if_it_pays(row["train_s"], cfg.epochs - epoch - 1)
-        return history
+                queued = self._train_epoch(epoch, pending)
+            deciding = self.compiled.pending and epoch + 1 < cfg.epochs
+            if epoch + 1 == cfg.epochs or deciding:
+                self._conclude(queued)
+                pending = None
+            else:
+                pending = queued
+        return self.history
 
     def _order(self, epoch: int) -> torch.Tensor:
         return rank_order(len(self.data.train), self.cfg.batch_size, self.cfg.seed, epoch, self.strategy.world_size,
                           self.strategy.rank)
 
-    def _train_epoch(self, epoch: int, row: dict[str, Any]) -> EpochEnd:
+    def _train_epoch(self, epoch: int, pending: QueuedEpoch | None) -> QueuedEpoch:
+        """Queue one epoch's steps (concluding `pending`, the epoch before, a few steps in) and its end."""
         strategy, sums = self.strategy, self.step.sums
+        started = time.perf_counter()
+        row: dict[str, Any] = {"epoch": epoch + 1, "started_unix": round(time.time(), 3)}
         self.nets.train.train()
         order = self._order(epoch)
         sums.zero()
         self.step.epoch.fill_(epoch)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        steps = self.steps_per_epoch
+        # Where the epoch before is read: the same step on every rank (its reading is a collective); on
+        # the CPU, where nothing runs ahead of the host, before this epoch's clock starts.
+        conclude_at = min(OVERLAP_STEPS, steps - 1) if self.device.type == "cuda" else 0
+        if pending is not None and conclude_at == 0:
+            self._conclude(pending, next_started=started)
+            pending = None
         # A bounded wait at the epoch's end when collectives run inside a graph (no NCCL watchdog there).
         clock = StepClock(self.device, strategy.collective_timeout())
-        # Start every rank's clock when all have arrived: rank 0's end-of-epoch work (checkpoint
-        # snapshot, logs, TensorBoard) would otherwise count as the other ranks' training time, while a
-        # 1-GPU run never counts it. It shows in the wall time between epochs' `started_unix`.
-        strategy.align(self.device)
+        if pending is None:
+            # Start every rank's clock when all have arrived: rank 0's work before this epoch (the
+            # start-up timeline's log, a compile) would otherwise count as the other ranks' training
+            # time. After an overlapped epoch end there is nothing to wait for: the devices kept running.
+            strategy.align(self.device)
         clock.start()
         host_start = time.perf_counter()
-        steps = self.steps_per_epoch
         batches = self.bar.wrap(self.data.train.batches(order), epoch, steps, self.cfg.batch_size)
-        for step, (x, y, idx) in enumerate(batches):
-            clock.batch_ready()
-            self.faults.at(epoch * steps + step)
-            self.step(x, y, idx, epoch, self.generator)
-            clock.step_end()
-            if self.timings.first_step_s is None:
-                self._first_step_done()
+        with contextlib.closing(batches):
+            for step, (x, y, idx) in enumerate(batches):
+                if pending is not None and step == conclude_at:
+                    self._conclude(pending, next_started=started)
+                    pending = None
+                clock.batch_ready()
+                self.faults.at(epoch * steps + step)
+                self.step(x, y, idx, epoch, self.generator)
+                clock.step_end()
+                if self.timings.first_step_s is None:
+                    self._first_step_done()
         # How long the host took to issue the epoch. Close to the device's span: the host is what limits
         # the speed (Python, launches), and CUDA graphs or a larger batch would help more than kernels.
-        host_s = time.perf_counter() - host_start
-        timing = clock.finish()
+        row["host_issue_s"] = round(time.perf_counter() - host_start, 4)
+        return self._queue_epoch_end(epoch, row, clock, started, order.numel())
+
+    def _queue_epoch_end(self, epoch: int, row: dict[str, Any], clock: StepClock, started: float,
+                         examples: int) -> QueuedEpoch:
+        """The epoch's end as device work, queued behind its steps without waiting for them: buffers
+        averaged, the evaluation, the sums and (rank 0) the checkpoint's tensors copied to host memory."""
+        self.strategy.average_buffers(self.nets.module)
+        evaluation = self._queue_evaluation() if self._evaluates_after(epoch) else None
+        sums = self.step.sums
+        figures = [sums.loss, sums.correct, sums.finite_steps]
+        if evaluation is not None:
+            figures += [evaluation.loss_sum, evaluation.correct]
+        row["lr"] = self.steppers[0].scheduler.get_last_lr()[0]
+        snapshot = None
+        if self.is_main and self.cfg.checkpoint:
+            # copied now (the next steps change the weights in place), completed and written at the conclusion
+            snapshot = checkpoint.HostSnapshot(checkpoint.capture(self.strategy, self.nets, self.steppers,
+                                                                  self.device))
+        return QueuedEpoch(epoch, row, clock, started, examples, Readback(figures, self.device), evaluation,
+                           self._local_memory_mb(), snapshot)
+
+    def _conclude(self, queued: QueuedEpoch, next_started: float | None = None) -> None:
+        """Read a queued epoch's figures (agreed by every rank), stop on a NaN loss, then record, log and
+        checkpoint it, and stop for a preemption or compile after it where asked."""
+        cfg, strategy, row, epoch = self.cfg, self.strategy, queued.row, queued.epoch
+        local = queued.figures.values(strategy.collective_timeout())
+        timing = queued.clock.finish()
+        steps = self.steps_per_epoch
+        loss_sum, correct, finite_steps = local[:3]
+        evaluated = [*local[3:5], queued.evaluation.count] if queued.evaluation is not None else [0.0, 0.0, 0.0]
         # The preemption flag rides along, so every rank learns of a SIGUSR2 that reached any of them.
-        loss_sum, correct, count, stop = strategy.all_reduce(torch.stack([
-            sums.loss, sums.correct.float(), torch.tensor(float(order.numel()), device=self.device),
-            torch.tensor(float(self.preemption.requested), device=self.device),
-        ])).tolist()
-        # The slowest rank sets the pace: report its span and its input wait. The rank with the most
+        loss_sum, correct, count, stop, eval_loss, eval_correct, eval_count = strategy.reduce_host(
+            [loss_sum, correct, float(queued.examples), float(self.preemption.requested), *evaluated])
+        # The slowest rank sets the pace: its span and its input wait. The rank with the most
         # non-finite steps rides along, as it hit the first one earliest.
-        span_s, stall, non_finite = strategy.all_reduce(torch.stack([
-            torch.tensor(timing.span_s, dtype=torch.float64, device=self.device),
-            torch.tensor(timing.stall_fraction, dtype=torch.float64, device=self.device),
-            steps - sums.finite_steps.double(),
-        ]), op="max").tolist()
+        span_s, stall, non_finite, alloc_mb, reserved_mb = strategy.reduce_host(
+            [timing.span_s, timing.stall_fraction, steps - finite_steps, *queued.memory_mb], op="max")
         row.update({"loss": loss_sum / count, "train_acc": correct / count, "train_s": span_s,
-                    "img_per_s": steps * self.cfg.batch_size / span_s, "input_stall": round(stall, 4),
-                    "host_issue_s": round(host_s, 4)})
-        bad_step = epoch * steps + steps - int(non_finite) if non_finite > 0 else None
-        return EpochEnd(preempted=stop > 0, bad_step=bad_step)
+                    "img_per_s": steps * cfg.batch_size / span_s, "input_stall": round(stall, 4)})
+        if non_finite > 0:
+            raise self._non_finite_loss(epoch, row["loss"], epoch * steps + steps - int(non_finite))
+        if queued.evaluation is not None:
+            eval_s = queued.evaluation.clock.finish().span_s
+            row.update({"test_loss": eval_loss / eval_count, "test_acc": eval_correct / eval_count, "eval_s": eval_s})
+            self.timings.eval_s += eval_s
+        self.timings.train_s += span_s
+        if alloc_mb >= 0:
+            row["max_mem_allocated_mb"], row["max_mem_reserved_mb"] = round(alloc_mb, 1), round(reserved_mb, 1)
+        else:
+            row["max_mem_allocated_mb"] = row["max_mem_reserved_mb"] = None
+        # Wall time from this epoch's start to the next one's (to now when nothing was started after it).
+        row["epoch_s"] = (next_started or time.perf_counter()) - queued.started
+        self.history.append(row)
+        if queued.snapshot is not None:
+            queued.snapshot.add(epoch=epoch + 1, history=list(self.history), config=to_plain(cfg))
+            self.writer.submit(queued.snapshot, last_checkpoint(self.run_dir))
+        if self.is_main:
+            self.metrics_log.append(row)
+            self.tensorboard.epoch(row)
+            self.bar.epoch_done(row)
+            self._log_epoch(row)
+            self.advised = self.advised or self._advise(row, epoch)
+        more_to_do = epoch + 1 < cfg.epochs and cfg.checkpoint
+        if stop > 0 and more_to_do and self.preemption.may_requeue(warn=self.is_main):
+            self._stop_for_requeue(epoch + 1)
+        if self.compiled.pending and epoch + 1 < cfg.epochs:
+            self._compile_if_it_pays(span_s, cfg.epochs - epoch - 1)
+
 
     def _first_step_done(self) -> None:
         self._sync()
@@ -470,9 +550,10 @@ class Trainer:
             log.info(self.timeline.describe())
 
     @torch.no_grad()
-    def _evaluate(self, confusion: bool = False) -> dict[str, Any]:
-        # With several ranks every one holds the same weights (buffers are averaged first), so each
-        # scores a disjoint shard and the counts are summed.
+    def _queue_evaluation(self, confusion: bool = False) -> QueuedEvaluation:
+        """The test split's loss and correct predictions summed on the device (and the confusion
+        matrix), queued without waiting. With several ranks every one holds the same weights (buffers
+        are averaged first), so each scores a disjoint shard and the sums are added up when read."""
         s = self.strategy
         self.nets.eval.eval()
         chunks = eval_chunks(len(self.data.test), max(1, self.cfg.eval.batch_size // s.world_size), s.world_size,
@@ -483,22 +564,31 @@ class Trainer:
         correct = torch.zeros((), device=self.device)
         classes = self.data.num_classes
         matrix = torch.zeros(classes * classes, device=self.device) if confusion else None
-        with SpanTimer(self.device) as timer:
-            for x, y, _ in self.data.test.batches(chunks):
-                with self.autocast():
-                    logits = self.recipe.predict(self.nets.eval, self.data.normalize(x))
-                loss_sum += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum")
-                predicted = logits.argmax(1)
-                correct += (predicted == y).sum()
-                if matrix is not None:  # rows: the true class, columns: the predicted one
-                    matrix += torch.bincount(y * classes + predicted, minlength=classes * classes)
-        count = float(sum(len(c) for c in chunks))
+        clock = StepClock(self.device)
+        clock.start()
+        for x, y, _ in self.data.test.batches(chunks):
+            with self.autocast():
+                logits = self.recipe.predict(self.nets.eval, self.data.normalize(x))
+            loss_sum += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum")
+            predicted = logits.argmax(1)
+            correct += (predicted == y).sum()
+            if matrix is not None:  # rows: the true class, columns: the predicted one
+                matrix += torch.bincount(y * classes + predicted, minlength=classes * classes)
+        clock.step_end()
+        return QueuedEvaluation(loss_sum, correct, float(sum(len(c) for c in chunks)), clock, matrix)
+
+    def _evaluate(self, confusion: bool = False) -> dict[str, Any]:
+        """An evaluation read at once (`launch eval`)."""
+        s = self.strategy
+        queued = self._queue_evaluation(confusion)
         loss_total, correct_total, count = s.all_reduce(
-            torch.stack([loss_sum, correct, torch.tensor(count, device=self.device)])).tolist()
+            torch.stack([queued.loss_sum, queued.correct, torch.tensor(queued.count, device=self.device)])).tolist()
         row: dict[str, Any] = {"test_loss": loss_total / count, "test_acc": correct_total / count,
-                               "eval_s": timer.seconds}
-        if matrix is not None:
-            row["confusion"] = [[int(v) for v in r] for r in s.all_reduce(matrix).view(classes, classes).tolist()]
+                               "eval_s": queued.clock.finish().span_s}
+        if queued.matrix is not None:
+            classes = self.data.num_classes
+            row["confusion"] = [[int(v) for v in r]
+                                for r in s.all_reduce(queued.matrix).view(classes, classes).tolist()]
         return row
 
     @torch.no_grad()
@@ -526,22 +616,14 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _memory_mb(self) -> tuple[float | None, float | None]:
+    def _local_memory_mb(self) -> list[float]:
+        """This rank's peak allocated and reserved GPU memory in the epoch (-1 on the CPU), read from the
+        allocator's own counts: no wait for the device."""
         devices = self.strategy.memory_devices(self.device)
         if not devices:
-            return None, None
-        alloc = max(torch.cuda.max_memory_allocated(d) for d in devices) / 2**20
-        reserved = max(torch.cuda.max_memory_reserved(d) for d in devices) / 2**20
-        both = self.strategy.all_reduce(torch.tensor([alloc, reserved], device=self.device), op="max").tolist()
-        return round(both[0], 1), round(both[1], 1)
-
-    def _save(self, epoch: int, history: list[dict[str, Any]]) -> None:
-        if not (self.is_main and self.cfg.checkpoint):
-            return
-        state = checkpoint.for_epoch(self.strategy, self.nets, self.steppers, self.device, epoch, history,
-                                     to_plain(self.cfg))
-        # Snapshot now (training changes the weights in place), write on the writer's thread.
-        self.writer.submit(checkpoint.HostSnapshot(state), last_checkpoint(self.run_dir))
+            return [-1.0, -1.0]
+        return [max(torch.cuda.max_memory_allocated(d) for d in devices) / 2**20,
+                max(torch.cuda.max_memory_reserved(d) for d in devices) / 2**20]
 
     # ---- ending early -------------------------------------------------------------------------------
     def _non_finite_loss(self, epoch: int, loss: float, bad_step: int) -> NonFiniteLoss:

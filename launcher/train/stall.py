@@ -99,6 +99,30 @@ class StepClock:
         return EpochTiming(span, wait)
 
 
+class Readback:
+    """Device values the host reads later without making the device wait: stacked and copied into pinned
+    host memory behind the work that produced them (stream order), read once the device is past it.
+
+    The epoch's sums are read this way while the next epoch's first steps are already queued
+    (launcher/train/loop.py), so the GPU does not idle while the host reads, logs and checkpoints."""
+
+    def __init__(self, values: list[torch.Tensor], device: torch.device):
+        stacked = torch.stack([v.detach().to(torch.float64) for v in values])
+        self.event = None
+        if device.type == "cuda":
+            self.host = torch.empty(stacked.shape, dtype=torch.float64, pin_memory=True)
+            self.host.copy_(stacked, non_blocking=True)
+            self.event = torch.cuda.current_stream(device).record_event()
+        else:
+            self.host = stacked
+
+    def values(self, timeout_s: float | None = None) -> list[float]:
+        """The values, once the device has produced them (waiting at most `timeout_s`: `wait_for`)."""
+        if self.event is not None:
+            wait_for(self.event, timeout_s, "the GPU's work of this epoch")
+        return self.host.tolist()
+
+
 class SpanTimer:
     """Wall time of a stretch of device work (e.g. one evaluation), on the device's clock."""
 
