@@ -47,6 +47,9 @@ def run(model: str, gpus: list[int], strategy: str, epochs: int, extra: tuple[st
         "compiled": res.get("compiled"),
         "warmup_s": res.get("timed", {}).get("compile_warmup_s"),
         "max_mem_allocated_mb": rows[-1]["max_mem_allocated_mb"],
+        # per epoch: the host's start, the device spans, the host's issue time (the gaps between epochs)
+        "per_epoch": [{k: r.get(k) for k in ("started_unix", "train_s", "eval_s", "epoch_s", "host_issue_s",
+                                             "input_stall")} for r in rows],
         "device": (res["devices"] or ["cpu"])[0],
         "torch": res["torch"],
     })

@@ -36,6 +36,7 @@ def main() -> None:
     parser.add_argument("--gpus", nargs="+", default=["0", "0,1"], help="GPU lists, e.g. 0 0,1")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--extra", nargs="*", default=[], help="overrides for both versions, e.g. perf.compile=true")
     args = parser.parse_args()
     base_env = {**os.environ, "PYTHONPATH": os.pathsep.join([args.base_path, os.environ.get("PYTHONPATH", "")])}
     versions = {args.label_base: {"env": base_env, "module": args.base_module}, "current": {"module": "launcher"}}
@@ -47,7 +48,7 @@ def main() -> None:
             for repeat in range(args.repeats):
                 order = list(versions) if repeat % 2 == 0 else list(versions)[::-1]
                 for name in order:
-                    record = run(model, gpus, "auto", args.epochs, **versions[name])
+                    record = run(model, gpus, "auto", args.epochs, tuple(args.extra), **versions[name])
                     print(json.dumps({"what": "version", "version": name, "repeat": repeat, **record, **stamp}),
                           flush=True)
                     if record.get("img_per_s"):
