@@ -169,6 +169,9 @@ class Strategy:
         """Sum (or max) `tensor` over the ranks, in place; returns it."""
         return tensor
 
+    def prepare_reduce_host(self) -> None:
+        """Set up what `reduce_host` needs, at a point every rank reaches together (the first step)."""
+
     def reduce_host(self, values: list[float], op: str = "sum") -> list[float]:
         """Sum (or max) host numbers over the ranks, without touching the device's stream (the epoch's
         figures are read while the next epoch's steps run: launcher/train/loop.py)."""

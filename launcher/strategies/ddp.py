@@ -89,15 +89,21 @@ class DDP(Strategy):
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return tensor
 
-    def reduce_host(self, values: list[float], op: str = "sum") -> list[float]:
-        """Over gloo: the default group on CPU ranks; beside NCCL, a gloo group of the same ranks, made at
-        the first call (every rank reaches it at the same point of the loop), so the host reads the
-        epoch's figures while its GPU still runs queued work."""
-        import torch
+    def prepare_reduce_host(self) -> None:
+        """Beside NCCL, a gloo group of the same ranks (a collective of its own: every rank calls this at
+        the same point, after the first step)."""
         import torch.distributed as dist
 
         if self.process_group_backend != "gloo" and self._host_group is None:
             self._host_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.options.timeout_s))
+
+    def reduce_host(self, values: list[float], op: str = "sum") -> list[float]:
+        """Over gloo (the default group on CPU ranks, the group `prepare_reduce_host` made beside NCCL),
+        so the host reads the epoch's figures while its GPU still runs queued work."""
+        import torch
+        import torch.distributed as dist
+
+        self.prepare_reduce_host()
         tensor = torch.tensor(values, dtype=torch.float64)
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=self._host_group)
         return tensor.tolist()

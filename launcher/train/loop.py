@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -54,8 +55,10 @@ from launcher.world import WorldInfo
 log = logging.getLogger("launcher.train")
 
 WARMUP_STEPS = 3
-# On GPUs an epoch's figures are read (and it is logged and checkpointed) this many steps into the next
-# epoch, with those steps queued for the device to run meanwhile (`Trainer._epochs`).
+# On GPUs an epoch's figures are read (and it is logged and checkpointed) a few steps into the next
+# epoch, with those steps queued for the device to run meanwhile (`Trainer._epochs`): enough steps for
+# OVERLAP_S of device time by the last epoch's pace (OVERLAP_STEPS before any epoch was read).
+OVERLAP_S = 0.05
 OVERLAP_STEPS = 4
 
 
@@ -169,6 +172,8 @@ class Trainer:
         self.generator = torch.Generator(device=device)
         self.eval_warm = False  # evaluation has had its warm-up (`_warm_up_eval`)
         self.advised = False  # the input-bound advice was logged (once per run)
+        self.step_s: float | None = None  # the last epoch's seconds per step (the slowest rank's)
+        self.stager: checkpoint.Stager | None = None  # rank 0 on a GPU: checkpoint copies staged on the device
 
     # ---- the run, top to bottom --------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
@@ -445,7 +450,10 @@ class Trainer:
         steps = self.steps_per_epoch
         # Where the epoch before is read: the same step on every rank (its reading is a collective); on
         # the CPU, where nothing runs ahead of the host, before this epoch's clock starts.
-        conclude_at = min(OVERLAP_STEPS, steps - 1) if self.device.type == "cuda" else 0
+        conclude_at = 0
+        if self.device.type == "cuda":  # (step_s is agreed by every rank, so they all stop at the same step)
+            cover = OVERLAP_STEPS if self.step_s is None else max(1, math.ceil(OVERLAP_S / self.step_s))
+            conclude_at = min(cover, steps - 1)
         if pending is not None and conclude_at == 0:
             self._conclude(pending, next_started=started)
             pending = None
@@ -489,8 +497,10 @@ class Trainer:
         snapshot = None
         if self.is_main and self.cfg.checkpoint:
             # copied now (the next steps change the weights in place), completed and written at the conclusion
+            if self.stager is None and self.device.type == "cuda":
+                self.stager = checkpoint.Stager(self.device)
             snapshot = checkpoint.HostSnapshot(checkpoint.capture(self.strategy, self.nets, self.steppers,
-                                                                  self.device))
+                                                                  self.device), self.stager)
         return QueuedEpoch(epoch, row, clock, started, examples, Readback(figures, self.device), evaluation,
                            self._local_memory_mb(), snapshot)
 
@@ -519,6 +529,7 @@ class Trainer:
             row.update({"test_loss": eval_loss / eval_count, "test_acc": eval_correct / eval_count, "eval_s": eval_s})
             self.timings.eval_s += eval_s
         self.timings.train_s += span_s
+        self.step_s = span_s / steps
         if alloc_mb >= 0:
             row["max_mem_allocated_mb"], row["max_mem_reserved_mb"] = round(alloc_mb, 1), round(reserved_mb, 1)
         else:
@@ -548,6 +559,10 @@ class Trainer:
         self.timeline.mark("first_step")
         if self.is_main:
             log.info(self.timeline.describe())
+        # What the epochs' ends use, set up now rather than inside the first one (the host waits for
+        # the first step here anyway): the host-side reduction's group, the TensorBoard writer.
+        self.strategy.prepare_reduce_host()
+        self.tensorboard.open()
 
     @torch.no_grad()
     def _queue_evaluation(self, confusion: bool = False) -> QueuedEvaluation:

@@ -30,17 +30,23 @@ class TensorBoardLog:
         self.enabled = enabled
         self._writer = None
 
+    def open(self) -> None:
+        """Import TensorBoard and open the event file (a few hundred ms the first time in a process): done
+        once, before the first epoch ends, so that no epoch's end waits for it."""
+        if not self.enabled or self._writer is not None:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:  # tensorboard is a dependency, but an environment may lack it
+            logging.getLogger("launcher.train").warning("no TensorBoard logs: %s (pip install tensorboard)", exc)
+            self.enabled = False
+            return
+        self._writer = SummaryWriter(log_dir=str(self.folder))
+
     def epoch(self, row: dict[str, Any]) -> None:
+        self.open()
         if not self.enabled:
             return
-        if self._writer is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:  # tensorboard is a dependency, but an environment may lack it
-                logging.getLogger("launcher.train").warning("no TensorBoard logs: %s (pip install tensorboard)", exc)
-                self.enabled = False
-                return
-            self._writer = SummaryWriter(log_dir=str(self.folder))
         for key, tag in SCALARS.items():
             value = row.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value):

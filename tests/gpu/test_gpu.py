@@ -92,15 +92,22 @@ def test_ddp_on_two_gpus_follows_the_one_gpu_run(launch):
         assert abs(one - two) / one < 0.05, losses
 
 
-def test_a_checkpoint_snapshot_of_gpu_tensors_holds_them_as_they_were_when_it_was_taken(tmp_path):
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
+def test_a_checkpoint_snapshot_of_gpu_tensors_holds_them_as_they_were_when_it_was_taken(tmp_path, staged):
+    """Copied behind the work that made them, directly or through the device-side staging buffers (which
+    the next snapshot reuses: it must wait until the first has left them)."""
     from launcher.train import checkpoint
 
+    stager = checkpoint.Stager(torch.device("cuda", torch.cuda.current_device())) if staged else None
     weights = torch.zeros(64, 1024, 1024, device="cuda")  # 256 MB
     torch.cuda._sleep(200_000_000)  # the stream is busy: the copies are queued behind work, not done at once
     weights.fill_(1.0)
-    snapshot = checkpoint.HostSnapshot({"net_state_dict": {"w": weights}, "epoch": 1})
+    snapshot = checkpoint.HostSnapshot({"net_state_dict": {"w": weights}, "epoch": 1}, stager)
     weights.fill_(2.0)  # the next step changes the weights in place
+    second = checkpoint.HostSnapshot({"net_state_dict": {"w": weights}, "epoch": 2}, stager)
+    weights.fill_(3.0)
     state = snapshot.state()
     assert state["net_state_dict"]["w"].is_pinned() and bool((state["net_state_dict"]["w"] == 1.0).all())
+    assert bool((second.state()["net_state_dict"]["w"] == 2.0).all())
     checkpoint.save_atomic(state, tmp_path / "last.pt")
     assert float(checkpoint.load(tmp_path / "last.pt")["net_state_dict"]["w"].sum()) == 64 * 1024 * 1024

@@ -29,6 +29,21 @@ def test_a_checkpoint_written_in_the_background_holds_the_state_of_when_it_was_t
     assert torch.equal(checkpoint.load(tmp_path / "last.pt")["net_state_dict"]["w"], torch.arange(4.0))
 
 
+def test_background_writes_queue_in_order_and_a_failed_one_is_raised(tmp_path):
+    writer = checkpoint.BackgroundWriter()
+    weights = torch.zeros(3)
+    for epoch in range(1, 5):  # more than may wait: submit waits for the oldest, the order holds
+        weights.fill_(epoch)
+        writer.submit(checkpoint.HostSnapshot({"net_state_dict": {"w": weights}, "epoch": epoch}), tmp_path / "last.pt")
+    writer.wait()
+    last = checkpoint.load(tmp_path / "last.pt")
+    assert last["epoch"] == 4 and torch.equal(last["net_state_dict"]["w"], torch.full((3,), 4.0))
+    (tmp_path / "a-folder").mkdir()  # a write that cannot land: a folder has the checkpoint's name
+    writer.submit(checkpoint.HostSnapshot({"epoch": 5}), tmp_path / "a-folder")
+    with pytest.raises(OSError):
+        writer.close()
+
+
 def test_a_snapshot_copies_the_tensors_it_is_given():
     """Deterministic (no writer thread): the snapshot must not alias the live weights."""
     weights = torch.arange(4.0)
