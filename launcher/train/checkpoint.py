@@ -136,6 +136,28 @@ class HostSnapshot:
         return self._fill(self._state)
 
 
+def warm_pinned_memory(state: dict[str, Any], copies: int, limit_bytes: int = 2**29) -> None:
+    """Have torch's caching host allocator hold pinned blocks for `copies` host copies of `state`'s GPU
+    tensors, so that epochs' snapshots reuse them instead of allocating pinned memory (cudaHostAlloc:
+    ~65 ms for ResNet-18's 90 MB on the H200 host, spent at the ends of the first epochs). Only for
+    states up to `limit_bytes`; larger ones allocate as they go."""
+    tensors = [t for t in _tensors(state) if t.device.type == "cuda"]
+    if not tensors or sum(t.numel() * t.element_size() for t in tensors) > limit_bytes:
+        return
+    blocks = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for _ in range(copies) for t in tensors]
+    del blocks  # back to the allocator's cache
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
 class _Slot:
     def __init__(self, index: int) -> None:
         self.index = index

@@ -559,10 +559,14 @@ class Trainer:
         self.timeline.mark("first_step")
         if self.is_main:
             log.info(self.timeline.describe())
-        # What the epochs' ends use, set up now rather than inside the first one (the host waits for
-        # the first step here anyway): the host-side reduction's group, the TensorBoard writer.
+        # What the epochs' ends use, set up now rather than at the first ones (the host waits for the
+        # first step here anyway): the host-side reduction's group, the TensorBoard writer, and pinned
+        # memory for the checkpoints in flight (the one being copied and those the writer holds).
         self.strategy.prepare_reduce_host()
         self.tensorboard.open()
+        if self.is_main and self.cfg.checkpoint and self.device.type == "cuda":
+            checkpoint.warm_pinned_memory(checkpoint.capture(self.strategy, self.nets, self.steppers, self.device),
+                                          copies=checkpoint.BackgroundWriter.QUEUED + 1)
 
     @torch.no_grad()
     def _queue_evaluation(self, confusion: bool = False) -> QueuedEvaluation:
