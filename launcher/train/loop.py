@@ -405,9 +405,9 @@ class Trainer:
     def _epochs(self, start: Start) -> list[dict[str, Any]]:
         """Every epoch's steps, with each epoch's end overlapping the next epoch's first steps: the
         host queues the epoch's end on the device (buffer averaging, evaluation, the sums and the
-        checkpoint copied to pinned memory) and starts the next epoch; `OVERLAP_STEPS` steps into it,
-        it reads the finished epoch's figures, logs them and writes its checkpoint, while the GPU runs
-        those steps. Nothing is decided later than before: a NaN loss or a preemption stops the run
+        checkpoint copied to pinned memory) and starts the next epoch; a few steps into it (OVERLAP_S of
+        device time), it reads the finished epoch's figures, logs them and writes its checkpoint, while
+        the GPU runs those steps. Nothing is decided later than before: a NaN loss or a preemption stops the run
         before any state of the next epoch is saved. The last epoch, and the first one of a
         perf.compile=auto run (whose time decides the compile), end at once."""
         cfg = self.cfg
@@ -551,7 +551,6 @@ class Trainer:
             self._stop_for_requeue(epoch + 1)
         if self.compiled.pending and epoch + 1 < cfg.epochs:
             self._compile_if_it_pays(span_s, cfg.epochs - epoch - 1)
-
 
     def _first_step_done(self) -> None:
         self._sync()

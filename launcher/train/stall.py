@@ -123,22 +123,6 @@ class Readback:
         return self.host.tolist()
 
 
-class SpanTimer:
-    """Wall time of a stretch of device work (e.g. one evaluation), on the device's clock."""
-
-    def __init__(self, device: torch.device):
-        self.clock = StepClock(device)
-
-    def __enter__(self) -> SpanTimer:
-        self.clock.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if exc[0] is None:
-            self.clock.step_end()
-            self.seconds = self.clock.finish().span_s
-
-
 def input_advice(fraction: float, placement: str, data_mb: float, compiled: bool) -> str | None:
     """One line for the log when an epoch was input-bound, naming the setting that would help."""
     if fraction <= INPUT_BOUND:
