@@ -1,0 +1,43 @@
+"""Epoch ends overlapped with the next epoch's first steps (GPU only: on the CPU the epoch before is read
+before the next one starts). What a user must still see: a NaN stops every rank with the last good
+checkpoint named and nothing of the NaN epoch saved; a rank that dies mid-epoch restarts from a
+checkpoint and the run ends with every epoch recorded once."""
+
+import json
+
+import pytest
+import torch
+
+two_gpus = pytest.mark.two_gpus
+# digits: 1,438 training images, 22 steps of 64 per epoch; compile off, so no epoch ends synchronously
+# for perf.compile=auto's decision: epoch 1 is read inside epoch 2, epoch 2 inside epoch 3
+DIGITS = ("recipe=digits", "gpus=[0,1]", "batch_size=64", "perf.compile=false")
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@two_gpus
+def test_a_nan_found_while_the_next_epoch_runs_stops_every_rank_before_anything_of_it_is_saved(launch):
+    result = launch(*DIGITS, "epochs=4", "fault.rank=1", "fault.step=30", "fault.kind=nan", timeout=600)
+    assert result.returncode == 1, result.output
+    err = result.stderr
+    assert "the training loss became nan at step 30 (epoch 2, step 9 of 22)" in err, err
+    assert "(after epoch 1)" in err and "Traceback" not in err
+    run_dir = result.run_dir()
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 1
+    rows = _rows(run_dir)
+    assert [r["epoch"] for r in rows] == [1]  # the NaN epoch is not recorded
+    assert rows[0]["max_mem_allocated_mb"] is not None  # it ran on the GPUs (None on the CPU)
+
+
+@two_gpus
+def test_a_rank_dying_mid_epoch_restarts_from_a_checkpoint_and_records_every_epoch_once(launch):
+    result = launch(*DIGITS, "epochs=4", "max_restarts=1", "fault.rank=1", "fault.step=54", timeout=600)
+    assert result.returncode == 0, result.output
+    r = result.results()
+    assert r["restarts"] == 1 and r["resumed_from"] and r["ranks_agree"] and r["device_type"] == "cuda", r
+    rows = _rows(result.run_dir())
+    assert [row["epoch"] for row in rows] == [1, 2, 3, 4], rows
+    assert all(row["epoch_s"] > 0 and row["train_s"] > 0 and "test_acc" in row for row in rows)
