@@ -180,6 +180,52 @@ class Cifar10Config(ImageRecipeConfig):
         check_int(f"{at}.tta", self.tta, 0, f"recipe=cifar10 {at}.tta=2", high=2)
 
 
+class TextModel(Choice):
+    gpt = "gpt"  # decoder-only Transformer: pre-norm, scaled_dot_product_attention, tied embeddings
+    lstm = "lstm"
+    gru = "gru"
+
+
+@dataclass
+class TextConfig(RecipeConfig):
+    """Next-byte prediction on a text corpus (recipes/text.py): byte-level, so no tokenizer to download."""
+
+    name: str = "text"
+    model: TextModel = TextModel.gpt
+    # stdlib: this Python's own standard library sources (PSF licence, on every machine with Python);
+    # or the path of a text file or a folder of text files
+    corpus: str = "stdlib"
+    max_bytes: int = 0  # use only the corpus's first this many bytes (0: all of it)
+    context: int = 256  # bytes a sample sees (and predicts)
+    layers: int = 6
+    width: int = 384  # the embedding (gpt) or hidden state (lstm, gru)
+    heads: int = 6  # gpt only: width must divide by it
+    dropout: float = 0.0
+    sample_bytes: int = 300  # after training, rank 0 generates this many bytes into sample.txt (0: none)
+    sample_prompt: str = "def "
+    temperature: float = 0.8
+
+    def check(self, at: str) -> None:
+        check_int(f"{at}.max_bytes", self.max_bytes, 0, f"{at}.max_bytes=1000000", high=2**62)
+        check_int(f"{at}.context", self.context, 2, f"{at}.context=256", high=65536)
+        check_int(f"{at}.layers", self.layers, 1, f"{at}.layers=6", high=1024)
+        check_int(f"{at}.width", self.width, 1, f"{at}.width=384", high=65536)
+        check_int(f"{at}.heads", self.heads, 1, f"{at}.heads=6", high=1024)
+        check_float(f"{at}.dropout", self.dropout, f"{at}.dropout=0.1", positive=False, high=0.99)
+        check_int(f"{at}.sample_bytes", self.sample_bytes, 0, f"{at}.sample_bytes=300", high=100_000)
+        check_float(f"{at}.temperature", self.temperature, f"{at}.temperature=0.8")
+        if not str(self.corpus).strip():
+            raise ConfigError(f"{at}.corpus", self.corpus, "give stdlib or the path of a text file or folder",
+                              f"{at}.corpus=stdlib")
+        if self.model is TextModel.gpt and self.width % self.heads:
+            fits = max(h for h in range(1, self.heads + 1) if self.width % h == 0)
+            raise ConfigError(f"{at}.heads", self.heads, f"the width ({self.width}) must divide evenly into heads",
+                              f"{at}.heads={fits}")
+        if not self.sample_prompt:
+            raise ConfigError(f"{at}.sample_prompt", "''", "the sample needs a prompt of at least one character",
+                              f"{at}.sample_prompt='def '")
+
+
 # ---- optim --------------------------------------------------------------------------------------
 
 
@@ -503,6 +549,7 @@ class Config(Schema):
 SCHEMAS: dict[tuple[str, str], type[Schema]] = {
     ("recipe", "digits"): DigitsConfig,
     ("recipe", "cifar10"): Cifar10Config,
+    ("recipe", "text"): TextConfig,
     ("optim", "sgd"): SGDConfig,
     ("optim", "adamw"): AdamWConfig,
     ("optim", "muon"): MuonConfig,

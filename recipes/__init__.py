@@ -34,6 +34,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from launcher.config import Config as LaunchConfig
@@ -43,7 +44,7 @@ from launcher.errors import ConfigError, LaunchError
 if TYPE_CHECKING:
     import torch
 
-BUILTIN = {"digits": "launcher.recipes.digits", "cifar10": "launcher.recipes.cifar10"}
+BUILTIN = {"digits": "launcher.recipes.digits", "cifar10": "launcher.recipes.cifar10", "text": "launcher.recipes.text"}
 
 # augment(x, generator, *, indices, epoch) -> x: a batch's augmentation on its own device; `indices` are
 # the batch's rows in the training set (same device), `epoch` a Python int or a 0-dim tensor.
@@ -64,6 +65,20 @@ class Splits:
     synthetic: bool = False
 
 
+@dataclass
+class TokenSplits:
+    """A token stream for next-token prediction: 1-D integer arrays (memory-mapped files, say, so a corpus
+    larger than host memory is read only where sampled). A training sample is a window of `context`
+    tokens starting anywhere in `train`, its targets the same window one token on; the held-out windows
+    of `test` do not overlap."""
+
+    train: Any  # numpy array (or np.memmap) of token ids
+    test: Any
+    vocab_size: int
+    context: int
+    synthetic: bool = False
+
+
 class Recipe:
     """The interface the training loop calls. Override `load` and `build_model`; the rest is optional."""
 
@@ -72,6 +87,8 @@ class Recipe:
     class_names: ClassVar[tuple[str, ...]] = ()  # shown by `launch eval` (else the class indices)
     # Training images `prepare_model` sees, normalized (a whitening layer, say).
     prepare_model_sample: ClassVar[int] = 5000
+    # Whether the predictions are classes (`launch eval` then shows accuracy per class and a confusion matrix).
+    classifies: ClassVar[bool] = True
 
     def __init__(self, cfg: LaunchConfig):
         self.cfg = cfg  # the whole (frozen) config: data.root, seed, ...
@@ -80,12 +97,13 @@ class Recipe:
     def prepare(self) -> None:
         """In the launcher, once: download or check the data. Must not touch CUDA."""
 
-    def load(self) -> Splits:
-        """In every worker: the whole dataset as uint8/int64 CPU tensors."""
+    def load(self) -> Splits | TokenSplits:
+        """In every worker: the whole dataset as uint8/int64 CPU tensors (Splits), or a token stream."""
         raise NotImplementedError
 
     def build_model(self, num_classes: int) -> torch.nn.Module:
-        """The network; `self.hp.model` picks among the recipe's models."""
+        """The network; `self.hp.model` picks among the recipe's models. `num_classes`: the classes, or
+        the vocabulary of a token stream."""
         raise NotImplementedError
 
     def augmentation(self) -> Augment | None:
@@ -104,6 +122,14 @@ class Recipe:
     def predict(self, net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The evaluation forward pass (e.g. with test-time augmentation)."""
         return net(x)
+
+    def report(self, row: dict[str, Any], device: torch.device, world_size: int) -> None:
+        """Add figures derived from an epoch's row (bits per byte, MFU, ...) to it, on rank 0."""
+
+    def finish(self, model: torch.nn.Module, run_dir: Path, device: torch.device) -> dict[str, Any]:
+        """On rank 0 after training, with the trained weights: anything to leave in the run dir (a
+        generated sample, say). Returns facts for results.json."""
+        return {}
 
 
 def recipe_class(name: str) -> type[Recipe]:

@@ -77,6 +77,12 @@ def checkpoint_to_evaluate(cfg: Config) -> Path:
 def summarize(results: dict[str, Any] | None, run_dir: Path, elapsed: float) -> None:
     results = results or {}
     acc, images = results.get("test_acc"), results.get("test_images")
+    if "per_class_acc" not in results:  # not a classifier (a language model)
+        bpb = results.get("test_bpb")
+        log.info("evaluated %s in %.1fs: test loss %.4f%s, next-token accuracy %.2f%%. %s", results.get("evaluated"),
+                 elapsed, results.get("test_loss") or 0.0, f" ({bpb:.3f} bits/byte)" if bpb else "",
+                 100 * (acc or 0.0), run_dir / EVAL)
+        return
     per_class = {k: v for k, v in (results.get("per_class_acc") or {}).items() if v is not None}
     worst = sorted(per_class.items(), key=lambda kv: kv[1])[:3]
     shown = ", ".join(f"{name} {100 * v:.1f}%" for name, v in worst)

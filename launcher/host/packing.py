@@ -186,9 +186,10 @@ class SideBySide:
             return
         acc = job.results.get("test_acc")
         said = f"test acc {100 * acc:.2f}%" if isinstance(acc, float) else "no test"
-        img_per_s = (job.results.get("final") or {}).get("img_per_s")
-        if img_per_s:
-            said += f", {img_per_s:,.0f} img/s"
+        final = job.results.get("final") or {}
+        for unit in ("img", "tokens"):
+            if final.get(f"{unit}_per_s"):
+                said += f", {final[f'{unit}_per_s']:,.0f} {unit}/s"
         print(f"sweep: job {job.num} done in {seconds:.1f}s: {said}", flush=True)
 
     def stop(self) -> None:

@@ -195,6 +195,9 @@ def summarize(results: dict | None, run_dir: Path, elapsed: float) -> None:
     results = results or {}
     acc = results.get("test_acc")
     acc_text = f"test accuracy {100 * acc:.2f}%" if isinstance(acc, float) else "no epochs trained"
+    bpb = (results.get("final") or {}).get("test_bpb")
+    if isinstance(bpb, float):  # a language model: bits per byte, and what predicting byte frequencies gives
+        acc_text = f"held-out {bpb:.3f} bits/byte (unigram baseline {results.get('unigram_test_bpb', 0.0):.3f})"
     timed = results.get("timed") or {}
     if timed.get("train_eval_s"):
         acc_text += f", training + evaluation {timed['train_eval_s']:.2f}s ({timed['clock']})"

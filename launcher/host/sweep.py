@@ -64,8 +64,8 @@ class SweepJob:
 
 # ---- the summary -----------------------------------------------------------------------------------
 
-COLUMNS = ("job", "overrides", "exit_code", "test_acc", "best_test_acc", "loss", "img_per_s", "epochs", "seconds",
-           "run_dir")
+COLUMNS = ("job", "overrides", "exit_code", "test_acc", "best_test_acc", "loss", "img_per_s", "tokens_per_s", "epochs",
+           "seconds", "run_dir")
 
 
 def summary_row(job: SweepJob) -> dict[str, Any]:
@@ -76,7 +76,8 @@ def summary_row(job: SweepJob) -> dict[str, Any]:
     seconds = job.seconds or results.get("worker_s") or 0.0
     return {"job": job.num, "overrides": " ".join(job.overrides), "exit_code": job.exit_code,
             "test_acc": results.get("test_acc"), "best_test_acc": results.get("best_test_acc"),
-            "loss": final.get("loss"), "img_per_s": final.get("img_per_s"), "epochs": final.get("epoch"),
+            "loss": final.get("loss"), "img_per_s": final.get("img_per_s"),
+            "tokens_per_s": final.get("tokens_per_s"), "epochs": final.get("epoch"),
             "seconds": round(seconds, 1), "run_dir": str(job.run_dir)}
 
 

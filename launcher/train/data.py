@@ -12,13 +12,21 @@ Data paths (`data.placement`):
         memory and a CudaPrefetcher copies them on a side stream, `data.prefetch_depth` steps ahead.
 - auto: gpu when the data takes at most a quarter of the device's free memory, else host.
 On a CPU device the data simply stays where it is.
+
+Token streams (a recipe's `TokenSplits`, e.g. recipe=text) take the same two paths: the stream on the
+device (one gather of windows per step), or memory-mapped on the host, windows gathered into pinned
+memory by the background thread and copied on the side stream; only the pages sampled are read.
+A training sample is a window starting at any token, drawn at random (with replacement) per
+(seed, epoch); an epoch draws as many windows as the stream holds end to end. Held-out windows tile
+the test stream without overlap.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,7 +37,7 @@ from launcher.strategies import check_batch_splits
 from launcher.train.prefetch import CudaPrefetcher
 
 if TYPE_CHECKING:
-    from launcher.recipes import Splits
+    from launcher.recipes import Splits, TokenSplits
 
 AUTO_GPU_SHARE = 0.25  # `auto` keeps data on the GPU when it needs at most this share of free memory
 
@@ -39,15 +47,22 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=g)
 
 
-def rank_order(n: int, global_batch: int, seed: int, epoch: int, world_size: int = 1, rank: int = 0) -> torch.Tensor:
+def rank_order(n: int, global_batch: int, seed: int, epoch: int, world_size: int = 1, rank: int = 0,
+               drawn: int | None = None) -> torch.Tensor:
     """This rank's sample indices for each step of `epoch`, shape (steps, global_batch // world_size).
 
     The tail of the permutation that does not fill a whole global batch is dropped (a different tail
-    each epoch), so every step has the same shape on every rank.
+    each epoch), so every step has the same shape on every rank. With `drawn`, the epoch is that many
+    samples drawn at random from the n with replacement (windows of a token stream).
     """
     check_batch_splits(global_batch, world_size)  # checked before launch too; a direct caller gets the same error
-    steps = n // global_batch
-    order = epoch_permutation(n, seed, epoch)[: steps * global_batch].view(steps, global_batch)
+    steps = (n if drawn is None else drawn) // global_batch
+    if drawn is None:
+        order = epoch_permutation(n, seed, epoch)[: steps * global_batch]
+    else:
+        g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+        order = torch.randint(n, (steps * global_batch,), generator=g)
+    order = order.view(steps, global_batch)
     per_rank = global_batch // world_size
     return order[:, rank * per_rank:(rank + 1) * per_rank]
 
@@ -109,35 +124,43 @@ class HostData:
         return len(self.y)
 
     def batches(self, rows: Sequence[torch.Tensor]) -> Iterator[tuple[torch.Tensor, ...]]:
-        gathered = _Gatherer(self.x, self.y, rows, pin=self.device.type == "cuda", depth=self.depth)
+        pin = self.device.type == "cuda"
+
+        def take(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return _gather(self.x, idx, pin), _gather(self.y, idx, pin)
+
+        gathered = _Gatherer(take, rows, depth=self.depth)
         try:
             yield from CudaPrefetcher(gathered, self.device, depth=self.depth)
         finally:
             gathered.stop()
 
 
-class _Gatherer:
-    """Gathers rows into (pinned) host tensors on a background thread, a few steps ahead.
+def _gather(source: torch.Tensor, idx: torch.Tensor, pin: bool) -> torch.Tensor:
+    out = torch.empty((len(idx), *source.shape[1:]), dtype=source.dtype, pin_memory=pin)
+    return torch.index_select(source, 0, idx, out=out)
 
-    torch's index_select releases the GIL, so the gathering overlaps the training loop's Python.
+
+class _Gatherer:
+    """Gathers each step's rows into (pinned) host tensors on a background thread, a few steps ahead.
+
+    `take(idx) -> (x, y)` does the gathering; torch's indexing releases the GIL, so it overlaps the
+    training loop's Python.
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, rows: Sequence[torch.Tensor], pin: bool, depth: int):
-        self.x, self.y, self.rows, self.pin = x, y, rows, pin
+    def __init__(self, take: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+                 rows: Sequence[torch.Tensor], depth: int):
+        self.take, self.rows = take, rows
         self.ready: queue.Queue = queue.Queue(maxsize=depth + 1)
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="launcher-gather", daemon=True)
         self.thread.start()
 
-    def _gather(self, source: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        out = torch.empty((len(idx), *source.shape[1:]), dtype=source.dtype, pin_memory=self.pin)
-        return torch.index_select(source, 0, idx, out=out)
-
     def _run(self) -> None:
         try:
             for idx in self.rows:
                 idx = idx.cpu()
-                item = (self._gather(self.x, idx), self._gather(self.y, idx), idx)
+                item = (*self.take(idx), idx)
                 if not self._put(item):
                     return
         except BaseException as exc:  # handed to the consumer, which re-raises it in the training loop
@@ -168,6 +191,46 @@ class _Gatherer:
         self.thread.join(timeout=5)
 
 
+class TokenWindows:
+    """Windows of a token stream: sample i is the `context` tokens from i * stride, its targets the same
+    window one token on. The stream stays on the device (placement gpu, or a CPU device) or in host
+    memory (a memory map: only the pages sampled are read), windows gathered into pinned memory on the
+    background thread and copied on the side stream."""
+
+    def __init__(self, stream: torch.Tensor, context: int, stride: int, device: torch.device, placement: str,
+                 depth: int = 2):
+        self.context, self.stride, self.device, self.depth = context, stride, device, depth
+        self.placement = "gpu" if placement == "gpu" and device.type == "cuda" else "host"
+        self.stream = stream.to(device) if self.placement == "gpu" else stream
+        self.offsets = torch.arange(context + 1, device=self.stream.device)
+        self.windows = (len(stream) - context - 1) // stride + 1  # each with its targets inside the stream
+
+    def __len__(self) -> int:
+        return self.windows
+
+    def take(self, idx: torch.Tensor, pin: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) as int64, (len(idx), context) each, where the stream is."""
+        starts = idx.to(self.stream.device, non_blocking=True) * self.stride
+        windows = self.stream[starts[:, None] + self.offsets].long()
+        if pin:
+            windows = windows.pin_memory()
+        return windows[:, :-1], windows[:, 1:]
+
+    def batches(self, rows: Iterable[torch.Tensor]) -> Iterator[tuple[torch.Tensor, ...]]:
+        if self.placement == "gpu" or self.device.type != "cuda":
+            if isinstance(rows, torch.Tensor):
+                rows = rows.to(self.device)
+            for idx in rows:
+                idx = idx.to(self.device, non_blocking=True)
+                yield (*self.take(idx), idx)
+            return
+        gathered = _Gatherer(lambda idx: self.take(idx, pin=True), list(rows), depth=self.depth)
+        try:
+            yield from CudaPrefetcher(gathered, self.device, depth=self.depth)
+        finally:
+            gathered.stop()
+
+
 def make_data(x: torch.Tensor, y: torch.Tensor, device: torch.device, placement: str, depth: int):
     if placement == "gpu" or device.type != "cuda":
         return ResidentData(x, y, device)
@@ -178,17 +241,40 @@ def make_data(x: torch.Tensor, y: torch.Tensor, device: torch.device, placement:
 class Data:
     """A run's data where it trains: both splits on their data path, and how a batch is normalized."""
 
-    train: ResidentData | HostData
-    test: ResidentData | HostData
+    train: ResidentData | HostData | TokenWindows
+    test: ResidentData | HostData | TokenWindows
     placement: str
     why: str  # why that placement
     megabytes: float
-    num_classes: int
+    num_classes: int  # classes, or a token stream's vocabulary
     synthetic: bool
-    mean: torch.Tensor  # (1, C, 1, 1) on the device
-    std: torch.Tensor
+    mean: torch.Tensor | None  # (1, C, 1, 1) on the device; None for tokens (no normalization)
+    std: torch.Tensor | None
     channels_last: bool  # batches go to the model in channels_last layout
-    host_train_x: torch.Tensor  # the training images as loaded (a sample of them sets some models up)
+    host_train_x: torch.Tensor | None  # the training images as loaded (a sample of them sets some models up)
+    targets_per_sample: int = 1  # what a sample's loss averages over: 1 label, or a window's tokens
+    unit: str = "img"  # what throughput counts: img (samples) or tokens
+    drawn_per_epoch: int | None = None  # samples drawn at random per epoch (windows), else a permutation of all
+
+    @classmethod
+    def place_tokens(cls, splits: TokenSplits, options: DataConfig, device: torch.device) -> Data:
+        import numpy as np
+
+        def as_tensor(a) -> torch.Tensor:
+            # No copy: a memory map stays one. (torch warns of arrays it could write to that are read-only;
+            # nothing here writes to the stream.)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.from_numpy(np.asarray(a))
+
+        train, test = as_tensor(splits.train), as_tensor(splits.test)
+        nbytes = train.numel() * train.element_size() + test.numel() * test.element_size()
+        placement, why = choose_placement(options.placement, device, nbytes)
+        depth, context = options.prefetch_depth, splits.context
+        return cls(TokenWindows(train, context, 1, device, placement, depth),
+                   TokenWindows(test, context, context, device, placement, depth), placement, why, nbytes / 2**20,
+                   splits.vocab_size, splits.synthetic, None, None, False, None, targets_per_sample=context,
+                   unit="tokens", drawn_per_epoch=(len(train) - 1) // context)
 
     @classmethod
     def place(cls, splits: Splits, options: DataConfig, device: torch.device, channels_last: bool) -> Data:
@@ -204,5 +290,7 @@ class Data:
                    channels_last and device.type == "cuda" and splits.train_x.dim() == 4, splits.train_x)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mean is None:  # token ids go to the model as they are
+            return x
         x = (x.float() - self.mean) / self.std
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x

@@ -38,7 +38,7 @@ import torch
 from launcher.config import Config, Precision, to_plain
 from launcher.errors import ConfigError, ExplainedStop
 from launcher.files import CONFUSION, CURVES, EVAL, last_checkpoint, write_json
-from launcher.recipes import Recipe, recipe_class
+from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
 from launcher.train import checkpoint, compiling, optim, progress, reporting
@@ -111,7 +111,7 @@ class QueuedEvaluation:
 
     loss_sum: torch.Tensor
     correct: torch.Tensor
-    count: float  # this rank's test examples
+    count: float  # this rank's test targets (examples, or tokens)
     clock: StepClock
     matrix: torch.Tensor | None = None  # the confusion matrix, flattened (`launch eval`)
 
@@ -125,7 +125,7 @@ class QueuedEpoch:
     row: dict[str, Any]  # what the host knew when it queued the epoch's end
     clock: StepClock
     started: float  # perf_counter() when the host began the epoch
-    examples: int  # this rank's training examples in the epoch
+    examples: int  # this rank's training targets in the epoch (samples, or a window's tokens each)
     figures: Readback  # loss sum, correct, finite steps (, the evaluation's loss sum and correct)
     evaluation: QueuedEvaluation | None
     memory_mb: list[float]  # this rank's peak allocated and reserved (-1 without a GPU)
@@ -192,7 +192,7 @@ class Trainer:
             self.tensorboard = stack.enter_context(contextlib.closing(
                 reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard)))
             self.bar = progress.EpochBar(progress.wanted(str(self.cfg.progress), self.is_main), self.device,
-                                         self.cfg.epochs)
+                                         self.cfg.epochs, self.data.unit)
             self._warm_up()
             history = self._epochs(start)
         # (the writer is closed: the last checkpoint is on disk before the run reports itself done)
@@ -200,7 +200,8 @@ class Trainer:
         if not self.is_main:
             return None
         reporting.plot_curves(history, self.run_dir / CURVES)
-        return self._results(history, digests, devices, start.source, time.perf_counter() - t_start)
+        finished = self.recipe.finish(self.nets.module, self.run_dir, self.device)
+        return self._results(history, digests, devices, start.source, time.perf_counter() - t_start, finished)
 
     def evaluate(self, source: str) -> dict[str, Any] | None:
         """`launch eval`: the saved weights of `source` on the test split (the recipe's predict, so its
@@ -215,9 +216,18 @@ class Trainer:
         except (RuntimeError, ValueError) as exc:
             raise self._does_not_fit(source, state, exc) from None
         self.strategy.barrier()
-        row = self._evaluate(confusion=True)
+        row = self._evaluate(confusion=self.recipe.classifies)
         if not self.is_main:
             return None
+        if not self.recipe.classifies:
+            self.recipe.report(row, self.device, self.strategy.world_size)
+            results = {"evaluated": source, "recipe": self.cfg.recipe.name, "model": str(self.cfg.recipe.model),
+                       "trained_epochs": state.get("epoch"), "strategy": self.strategy.name,
+                       "world_size": self.strategy.world_size, "device_type": self.device.type,
+                       "synthetic_data": self.data.synthetic, **row, "worker_s": time.perf_counter() - t_start,
+                       "torch": torch.__version__}
+            write_json(self.run_dir / EVAL, results)
+            return results
         confusion = row.pop("confusion")
         counts = [sum(r) for r in confusion]
         per_class = [confusion[i][i] / counts[i] if counts[i] else None for i in range(len(confusion))]
@@ -242,6 +252,8 @@ class Trainer:
     def _load_data(self) -> Data:
         cfg = self.cfg
         splits = self.recipe.load()
+        if isinstance(splits, TokenSplits):
+            return self._place_tokens(splits)
         n = len(splits.train_y)
         if cfg.batch_size > n:
             raise ConfigError("batch_size", cfg.batch_size,
@@ -261,6 +273,26 @@ class Trainer:
         self.steps_per_epoch = n // cfg.batch_size
         return data
 
+    def _place_tokens(self, splits: TokenSplits) -> Data:
+        cfg = self.cfg
+        data = Data.place_tokens(splits, cfg.data, self.device)
+        windows = data.drawn_per_epoch or 0
+        if cfg.batch_size > windows:
+            raise ConfigError("batch_size", cfg.batch_size, f"larger than the {windows} windows of {splits.context} "
+                              f"tokens in {cfg.recipe.name}'s training stream", f"batch_size={max(1, windows // 4)}")
+        if len(data.test) < 1:
+            raise ConfigError("recipe.context", splits.context, f"longer than {cfg.recipe.name}'s held-out stream "
+                              f"({len(splits.test)} tokens)", f"recipe.context={max(2, len(splits.test) // 4)}")
+        if splits.synthetic and self.is_main:
+            log.warning("SYNTHETIC data (data.synthetic=true): for timing only, the loss says nothing about a real "
+                        "corpus")
+        if self.is_main and self.device.type == "cuda":
+            where = ("on the GPU" if data.placement == "gpu"
+                     else "memory-mapped on the host, prefetched on a side stream")
+            log.info("data: %s, %.0f MB of tokens, %s (%s)", cfg.recipe.name, data.megabytes, where, data.why)
+        self.steps_per_epoch = windows // cfg.batch_size
+        return data
+
     def _build_model(self) -> Nets:
         """The recipe's model on the device, set up from data, wrapped by the strategy, compiled if asked."""
         torch.manual_seed(self.cfg.seed)  # same initial weights on every rank (DDP also broadcasts them)
@@ -268,7 +300,8 @@ class Trainer:
         self.timeline.mark("model_on_device")
         if self.data.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        if type(self.recipe).prepare_model is not Recipe.prepare_model:  # (a sample costs a copy to the device)
+        if type(self.recipe).prepare_model is not Recipe.prepare_model and self.data.host_train_x is not None:
+            # (a sample costs a copy to the device)
             sample = self.data.host_train_x[:self.recipe.prepare_model_sample].to(self.device)
             self.recipe.prepare_model(model, self.data.normalize(sample))
         nets = self.strategy.wrap(model, self.device)
@@ -434,7 +467,7 @@ class Trainer:
 
     def _order(self, epoch: int) -> torch.Tensor:
         return rank_order(len(self.data.train), self.cfg.batch_size, self.cfg.seed, epoch, self.strategy.world_size,
-                          self.strategy.rank)
+                          self.strategy.rank, drawn=self.data.drawn_per_epoch)
 
     def _train_epoch(self, epoch: int, pending: QueuedEpoch | None) -> QueuedEpoch:
         """Queue one epoch's steps (concluding `pending`, the epoch before, a few steps in) and its end."""
@@ -466,7 +499,8 @@ class Trainer:
             strategy.align(self.device)
         clock.start()
         host_start = time.perf_counter()
-        batches = self.bar.wrap(self.data.train.batches(order), epoch, steps, self.cfg.batch_size)
+        batches = self.bar.wrap(self.data.train.batches(order), epoch, steps,
+                                self.cfg.batch_size * self.data.targets_per_sample)
         with contextlib.closing(batches):
             for step, (x, y, idx) in enumerate(batches):
                 if pending is not None and step == conclude_at:
@@ -481,7 +515,7 @@ class Trainer:
         # How long the host took to issue the epoch. Close to the device's span: the host is what limits
         # the speed (Python, launches), and CUDA graphs or a larger batch would help more than kernels.
         row["host_issue_s"] = round(time.perf_counter() - host_start, 4)
-        return self._queue_epoch_end(epoch, row, clock, started, order.numel())
+        return self._queue_epoch_end(epoch, row, clock, started, order.numel() * self.data.targets_per_sample)
 
     def _queue_epoch_end(self, epoch: int, row: dict[str, Any], clock: StepClock, started: float,
                          examples: int) -> QueuedEpoch:
@@ -521,7 +555,8 @@ class Trainer:
         span_s, stall, non_finite, alloc_mb, reserved_mb = strategy.reduce_host(
             [timing.span_s, timing.stall_fraction, steps - finite_steps, *queued.memory_mb], op="max")
         row.update({"loss": loss_sum / count, "train_acc": correct / count, "train_s": span_s,
-                    "img_per_s": steps * cfg.batch_size / span_s, "input_stall": round(stall, 4)})
+                    f"{self.data.unit}_per_s": steps * cfg.batch_size * self.data.targets_per_sample / span_s,
+                    "input_stall": round(stall, 4)})
         if non_finite > 0:
             raise self._non_finite_loss(epoch, row["loss"], epoch * steps + steps - int(non_finite))
         if queued.evaluation is not None:
@@ -536,6 +571,8 @@ class Trainer:
             row["max_mem_allocated_mb"] = row["max_mem_reserved_mb"] = None
         # Wall time from this epoch's start to the next one's (to now when nothing was started after it).
         row["epoch_s"] = (next_started or time.perf_counter()) - queued.started
+        if self.is_main:
+            self.recipe.report(row, self.device, strategy.world_size)
         self.history.append(row)
         if queued.snapshot is not None:
             queued.snapshot.add(epoch=epoch + 1, history=list(self.history), config=to_plain(cfg))
@@ -587,13 +624,15 @@ class Trainer:
         for x, y, _ in self.data.test.batches(chunks):
             with self.autocast():
                 logits = self.recipe.predict(self.nets.eval, self.data.normalize(x))
+            logits, y = logits.flatten(0, -2), y.flatten()  # (a window's tokens count as its samples)
             loss_sum += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum")
-            predicted = logits.argmax(1)
+            predicted = logits.argmax(-1)
             correct += (predicted == y).sum()
             if matrix is not None:  # rows: the true class, columns: the predicted one
                 matrix += torch.bincount(y * classes + predicted, minlength=classes * classes)
         clock.step_end()
-        return QueuedEvaluation(loss_sum, correct, float(sum(len(c) for c in chunks)), clock, matrix)
+        count = float(sum(len(c) for c in chunks) * self.data.targets_per_sample)
+        return QueuedEvaluation(loss_sum, correct, count, clock, matrix)
 
     def _evaluate(self, confusion: bool = False) -> dict[str, Any]:
         """An evaluation read at once (`launch eval`)."""
@@ -673,9 +712,12 @@ class Trainer:
     def _log_epoch(self, row: dict[str, Any]) -> None:
         epochs = self.cfg.epochs
         test = f"{100 * row['test_acc']:.2f}%" if "test_acc" in row else "-"
-        log.info("epoch %*d/%d  loss %.4f  train %.2f%%  test %s  %s img/s  input wait %.1f%%  %.2fs",
-                 len(str(epochs)), row["epoch"], epochs, row["loss"], 100 * row["train_acc"], test,
-                 f"{row['img_per_s']:,.0f}", 100 * row["input_stall"], row["epoch_s"])
+        unit = self.data.unit
+        extra = "".join(f"  {k} {row[k]:.3f}" for k in ("test_bpb", "mfu") if k in row)
+        log.info("epoch %*d/%d  loss %.4f  train %.2f%%  test %s%s  %s %s/s  input wait %.1f%%  %.2fs",
+                 len(str(epochs)), row["epoch"], epochs, row["loss"], 100 * row["train_acc"], test, extra,
+                 f"{row[f'{unit}_per_s']:,.0f}", "img" if unit == "img" else unit, 100 * row["input_stall"],
+                 row["epoch_s"])
 
     def _advise(self, row: dict[str, Any], epoch: int) -> bool:
         """Say once per run when training was input-bound (not judged on a first epoch that has more)."""
@@ -696,7 +738,7 @@ class Trainer:
         return digests, [name for _, names in everyone for name in names]
 
     def _results(self, history: list[dict[str, Any]], digests: list[str], devices: list[str],
-                 resumed_from: str | None, total_s: float) -> dict[str, Any]:
+                 resumed_from: str | None, total_s: float, recipe_facts: dict[str, Any]) -> dict[str, Any]:
         cfg, s, t = self.cfg, self.strategy, self.timings
         final = history[-1] if history else {}
         scored = [r["test_acc"] for r in history if "test_acc" in r]
@@ -737,6 +779,7 @@ class Trainer:
             "weights_sha256": digests,
             "ranks_agree": len(set(digests)) == 1,
             "torch": torch.__version__,
+            **recipe_facts,
         }
         write_results(self.run_dir, results)
         return results

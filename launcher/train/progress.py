@@ -32,8 +32,9 @@ def wanted(mode: str, is_main: bool) -> bool:
 class EpochBar:
     """Wraps an epoch's batches; `None`-safe no-op when the bar is off."""
 
-    def __init__(self, enabled: bool, device: torch.device, epochs: int):
+    def __init__(self, enabled: bool, device: torch.device, epochs: int, unit: str = "img"):
         self.enabled = enabled
+        self.unit = unit  # what `batch_size` counts: img or tokens
         self.device = device
         self.epochs = epochs
         self.last_loss: float | None = None
@@ -89,7 +90,7 @@ class EpochBar:
     def _parts(self, epoch: int, done: int, steps: int, batch_size: int, elapsed: float) -> list[str]:
         parts = []
         if done:
-            parts.append(f"{done * batch_size / max(elapsed, 1e-9):,.0f} img/s")
+            parts.append(f"{done * batch_size / max(elapsed, 1e-9):,.0f} {self.unit}/s")
         if self.epoch_seconds:
             per_epoch = sum(self.epoch_seconds) / len(self.epoch_seconds)
         else:

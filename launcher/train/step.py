@@ -226,8 +226,8 @@ class TrainStep:
         loss.backward()
         if grads is not None:
             grads.finish_backward()  # ddp: every bucket's all-reduce issued and waited for
-        self.sums.loss += loss.detach().float() * len(y)
-        self.sums.correct += (logits.argmax(1) == y).sum()
+        self.sums.loss += loss.detach().float() * y.numel()  # (a window's targets are each a sample's)
+        self.sums.correct += (logits.argmax(-1) == y).sum()
         self.sums.finite_steps += torch.isfinite(loss.detach())
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int,

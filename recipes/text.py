@@ -1,0 +1,355 @@
+"""text: next-byte prediction (a byte-level language model) on a text corpus that is on every machine offline.
+
+The corpus (`recipe.corpus`):
+- `stdlib` (the default): the Python standard library's own source files, `*.py` under this
+  interpreter's `sysconfig` stdlib path, test suites and site-packages left out (~10 MB on Python 3.11).
+  They ship with every Python; licence: the PSF License Agreement (Python Software Foundation License
+  Version 2), which allows copying and derived works. Which files exist depends on the Python version,
+  so the version is part of the corpus's name.
+- the path of a text file (its last 5% held out) or of a folder (every file under it, sorted; the held-out
+  files chosen by a hash of their relative paths, ~5%).
+Bytes are the tokens (vocabulary 256): no tokenizer, nothing to download. The streams are built once
+into `<data.root>/text/<corpus key>/{train,val}.bin` (uint8, written under a temporary name and renamed)
+and then memory-mapped, so a corpus larger than host memory is read only where windows are sampled
+(launcher/train/data.py `TokenWindows`). `data.synthetic=true` generates a stream from a fixed random
+Markov chain instead (timing only).
+
+Models (`recipe.model`), sized by recipe.layers / width / heads / context:
+- gpt: a decoder-only Transformer: learned positions, pre-norm blocks (LayerNorm, causal
+  `scaled_dot_product_attention`, a 4x GELU MLP), a final LayerNorm, the output layer tied to the
+  token embedding; GPT-2's initialization (residual projections scaled by 1/sqrt(2 x layers)).
+- lstm, gru: an embedding, torch's multi-layer LSTM or GRU, the output layer tied to the embedding.
+
+Reported per epoch (besides loss and next-byte accuracy): bits per byte (train and held-out: the loss in
+nats / ln 2), tokens/s, and on GPUs with a known bf16 peak, MFU from the model FLOPs per token stated
+in `flops_per_token`. results.json adds the parameter count, the FLOPs per token, the unigram baseline
+(the held-out loss of the training split's byte frequencies: a model must beat it to have learned
+anything beyond them) and the sample rank 0 generates after training (also in sample.txt).
+Hyper-parameters: TextConfig in launcher/config.py; values: conf/recipe/text.yaml.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import sysconfig
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from launcher.config import TextConfig
+from launcher.errors import LaunchError
+from launcher.recipes import Recipe, TokenSplits
+
+log = logging.getLogger("launcher.train")
+
+VOCAB = 256  # bytes
+HELD_OUT = 20  # one file in this many (by a hash of its path), or the last 1/HELD_OUT of a single file
+SAMPLE_FILE = "sample.txt"
+LICENCES = {"stdlib": "PSF License Agreement (Python Software Foundation License Version 2)"}
+# Dense bf16 peak FLOP/s per GPU, for MFU (vendor data sheets; SXM parts).
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
+SYNTHETIC_BYTES = (4_000_000, 200_000)
+
+
+class TextDataError(LaunchError):
+    """The corpus cannot be read; the message says what to give instead."""
+
+
+# ---- the corpus ------------------------------------------------------------------------------------
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files(root: Path) -> list[Path]:
+    """The standard library's own sources: *.py outside test suites and installed packages, sorted."""
+    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+    return sorted(p for p in root.rglob("*.py") if p.is_file() and not skip.intersection(p.relative_to(root).parts))
+
+
+def held_out(relative: str) -> bool:
+    return hashlib.sha1(relative.encode()).digest()[0] % HELD_OUT == 0
+
+
+class Corpus:
+    """Where a corpus's bytes come from (files, and which are held out), and the folder its streams go to."""
+
+    def __init__(self, spec: str, data_root: Path, synthetic: bool):
+        self.spec = spec
+        self.synthetic = synthetic
+        if synthetic:
+            self.name, self.files, self.root = "synthetic", [], None
+        elif spec == "stdlib":
+            self.root = stdlib_root()
+            self.files = stdlib_files(self.root)
+            self.name = f"stdlib-py{sys.version_info.major}.{sys.version_info.minor}"
+            if not self.files:
+                raise TextDataError(f"recipe.corpus=stdlib found no Python sources under {self.root}; give a text "
+                                    "file or folder instead: recipe.corpus=/path/to/text")
+        else:
+            path = Path(os.path.expanduser(spec))
+            if not path.exists():
+                raise TextDataError(f"recipe.corpus={spec} does not exist; give stdlib, a text file or a folder of "
+                                    "text files: recipe.corpus=stdlib")
+            self.root = path if path.is_dir() else path.parent
+            self.files = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p, path)) \
+                if path.is_dir() else [path]
+            if not self.files or sum(p.stat().st_size for p in self.files) < 2:
+                raise TextDataError(f"recipe.corpus={spec} holds no text; give a file or folder with some, or "
+                                    "recipe.corpus=stdlib")
+            self.name = "".join(c if c.isalnum() or c in "-_." else "_" for c in path.name)[:40] or "corpus"
+        digest = hashlib.sha256(f"v1 {self.name}".encode())
+        for p in self.files:
+            stat = p.stat()
+            digest.update(f"{p.relative_to(self.root)} {stat.st_size} {stat.st_mtime_ns}".encode())
+        self.folder = data_root / "text" / f"{self.name}-{digest.hexdigest()[:12]}"
+
+    def ensure(self) -> Path:
+        """The folder with train.bin and val.bin, built if missing."""
+        if (self.folder / "meta.json").is_file():
+            return self.folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if self.synthetic:
+            streams = _synthetic_streams()
+        elif len(self.files) == 1 and self.spec != "stdlib":
+            data = self.files[0].read_bytes()
+            cut = len(data) - max(1, len(data) // HELD_OUT)
+            streams = {"train": np.frombuffer(data[:cut], np.uint8), "val": np.frombuffer(data[cut:], np.uint8)}
+        else:
+            parts: dict[str, list[bytes]] = {"train": [], "val": []}
+            for p in self.files:
+                parts["val" if held_out(str(p.relative_to(self.root))) else "train"].append(p.read_bytes() + b"\n\n")
+            if not parts["val"]:  # a folder of few files: its last file is held out
+                parts["val"].append(parts["train"].pop())
+            streams = {k: np.frombuffer(b"".join(v), np.uint8) for k, v in parts.items()}
+        for split, stream in streams.items():
+            _write_atomic(self.folder / f"{split}.bin", stream.tobytes())
+        meta = {"corpus": self.spec, "name": self.name, "files": len(self.files), "root": str(self.root),
+                "bytes": {k: int(len(v)) for k, v in streams.items()},
+                "licence": LICENCES.get(self.spec, "the corpus's own" if not self.synthetic else "generated")}
+        _write_atomic(self.folder / "meta.json", json.dumps(meta, indent=1).encode())
+        return self.folder
+
+
+def _hidden(p: Path, top: Path) -> bool:
+    return any(part.startswith(".") for part in p.relative_to(top).parts)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _synthetic_streams() -> dict[str, np.ndarray]:
+    """Words of a fixed random vocabulary (2,000 lowercase words), drawn by a Zipf law and separated by
+    spaces: learnable, and nothing like a real corpus."""
+    rng = np.random.default_rng(0)
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", np.uint8)
+    words = [np.append(rng.choice(letters, rng.integers(2, 9)), np.uint8(32)) for _ in range(2000)]
+    out = {}
+    for split, n in zip(("train", "val"), SYNTHETIC_BYTES, strict=True):
+        drawn = np.minimum(rng.zipf(1.2, size=n // 4), len(words)) - 1
+        out[split] = np.concatenate([words[i] for i in drawn])[:n]
+    return out
+
+
+def unigram_loss(train: np.ndarray, val: np.ndarray) -> float:
+    """Cross-entropy (nats per byte) of the held-out stream under the training stream's byte frequencies
+    (add-one smoothed): the loss of a model that learned nothing but how often each byte occurs."""
+    counts = np.bincount(np.asarray(train), minlength=VOCAB).astype(np.float64) + 1.0
+    logp = np.log(counts / counts.sum())
+    val_counts = np.bincount(np.asarray(val), minlength=VOCAB).astype(np.float64)
+    return float(-(val_counts * logp).sum() / max(1.0, val_counts.sum()))
+
+
+# ---- the models -----------------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    """Pre-norm Transformer block: x + attention(norm(x)), then x + MLP(norm(x))."""
+
+    def __init__(self, width: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab: int, context: int, layers: int, width: int, heads: int, dropout: float):
+        super().__init__()
+        self.context, self.layers, self.width = context, layers, width
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Embedding(context, width)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(width, heads, dropout) for _ in range(layers))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tokens.weight  # tied
+        self.apply(self._init)
+        for block in self.blocks:  # residual projections: GPT-2's 1/sqrt(2 x layers)
+            for proj in (block.proj, block.mlp[2]):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * layers))
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        x = self.drop(self.tokens(idx) + self.positions(torch.arange(t, device=idx.device)))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token (forward and backward), PaLM's convention (Chowdhery et al. 2022,
+        appendix B): 6 x the parameters that multiply (all but the position table; the tied output
+        layer counted once) + 12 x layers x context x width for the attention scores and values."""
+        n = sum(p.numel() for p in self.parameters()) - self.positions.weight.numel()
+        return 6.0 * n + 12.0 * self.layers * self.context * self.width
+
+
+class Recurrent(nn.Module):
+    def __init__(self, kind: str, vocab: int, layers: int, width: int, dropout: float):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        rnn = nn.LSTM if kind == "lstm" else nn.GRU
+        self.rnn = rnn(width, width, layers, batch_first=True, dropout=dropout if layers > 1 else 0.0)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        hidden, _ = self.rnn(self.embed(idx))
+        return self.head(hidden)
+
+    def flops_per_token(self) -> float:
+        """6 x the parameters: every weight of the recurrent layers and the (tied) output layer is one
+        multiply-add per token forward, two more backward; the embedding lookup is not a matmul but its
+        weight is the output layer's, counted once."""
+        return 6.0 * sum(p.numel() for p in self.parameters())
+
+
+class NextTokenLoss(nn.Module):
+    """Cross-entropy over every position of every window: logits (B, T, V), targets (B, T)."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt: bytes, n: int, context: int, temperature: float, device: torch.device,
+             seed: int = 0) -> bytes:
+    """`n` bytes sampled after `prompt`, each from the model's distribution at `temperature`."""
+    was_training = model.training
+    model.eval()
+    generator = torch.Generator(device=device).manual_seed(seed)
+    ids = torch.tensor(list(prompt), dtype=torch.long, device=device)[None]
+    for _ in range(n):
+        logits = model(ids[:, -context:])[:, -1].float() / temperature
+        ids = torch.cat([ids, torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)], dim=1)
+    model.train(was_training)
+    return bytes(ids[0].tolist())
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16.items() if key in name), None)
+
+
+# ---- the recipe -----------------------------------------------------------------------------------
+
+
+class Text(Recipe):
+    Config = TextConfig
+    hp: TextConfig
+    classifies = False
+
+    def _corpus(self) -> Corpus:
+        root = Path(os.path.expanduser(str(self.cfg.data.root)))
+        return Corpus(str(self.hp.corpus), root, self.cfg.data.synthetic)
+
+    def prepare(self) -> None:
+        """In the launcher, once: build the corpus's streams (workers then only map them)."""
+        corpus = self._corpus()
+        try:
+            corpus.ensure()
+        except OSError as exc:
+            raise TextDataError(f"cannot write the corpus's token streams to {corpus.folder} ({exc.strerror}); "
+                                "set data.root to a writable folder: data.root=/tmp/data") from None
+
+    def load(self) -> TokenSplits:
+        folder = self._corpus().ensure()  # (built by prepare; a worker on another node builds its own)
+        # copy-on-write maps: nothing is read until sampled, and nothing is ever written back
+        train = np.memmap(folder / "train.bin", dtype=np.uint8, mode="c")
+        val = np.memmap(folder / "val.bin", dtype=np.uint8, mode="c")
+        if self.hp.max_bytes:
+            train = train[: max(2, self.hp.max_bytes - self.hp.max_bytes // HELD_OUT)]
+            val = val[: max(2, self.hp.max_bytes // HELD_OUT)]
+        self.baseline = unigram_loss(train, val)
+        return TokenSplits(train, val, VOCAB, self.hp.context, synthetic=self.cfg.data.synthetic)
+
+    def build_model(self, num_classes: int) -> nn.Module:
+        hp = self.hp
+        if hp.model.value == "gpt":
+            model: nn.Module = GPT(num_classes, hp.context, hp.layers, hp.width, hp.heads, hp.dropout)
+        else:
+            model = Recurrent(hp.model.value, num_classes, hp.layers, hp.width, hp.dropout)
+        self.parameter_count = sum(p.numel() for p in model.parameters())
+        self.flops_per_token = model.flops_per_token()
+        return model
+
+    def loss(self) -> nn.Module:
+        return NextTokenLoss()
+
+    def report(self, row: dict[str, Any], device: torch.device, world_size: int) -> None:
+        for key, bpb in (("loss", "bpb"), ("test_loss", "test_bpb")):
+            if key in row:
+                row[bpb] = row[key] / math.log(2)
+        peak = peak_flops(device)
+        if peak and "tokens_per_s" in row and self.cfg.perf.precision.value != "fp32":
+            row["mfu"] = row["tokens_per_s"] * self.flops_per_token / (peak * world_size)
+
+    def finish(self, model: nn.Module, run_dir: Path, device: torch.device) -> dict[str, Any]:
+        facts: dict[str, Any] = {"parameters": self.parameter_count, "flops_per_token": self.flops_per_token,
+                                 "unigram_test_loss": self.baseline,
+                                 "unigram_test_bpb": self.baseline / math.log(2)}
+        if self.hp.sample_bytes:
+            prompt = self.hp.sample_prompt.encode()
+            text = generate(model, prompt, self.hp.sample_bytes, self.hp.context, self.hp.temperature, device,
+                            self.cfg.seed).decode("utf-8", errors="replace")
+            (run_dir / SAMPLE_FILE).write_text(text + "\n")
+            log.info("a sample (%s):\n%s", run_dir / SAMPLE_FILE, text)
+            facts["sample"] = text
+        return facts
+

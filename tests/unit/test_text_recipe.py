@@ -1,0 +1,118 @@
+"""recipe=text's parts: the corpus and its streams, the windows a step trains on, the models, the config."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from launcher.config import DataConfig, Placement
+from launcher.errors import ConfigError, LaunchError
+from launcher.recipes import TokenSplits
+from launcher.recipes.text import GPT, Corpus, Recurrent, generate, stdlib_files, stdlib_root, unigram_loss
+from launcher.train.data import Data, rank_order
+from tests.conftest import config_of
+
+
+def test_stdlib_corpus_is_this_pythons_sources_without_test_suites():
+    files = stdlib_files(stdlib_root())
+    assert len(files) > 200 and all(f.suffix == ".py" for f in files)
+    rel = [str(f.relative_to(stdlib_root())) for f in files]
+    assert "os.py" in rel and not any(r.startswith(("test/", "site-packages/")) or "/test/" in r for r in rel)
+
+
+def test_streams_are_built_once_and_the_held_out_files_are_fixed(tmp_path):
+    corpus = Corpus("stdlib", tmp_path, synthetic=False)
+    folder = corpus.ensure()
+    train, val = (folder / "train.bin").read_bytes(), (folder / "val.bin").read_bytes()
+    assert len(train) > 5_000_000 and 0.02 < len(val) / (len(train) + len(val)) < 0.1
+    assert b"def " in val[:100_000] and val[:2000] not in train  # whole files held out
+    stamp = (folder / "train.bin").stat().st_mtime_ns
+    again = Corpus("stdlib", tmp_path, synthetic=False)
+    assert again.folder == folder and again.ensure() == folder
+    assert (folder / "train.bin").stat().st_mtime_ns == stamp  # not rebuilt
+    assert not list(folder.glob(".*tmp"))
+
+
+def test_a_users_text_file_holds_out_its_end_and_a_missing_one_is_one_line(tmp_path):
+    text = tmp_path / "book.txt"
+    text.write_bytes(bytes(range(32, 127)) * 100)
+    folder = Corpus(str(text), tmp_path / "data", synthetic=False).ensure()
+    train, val = (folder / "train.bin").read_bytes(), (folder / "val.bin").read_bytes()
+    assert train + val == text.read_bytes() and len(val) == len(text.read_bytes()) // 20
+    with pytest.raises(LaunchError, match=r"recipe.corpus=.*nope does not exist.*recipe.corpus=stdlib"):
+        Corpus(str(tmp_path / "nope"), tmp_path, synthetic=False)
+
+
+def test_unigram_baseline_is_the_held_out_cross_entropy_of_byte_frequencies():
+    train = np.array([65] * 300 + [66] * 100, dtype=np.uint8)
+    val = np.array([65, 66], dtype=np.uint8)
+    p_a, p_b = 301 / (400 + 256), 101 / (400 + 256)  # add-one smoothed over 256 bytes
+    assert unigram_loss(train, val) == pytest.approx(-(math.log(p_a) + math.log(p_b)) / 2)
+
+
+def _data(n_train=1000, n_test=200, context=8) -> Data:
+    stream = np.arange(n_train, dtype=np.int64) % 251
+    splits = TokenSplits(stream.astype(np.uint8), (np.arange(n_test) % 251).astype(np.uint8), 256, context)
+    return Data.place_tokens(splits, DataConfig(placement=Placement.auto), torch.device("cpu"))
+
+
+def test_a_window_predicts_the_next_byte_and_stays_inside_the_stream():
+    data = _data()
+    assert len(data.train) == 1000 - 8  # every start whose targets fit
+    x, y, idx = next(data.train.batches([torch.tensor([0, 991, 500])]))
+    assert x.dtype == torch.long and x.shape == y.shape == (3, 8)
+    assert torch.equal(x[:, 1:], y[:, :-1]) and y[1, -1].item() == 999 % 251
+    assert data.targets_per_sample == 8 and data.unit == "tokens" and data.drawn_per_epoch == 999 // 8
+
+
+def test_held_out_windows_tile_the_stream_without_overlap():
+    data = _data(n_test=200)
+    windows = len(data.test)
+    x, y, _ = next(data.test.batches([torch.arange(windows)]))
+    starts = x[:, 0].tolist()
+    assert starts == [8 * i for i in range(windows)] and windows == (200 - 1) // 8
+
+
+def test_an_epoch_draws_random_windows_per_seed_and_epoch_and_ranks_share_them():
+    one = rank_order(992, 16, seed=1, epoch=0, drawn=124)
+    assert one.shape == (7, 16) and one.max() < 992
+    assert torch.equal(one, rank_order(992, 16, seed=1, epoch=0, drawn=124))
+    assert not torch.equal(one, rank_order(992, 16, seed=1, epoch=1, drawn=124))
+    halves = [rank_order(992, 16, seed=1, epoch=0, world_size=2, rank=r, drawn=124) for r in (0, 1)]
+    assert torch.equal(torch.cat(halves, 1), one)
+
+
+def test_gpt_is_causal_and_ties_its_output_to_the_embedding():
+    torch.manual_seed(0)
+    model = GPT(256, context=16, layers=2, width=32, heads=4, dropout=0.0).eval()
+    a = torch.randint(0, 256, (1, 16))
+    b = a.clone()
+    b[0, 10:] = (b[0, 10:] + 1) % 256
+    assert torch.allclose(model(a)[0, :10], model(b)[0, :10], atol=1e-6)
+    assert not torch.allclose(model(a)[0, 10:], model(b)[0, 10:])
+    assert model.head.weight is model.tokens.weight
+    n = sum(p.numel() for p in model.parameters()) - 16 * 32
+    assert model.flops_per_token() == 6 * n + 12 * 2 * 16 * 32
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_recurrent_models_predict_every_position(kind):
+    model = Recurrent(kind, 256, layers=2, width=16, dropout=0.0)
+    assert model(torch.randint(0, 256, (3, 7))).shape == (3, 7, 256)
+    assert model.flops_per_token() == 6 * sum(p.numel() for p in model.parameters())
+
+
+def test_generation_continues_the_prompt_with_bytes():
+    model = GPT(256, context=8, layers=1, width=16, heads=2, dropout=0.0)
+    out = generate(model, b"def ", 20, 8, 1.0, torch.device("cpu"))
+    assert out.startswith(b"def ") and len(out) == 24
+
+
+def test_text_config_names_the_key_and_the_fix():
+    cfg = config_of("recipe=text")
+    assert cfg.recipe.model.value == "gpt" and cfg.optim.name == "adamw" and cfg.recipe.corpus == "stdlib"
+    with pytest.raises(ConfigError, match=r"recipe.heads=5.*recipe.heads=4"):
+        config_of("recipe=text", "recipe.width=64", "recipe.heads=5")
+    with pytest.raises(ConfigError, match=r"recipe.context"):
+        config_of("recipe=text", "recipe.context=1")
