@@ -12,7 +12,7 @@ Sections, by who reads them:
     perf       how fast it runs, not what it computes: precision, compile, CUDA graphs, cuDNN, layout
     eval       when and in what chunks the test set is scored
     data       where the data lives and how it reaches the device
-    strategy   how devices share the work (a group: auto, single, dp, ddp; launcher/strategies)
+    strategy   how devices share the work (a group: auto, single, dp, ddp, fsdp; launcher/strategies)
     backend    where the workers run (a group: local, slurm; launcher/host/backends)
     sweep      `launch -m` on this host
     fault      deliberate failures, to see supervision work
@@ -317,6 +317,26 @@ class DDPConfig(StrategyConfig):
 
 
 @dataclass
+class FSDPConfig(StrategyConfig):
+    """PyTorch's FSDP2 (torch.distributed.fsdp.fully_shard): weights, gradients and optimizer state
+    sharded over the ranks (launcher/strategies/fsdp.py)."""
+
+    name: str = "fsdp"
+    backend: ProcessGroupBackend = ProcessGroupBackend.auto
+    timeout_s: int = 600
+    reshard_after_forward: bool = True  # free each block's gathered weights after its forward (less memory)
+    mixed_precision: bool = True  # GPUs: bf16 weights in compute, gradients reduced in fp32
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward pass
+    # Build the model on the meta device and materialize only each rank's shard (its own init runs on
+    # the shards): a model too big for one device never exists whole on one. false: built whole on the
+    # device (same initial weights as ddp), then sharded.
+    meta_init: bool = False
+
+    def check(self, at: str) -> None:
+        check_int(f"{at}.timeout_s", self.timeout_s, 1, f"{at}.timeout_s=600")
+
+
+@dataclass
 class AutoStrategyConfig(DDPConfig):
     """ddp for several devices (with these DDP options), else single; never dp."""
 
@@ -505,6 +525,9 @@ class Config(Schema):
     gpus: Any = "auto"  # [0,1] ids | 2 a count | all | auto (all visible, else CPU) | [] or cpu: the CPU
     nprocs: int | None = None  # CPU ranks for ddp on the CPU (gpus=[]); with GPUs it is one per GPU
     batch_size: int = 64  # GLOBAL: samples per optimizer step summed over all devices, for every strategy
+    # Gradient accumulation: each rank's share of a step runs as this many micro-batches, gradients
+    # summed, averaged across ranks only after the last one (batch_size stays the global step's)
+    accumulate: int = 1
     epochs: int = 10
     lr: float = 0.1
     seed: int = 0
@@ -525,6 +548,7 @@ class Config(Schema):
         """Every range and combination a type cannot express, section by section. Raises ConfigError."""
         check_int("epochs", self.epochs, 1, "epochs=10")
         check_int("batch_size", self.batch_size, 1, "batch_size=256")
+        check_int("accumulate", self.accumulate, 1, "accumulate=2", high=self.batch_size)
         check_float("lr", self.lr, "lr=0.1")
         check_int("seed", self.seed, 0, "seed=0")
         check_int("max_restarts", self.max_restarts, 0, "max_restarts=2", high=100)
@@ -557,6 +581,7 @@ SCHEMAS: dict[tuple[str, str], type[Schema]] = {
     ("strategy", "single"): SingleConfig,
     ("strategy", "dp"): DataParallelConfig,
     ("strategy", "ddp"): DDPConfig,
+    ("strategy", "fsdp"): FSDPConfig,
     ("backend", "local"): LocalBackendConfig,
     ("backend", "slurm"): SlurmBackendConfig,
 }

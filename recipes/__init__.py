@@ -126,9 +126,10 @@ class Recipe:
     def report(self, row: dict[str, Any], device: torch.device, world_size: int) -> None:
         """Add figures derived from an epoch's row (bits per byte, MFU, ...) to it, on rank 0."""
 
-    def finish(self, model: torch.nn.Module, run_dir: Path, device: torch.device) -> dict[str, Any]:
-        """On rank 0 after training, with the trained weights: anything to leave in the run dir (a
-        generated sample, say). Returns facts for results.json."""
+    def finish(self, model: torch.nn.Module, run_dir: Path, device: torch.device, main: bool) -> dict[str, Any]:
+        """After training, with the trained weights: anything to leave in the run dir (a generated sample,
+        say; written where `main`). Returns facts for results.json. Called on rank 0, and on every rank
+        when the model is sharded (its forward then takes all of them)."""
         return {}
 
 

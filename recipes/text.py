@@ -211,10 +211,17 @@ class GPT(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.head = nn.Linear(width, vocab, bias=False)
         self.head.weight = self.tokens.weight  # tied
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """GPT-2's initialization (also what strategy=fsdp strategy.meta_init=true runs on the shards)."""
         self.apply(self._init)
-        for block in self.blocks:  # residual projections: GPT-2's 1/sqrt(2 x layers)
+        for block in self.blocks:  # residual projections: 1/sqrt(2 x layers)
             for proj in (block.proj, block.mlp[2]):
-                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * layers))
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * self.layers))
+        for norm in [self.norm, *(n for b in self.blocks for n in (b.norm1, b.norm2))]:
+            norm.reset_parameters()
 
     @staticmethod
     def _init(m: nn.Module) -> None:
@@ -340,7 +347,7 @@ class Text(Recipe):
         if peak and "tokens_per_s" in row and self.cfg.perf.precision.value != "fp32":
             row["mfu"] = row["tokens_per_s"] * self.flops_per_token / (peak * world_size)
 
-    def finish(self, model: nn.Module, run_dir: Path, device: torch.device) -> dict[str, Any]:
+    def finish(self, model: nn.Module, run_dir: Path, device: torch.device, main: bool) -> dict[str, Any]:
         facts: dict[str, Any] = {"parameters": self.parameter_count, "flops_per_token": self.flops_per_token,
                                  "unigram_test_loss": self.baseline,
                                  "unigram_test_bpb": self.baseline / math.log(2)}
@@ -348,8 +355,9 @@ class Text(Recipe):
             prompt = self.hp.sample_prompt.encode()
             text = generate(model, prompt, self.hp.sample_bytes, self.hp.context, self.hp.temperature, device,
                             self.cfg.seed).decode("utf-8", errors="replace")
-            (run_dir / SAMPLE_FILE).write_text(text + "\n")
-            log.info("a sample (%s):\n%s", run_dir / SAMPLE_FILE, text)
+            if main:
+                (run_dir / SAMPLE_FILE).write_text(text + "\n")
+                log.info("a sample (%s):\n%s", run_dir / SAMPLE_FILE, text)
             facts["sample"] = text
         return facts
 

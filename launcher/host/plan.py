@@ -48,6 +48,8 @@ class Plan:
         batch = f", batch {s.global_batch} global" if with_batch else ""
         if with_batch and s.world_size > 1:
             batch += f" = {s.batch_per_process} x {s.world_size} ranks"
+        if with_batch and s.accumulate > 1:
+            batch += f", each in {s.accumulate} micro-batches of {s.batch_per_process // s.accumulate}"
         joined = ", joining an existing world" if self.joined else ""
         return f"{s.name}{backend} on {where}{batch}{joined}"
 
@@ -116,7 +118,7 @@ def make_plan(cfg: Config, joined: WorldInfo | None = None, env: Mapping[str, st
     if joined is not None:
         return _joined_plan(cfg, joined, request, ids, visible, env)
     choice = strategies.choose(cfg.strategy, Devices(tuple(ids)), nprocs=cfg.nprocs, global_batch=cfg.batch_size,
-                               perf=cfg.perf, gpus_text=request.text)
+                               perf=cfg.perf, gpus_text=request.text, accumulate=cfg.accumulate)
     worker_env = {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(ids, visible)}
     worker_env.update(_thread_env(env, choice.strategy.processes, bool(ids)))
     worker_env.update(loopback_env(env))
@@ -160,6 +162,7 @@ def _joined_plan(cfg: Config, world: WorldInfo, request: GpuRequest, ids: list[i
     else:
         worker_env["CUDA_VISIBLE_DEVICES"] = ""
     worker_env.update(_thread_env(env, world.local_world_size, bool(ids)))
-    choice = strategies.for_world(cfg.strategy, world, Devices(mine), global_batch=cfg.batch_size, perf=cfg.perf)
+    choice = strategies.for_world(cfg.strategy, world, Devices(mine), global_batch=cfg.batch_size, perf=cfg.perf,
+                                  accumulate=cfg.accumulate)
     return Plan(choice.strategy, derive(cfg, perf=choice.perf), ids, visible, worker_env, device_index,
                 joined=world, notes=_notes(choice))

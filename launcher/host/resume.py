@@ -94,7 +94,7 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
         raise refuse("it holds a single tensor")
     if not isinstance(state, dict):
         raise refuse(f"it holds a {type(state).__name__}")
-    if "net_state_dict" not in state or "epoch" not in state:
+    if ("net_state_dict" not in state and "sharded" not in state) or "epoch" not in state:
         tensors = sum(isinstance(v, torch.Tensor) for v in state.values())
         what = ("a plain state_dict: weights only, no optimizer, epoch or config" if tensors and tensors == len(state)
                 else f"a dict without net_state_dict and epoch (keys: {', '.join(map(str, list(state)[:5]))})")
@@ -114,6 +114,13 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
             raise LaunchError(f"{key}={now[key]} is not valid with resume={value}: the checkpoint was trained with "
                               f"{key}={saved}, and its weights and optimizer state only continue under it (e.g. "
                               f"launch {key}={saved} resume={value})")
+    from launcher.strategies import STRATEGIES
+
+    strategy = STRATEGIES.get(type(cfg.strategy))
+    if strategy is not None and strategy.sharded and "sharded" not in state:
+        raise LaunchError(f"strategy={cfg.strategy.name} is not valid with resume={value}: a checkpoint of an "
+                          "unsharded run resumes under the strategy that wrote it (sharded runs' checkpoints resume "
+                          f"under any), e.g. launch strategy=ddp resume={value}")
     if cfg.epochs <= epoch:
         raise LaunchError(f"epochs={cfg.epochs} is not valid with resume={value}: the checkpoint has trained {epoch} "
                           f"epoch{'s' if epoch != 1 else ''} already; give more (e.g. launch resume={value} "

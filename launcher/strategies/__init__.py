@@ -4,6 +4,7 @@
     dp          DataParallel  one process driving every selected GPU (slow; kept for one-process needs)
     ddp         DDP           one process per GPU or CPU rank, DistributedDataParallel
                 CapturedDDP   ddp with perf.cuda_graph: the step replayed as a CUDA graph, own all-reduce
+    fsdp        FSDP          one process per GPU or CPU rank, FSDP2: weights, gradients, optimizer sharded
     auto                      ddp for several devices, else single (never dp)
 
 The plan calls `choose` (or `for_world` inside a world torchrun or srun started) and puts the strategy
@@ -23,18 +24,21 @@ from launcher.config import (
     AutoStrategyConfig,
     DataParallelConfig,
     DDPConfig,
+    FSDPConfig,
     PerfConfig,
     SingleConfig,
     StrategyConfig,
+    derive,
 )
 from launcher.errors import ConfigError
 from launcher.strategies.base import Devices, Nets, Strategy, check_batch_splits
 from launcher.strategies.ddp import DDP, CapturedDDP
 from launcher.strategies.dp import DataParallel
+from launcher.strategies.fsdp import FSDP
 from launcher.strategies.single import Single
 from launcher.world import WorldInfo
 
-__all__ = ["Chosen", "Devices", "Nets", "Strategy", "Single", "DataParallel", "DDP", "CapturedDDP", "choose",
+__all__ = ["Chosen", "Devices", "Nets", "Strategy", "Single", "DataParallel", "DDP", "CapturedDDP", "FSDP", "choose",
            "for_world", "one_device", "check_batch_splits"]
 
 # The strategy each schema selects (auto picks between them).
@@ -42,6 +46,7 @@ STRATEGIES: dict[type[StrategyConfig], type[Strategy]] = {
     SingleConfig: Single,
     DataParallelConfig: DataParallel,
     DDPConfig: DDP,
+    FSDPConfig: FSDP,
 }
 
 
@@ -67,6 +72,14 @@ def one_device(options: StrategyConfig) -> bool:
     return requested is not None and requested.one_device
 
 
+def _accumulating(perf: PerfConfig, accumulate: int, note: str | None) -> tuple[PerfConfig, str | None]:
+    """A captured step holds one micro-batch's work: gradient accumulation runs the step eagerly."""
+    if accumulate > 1 and perf.cuda_graph:
+        said = f"perf.cuda_graph is off with accumulate={accumulate} (a captured step is one micro-batch's work)"
+        return derive(perf, cuda_graph=False), "; ".join(n for n in (note, said) if n)
+    return perf, note
+
+
 def _captured(cls: type[Strategy], perf: PerfConfig) -> tuple[type[Strategy], bool]:
     """perf.cuda_graph needs gradients that stay in place: DDP then averages them itself."""
     if perf.cuda_graph and cls is DDP:
@@ -75,7 +88,7 @@ def _captured(cls: type[Strategy], perf: PerfConfig) -> tuple[type[Strategy], bo
 
 
 def choose(options: StrategyConfig, devices: Devices, *, nprocs: int | None, global_batch: int, perf: PerfConfig,
-           gpus_text: str, nodes: int = 1) -> Chosen:
+           gpus_text: str, nodes: int = 1, accumulate: int = 1) -> Chosen:
     """The strategy for `devices` on each of `nodes` hosts, or a ConfigError that says what to change."""
     if devices.on_gpu and nprocs is not None and nprocs != devices.count:
         raise ConfigError("nprocs", nprocs, f"nprocs sets CPU ranks; on GPUs there is one process per GPU "
@@ -90,22 +103,27 @@ def choose(options: StrategyConfig, devices: Devices, *, nprocs: int | None, glo
         raise ConfigError("backend.nodes", nodes, f"strategy={cls.name} runs one process; several nodes need ddp",
                           "strategy=ddp backend.nodes=2")
     perf, note = cls.adjust_perf(perf)
+    perf, note = _accumulating(perf, accumulate, note)
     cls, static = _captured(cls, perf)
-    strategy = cls(options, devices, processes, global_batch, world_size=processes * nodes, static_gradients=static)
+    strategy = cls(options, devices, processes, global_batch, world_size=processes * nodes, static_gradients=static,
+                   accumulate=accumulate)
     return Chosen(strategy, perf, note)
 
 
 def for_world(options: StrategyConfig, world: WorldInfo, devices: Devices, *, global_batch: int,
-              perf: PerfConfig) -> Chosen:
+              perf: PerfConfig, accumulate: int = 1) -> Chosen:
     """Inside a world that torchrun or srun started: this process is one of its ranks."""
     requested = _requested(options)
     if requested is not None and (not requested.joins_worlds or (not requested.distributed and world.world_size > 1)):
         raise ConfigError("strategy", requested.name, f"launch runs inside a world of {world.world_size} ranks "
                           "(started by torchrun or srun), which is ddp", "strategy=ddp")
     cls: type[Strategy] = DDP if world.world_size > 1 else Single
+    if requested is not None and requested.distributed:  # (fsdp: sharded over the world's ranks)
+        cls = requested
     perf, note = cls.adjust_perf(perf)
+    perf, note = _accumulating(perf, accumulate, note)
     cls, static = _captured(cls, perf)
     strategy = cls(options, devices, world.local_world_size, global_batch, world_size=world.world_size,
-                   static_gradients=static)
+                   static_gradients=static, accumulate=accumulate)
     return Chosen(strategy, perf, note)
 

@@ -17,6 +17,8 @@ it when they run.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -62,12 +64,19 @@ class Nets:
     grads: FlatGradients | None = None
 
 
-def check_batch_splits(global_batch: int, ranks: int) -> None:
-    """The global batch must divide evenly over the ranks (each rank takes batch_size / ranks)."""
+def check_batch_splits(global_batch: int, ranks: int, accumulate: int = 1) -> None:
+    """The global batch must divide evenly over the ranks (each rank takes batch_size / ranks), and each
+    rank's share into `accumulate` micro-batches."""
     if global_batch % ranks:
         low, high = (global_batch // ranks) * ranks, (global_batch // ranks + 1) * ranks
         raise ConfigError("batch_size", global_batch, f"the global batch must split evenly over {ranks} ranks",
                           f"batch_size={low if low > 0 else high}")
+    if (global_batch // ranks) % accumulate:
+        parts = ranks * accumulate
+        fits = max(parts, global_batch // parts * parts)
+        raise ConfigError("accumulate", accumulate, f"each rank's {global_batch // ranks} samples of batch_size="
+                          f"{global_batch} must split evenly into {accumulate} micro-batches",
+                          f"batch_size={fits} accumulate={accumulate}")
 
 
 class Strategy:
@@ -79,16 +88,20 @@ class Strategy:
     multi_node: ClassVar[bool] = False  # may span several nodes (backend.nodes > 1)
     joins_worlds: ClassVar[bool] = True  # can run as the ranks of a world torchrun or srun started
     runs_scripts: ClassVar[bool] = True  # script= runs one process per device under it
+    sharded: ClassVar[bool] = False  # each rank holds part of the state: every rank writes its checkpoint shards
+    overlaps_epoch_ends: ClassVar[bool] = True  # an epoch's end may be read while the next epoch runs
+    lockstep_eval: ClassVar[bool] = False  # every rank's forward is a collective: equal evaluation chunk counts
 
     def __init__(self, options: StrategyConfig, devices: Devices, processes: int, global_batch: int,
-                 world_size: int | None = None, static_gradients: bool = False):
+                 world_size: int | None = None, static_gradients: bool = False, accumulate: int = 1):
         self.options = options
         self.devices = devices
         self.processes = processes  # worker processes on this host
         self.world_size = world_size or processes  # ranks in all (several nodes: processes x nodes)
         self.global_batch = global_batch
         self.static_gradients = static_gradients  # perf.cuda_graph: gradients in flat buffers that stay put
-        check_batch_splits(global_batch, self.world_size)
+        self.accumulate = accumulate  # micro-batches per step (gradient accumulation)
+        check_batch_splits(global_batch, self.world_size, accumulate)
         self.rank = 0  # set in the worker by setup()
 
     # ---- choosing (host) --------------------------------------------------------------------------
@@ -131,7 +144,8 @@ class Strategy:
         """What plan.json records of the strategy."""
         return {"strategy": self.name, "device_type": self.devices.type, "nprocs": self.processes,
                 "world_size": self.world_size, "global_batch": self.global_batch,
-                "batch_per_process": self.batch_per_process, "dist_backend": self.process_group_backend,
+                "batch_per_process": self.batch_per_process, "accumulate": self.accumulate,
+                "micro_batch": self.batch_per_process // self.accumulate, "dist_backend": self.process_group_backend,
                 "gradient_sync": self.gradient_sync}
 
     # ---- worker behaviour -------------------------------------------------------------------------
@@ -156,6 +170,10 @@ class Strategy:
         """Join whatever the ranks share (a process group). One process: nothing to join."""
         self.rank = 0
 
+    def build_model(self, build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
+        """The recipe's model (`build()`) where this strategy wants it before `wrap`: on the device."""
+        return build().to(device)
+
     def wrap(self, model: torch.nn.Module, device: torch.device) -> Nets:
         """The model (already on its device) as training and evaluation use it."""
         grads = None
@@ -168,6 +186,10 @@ class Strategy:
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Sum (or max) `tensor` over the ranks, in place; returns it."""
         return tensor
+
+    def no_sync(self, nets: Nets) -> contextlib.AbstractContextManager:
+        """A backward pass inside leaves the gradients unsynchronized (a micro-batch before the last)."""
+        return contextlib.nullcontext()
 
     def prepare_reduce_host(self) -> None:
         """Set up what `reduce_host` needs, at a point every rank reaches together (the first step)."""
@@ -210,6 +232,12 @@ class Strategy:
 
     def load_state_dict(self, nets: Nets, state: dict[str, Any]) -> None:
         nets.module.load_state_dict(state)
+
+    def weights_digest(self, nets: Nets) -> str:
+        """SHA-256 of the weights this rank holds (results.json shows every rank's: they must agree)."""
+        from launcher.train.checkpoint import digest
+
+        return digest(self.state_dict(nets))
 
     def teardown(self) -> None:
         """Leave what setup() joined, after a run that ended well."""

@@ -12,6 +12,7 @@ Two ways of averaging, one chosen by the plan:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -88,6 +89,11 @@ class DDP(Strategy):
 
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         return tensor
+
+    def no_sync(self, nets: Nets) -> contextlib.AbstractContextManager:
+        """DDP's own no_sync (on the DDP module under a compiled wrapper)."""
+        ddp = getattr(nets.train, "_orig_mod", nets.train)
+        return ddp.no_sync() if hasattr(ddp, "no_sync") else contextlib.nullcontext()
 
     def prepare_reduce_host(self) -> None:
         """Beside NCCL, a gloo group of the same ranks (a collective of its own: every rank calls this at

@@ -68,6 +68,84 @@ def _cloned(obj: Any) -> Any:
     return obj
 
 
+def digest(state: dict[str, Any]) -> str:
+    """SHA-256 of a state dict's names and values (every tensor as float64 or int64 on the CPU)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, tensor in state.items():
+        h.update(name.encode())
+        h.update(tensor.detach().to("cpu", torch.float64 if tensor.is_floating_point() else torch.int64)
+                 .contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+# ---- sharded checkpoints (strategy=fsdp): torch.distributed.checkpoint -----------------------------
+
+
+def _dcp_state(nets: Nets, steppers: list[Stepper]) -> dict[str, Any]:
+    """The model's and optimizers' state keyed by parameter names, as this rank holds it (its shards under
+    fsdp, whole tensors otherwise): what torch.distributed.checkpoint saves and loads into."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, optim = get_state_dict(nets.module, [s.optimizer for s in steppers])
+    return {"model": model, "optim": optim}
+
+
+def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: torch.device, path: Path,
+                 epoch: int, plain: dict[str, Any]) -> None:
+    """Every rank writes its shards to checkpoints/epoch-<epoch>.dcp (torch.distributed.checkpoint); then
+    rank 0 writes `path` (last.pt: the schedules, RNG, epoch, history and config, and which folder holds
+    the tensors) atomically and removes the folders of earlier epochs. A crash at any point leaves last.pt
+    naming a complete folder."""
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+
+    folder = path.parent / f"epoch-{epoch}.dcp"
+    dcp.save(_dcp_state(nets, steppers), checkpoint_id=folder)
+    if not strategy.is_main:
+        return
+    state = {"sharded": folder.name, "scheduler_state_dicts": [s.scheduler.state_dict() for s in steppers],
+             "rng": {"cpu": torch.get_rng_state(),
+                     **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})},
+             **plain}
+    save_atomic(state, path)
+    for old in path.parent.glob("epoch-*.dcp"):
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def restore_sharded(state: dict[str, Any], source: Path, nets: Nets, steppers: list[Stepper],
+                    device: torch.device) -> None:
+    """A sharded checkpoint (`state` read from last.pt at `source`) into this run's model and optimizers,
+    however they are sharded now (another number of ranks, or not sharded at all)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    target = _dcp_state(nets, steppers)
+    dcp.load(target, checkpoint_id=Path(source).parent / state["sharded"])
+    set_state_dict(nets.module, [s.optimizer for s in steppers], model_state_dict=target["model"],
+                   optim_state_dict=target["optim"])
+    for stepper, sched_state in zip(steppers, state["scheduler_state_dicts"], strict=True):
+        stepper.scheduler.load_state_dict(sched_state)
+    rng = state.get("rng", {})
+    if "cpu" in rng:
+        torch.set_rng_state(rng["cpu"].cpu())
+    if "cuda" in rng and device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
+
+
+def load_sharded_weights(state: dict[str, Any], source: Path, nets: Nets) -> None:
+    """Only the model's weights of a sharded checkpoint (`launch eval`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    target = {"model": get_model_state_dict(nets.module)}
+    dcp.load(target, checkpoint_id=Path(source).parent / state["sharded"])
+    set_model_state_dict(nets.module, target["model"])
+
+
 def save_atomic(state: dict[str, Any], path: Path) -> None:
     """torch.save to a temporary file beside `path`, fsync, rename: a crash never leaves half a checkpoint."""
     write_atomic(path, lambda f: torch.save(state, f), durable=True)

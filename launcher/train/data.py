@@ -67,9 +67,15 @@ def rank_order(n: int, global_batch: int, seed: int, epoch: int, world_size: int
     return order[:, rank * per_rank:(rank + 1) * per_rank]
 
 
-def eval_chunks(n: int, chunk: int, world_size: int = 1, rank: int = 0) -> list[torch.Tensor]:
-    """This rank's share of an evaluation set (every world_size-th sample), in chunks of `chunk`."""
+def eval_chunks(n: int, chunk: int, world_size: int = 1, rank: int = 0,
+                equal_counts: bool = False) -> list[torch.Tensor]:
+    """This rank's share of an evaluation set (every world_size-th sample), in chunks of `chunk`.
+    `equal_counts`: as many chunks on every rank (of at most `chunk`), for models whose forward is a
+    collective (fsdp)."""
     shard = torch.arange(rank, n, world_size)
+    if equal_counts:
+        longest = -(-n // world_size)
+        return list(shard.tensor_split(-(-longest // chunk)))
     return list(shard.split(chunk))
 
 

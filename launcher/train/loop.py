@@ -24,7 +24,6 @@ asks which one it is.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import math
 import os
@@ -197,10 +196,12 @@ class Trainer:
             history = self._epochs(start)
         # (the writer is closed: the last checkpoint is on disk before the run reports itself done)
         digests, devices = self._gather_rank_facts()
+        # (a sharded model's forward takes every rank, so all of them run the recipe's finish)
+        finished = self.recipe.finish(self.nets.module, self.run_dir, self.device, self.is_main) \
+            if self.is_main or self.strategy.sharded else {}
         if not self.is_main:
             return None
         reporting.plot_curves(history, self.run_dir / CURVES)
-        finished = self.recipe.finish(self.nets.module, self.run_dir, self.device)
         return self._results(history, digests, devices, start.source, time.perf_counter() - t_start, finished)
 
     def evaluate(self, source: str) -> dict[str, Any] | None:
@@ -212,7 +213,10 @@ class Trainer:
         self.nets = self._build_model()
         state = checkpoint.load(source, map_location=self.device)
         try:
-            self.strategy.load_state_dict(self.nets, state["net_state_dict"])
+            if "sharded" in state:
+                checkpoint.load_sharded_weights(state, Path(source), self.nets)
+            else:
+                self.strategy.load_state_dict(self.nets, state["net_state_dict"])
         except (RuntimeError, ValueError) as exc:
             raise self._does_not_fit(source, state, exc) from None
         self.strategy.barrier()
@@ -296,12 +300,16 @@ class Trainer:
     def _build_model(self) -> Nets:
         """The recipe's model on the device, set up from data, wrapped by the strategy, compiled if asked."""
         torch.manual_seed(self.cfg.seed)  # same initial weights on every rank (DDP also broadcasts them)
-        model = self.recipe.build_model(self.data.num_classes).to(self.device)
+        model = self.strategy.build_model(lambda: self.recipe.build_model(self.data.num_classes), self.device)
         self.timeline.mark("model_on_device")
         if self.data.channels_last:
             model = model.to(memory_format=torch.channels_last)
         if type(self.recipe).prepare_model is not Recipe.prepare_model and self.data.host_train_x is not None:
             # (a sample costs a copy to the device)
+            if any(p.is_meta for p in model.parameters()):
+                raise ConfigError("strategy.meta_init", True, f"recipe.model={self.cfg.recipe.model} sets itself up "
+                                  "from training data, which a model on the meta device cannot",
+                                  "strategy.meta_init=false")
             sample = self.data.host_train_x[:self.recipe.prepare_model_sample].to(self.device)
             self.recipe.prepare_model(model, self.data.normalize(sample))
         nets = self.strategy.wrap(model, self.device)
@@ -327,7 +335,8 @@ class Trainer:
 
     def _build_step(self) -> TrainStep:
         step = TrainStep(self.nets, self.steppers, self.recipe.loss(), self.data.normalize,
-                         self.recipe.augmentation(), self.autocast, self.device, self.faults.poison)
+                         self.recipe.augmentation(), self.autocast, self.device, self.faults.poison,
+                         self.strategy.accumulate, lambda: self.strategy.no_sync(self.nets))
         if self.compiled.compile and self.captures:
             step.compile_captured(compiling.compiled_mode(self.cfg.perf.compile_mode.value))
         return step
@@ -355,8 +364,15 @@ class Trainer:
         # (resume= was checked in the launcher, host/resume.py; a restart reads this run's own checkpoint)
         state = checkpoint.load(source, map_location=self.device)
         settings = optim.settings(self.steppers)  # this run's, before the checkpoint's replace them
+        if self.strategy.sharded and "sharded" not in state:
+            raise ConfigError("resume", self.spec.resume_from or source, f"a checkpoint of an unsharded run resumes "
+                              f"under the strategy that wrote it, not strategy={self.strategy.name} (sharded runs' "
+                              "checkpoints resume under any)", f"strategy=ddp resume={self.spec.resume_from or source}")
         try:
-            checkpoint.restore(state, self.strategy, self.nets, self.steppers, self.device)
+            if "sharded" in state:
+                checkpoint.restore_sharded(state, Path(source), self.nets, self.steppers, self.device)
+            else:
+                checkpoint.restore(state, self.strategy, self.nets, self.steppers, self.device)
         except (RuntimeError, ValueError) as exc:
             raise self._does_not_fit(source, state, exc) from None
         epoch = int(state["epoch"])
@@ -458,7 +474,7 @@ class Trainer:
             with profiled(self.run_dir) if profiling else contextlib.nullcontext():
                 queued = self._train_epoch(epoch, pending)
             deciding = self.compiled.pending and epoch + 1 < cfg.epochs
-            if epoch + 1 == cfg.epochs or deciding:
+            if epoch + 1 == cfg.epochs or deciding or not self.strategy.overlaps_epoch_ends:
                 self._conclude(queued)
                 pending = None
             else:
@@ -529,7 +545,7 @@ class Trainer:
             figures += [evaluation.loss_sum, evaluation.correct]
         row["lr"] = self.steppers[0].scheduler.get_last_lr()[0]
         snapshot = None
-        if self.is_main and self.cfg.checkpoint:
+        if self.is_main and self.cfg.checkpoint and not self.strategy.sharded:
             # copied now (the next steps change the weights in place), completed and written at the conclusion
             if self.stager is None and self.device.type == "cuda":
                 self.stager = checkpoint.Stager(self.device)
@@ -577,6 +593,10 @@ class Trainer:
         if queued.snapshot is not None:
             queued.snapshot.add(epoch=epoch + 1, history=list(self.history), config=to_plain(cfg))
             self.writer.submit(queued.snapshot, last_checkpoint(self.run_dir))
+        elif self.strategy.sharded and cfg.checkpoint:  # (its epochs end at once: the state is the epoch's)
+            checkpoint.save_sharded(strategy, self.nets, self.steppers, self.device, last_checkpoint(self.run_dir),
+                                    epoch + 1, {"epoch": epoch + 1, "history": list(self.history),
+                                                "config": to_plain(cfg)})
         if self.is_main:
             self.metrics_log.append(row)
             self.tensorboard.epoch(row)
@@ -600,7 +620,7 @@ class Trainer:
         # memory for the checkpoints in flight (the one being copied and those the writer holds).
         self.strategy.prepare_reduce_host()
         self.tensorboard.open()
-        if self.is_main and self.cfg.checkpoint and self.device.type == "cuda":
+        if self.is_main and self.cfg.checkpoint and self.device.type == "cuda" and not self.strategy.sharded:
             checkpoint.warm_pinned_memory(checkpoint.capture(self.strategy, self.nets, self.steppers, self.device),
                                           copies=checkpoint.BackgroundWriter.QUEUED + 1)
 
@@ -612,7 +632,7 @@ class Trainer:
         s = self.strategy
         self.nets.eval.eval()
         chunks = eval_chunks(len(self.data.test), max(1, self.cfg.eval.batch_size // s.world_size), s.world_size,
-                             s.rank)
+                             s.rank, equal_counts=s.lockstep_eval)
         if not self.eval_warm:
             self._warm_up_eval(chunks)
         loss_sum = torch.zeros((), device=self.device)
@@ -730,7 +750,7 @@ class Trainer:
 
     def _gather_rank_facts(self) -> tuple[list[str], list[str]]:
         """Every rank's weights digest and device names, in rank order."""
-        mine = (weights_digest(self.nets.module), self.strategy.device_names(self.device))
+        mine = (self.strategy.weights_digest(self.nets), self.strategy.device_names(self.device))
         everyone = self.strategy.gather(mine)
         digests = [d for d, _ in everyone]
         if len(set(digests)) > 1 and self.is_main:
@@ -783,16 +803,6 @@ class Trainer:
         }
         write_results(self.run_dir, results)
         return results
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """SHA-256 of every parameter and buffer, to show that all ranks ended with the same model."""
-    h = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        h.update(name.encode())
-        h.update(tensor.detach().to("cpu", torch.float64 if tensor.is_floating_point() else torch.int64)
-                 .contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ the inputs are copied into static buffers before each replay.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -182,7 +183,8 @@ class TrainStep:
 
     def __init__(self, nets: Nets, steppers: list[Stepper], loss_fn: torch.nn.Module,
                  normalize: Callable[[torch.Tensor], torch.Tensor], augment: Callable | None,
-                 autocast: Callable, device: torch.device, poison: torch.Tensor | None = None):
+                 autocast: Callable, device: torch.device, poison: torch.Tensor | None = None, accumulate: int = 1,
+                 no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
         self.nets = nets
         self.steppers = steppers
         self.loss_fn = loss_fn
@@ -190,6 +192,8 @@ class TrainStep:
         self.augment = augment
         self.autocast = autocast
         self.poison = poison  # fault.kind=nan: added to the loss (a tensor, so a graph sees it change)
+        self.accumulate = accumulate  # micro-batches per step; gradients synchronized after the last only
+        self.no_sync = no_sync
         self.sums = EpochSums(device)
         self.epoch = torch.zeros((), dtype=torch.long, device=device)  # the epoch, as a graph reads it
         self.captured: CapturedStep | None = None
@@ -218,17 +222,23 @@ class TrainStep:
             grads.start_backward()
         else:
             self.nets.module.zero_grad(set_to_none=True)
-        if self.augment is not None:
+        if self.augment is not None:  # (the whole batch at once: augmented as without accumulation)
             x = self.augment(x, generator, indices=idx, epoch=epoch)
-        logits, loss = self.forward_loss(x, y)
-        if self.poison is not None:
-            loss = loss + self.poison
-        loss.backward()
+        parts = self.accumulate
+        finite = None
+        for i, (xs, ys) in enumerate(zip(x.chunk(parts), y.chunk(parts), strict=True)):
+            with self.no_sync() if i < parts - 1 else contextlib.nullcontext():
+                logits, loss = self.forward_loss(xs, ys)
+                if self.poison is not None:
+                    loss = loss + self.poison
+                (loss / parts if parts > 1 else loss).backward()
+            self.sums.loss += loss.detach().float() * ys.numel()  # (a window's targets are each a sample's)
+            self.sums.correct += (logits.argmax(-1) == ys).sum()
+            ok = torch.isfinite(loss.detach())
+            finite = ok if finite is None else finite & ok
         if grads is not None:
             grads.finish_backward()  # ddp: every bucket's all-reduce issued and waited for
-        self.sums.loss += loss.detach().float() * y.numel()  # (a window's targets are each a sample's)
-        self.sums.correct += (logits.argmax(-1) == y).sum()
-        self.sums.finite_steps += torch.isfinite(loss.detach())
+        self.sums.finite_steps += finite
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int,
                  generator: torch.Generator) -> None:

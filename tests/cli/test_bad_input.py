@@ -9,7 +9,7 @@ CASES = [
     ("epoch=3", "unknown key 'epoch': did you mean epochs?"),
     ("recipe.modle=cnn", "did you mean recipe.model?"),
     ("recipe=imagenet", "recipe=imagenet is not valid: choose one of cifar10, cifar10_fast, digits"),
-    ("strategy=fast", "strategy=fast is not valid: choose one of auto, ddp, dp, single"),
+    ("strategy=fast", "strategy=fast is not valid: choose one of auto, ddp, dp, fsdp, single"),
     ("gpus=[0]", "gpus=[0] is not valid: GPU 0 does not exist: no GPU is visible"),
     ("gpus=2", "gpus=2 is not valid: asks for 2 GPUs but no GPU is visible"),
     ("gpus=all", "gpus=all is not valid: no GPU is visible"),
@@ -47,7 +47,7 @@ CASES = [
     ("recipe.translate=20", "recipe.translate=20 is not valid: must be an integer from 0 to 7"),  # digits: 8 px
     ("recipe.translate=8", "recipe.translate=8 is not valid: must be an integer from 0 to 7"),  # was a traceback
     ("recipe=nowhere.my_recipe", "recipe=nowhere.my_recipe is not valid: choose one of cifar10, cifar10_fast, digits, "
-     "or a module"),
+     "text, or a module"),
 ]
 
 
@@ -78,7 +78,7 @@ def test_the_launch_command_is_installed():
     assert exe, "`pip install -e .` should put `launch` on PATH"
     out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "launch recipe=cifar10 gpus=[0,1]" in out.stdout
-    assert "strategy: auto, ddp, dp, single" in out.stdout and "schema/" not in out.stdout
+    assert "strategy: auto, ddp, dp, fsdp, single" in out.stdout and "schema/" not in out.stdout
 
 
 def test_version_names_launch_and_torch(launch):

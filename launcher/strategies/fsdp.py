@@ -1,0 +1,153 @@
+"""strategy=fsdp: PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`), one process per GPU (or CPU rank).
+
+Each rank holds 1/world of every weight, gradient and optimizer moment; a block's weights are gathered
+for its forward and backward (and freed again after the forward with `reshard_after_forward`), and its
+gradients reduce-scattered. Sharded per block: the model's `shard_units()` if it has one, else the
+modules of its ModuleLists (a Transformer's blocks), else its direct children with parameters; then
+the root. On GPUs a mixed-precision policy computes in bf16 and reduces gradients in fp32.
+
+With `meta_init` the model is built on the meta device and each rank materializes only its shards,
+initialized by the model's `init_weights()` (or every submodule's `reset_parameters()`), so a model
+that does not fit one GPU never exists whole on one. Without it the model is built whole on the device
+(the same initial weights as ddp) and then sharded.
+
+Checkpoints are sharded: every rank writes its shards through torch.distributed.checkpoint
+(launcher/train/checkpoint.py `save_sharded`), and a resume reads them into whatever sharding the
+resuming run has (another number of ranks, or ddp/single). Epoch ends are not overlapped with the next
+epoch (the loop asks `overlaps_epoch_ends`); torch.compile and CUDA-graph capture are off (not measured
+with FSDP2 here yet).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from launcher.config import FSDPConfig, PerfConfig, derive
+from launcher.strategies.base import Nets
+from launcher.strategies.ddp import DDP
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+class FSDP(DDP):
+    name = "fsdp"
+    options: FSDPConfig  # type: ignore[assignment]
+    sharded = True
+    overlaps_epoch_ends = False
+    lockstep_eval = True
+
+    @classmethod
+    def adjust_perf(cls, perf: PerfConfig) -> tuple[PerfConfig, str | None]:
+        note = None
+        if perf.compile_setting is True or perf.cuda_graph:
+            note = ("perf.compile / perf.cuda_graph are off under strategy=fsdp (not measured with FSDP2 here yet); "
+                    "ddp uses them")
+        return derive(perf, compile=False, cuda_graph=False), note
+
+    @property
+    def gradient_sync(self) -> str:
+        return "FSDP2 reduce-scatter"
+
+    def build_model(self, build: Callable[[], nn.Module], device: torch.device) -> nn.Module:
+        import torch
+
+        if self.options.meta_init:
+            with torch.device("meta"):
+                return build()
+        return build().to(device)
+
+    def wrap(self, model: nn.Module, device: torch.device) -> Nets:
+        import torch
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        o = self.options
+        mesh = init_device_mesh(device.type, (self.world_size,))
+        policy = MixedPrecisionPolicy()
+        if device.type == "cuda" and o.mixed_precision:
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for unit in shard_units(model):
+            if o.activation_checkpointing:
+                recompute_in_backward(unit)
+            fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=o.reshard_after_forward)
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=o.reshard_after_forward)
+        if any(p.is_meta for p in model.parameters()):
+            model.to_empty(device=device)
+            initialize(model)
+        return Nets(model, model, model)
+
+    @contextlib.contextmanager
+    def no_sync(self, nets: Nets) -> Iterator[None]:
+        """No reduce-scatter in this backward pass: the gradients accumulate unsharded until the last micro-batch."""
+        nets.module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            nets.module.set_requires_gradient_sync(True)
+
+    def state_dict(self, nets: Nets) -> dict[str, Any]:
+        """The whole model, gathered (every rank takes part) into rank 0's host memory; {} elsewhere."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(nets.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_state_dict(self, nets: Nets, state: dict[str, Any]) -> None:
+        """A whole model's state (every rank holds it) into the shards."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(nets.module, state, options=StateDictOptions(full_state_dict=True))
+
+    def weights_digest(self, nets: Nets) -> str:
+        """One model, sharded: rank 0 digests it whole and every rank reports that."""
+        import torch.distributed as dist
+
+        from launcher.train.checkpoint import digest
+
+        full = self.state_dict(nets)
+        shared = [digest(full) if self.is_main else None]
+        dist.broadcast_object_list(shared, src=0)
+        return str(shared[0])
+
+
+def shard_units(model: nn.Module) -> list[nn.Module]:
+    """The modules sharded one by one (before the root): the model's own list, its ModuleLists' members,
+    or its direct children that hold parameters."""
+    from torch import nn
+
+    own = getattr(model, "shard_units", None)
+    if callable(own):
+        return list(own())
+    listed = [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
+    if listed:
+        return listed
+    return [child for child in model.children() if any(True for _ in child.parameters())]
+
+
+def initialize(model: nn.Module) -> None:
+    """Weights materialized from the meta device get the model's own initialization."""
+    import torch
+
+    with torch.no_grad():
+        if callable(getattr(model, "init_weights", None)):
+            model.init_weights()
+            return
+        for module in model.modules():
+            if callable(getattr(module, "reset_parameters", None)):
+                module.reset_parameters()
+
+
+def recompute_in_backward(module: nn.Module) -> None:
+    """The module's activations are not kept for the backward pass but recomputed there (its forward
+    runs under torch.utils.checkpoint); its parameters' names stay as they were."""
+    from torch.utils.checkpoint import checkpoint
+
+    forward = module.forward
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    module.forward = checkpointed

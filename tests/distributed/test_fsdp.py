@@ -1,0 +1,99 @@
+"""strategy=fsdp on 2 CPU ranks (gloo): FSDP2 trains what ddp trains, its sharded checkpoints
+(torch.distributed.checkpoint) resume on another number of ranks and under other strategies, and a model
+built on the meta device trains."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+TOY = ("recipe=text", "gpus=[]", "recipe.layers=2", "recipe.width=32", "recipe.heads=2", "recipe.context=32",
+       "recipe.max_bytes=100000", "progress=lines", "recipe.sample_bytes=20")
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def text_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("text-data")
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory, text_root):
+    """Two epochs under fsdp on 2 ranks, and the same under ddp."""
+    import subprocess
+
+    from tests.conftest import clean_env, launch_command
+
+    cwd = tmp_path_factory.mktemp("fsdp-runs")
+    for name, strategy in (("fsdp", "fsdp"), ("ddp", "ddp")):
+        proc = subprocess.run(launch_command(*TOY, f"data.root={text_root}", f"strategy={strategy}", "nprocs=2",
+                                             "epochs=2", f"hydra.run.dir={name}"),
+                              cwd=cwd, capture_output=True, text=True, timeout=300, env=clean_env())
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return cwd
+
+
+def test_fsdp_follows_ddp_and_shards_its_checkpoint(fsdp_run):
+    fsdp, ddp = _rows(fsdp_run / "fsdp"), _rows(fsdp_run / "ddp")
+    for a, b in zip(fsdp, ddp, strict=True):
+        for key in ("loss", "test_loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4), (key, a, b)
+    results = json.loads((fsdp_run / "fsdp" / "results.json").read_text())
+    assert results["strategy"] == "fsdp" and results["gradient_sync"] == "FSDP2 reduce-scatter"
+    assert results["ranks_agree"] and len(results["weights_sha256"]) == 2
+    folders = sorted(p.name for p in (fsdp_run / "fsdp" / "checkpoints").iterdir())
+    assert folders == ["epoch-2.dcp", "last.pt"]  # the epoch before was removed once this one was complete
+    assert (fsdp_run / "fsdp" / "checkpoints" / "epoch-2.dcp" / ".metadata").is_file()
+
+
+@pytest.mark.parametrize("resumed_as", [("strategy=fsdp", "nprocs=1"), ("strategy=fsdp", "nprocs=2"),
+                                        ("strategy=ddp", "nprocs=2")])
+def test_a_sharded_checkpoint_resumes_on_other_ranks_and_strategies(launch, fsdp_run, text_root, resumed_as):
+    """Saved on 2 ranks; resumed on 1 and on 2 under fsdp, and under ddp: the same third epoch."""
+    result = launch(*TOY, f"data.root={text_root}", *resumed_as, "epochs=3", f"resume={fsdp_run / 'fsdp'}",
+                    "hydra.run.dir=resumed")
+    assert result.returncode == 0, result.output
+    rows = _rows(result.cwd / "resumed")
+    saved = _rows(fsdp_run / "fsdp")
+    assert [r["epoch"] for r in rows] == [1, 2, 3] and rows[:2] == saved
+    assert rows[2]["loss"] < saved[1]["loss"]  # it continued from the trained weights, not from scratch
+    reference = fsdp_run / "third-epoch.json"  # the first resume's third epoch is the others' reference
+    if reference.exists():
+        expected = json.loads(reference.read_text())
+        assert rows[2]["loss"] == pytest.approx(expected["loss"], rel=1e-4)
+        assert rows[2]["test_loss"] == pytest.approx(expected["test_loss"], rel=1e-4)
+    else:
+        reference.write_text(json.dumps(rows[2]))
+
+
+def test_an_unsharded_checkpoint_does_not_resume_under_fsdp(launch, fsdp_run, text_root):
+    result = launch(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=3",
+                    f"resume={fsdp_run / 'ddp'}")
+    assert result.returncode == 2, result.output
+    assert "resumes under the strategy that wrote it" in result.output and "Traceback" not in result.output
+
+
+def test_meta_init_with_activation_checkpointing_trains(launch, text_root):
+    result = launch(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=2",
+                    "strategy.meta_init=true", "strategy.activation_checkpointing=true")
+    assert result.returncode == 0, result.output
+    rows = _rows(result.run_dir())
+    assert rows[1]["loss"] < rows[0]["loss"] and result.results()["ranks_agree"]
+
+
+@pytest.mark.parametrize("how", [("strategy=ddp", "nprocs=2", "accumulate=2"),
+                                 ("strategy=fsdp", "nprocs=2", "accumulate=4")])
+def test_gradient_accumulation_gives_the_same_steps(launch, fsdp_run, text_root, how):
+    """batch_size stays the global step's: micro-batches summed before one synchronization train alike."""
+    result = launch(*TOY, f"data.root={text_root}", *how, "epochs=2")
+    assert result.returncode == 0, result.output
+    plan = json.loads((result.run_dir() / "plan.json").read_text())
+    accumulate = int(how[-1].split("=")[1])
+    assert plan["accumulate"] == accumulate and plan["micro_batch"] == 32 // accumulate
+    for a, b in zip(_rows(result.run_dir()), _rows(fsdp_run / "ddp"), strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4) and a["test_loss"] == pytest.approx(b["test_loss"],
+                                                                                                    rel=1e-4)
