@@ -5,6 +5,7 @@
     launch doctor                   an environment report
     launch eval RUN_DIR [k=v ...]   evaluate a saved model (launcher/host/evaluate.py)
     launch runs [--json]            the recent runs here and their state (launcher/host/runs.py)
+    launch export RUN_DIR [OUT]     the trained weights as one plain state_dict file (launcher/host/export.py)
     launch --version                launch's, torch's and Hydra's versions
     launch --cfg job                the composed config, nothing started
 
@@ -153,6 +154,10 @@ def main(argv: list[str] | None = None) -> None:
         from launcher.host.runs import main as runs_main
 
         raise SystemExit(runs_main(argv[1:]))
+    if argv[:1] == ["export"]:
+        from launcher.host.export import main as export_main
+
+        raise SystemExit(export_main(argv[1:]))
     if argv in (["--version"], ["-V"]):
         print(version())
         raise SystemExit(0)

@@ -97,3 +97,30 @@ def test_gradient_accumulation_gives_the_same_steps(launch, fsdp_run, text_root,
     for a, b in zip(_rows(result.run_dir()), _rows(fsdp_run / "ddp"), strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4) and a["test_loss"] == pytest.approx(b["test_loss"],
                                                                                                     rel=1e-4)
+
+
+def test_export_writes_weights_that_load_without_the_launcher(fsdp_run, tmp_path):
+    """The sharded run's weights, gathered into one plain state_dict, are the ddp run's (they trained alike)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from tests.conftest import clean_env, launch_command
+
+    for name in ("fsdp", "ddp"):
+        out = tmp_path / f"{name}.pt"
+        proc = subprocess.run(launch_command("export", str(fsdp_run / name), str(out)), capture_output=True,
+                              text=True, timeout=120, env=clean_env())
+        assert proc.returncode == 0 and f"to {out}" in proc.stdout, proc.stdout + proc.stderr
+    again = subprocess.run(launch_command("export", str(fsdp_run / "ddp"), str(tmp_path / "ddp.pt")),
+                           capture_output=True, text=True, timeout=120, env=clean_env())
+    assert again.returncode == 2 and "is not overwritten" in again.stderr
+    sharded, whole = torch.load(tmp_path / "fsdp.pt"), torch.load(tmp_path / "ddp.pt")
+    assert sharded.keys() == whole.keys() and "blocks.1.qkv.weight" in sharded
+    assert all(torch.allclose(sharded[k], whole[k], atol=1e-5) for k in whole)
+    # a fresh interpreter that never imports launcher reads it
+    code = (f"import torch, sys; sd = torch.load({str(tmp_path / 'fsdp.pt')!r}); "
+            "assert 'launcher' not in sys.modules; print(len(sd))")
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert fresh.stdout.strip() == str(len(whole)), fresh.stderr

@@ -1,0 +1,82 @@
+"""`launch export RUN_DIR [OUT]`: a run's trained weights as one file that loads without the launcher.
+
+The checkpoint's model weights (checkpoints/last.pt; under strategy=fsdp its torch.distributed.checkpoint
+folder, gathered whole here in host memory by torch's own `dcp_to_torch_save`) are written as a plain
+state_dict: `torch.load(OUT)` reads it into the recipe's network (`model.load_state_dict`). OUT ending in
+.safetensors writes safetensors instead (where the safetensors package is installed). Default OUT:
+RUN_DIR/model.pt. An existing file is never overwritten.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import LaunchError
+from launcher.host.resume import load_checkpoint, resolve
+
+USAGE = "launch export RUN_DIR [OUT.pt | OUT.safetensors]"
+
+
+def weights(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """The model's state_dict from a checkpoint (read at `path`), whole, on the CPU."""
+    import torch
+
+    if "sharded" not in state:
+        return {k: v.contiguous() for k, v in state["net_state_dict"].items()}
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    folder = path.parent / state["sharded"]
+    if not (folder / ".metadata").is_file():
+        raise LaunchError(f"export is not valid: {folder} (the checkpoint's shards) is missing or incomplete")
+    with tempfile.TemporaryDirectory(prefix="launch-export-") as tmp:
+        whole = Path(tmp) / "whole.pt"
+        dcp_to_torch_save(folder, whole)
+        return dict(torch.load(whole, map_location="cpu", weights_only=True)["model"])
+
+
+def export(value: str, out: str | None = None) -> Path:
+    path = resolve(value, setting="export").resolve()
+    state = load_checkpoint(path, f"export {value}")
+    target = Path(out) if out else path.parent.parent / "model.pt"
+    if target.exists():
+        raise LaunchError(f"export is not valid: {target} exists and is not overwritten; give another file (e.g. "
+                          f"{USAGE.replace('RUN_DIR', value).split(' [')[0]} {target.with_name('model-2.pt')})")
+    model = weights(path, state)
+    if target.suffix == ".safetensors":
+        try:
+            from safetensors.torch import save_file
+        except ImportError:
+            raise LaunchError(f"export to {target.name} is not valid: the safetensors package is not installed "
+                              f"(pip install safetensors), or give a .pt file: {target.with_suffix('.pt')}") from None
+        # (tied weights are one tensor under two names, which safetensors stores as two)
+        tmp = target.with_name(f".{target.name}.tmp")
+        save_file({k: v.clone() for k, v in model.items()}, str(tmp))
+        tmp.replace(target)
+    else:
+        import torch
+
+        from launcher.files import write_atomic
+
+        write_atomic(target, lambda f: torch.save(model, f), durable=True)
+    config = state.get("config") or {}
+    recipe = config.get("recipe") or {}
+    values = sum(v.numel() for v in model.values())
+    print(f"launch: exported {len(model)} tensors ({values:,} values) of recipe={recipe.get('name')} "
+          f"recipe.model={recipe.get('model')} after epoch {state.get('epoch')} to {target}; "
+          f"load it with model.load_state_dict(torch.load('{target}')) (a plain state_dict)")
+    return target
+
+
+def main(argv: list[str]) -> int:
+    if not argv or len(argv) > 2 or argv[0].startswith("-"):
+        print(f"usage: {USAGE}", file=sys.stderr)
+        return 2
+    try:
+        export(argv[0], argv[1] if len(argv) > 1 else None)
+    except LaunchError as err:
+        print(f"launch: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,100 @@
+"""strategy=fsdp's host-side facts and its per-block sharding choice; gradient accumulation's split and
+its synchronization only after the last micro-batch; evaluation chunks that keep sharded ranks in step."""
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+
+from launcher import strategies
+from launcher.config import DDPConfig, FSDPConfig, PerfConfig
+from launcher.errors import ConfigError
+from launcher.strategies import FSDP, Devices
+from launcher.strategies.fsdp import shard_units
+from launcher.train.data import eval_chunks
+from launcher.train.step import TrainStep
+from tests.conftest import config_of
+
+
+def choose(gpus=2, nprocs=None, perf=None, accumulate=1, global_batch=64, options=None):
+    return strategies.choose(options or FSDPConfig(), Devices(tuple(range(gpus))), nprocs=nprocs,
+                             global_batch=global_batch, perf=perf or PerfConfig(), gpus_text=str(gpus),
+                             accumulate=accumulate)
+
+
+def test_fsdp_is_one_process_per_gpu_or_cpu_rank_and_shards_checkpoints():
+    chosen = choose(gpus=2)
+    s = chosen.strategy
+    assert isinstance(s, FSDP) and s.processes == 2 and s.process_group_backend == "nccl"
+    assert s.sharded and not s.overlaps_epoch_ends and s.lockstep_eval
+    cpu = choose(gpus=0, nprocs=2).strategy
+    assert cpu.processes == 2 and cpu.process_group_backend == "gloo"
+    assert config_of("strategy=fsdp").strategy.reshard_after_forward is True
+
+
+def test_fsdp_says_what_it_turns_off():
+    chosen = choose(perf=PerfConfig(compile=True, cuda_graph=True))
+    assert chosen.perf.compile is False and chosen.perf.cuda_graph is False
+    assert "strategy=fsdp" in chosen.note
+
+
+def test_blocks_are_sharded_one_by_one():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.blocks = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+            self.head = nn.Linear(4, 2)
+
+    net = Net()
+    assert shard_units(net) == list(net.blocks)
+    plain = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
+    assert shard_units(plain) == [plain[0], plain[2]]  # (the ReLU holds nothing to shard)
+
+
+def test_accumulate_splits_each_ranks_share_or_says_how():
+    s = choose(accumulate=4).strategy
+    assert s.facts()["micro_batch"] == 8 and s.facts()["accumulate"] == 4
+    with pytest.raises(ConfigError, match=r"accumulate=3 is not valid: each rank's 32 samples .* 3 micro-batches"):
+        choose(accumulate=3)
+    chosen = strategies.choose(DDPConfig(), Devices((0, 1)), nprocs=None, global_batch=64,
+                               perf=PerfConfig(cuda_graph=True), gpus_text="2", accumulate=2)
+    assert chosen.perf.cuda_graph is False and "accumulate=2" in chosen.note
+    with pytest.raises(ConfigError, match="accumulate"):
+        config_of("accumulate=0")
+
+
+def test_only_the_last_micro_batch_synchronizes():
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    calls = []
+
+    @contextlib.contextmanager
+    def no_sync():
+        calls.append("no_sync")
+        yield
+
+    class Nets:
+        module = train = eval = model
+        grads = None
+
+    step = TrainStep(Nets(), [], nn.CrossEntropyLoss(), lambda x: x, None, contextlib.nullcontext,
+                     torch.device("cpu"), accumulate=4, no_sync=no_sync)
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    step.body(x, y, torch.arange(8), 0, torch.Generator())
+    assert calls == ["no_sync"] * 3
+    accumulated = model.weight.grad.clone()
+    model.zero_grad()
+    nn.CrossEntropyLoss()(model(x), y).backward()
+    assert torch.allclose(accumulated, model.weight.grad, atol=1e-6)  # the whole batch's mean gradient
+    assert step.sums.loss.item() == pytest.approx(nn.CrossEntropyLoss()(model(x), y).item() * 8, rel=1e-5)
+
+
+@pytest.mark.parametrize("n, chunk, world", [(10, 3, 3), (1001, 256, 2), (7, 1, 2), (5, 100, 4)])
+def test_evaluation_chunks_keep_sharded_ranks_in_step(n, chunk, world):
+    per_rank = [eval_chunks(n, chunk, world, r, equal_counts=True) for r in range(world)]
+    assert len({len(c) for c in per_rank}) == 1  # as many forwards on every rank
+    assert all(len(c) <= chunk for chunks in per_rank for c in chunks)
+    seen = sorted(int(i) for chunks in per_rank for c in chunks for i in c)
+    assert seen == list(range(n))  # every example once
