@@ -124,3 +124,19 @@ def test_export_writes_weights_that_load_without_the_launcher(fsdp_run, tmp_path
             "assert 'launcher' not in sys.modules; print(len(sd))")
     fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert fresh.stdout.strip() == str(len(whole)), fresh.stderr
+
+
+def test_resnet18_trains_under_fsdp_as_under_ddp(launch, tmp_path_factory):
+    """The image recipes keep working under fsdp (BatchNorm buffers stay per rank, averaged each epoch)."""
+    from launcher.recipes.cifar10 import FOLDER, synthetic_splits, write_official_format
+
+    root = tmp_path_factory.mktemp("cifar-fsdp")
+    write_official_format(root / FOLDER, synthetic_splits(200, 50, seed=3))
+    losses = {}
+    for strategy in ("ddp", "fsdp"):
+        result = launch("recipe=cifar10", "recipe.model=resnet18", f"data.root={root}", "gpus=[]",
+                        f"strategy={strategy}", "nprocs=2", "epochs=1", "batch_size=100", "lr=0.05",
+                        f"hydra.run.dir={strategy}")
+        assert result.returncode == 0, result.output
+        losses[strategy] = _rows(result.cwd / strategy)[0]["loss"]
+    assert losses["fsdp"] == pytest.approx(losses["ddp"], rel=1e-3), losses
