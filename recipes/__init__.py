@@ -19,6 +19,11 @@ is a complete one):
         def load(self) -> Splits: ...
         def build_model(self, num_classes): ...   # self.hp.hidden is typed
 
+`load` returns `Splits` (images and labels held in memory: classification) or `TokenSplits` (token
+streams, e.g. memory-mapped files: next-token prediction, where a sample is a window of tokens and the
+loop counts its tokens as targets; recipes/text.py). `report` adds derived figures to each epoch's row
+and `finish` leaves something after training (a generated sample).
+
 Built-in recipes keep their schema in launcher/config.py (so `launch --help` needs no torch) and their
 values in conf/recipe/<name>.yaml.
 

@@ -99,13 +99,14 @@ def write_summary(jobs: list[SweepJob], sweep_dir: Path) -> str:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    shown = ("job", "overrides", "exit_code", "test_acc", "loss", "img_per_s", "seconds")
+    rate = throughput_key(rows)
+    shown = ("job", "overrides", "exit_code", "test_acc", "loss", rate, "seconds")
     lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     for row in rows:
         lines.append("| " + " | ".join(_cell(k, row[k]) for k in shown) + " |")
     table = "\n".join(lines) + "\n"
     (sweep_dir / "summary.md").write_text(table)
-    _plot(rows, swept_keys(jobs), sweep_dir / "summary.png")
+    _plot(rows, swept_keys(jobs), sweep_dir / "summary.png", rate)
     return table
 
 
@@ -116,19 +117,25 @@ def report(jobs: list[SweepJob], sweep_dir: Path) -> None:
           f"{sweep_dir / 'summary.csv'} · {sweep_dir / 'summary.png'}", flush=True)
 
 
+def throughput_key(rows: list[dict[str, Any]]) -> str:
+    """img_per_s, or tokens_per_s for sweeps of language models."""
+    tokens = any(r.get("tokens_per_s") for r in rows) and not any(r.get("img_per_s") for r in rows)
+    return "tokens_per_s" if tokens else "img_per_s"
+
+
 def _cell(key: str, value: Any) -> str:
     if value is None:
         return "-"
     if key == "test_acc":
         return f"{100 * value:.2f}%"
-    if key == "img_per_s":
+    if key in ("img_per_s", "tokens_per_s"):
         return f"{value:,.0f}"
     if key == "loss":
         return f"{value:.4f}"
     return str(value).replace("|", "\\|")
 
 
-def _plot(rows: list[dict[str, Any]], keys: list[str], path: Path) -> None:
+def _plot(rows: list[dict[str, Any]], keys: list[str], path: Path, rate: str = "img_per_s") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,7 +149,8 @@ def _plot(rows: list[dict[str, Any]], keys: list[str], path: Path) -> None:
     numeric = len(keys) == 1 and all(_number(x.split("=", 1)[1]) is not None for x in x_values)
     xs = [_number(x.split("=", 1)[1]) for x in x_values] if numeric else list(range(len(rows)))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key, title in ((ax1, "img_per_s", "throughput (img/s)"), (ax2, "test_acc", "test accuracy")):
+    unit = "tokens/s" if rate == "tokens_per_s" else "img/s"
+    for ax, key, title in ((ax1, rate, f"throughput ({unit})"), (ax2, "test_acc", "test accuracy")):
         ys = [r[key] if isinstance(r[key], (int, float)) else float("nan") for r in rows]
         ax.plot(xs, ys, "o-")
         ax.set_title(title)

@@ -736,8 +736,7 @@ class Trainer:
         extra = "".join(f"  {k} {row[k]:.3f}" for k in ("test_bpb", "mfu") if k in row)
         log.info("epoch %*d/%d  loss %.4f  train %.2f%%  test %s%s  %s %s/s  input wait %.1f%%  %.2fs",
                  len(str(epochs)), row["epoch"], epochs, row["loss"], 100 * row["train_acc"], test, extra,
-                 f"{row[f'{unit}_per_s']:,.0f}", "img" if unit == "img" else unit, 100 * row["input_stall"],
-                 row["epoch_s"])
+                 f"{row[f'{unit}_per_s']:,.0f}", unit, 100 * row["input_stall"], row["epoch_s"])
 
     def _advise(self, row: dict[str, Any], epoch: int) -> bool:
         """Say once per run when training was input-bound (not judged on a first epoch that has more)."""
