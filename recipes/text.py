@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from launcher.config import TextConfig
-from launcher.errors import LaunchError
+from launcher.errors import ConfigError, LaunchError
 from launcher.recipes import Recipe, TokenSplits
 
 log = logging.getLogger("launcher.train")
@@ -59,6 +59,7 @@ LICENCES = {"stdlib": "PSF License Agreement (Python Software Foundation License
 # Dense bf16 peak FLOP/s per GPU, for MFU (vendor data sheets; SXM parts).
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
 SYNTHETIC_BYTES = (4_000_000, 200_000)
+BASELINE_BYTES = 2**26  # the unigram baseline counts at most this much of each stream (a start-up cost)
 
 
 class TextDataError(LaunchError):
@@ -170,7 +171,9 @@ def _synthetic_streams() -> dict[str, np.ndarray]:
 
 def unigram_loss(train: np.ndarray, val: np.ndarray) -> float:
     """Cross-entropy (nats per byte) of the held-out stream under the training stream's byte frequencies
-    (add-one smoothed): the loss of a model that learned nothing but how often each byte occurs."""
+    (add-one smoothed): the loss of a model that learned nothing but how often each byte occurs. Counted
+    on the first BASELINE_BYTES of each, so a corpus larger than memory is not read whole at every start."""
+    train, val = train[:BASELINE_BYTES], val[:BASELINE_BYTES]
     counts = np.bincount(np.asarray(train), minlength=VOCAB).astype(np.float64) + 1.0
     logp = np.log(counts / counts.sum())
     val_counts = np.bincount(np.asarray(val), minlength=VOCAB).astype(np.float64)
@@ -307,22 +310,37 @@ class Text(Recipe):
         return Corpus(str(self.hp.corpus), root, self.cfg.data.synthetic)
 
     def prepare(self) -> None:
-        """In the launcher, once: build the corpus's streams (workers then only map them)."""
+        """In the launcher, once: build the corpus's streams (workers then only map them), and check that
+        they hold a batch of windows, before any worker starts."""
         corpus = self._corpus()
         try:
-            corpus.ensure()
+            folder = corpus.ensure()
         except OSError as exc:
             raise TextDataError(f"cannot write the corpus's token streams to {corpus.folder} ({exc.strerror}); "
                                 "set data.root to a writable folder: data.root=/tmp/data") from None
+        train, val = self._streams(folder)
+        context, batch = self.hp.context, self.cfg.batch_size
+        windows = (len(train) - 1) // context
+        if batch > windows:
+            raise ConfigError("batch_size", batch, f"larger than the {windows} windows of {context} bytes in the "
+                              "training stream (recipe.max_bytes or the corpus is too short)",
+                              f"batch_size={max(1, windows // 4)}")
+        if len(val) < context + 1:
+            raise ConfigError("recipe.context", context, f"longer than the held-out stream ({len(val)} bytes)",
+                              f"recipe.context={max(2, len(val) // 4)}")
 
-    def load(self) -> TokenSplits:
-        folder = self._corpus().ensure()  # (built by prepare; a worker on another node builds its own)
+    def _streams(self, folder: Path) -> tuple[np.ndarray, np.ndarray]:
         # copy-on-write maps: nothing is read until sampled, and nothing is ever written back
         train = np.memmap(folder / "train.bin", dtype=np.uint8, mode="c")
         val = np.memmap(folder / "val.bin", dtype=np.uint8, mode="c")
         if self.hp.max_bytes:
             train = train[: max(2, self.hp.max_bytes - self.hp.max_bytes // HELD_OUT)]
             val = val[: max(2, self.hp.max_bytes // HELD_OUT)]
+        return train, val
+
+    def load(self) -> TokenSplits:
+        folder = self._corpus().ensure()  # (built by prepare; a worker on another node builds its own)
+        train, val = self._streams(folder)
         self.baseline = unigram_loss(train, val)
         return TokenSplits(train, val, VOCAB, self.hp.context, synthetic=self.cfg.data.synthetic)
 

@@ -3,6 +3,7 @@
 built on the meta device trains."""
 
 import json
+import math
 
 import pytest
 
@@ -80,25 +81,25 @@ def test_an_unsharded_checkpoint_does_not_resume_under_fsdp(launch, fsdp_run, te
 
 
 def test_meta_init_with_activation_checkpointing_trains(launch, text_root):
-    result = launch(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=2",
+    result = launch(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=1", "checkpoint=false",
                     "strategy.meta_init=true", "strategy.activation_checkpointing=true")
     assert result.returncode == 0, result.output
     rows = _rows(result.run_dir())
-    assert rows[1]["loss"] < rows[0]["loss"] and result.results()["ranks_agree"]
+    assert rows[0]["loss"] < math.log(256) - 0.5 and result.results()["ranks_agree"]  # (it starts near ln 256)
 
 
 def test_gradient_accumulation_gives_the_same_steps(launch, fsdp_run, text_root):
     """batch_size stays the global step's: micro-batches summed before one synchronization (FSDP2's
     set_requires_gradient_sync; DDP's no_sync: tests/unit/test_fsdp_and_accumulation.py) train alike."""
     how = ("strategy=fsdp", "nprocs=2", "accumulate=4")
-    result = launch(*TOY, f"data.root={text_root}", *how, "epochs=2")
+    result = launch(*TOY, f"data.root={text_root}", *how, "epochs=2", "checkpoint=false", "eval.every=0")
     assert result.returncode == 0, result.output
     plan = json.loads((result.run_dir() / "plan.json").read_text())
     accumulate = int(how[-1].split("=")[1])
     assert plan["accumulate"] == accumulate and plan["micro_batch"] == 32 // accumulate
     for a, b in zip(_rows(result.run_dir()), _rows(fsdp_run / "ddp"), strict=True):
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4) and a["test_loss"] == pytest.approx(b["test_loss"],
-                                                                                                    rel=1e-4)
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-4)
 
 
 def test_export_writes_weights_that_load_without_the_launcher(fsdp_run, tmp_path):
@@ -131,11 +132,11 @@ def test_resnet18_trains_under_fsdp_as_under_ddp(launch, tmp_path_factory):
     from launcher.recipes.cifar10 import FOLDER, synthetic_splits, write_official_format
 
     root = tmp_path_factory.mktemp("cifar-fsdp")
-    write_official_format(root / FOLDER, synthetic_splits(200, 50, seed=3))
+    write_official_format(root / FOLDER, synthetic_splits(100, 20, seed=3))
     losses = {}
     for strategy in ("ddp", "fsdp"):
         result = launch("recipe=cifar10", "recipe.model=resnet18", f"data.root={root}", "gpus=[]",
-                        f"strategy={strategy}", "nprocs=2", "epochs=1", "batch_size=100", "lr=0.05",
+                        f"strategy={strategy}", "nprocs=2", "epochs=1", "batch_size=50", "lr=0.05", "checkpoint=false",
                         f"hydra.run.dir={strategy}")
         assert result.returncode == 0, result.output
         losses[strategy] = _rows(result.cwd / strategy)[0]["loss"]

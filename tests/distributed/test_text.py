@@ -40,7 +40,8 @@ def test_a_small_gpt_beats_the_unigram_baseline_and_leaves_a_sample(launch, text
 
 
 def test_gru_trains_and_launch_eval_reports_the_held_out_loss(launch, text_root):
-    result = launch(*TOY, "epochs=1", "recipe.model=gru", f"data.root={text_root}", "recipe.sample_bytes=0")
+    result = launch(*TOY, "epochs=1", "recipe.model=gru", f"data.root={text_root}", "recipe.sample_bytes=0",
+                    "recipe.max_bytes=100000")
     assert result.returncode == 0, result.output
     run_dir, trained = result.run_dir(), result.results()
     assert not (run_dir / "sample.txt").exists()
@@ -49,3 +50,11 @@ def test_gru_trains_and_launch_eval_reports_the_held_out_loss(launch, text_root)
     report = json.loads(next(evaluated.cwd.glob("outputs/**/eval.json")).read_text())
     assert report["test_loss"] == pytest.approx(trained["final"]["test_loss"], rel=1e-5)
     assert "confusion" not in report and "bits/byte" in evaluated.output
+
+
+def test_a_corpus_too_short_for_one_batch_is_one_line_before_any_worker(launch, text_root):
+    result = launch("recipe=text", "gpus=[]", "recipe.max_bytes=3000", "recipe.context=64", f"data.root={text_root}")
+    assert result.returncode == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("launch: batch_size=64 is not valid: larger than the 44 windows of 64 bytes")
+    assert "rank 0" not in result.output and "Traceback" not in result.output
