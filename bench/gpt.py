@@ -50,7 +50,8 @@ def launch_gpt(a: argparse.Namespace, gpus: int, strategy: str, root: Path, extr
     run = run_launch("recipe=text", f"gpus=[{','.join(map(str, range(gpus)))}]", f"strategy={strategy}",
                      *model_args(a), f"batch_size={batch}", f"recipe.max_bytes={max_bytes}", f"epochs={a.epochs}",
                      "recipe.sample_bytes=0", "eval.every=0", f"data.root={root}", "progress=lines", *extra)
-    record = {"what": "launch", "strategy": strategy, "gpus": gpus, "exit_code": run.exit_code, "wall_s": run.wall_s}
+    record = {"what": "launch", "strategy": strategy, "gpus": gpus, "args": list(extra), "exit_code": run.exit_code,
+              "wall_s": run.wall_s}
     if not run.ok:
         return {**record, "error": run.error_tail()}
     rows = run.metrics[1:] or run.metrics
@@ -58,7 +59,9 @@ def launch_gpt(a: argparse.Namespace, gpus: int, strategy: str, root: Path, extr
     return {**record, "tokens_per_s": round(sum(x["tokens_per_s"] for x in rows) / len(rows)),
             "mfu": round(sum(x.get("mfu") or 0 for x in rows) / len(rows), 4), "parameters": r["parameters"],
             "max_mem_allocated_mb": max(x["max_mem_allocated_mb"] or 0 for x in run.metrics),
-            "compiled": r["compiled"], "steps_per_epoch": steps, "device": (r["devices"] or [None])[0],
+            "compiled": r["compiled"], "steps_per_epoch": steps,
+            "per_epoch": [[round(x["tokens_per_s"]), x.get("host_issue_s"), round(x["train_s"], 4)]
+                          for x in run.metrics], "device": (r["devices"] or [None])[0],
             "torch": r["torch"]}
 
 
@@ -91,14 +94,18 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--meta-init", action="store_true")
     parser.add_argument("--root", default=None, help="data.root (default: a temporary folder)")
+    parser.add_argument("--launch-args", nargs="*", default=[], help="more KEY=VALUE overrides for the launch runs")
+    parser.add_argument("--no-script", action="store_true", help="compare: run launch only")
     a = parser.parse_args()
     root = Path(a.root or tempfile.mkdtemp(prefix="bench-gpt-"))
     stream = corpus(root)
     if a.mode == "compare":
         best: dict[str, dict[int, float]] = {"launch": {}, "script": {}}
         for gpus in a.gpus:
-            for record in (launch_gpt(a, gpus, "single" if gpus == 1 else "ddp", root, ("perf.compile=true",)),
-                           script_gpt(a, gpus, stream)):
+            for what in ("launch",) if a.no_script else ("launch", "script"):
+                record = (launch_gpt(a, gpus, "single" if gpus == 1 else "ddp", root,
+                                     ("perf.compile=true", *a.launch_args)) if what == "launch"
+                          else script_gpt(a, gpus, stream))
                 print(json.dumps(record), flush=True)
                 if record.get("tokens_per_s"):
                     best[record["what"]][gpus] = record["tokens_per_s"]
@@ -112,7 +119,7 @@ def main() -> None:
     else:
         meta = ("strategy.meta_init=true",) if a.meta_init else ()
         for strategy, extra in (("ddp", ("perf.compile=false",)), ("fsdp", meta)):
-            print(json.dumps(launch_gpt(a, 2, strategy, root, extra)), flush=True)
+            print(json.dumps(launch_gpt(a, 2, strategy, root, (*extra, *a.launch_args))), flush=True)
 
 
 if __name__ == "__main__":
