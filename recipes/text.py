@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import os
+import stat as stat_module
 import sys
 import sysconfig
 import uuid
@@ -104,11 +105,10 @@ class Corpus:
                 raise TextDataError(f"recipe.corpus={spec} does not exist; give stdlib, a text file or a folder of "
                                     "text files: recipe.corpus=stdlib")
             self.root = path if path.is_dir() else path.parent
-            self.files = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p, path)) \
-                if path.is_dir() else [path]
+            self.files = corpus_files(path) if path.is_dir() else [path] if _regular(path) else []
             if not self.files or sum(p.stat().st_size for p in self.files) < 2:
-                raise TextDataError(f"recipe.corpus={spec} holds no text; give a file or folder with some, or "
-                                    "recipe.corpus=stdlib")
+                raise TextDataError(f"recipe.corpus={spec} holds no text (no regular file with bytes in it); give "
+                                    "a file or folder with some, or recipe.corpus=stdlib")
             self.name = "".join(c if c.isalnum() or c in "-_." else "_" for c in path.name)[:40] or "corpus"
         digest = hashlib.sha256(f"v1 {self.name}".encode())
         for p in self.files:
@@ -117,43 +117,151 @@ class Corpus:
         self.folder = data_root / "text" / f"{self.name}-{digest.hexdigest()[:12]}"
 
     def ensure(self) -> Path:
-        """The folder with train.bin and val.bin, built if missing."""
+        """The folder with train.bin and val.bin, built if missing: file by file, in chunks (a corpus
+        larger than memory is never held whole), into temporary files renamed when complete; meta.json,
+        written last, marks the folder complete. Raises TextDataError naming a file that cannot be read,
+        OSError where the folder cannot be written."""
         if (self.folder / "meta.json").is_file():
             return self.folder
         self.folder.mkdir(parents=True, exist_ok=True)
-        if self.synthetic:
-            streams = _synthetic_streams()
-        elif len(self.files) == 1 and self.spec != "stdlib":
-            data = self.files[0].read_bytes()
-            cut = len(data) - max(1, len(data) // HELD_OUT)
-            streams = {"train": np.frombuffer(data[:cut], np.uint8), "val": np.frombuffer(data[cut:], np.uint8)}
-        else:
-            parts: dict[str, list[bytes]] = {"train": [], "val": []}
-            for p in self.files:
-                parts["val" if held_out(str(p.relative_to(self.root))) else "train"].append(p.read_bytes() + b"\n\n")
-            if not parts["val"]:  # a folder of few files: its last file is held out
-                parts["val"].append(parts["train"].pop())
-            streams = {k: np.frombuffer(b"".join(v), np.uint8) for k, v in parts.items()}
-        for split, stream in streams.items():
-            _write_atomic(self.folder / f"{split}.bin", stream.tobytes())
+        if not self.synthetic:
+            total = sum(p.stat().st_size for p in self.files)
+            print(f"launch: building the token streams of recipe.corpus={self.spec} ({len(self.files)} files, "
+                  f"{total / 2**20:,.1f} MB) in {self.folder} (once; later runs map them)", file=sys.stderr,
+                  flush=True)
+        with _Staged(self.folder / "train.bin") as train, _Staged(self.folder / "val.bin") as val:
+            if self.synthetic:
+                for out, stream in zip((train, val), _synthetic_streams().values(), strict=True):
+                    out.write(stream.tobytes())
+            elif len(self.files) == 1 and self.spec != "stdlib":
+                size = self.files[0].stat().st_size
+                cut = size - max(1, size // HELD_OUT)
+                _append(self.files[0], train, 0, cut)
+                _append(self.files[0], val, cut)
+            else:
+                for p, to_val in self._assignment():
+                    out = val if to_val else train
+                    _append(p, out)
+                    out.write(b"\n\n")
         meta = {"corpus": self.spec, "name": self.name, "files": len(self.files), "root": str(self.root),
-                "bytes": {k: int(len(v)) for k, v in streams.items()},
+                "bytes": {"train": train.size, "val": val.size},
                 "licence": LICENCES.get(self.spec, "the corpus's own" if not self.synthetic else "generated")}
         _write_atomic(self.folder / "meta.json", json.dumps(meta, indent=1).encode())
         return self.folder
 
+    def _assignment(self) -> list[tuple[Path, bool]]:
+        """Each file and whether it is held out (by a hash of its relative path); with few files, the
+        last one is held out if none was, and the first one trains if all were."""
+        held = [held_out(str(p.relative_to(self.root))) for p in self.files]
+        if not any(held):
+            held[-1] = True
+        if all(held):
+            held[0] = False
+        return list(zip(self.files, held, strict=True))
 
-def _hidden(p: Path, top: Path) -> bool:
-    return any(part.startswith(".") for part in p.relative_to(top).parts)
+
+# Kernel filesystems: their "files" are not text, and some never end (/proc/kcore, /dev/zero).
+VIRTUAL_FILESYSTEMS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+                                 "securityfs", "pstore", "bpf", "configfs", "fusectl", "mqueue", "hugetlbfs",
+                                 "binfmt_misc", "autofs", "efivarfs", "rpc_pipefs", "nsfs"})
+CHUNK = 1 << 24  # bytes read and written at a time while building a stream
+
+
+def _virtual_mounts() -> list[Path]:
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return [Path("/proc"), Path("/sys"), Path("/dev")]
+    return [Path(f[1].replace("\\040", " ")) for f in map(str.split, lines)
+            if len(f) >= 3 and f[2] in VIRTUAL_FILESYSTEMS]
+
+
+def _regular(p: Path) -> bool:
+    try:
+        return stat_module.S_ISREG(p.stat().st_mode)
+    except OSError:  # a dangling link, a file gone meanwhile
+        return False
+
+
+def corpus_files(top: Path) -> list[Path]:
+    """Every regular file under `top`, sorted. Names starting with a dot are skipped, linked folders
+    are not followed, and kernel filesystems (/proc, /sys, /dev, ...) are not entered, nor linked to."""
+    virtual = _virtual_mounts()
+
+    def in_virtual(p: Path) -> bool:
+        return any(p == v or v in p.parents for v in virtual)
+
+    files = []
+    for folder, dirs, names in os.walk(top):
+        here = Path(folder)
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not in_virtual(here / d)]
+        for name in names:
+            p = here / name
+            if name.startswith(".") or not _regular(p):
+                continue
+            if p.is_symlink() and in_virtual(Path(os.path.realpath(p))):
+                continue
+            files.append(p)
+    return sorted(files)
+
+
+class _Staged:
+    """A stream being written: to a temporary name beside `path`, renamed to it when the block ends
+    without an error, removed otherwise (an interrupted build leaves nothing that looks complete)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        self.size = 0
+
+    def __enter__(self) -> _Staged:
+        self.file = open(self.tmp, "wb")  # noqa: SIM115 (closed in __exit__)
+        return self
+
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+        self.size += len(data)
+
+    def __exit__(self, kind, value, tb) -> None:
+        try:
+            self.file.close()
+            if kind is None:
+                os.replace(self.tmp, self.path)
+        finally:
+            self.tmp.unlink(missing_ok=True)
+
+
+def _append(src: Path, out: _Staged, start: int = 0, length: int | None = None) -> None:
+    """Copy `length` bytes of `src` from `start` (to its end when None) into `out`, in chunks. A file
+    that cannot be read is named (TextDataError); an error writing `out` propagates as it is."""
+    try:
+        f = open(src, "rb")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise _unreadable(src, exc) from None
+    with f:
+        left = length
+        while left is None or left > 0:
+            try:
+                if start:
+                    f.seek(start)
+                    start = 0
+                chunk = f.read(CHUNK if left is None else min(CHUNK, left))
+            except OSError as exc:
+                raise _unreadable(src, exc) from None
+            if not chunk:
+                break
+            out.write(chunk)
+            left = None if left is None else left - len(chunk)
+
+
+def _unreadable(src: Path, exc: OSError) -> TextDataError:
+    return TextDataError(f"cannot read {src} ({exc.strerror or exc}) while building the corpus's streams; leave "
+                         "it out (give a folder without it) or give recipe.corpus=stdlib")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with _Staged(path) as out:
+        out.write(data)
 
 
 def _synthetic_streams() -> dict[str, np.ndarray]:
@@ -321,6 +429,11 @@ class Text(Recipe):
         train, val = self._streams(folder)
         context, batch = self.hp.context, self.cfg.batch_size
         windows = (len(train) - 1) // context
+        if windows < 1:
+            raise ConfigError("recipe.context", context, f"longer than the training stream ({len(train)} bytes; "
+                              "recipe.max_bytes or the corpus is too short)",
+                              f"recipe.max_bytes={HELD_OUT * max(batch * context // (HELD_OUT - 1) + 2, context + 1)}"
+                              if self.hp.max_bytes else f"recipe.context={max(2, len(train) // 4)}")
         if batch > windows:
             raise ConfigError("batch_size", batch, f"larger than the {windows} windows of {context} bytes in the "
                               "training stream (recipe.max_bytes or the corpus is too short)",

@@ -58,3 +58,8 @@ def test_a_corpus_too_short_for_one_batch_is_one_line_before_any_worker(launch, 
     lines = result.stderr.strip().splitlines()
     assert lines[-1].startswith("launch: batch_size=64 is not valid: larger than the 44 windows of 64 bytes")
     assert "rank 0" not in result.output and "Traceback" not in result.output
+    shorter = launch("recipe=text", "gpus=[]", "recipe.max_bytes=40", "recipe.context=64", f"data.root={text_root}")
+    assert shorter.returncode == 2, shorter.output
+    line = shorter.stderr.strip().splitlines()[-1]
+    assert line.startswith("launch: recipe.context=64 is not valid: longer than the training stream (38 bytes")
+    assert line.endswith("(e.g. launch recipe.max_bytes=4340)") and "Traceback" not in shorter.output

@@ -44,6 +44,77 @@ def test_a_users_text_file_holds_out_its_end_and_a_missing_one_is_one_line(tmp_p
         Corpus(str(tmp_path / "nope"), tmp_path, synthetic=False)
 
 
+def test_a_folder_streams_its_regular_files_in_chunks_and_skips_what_is_not_text(tmp_path, monkeypatch):
+    import os
+
+    from launcher.recipes import text
+
+    monkeypatch.setattr(text, "CHUNK", 7)  # many chunks per file: nothing is read whole
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / ".git").mkdir()
+    files = {src / "a.txt": b"alpha " * 50, src / "sub" / "b.txt": b"beta " * 40, src / "c.txt": b"gamma " * 30}
+    for path, data in files.items():
+        path.write_bytes(data)
+    (src / ".git" / "HEAD").write_bytes(b"ref: hidden")
+    (src / ".hidden.txt").write_bytes(b"hidden")
+    os.mkfifo(src / "pipe")  # would block a reader forever
+    (src / "kcore").symlink_to("/proc/self/status")  # a link into a kernel filesystem
+    (src / "linked").symlink_to("/proc", target_is_directory=True)
+    corpus = Corpus(str(src), tmp_path / "data", synthetic=False)
+    assert sorted(corpus.files) == sorted(files)
+    folder = corpus.ensure()
+    train, val = (folder / "train.bin").read_bytes(), (folder / "val.bin").read_bytes()
+    assert sorted(train.split(b"\n\n")[:-1] + val.split(b"\n\n")[:-1]) == sorted(files.values())
+    assert val and train  # few files: one is held out, the others train
+    assert not list(folder.glob(".*tmp"))
+
+
+def test_an_interrupted_build_leaves_no_stream_that_looks_complete(tmp_path, monkeypatch):
+    from launcher.recipes import text
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i}.txt").write_bytes(b"x" * 1000)
+    calls = []
+
+    def interrupted(path, out, start=0, length=None):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        out.write(path.read_bytes())
+
+    monkeypatch.setattr(text, "_append", interrupted)
+    corpus = Corpus(str(src), tmp_path / "data", synthetic=False)
+    with pytest.raises(KeyboardInterrupt):
+        corpus.ensure()
+    assert list(corpus.folder.iterdir()) == []  # no streams, no meta.json, no temporary files
+    monkeypatch.undo()
+    assert (corpus.ensure() / "meta.json").is_file()  # the next run builds it
+
+
+def test_a_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
+    from launcher.recipes import text
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"a" * 100)
+    (src / "b.txt").write_bytes(b"b" * 100)
+    corpus = Corpus(str(src), tmp_path / "data", synthetic=False)
+    real_open = open
+
+    def failing_open(path, *args, **kwargs):
+        if str(path).endswith("b.txt"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(text, "open", failing_open, raising=False)
+    with pytest.raises(LaunchError, match=r"cannot read .*b\.txt \(Permission denied\).*recipe.corpus=stdlib"):
+        corpus.ensure()
+    assert not (corpus.folder / "meta.json").exists() and not list(corpus.folder.glob("*.bin"))
+
+
 def test_unigram_baseline_is_the_held_out_cross_entropy_of_byte_frequencies():
     train = np.array([65] * 300 + [66] * 100, dtype=np.uint8)
     val = np.array([65, 66], dtype=np.uint8)
