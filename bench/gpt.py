@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--root", default=None, help="data.root (default: a temporary folder)")
     parser.add_argument("--launch-args", nargs="*", default=[], help="more KEY=VALUE overrides for the launch runs")
     parser.add_argument("--no-script", action="store_true", help="compare: run launch only")
+    parser.add_argument("--strategy", default=None, help="compare: launch's strategy (default: single on 1 GPU, ddp)")
     a = parser.parse_args()
     root = Path(a.root or tempfile.mkdtemp(prefix="bench-gpt-"))
     stream = corpus(root)
@@ -103,7 +104,7 @@ def main() -> None:
         best: dict[str, dict[int, float]] = {"launch": {}, "script": {}}
         for gpus in a.gpus:
             for what in ("launch",) if a.no_script else ("launch", "script"):
-                record = (launch_gpt(a, gpus, "single" if gpus == 1 else "ddp", root,
+                record = (launch_gpt(a, gpus, a.strategy or ("single" if gpus == 1 else "ddp"), root,
                                      ("perf.compile=true", *a.launch_args)) if what == "launch"
                           else script_gpt(a, gpus, stream))
                 print(json.dumps(record), flush=True)

@@ -187,6 +187,17 @@ class Strategy:
         """Sum (or max) `tensor` over the ranks, in place; returns it."""
         return tensor
 
+    def compile(self, nets: Nets, mode: str | None) -> Nets:
+        """The nets with torch.compile applied (perf.compile; launcher/train/compiling.py). Here the
+        training net is compiled whole: under ddp, compiling the DDP module lets dynamo split the graph
+        at gradient buckets so the all-reduce still overlaps the backward pass; evaluation compiles the
+        bare model."""
+        from launcher.train import compiling
+
+        train_net = compiling.compiled(nets.train, mode)
+        eval_net = train_net if nets.eval is nets.train else compiling.compiled(nets.eval, mode)
+        return Nets(nets.module, train_net, eval_net, nets.grads)
+
     def no_sync(self, nets: Nets) -> contextlib.AbstractContextManager:
         """A backward pass inside leaves the gradients unsynchronized (a micro-batch before the last)."""
         return contextlib.nullcontext()

@@ -14,8 +14,12 @@ that does not fit one GPU never exists whole on one. Without it the model is bui
 Checkpoints are sharded: every rank writes its shards through torch.distributed.checkpoint
 (launcher/train/checkpoint.py `save_sharded`), and a resume reads them into whatever sharding the
 resuming run has (another number of ranks, or ddp/single). Epoch ends are not overlapped with the next
-epoch (the loop asks `overlaps_epoch_ends`); torch.compile and CUDA-graph capture are off (not measured
-with FSDP2 here yet).
+epoch (the loop asks `overlaps_epoch_ends`).
+
+perf.compile compiles each shard unit's forward in place (`compile`), as torchtitan compiles per block:
+FSDP2's gathers and reduce-scatters run in the units' hooks, outside the compiled code, and the root's
+own layers (embeddings, head) stay eager. CUDA-graph capture is off (perf.cuda_graph, and the compile
+modes that make CUDA graphs): a replayed graph cannot follow the weights FSDP2 gathers and frees.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from launcher.config import FSDPConfig, PerfConfig, derive
+from launcher.config import CompileMode, FSDPConfig, PerfConfig, derive
 from launcher.strategies.base import Nets
 from launcher.strategies.ddp import DDP
 
@@ -42,11 +46,27 @@ class FSDP(DDP):
 
     @classmethod
     def adjust_perf(cls, perf: PerfConfig) -> tuple[PerfConfig, str | None]:
-        note = None
-        if perf.compile_setting is True or perf.cuda_graph:
-            note = ("perf.compile / perf.cuda_graph are off under strategy=fsdp (not measured with FSDP2 here yet); "
-                    "ddp uses them")
-        return derive(perf, compile=False, cuda_graph=False), note
+        notes, mode = [], perf.compile_mode.value
+        if perf.cuda_graph:
+            notes.append("perf.cuda_graph is off under strategy=fsdp (a replayed graph cannot follow the weights "
+                         "FSDP2 gathers and frees)")
+        if perf.compile_setting is not False and mode in ("reduce-overhead", "max-autotune"):
+            mode = "default" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"
+            notes.append(f"perf.compile_mode={perf.compile_mode.value} makes CUDA graphs, which strategy=fsdp cannot "
+                         f"replay: {mode} instead")
+        return derive(perf, cuda_graph=False, compile_mode=CompileMode[mode]), "; ".join(notes) or None
+
+    def compile(self, nets: Nets, mode: str | None) -> Nets:
+        """Each shard unit's forward compiled in place; FSDP2's hooks around it stay eager."""
+        from launcher.train import compiling
+
+        for unit in shard_units(nets.module):
+            inner = getattr(unit, "_recomputed_forward", None)
+            if inner is not None:  # (activation checkpointing: compile what is recomputed)
+                unit._recomputed_forward = compiling.compiled(inner, mode)
+            else:
+                unit.forward = compiling.compiled(unit.forward, mode)
+        return nets
 
     @property
     def gradient_sync(self) -> str:
@@ -145,9 +165,9 @@ def recompute_in_backward(module: nn.Module) -> None:
     runs under torch.utils.checkpoint); its parameters' names stay as they were."""
     from torch.utils.checkpoint import checkpoint
 
-    forward = module.forward
+    module._recomputed_forward = module.forward  # (what FSDP.compile compiles)
 
     def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(module._recomputed_forward, *args, use_reentrant=False, **kwargs)
 
     module.forward = checkpointed

@@ -29,11 +29,13 @@ if TYPE_CHECKING:
 
 
 def capture(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: torch.device,
-            clone: bool = False) -> dict[str, Any]:
+            clone: bool = False, local: bool = False) -> dict[str, Any]:
     """The training state now. `clone`: copies that later steps cannot change (the tensors are
-    otherwise the live ones, as a checkpoint snapshot copies them itself)."""
+    otherwise the live ones, as a checkpoint snapshot copies them itself). `local`: the weights as this
+    rank holds them (its shards under fsdp, not the whole model gathered), for `restore(local=True)`
+    on the same rank of the same run."""
     state = {
-        "net_state_dict": strategy.state_dict(nets),
+        "net_state_dict": nets.module.state_dict() if local else strategy.state_dict(nets),
         "optimizer_state_dicts": [s.optimizer.state_dict() for s in steppers],
         "scheduler_state_dicts": [s.scheduler.state_dict() for s in steppers],
         "rng": {"cpu": torch.get_rng_state(),
@@ -43,10 +45,13 @@ def capture(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: tor
 
 
 def restore(state: dict[str, Any], strategy: Strategy, nets: Nets, steppers: list[Stepper],
-            device: torch.device) -> None:
+            device: torch.device, local: bool = False) -> None:
     """Put a captured (or loaded) state back. The weights are copied into the live tensors, which a
     captured step and flat gradients hold by address."""
-    strategy.load_state_dict(nets, state["net_state_dict"])
+    if local:
+        nets.module.load_state_dict(state["net_state_dict"])
+    else:
+        strategy.load_state_dict(nets, state["net_state_dict"])
     optimizers, schedulers = optimizer_states(state)
     for stepper, opt_state, sched_state in zip(steppers, optimizers, schedulers, strict=True):
         stepper.optimizer.load_state_dict(opt_state)

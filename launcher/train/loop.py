@@ -319,12 +319,7 @@ class Trainer:
         return self._compiled_nets(nets) if self.compiled.compile and not captured else nets
 
     def _compiled_nets(self, nets: Nets) -> Nets:
-        # Under ddp, compiling the DDP module lets dynamo split the graph at gradient buckets so the
-        # all-reduce still overlaps the backward pass; evaluation compiles the bare model.
-        mode = compiling.compiled_mode(self.cfg.perf.compile_mode.value)
-        train_net = compiling.compiled(nets.train, mode)
-        eval_net = train_net if nets.eval is nets.train else compiling.compiled(nets.eval, mode)
-        return Nets(nets.module, train_net, eval_net, nets.grads)
+        return self.strategy.compile(nets, compiling.compiled_mode(self.cfg.perf.compile_mode.value))
 
     def _autotune(self) -> None:
         """cuDNN's autotuning (perf.cudnn_benchmark): as set, or with auto, when the run compiles. Set
@@ -416,7 +411,8 @@ class Trainer:
         if not (self.compiled.compile or self.captures):
             return
         start = time.perf_counter()
-        saved = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device, clone=True)
+        # (each rank's own shards under fsdp: nothing gathered, every rank puts back its own)
+        saved = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device, clone=True, local=True)
         self.nets.train.train()
         generator = self.generator
         generator.manual_seed(0)
@@ -439,7 +435,7 @@ class Trainer:
             self.timeline.mark("captured")
         # Evaluation warms up later, at the first evaluation (`_warm_up_eval`): not before the first step.
         self.eval_warm = False
-        checkpoint.restore(saved, self.strategy, self.nets, self.steppers, self.device)
+        checkpoint.restore(saved, self.strategy, self.nets, self.steppers, self.device, local=True)
         self.step.zero_grads()
         self._sync()
         seconds = time.perf_counter() - start

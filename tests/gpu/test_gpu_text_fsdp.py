@@ -36,6 +36,21 @@ def test_recurrent_models_train_on_cuda(launch, tmp_path, model):
     assert result.results()["final"]["test_loss"] < result.results()["unigram_test_loss"]
 
 
+def test_fsdp_compiles_its_blocks_on_one_gpu_and_follows_its_eager_run(launch, tmp_path):
+    """perf.compile=true under fsdp compiles each block (results.json says compiled) and trains as the
+    eager fsdp run does (bf16: a loose tolerance), on CUDA."""
+    runs = {}
+    for compiled in ("true", "false"):
+        result = launch(*SMALL[:-1], "epochs=1", "recipe.sample_bytes=0", "strategy=fsdp", "gpus=[0]",
+                        f"perf.compile={compiled}", f"data.root={tmp_path / 'data'}", timeout=600)
+        assert result.returncode == 0, result.output
+        runs[compiled] = result.results()
+        assert runs[compiled]["device_type"] == "cuda" and runs[compiled]["strategy"] == "fsdp"
+    assert runs["true"]["compiled"] is True and runs["false"]["compiled"] is False
+    a, b = runs["true"]["final"], runs["false"]["final"]
+    assert a["test_loss"] == pytest.approx(b["test_loss"], rel=0.02), (a, b)
+
+
 @two_gpus
 def test_fsdp_follows_ddp_on_two_gpus_with_less_memory_per_gpu(launch, tmp_path):
     runs = {}

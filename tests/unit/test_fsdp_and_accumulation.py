@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from launcher import strategies
-from launcher.config import DDPConfig, FSDPConfig, PerfConfig
+from launcher.config import CompileMode, DDPConfig, FSDPConfig, PerfConfig
 from launcher.errors import ConfigError
 from launcher.strategies import FSDP, Devices
 from launcher.strategies.fsdp import shard_units
@@ -33,10 +33,56 @@ def test_fsdp_is_one_process_per_gpu_or_cpu_rank_and_shards_checkpoints():
     assert config_of("strategy=fsdp").strategy.reshard_after_forward is True
 
 
-def test_fsdp_says_what_it_turns_off():
-    chosen = choose(perf=PerfConfig(compile=True, cuda_graph=True))
-    assert chosen.perf.compile is False and chosen.perf.cuda_graph is False
-    assert "strategy=fsdp" in chosen.note
+def test_fsdp_compiles_but_says_what_it_turns_off():
+    chosen = choose(perf=PerfConfig(compile=True, cuda_graph=True, compile_mode=CompileMode["reduce-overhead"]))
+    assert chosen.perf.compile is True and chosen.perf.cuda_graph is False
+    assert chosen.perf.compile_mode.value == "default"
+    assert "perf.cuda_graph is off under strategy=fsdp" in chosen.note and "reduce-overhead" in chosen.note
+    quiet = choose(perf=PerfConfig(compile=True, cuda_graph=False))
+    assert quiet.note is None and quiet.perf.compile is True
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, monkeypatch, recompute):
+    """Every block's forward runs compiled (traced by dynamo) inside FSDP2's hooks, and the model
+    computes what the eager sharded model computes, gradients included."""
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+
+    from launcher.recipes.text import GPT
+    from launcher.strategies.base import Nets
+    from launcher.train import compiling
+
+    traced = []
+
+    def eager_backend(fn, mode):
+        traced.append(fn)
+        return torch.compile(fn, backend="eager")
+
+    monkeypatch.setattr(compiling, "compiled", eager_backend)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        nets = []
+        for _ in range(2):
+            torch.manual_seed(0)
+            s = choose(gpus=0, nprocs=1, options=FSDPConfig(activation_checkpointing=recompute)).strategy
+            nets.append(s.wrap(GPT(256, 16, 2, 32, 2, 0.0), torch.device("cpu")))
+        compiled = s.compile(nets[1], None)
+        assert isinstance(compiled, Nets) and compiled.module is nets[1].module and len(traced) == 2
+        x = torch.randint(0, 256, (4, 16))
+        torch._dynamo.reset()  # (a graph cached by an earlier test would not be traced again)
+        counters.clear()
+        outs = []
+        for n in (nets[0], compiled):
+            out = n.train(x)
+            out.float().pow(2).mean().backward()
+            outs.append((out.detach(), [p.grad.full_tensor() for p in n.module.parameters()]))
+        assert counters["stats"]["unique_graphs"] >= 1  # (the blocks share one graph: weights are its inputs)
+        torch.testing.assert_close(outs[0][0], outs[1][0])
+        for a, b in zip(outs[0][1], outs[1][1], strict=True):
+            torch.testing.assert_close(a, b)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_blocks_are_sharded_one_by_one():
