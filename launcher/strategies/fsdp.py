@@ -16,10 +16,14 @@ Checkpoints are sharded: every rank writes its shards through torch.distributed.
 resuming run has (another number of ranks, or ddp/single). Epoch ends are not overlapped with the next
 epoch (the loop asks `overlaps_epoch_ends`).
 
-perf.compile compiles each shard unit's forward in place (`compile`), as torchtitan compiles per block:
-FSDP2's gathers and reduce-scatters run in the units' hooks, outside the compiled code, and the root's
-own layers (embeddings, head) stay eager. CUDA-graph capture is off (perf.cuda_graph, and the compile
-modes that make CUDA graphs): a replayed graph cannot follow the weights FSDP2 gathers and frees.
+perf.compile=true compiles each shard unit's forward in place (`compile`), as torchtitan compiles per
+block: FSDP2's gathers and reduce-scatters run in the units' hooks, outside the compiled code, and the
+root's own layers (embeddings, head) stay eager. perf.compile=auto means false here: measured on one
+H100 (torch 2.11, GPT 12 x 768, 16 x 1024 tokens a step, bench/probe/fsdp_step.py), the step is bound by
+the host work of FSDP2's hooks (~80-95 ms against ~31 ms for the compiled model without FSDP), and
+compiling the blocks made it no faster (through launch 201k vs 198k tokens/s; in the probe 172k vs 181k). CUDA-graph capture is off
+(perf.cuda_graph, and the compile modes that make CUDA graphs): a replayed graph cannot follow the
+weights FSDP2 gathers and frees.
 """
 
 from __future__ import annotations
@@ -46,15 +50,18 @@ class FSDP(DDP):
 
     @classmethod
     def adjust_perf(cls, perf: PerfConfig) -> tuple[PerfConfig, str | None]:
-        notes, mode = [], perf.compile_mode.value
+        notes, mode, compile_setting = [], perf.compile_mode.value, perf.compile_setting
+        if compile_setting == "auto":  # (measured: it did not pay, see the module docstring)
+            compile_setting = False
         if perf.cuda_graph:
             notes.append("perf.cuda_graph is off under strategy=fsdp (a replayed graph cannot follow the weights "
                          "FSDP2 gathers and frees)")
-        if perf.compile_setting is not False and mode in ("reduce-overhead", "max-autotune"):
+        if compile_setting is True and mode in ("reduce-overhead", "max-autotune"):
             mode = "default" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"
             notes.append(f"perf.compile_mode={perf.compile_mode.value} makes CUDA graphs, which strategy=fsdp cannot "
                          f"replay: {mode} instead")
-        return derive(perf, cuda_graph=False, compile_mode=CompileMode[mode]), "; ".join(notes) or None
+        return (derive(perf, compile=compile_setting, cuda_graph=False, compile_mode=CompileMode[mode]),
+                "; ".join(notes) or None)
 
     def compile(self, nets: Nets, mode: str | None) -> Nets:
         """Each shard unit's forward compiled in place; FSDP2's hooks around it stay eager."""

@@ -41,10 +41,12 @@ def test_fsdp_compiles_its_blocks_on_one_gpu_and_follows_its_eager_run(launch, t
     eager fsdp run does (bf16: a loose tolerance), on CUDA."""
     runs = {}
     for compiled in ("true", "false"):
+        run_dir = tmp_path / f"compile-{compiled}"
         result = launch(*SMALL[:-1], "epochs=1", "recipe.sample_bytes=0", "strategy=fsdp", "gpus=[0]",
-                        f"perf.compile={compiled}", f"data.root={tmp_path / 'data'}", timeout=600)
+                        f"perf.compile={compiled}", f"data.root={tmp_path / 'data'}", f"hydra.run.dir={run_dir}",
+                        timeout=600)
         assert result.returncode == 0, result.output
-        runs[compiled] = result.results()
+        runs[compiled] = json.loads((run_dir / "results.json").read_text())
         assert runs[compiled]["device_type"] == "cuda" and runs[compiled]["strategy"] == "fsdp"
     assert runs["true"]["compiled"] is True and runs["false"]["compiled"] is False
     a, b = runs["true"]["final"], runs["false"]["final"]

@@ -40,6 +40,7 @@ def test_fsdp_compiles_but_says_what_it_turns_off():
     assert "perf.cuda_graph is off under strategy=fsdp" in chosen.note and "reduce-overhead" in chosen.note
     quiet = choose(perf=PerfConfig(compile=True, cuda_graph=False))
     assert quiet.note is None and quiet.perf.compile is True
+    assert choose(perf=PerfConfig(compile="auto", cuda_graph=False)).perf.compile is False  # (measured: no gain)
 
 
 @pytest.mark.parametrize("recompute", [False, True])
