@@ -23,16 +23,27 @@ def test_fast_recipe_with_two_gloo_ranks(launch, cifar_root):
     assert "input wait" in result.stdout
 
 
-def test_a_restart_resumes_both_optimizers_exactly(launch, cifar_root):
-    # 5 steps per epoch: a failure at step 7 restarts from the epoch-1 checkpoint (Muon and SGD state).
-    plain = launch(*SMALL_FAST, f"data.root={cifar_root}", "epochs=2")
+@pytest.fixture(scope="module")
+def tiny_cifar_root(tmp_path_factory):
+    """200 training images: 2 steps per epoch at batch 100 (on 2 CPU cores each airbench94 step with
+    Muon takes ~5 s whatever the batch: the Newton-Schulz iterations in bf16)."""
+    from launcher.recipes.cifar10 import FOLDER, synthetic_splits, write_official_format
+
+    root = tmp_path_factory.mktemp("tiny-cifar")
+    write_official_format(root / FOLDER, synthetic_splits(200, 50, seed=3))
+    return root
+
+
+def test_a_restart_resumes_both_optimizers_exactly(launch, tiny_cifar_root):
+    # 2 steps per epoch: a failure at step 3 restarts from the epoch-1 checkpoint (Muon and SGD state).
+    tiny = (*SMALL_FAST, f"data.root={tiny_cifar_root}", "eval.batch_size=50", "epochs=2")
+    plain = launch(*tiny)
     assert plain.returncode == 0, plain.output
     digest = plain.results()["weights_sha256"]
     for d in plain.run_dirs():
         d.rename(d.with_name(d.name + "-plain"))
         (d.with_name(d.name + "-plain") / ".hydra").rename(d.with_name(d.name + "-plain") / "hydra-config")
-    restarted = launch(*SMALL_FAST, f"data.root={cifar_root}", "epochs=2", "fault.rank=0", "fault.step=7",
-                       "max_restarts=1")
+    restarted = launch(*tiny, "fault.rank=0", "fault.step=3", "max_restarts=1")
     assert restarted.returncode == 0, restarted.output
     r = restarted.results()
     assert r["restarts"] == 1 and r["resumed_from"].endswith("last.pt")  # resumed, not started over
