@@ -12,7 +12,7 @@ that does not fit one GPU never exists whole on one. Without it the model is bui
 (the same initial weights as ddp) and then sharded.
 
 Checkpoints are sharded: every rank writes its shards through torch.distributed.checkpoint
-(launcher/train/checkpoint.py `save_sharded`), and a resume reads them into whatever sharding the
+(launcher/train/checkpoint.py `save_sharded`; `async_save`, written while the next epoch trains), and a resume reads them into whatever sharding the
 resuming run has (another number of ranks, or ddp/single). Epoch ends are not overlapped with the next
 epoch (the loop asks `overlaps_epoch_ends`).
 
@@ -21,9 +21,9 @@ block: FSDP2's gathers and reduce-scatters run in the units' hooks, outside the 
 root's own layers (embeddings, head) stay eager. perf.compile=auto means false here: measured on one
 H100 (torch 2.11, GPT 12 x 768, 16 x 1024 tokens a step, bench/probe/fsdp_step.py), the step is bound by
 the host work of FSDP2's hooks (~80-95 ms against ~31 ms for the compiled model without FSDP), and
-compiling the blocks made it no faster (through launch 201k vs 198k tokens/s; in the probe 172k vs 181k). CUDA-graph capture is off
-(perf.cuda_graph, and the compile modes that make CUDA graphs): a replayed graph cannot follow the
-weights FSDP2 gathers and frees.
+compiling the blocks made it no faster (through launch 201k vs 198k tokens/s; in the probe 172k vs
+181k). CUDA-graph capture is off (perf.cuda_graph, and the compile modes that make CUDA graphs): a
+replayed graph cannot follow the weights FSDP2 gathers and frees.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ import torch
 from launcher.files import write_atomic
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from launcher.strategies import Nets, Strategy
     from launcher.train.optim import Stepper
 
@@ -98,27 +100,48 @@ def _dcp_state(nets: Nets, steppers: list[Stepper]) -> dict[str, Any]:
 
 
 def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: torch.device, path: Path,
-                 epoch: int, plain: dict[str, Any]) -> None:
+                 epoch: int, plain: dict[str, Any], writer: BackgroundWriter | None = None) -> None:
     """Every rank writes its shards to checkpoints/epoch-<epoch>.dcp (torch.distributed.checkpoint); then
     rank 0 writes `path` (last.pt: the schedules, RNG, epoch, history and config, and which folder holds
     the tensors) atomically and removes the folders of earlier epochs. A crash at any point leaves last.pt
-    naming a complete folder."""
-    import shutil
+    naming a complete folder.
 
+    With a `writer` the save is asynchronous (`dcp.async_save`): the shards are copied to host memory
+    now and written to disk on a background thread (its collectives on a gloo group of their own, so
+    they never meet the training's); rank 0 writes last.pt as soon as every rank's part is on disk (the
+    save's completion), and the next save, or `writer.wait()` (the end of the run, a preemption, a NaN
+    stop), waits for that. One save at a time."""
     import torch.distributed.checkpoint as dcp
 
     folder = path.parent / f"epoch-{epoch}.dcp"
-    dcp.save(_dcp_state(nets, steppers), checkpoint_id=folder)
-    if not strategy.is_main:
+    state = None
+    if strategy.is_main:  # (taken now: the RNG and schedules as they are at the end of this epoch)
+        state = {"sharded": folder.name, "scheduler_state_dicts": [s.scheduler.state_dict() for s in steppers],
+                 "rng": {"cpu": torch.get_rng_state(),
+                         **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})},
+                 **plain}
+
+    def finish() -> None:
+        import shutil
+
+        if state is None:
+            return
+        save_atomic(state, path)
+        for old in path.parent.glob("epoch-*.dcp"):
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+
+    if writer is None:
+        dcp.save(_dcp_state(nets, steppers), checkpoint_id=folder)
+        finish()
         return
-    state = {"sharded": folder.name, "scheduler_state_dicts": [s.scheduler.state_dict() for s in steppers],
-             "rng": {"cpu": torch.get_rng_state(),
-                     **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})},
-             **plain}
-    save_atomic(state, path)
-    for old in path.parent.glob("epoch-*.dcp"):
-        if old != folder:
-            shutil.rmtree(old, ignore_errors=True)
+    writer.wait_sharded()
+    if writer.group is None:
+        import torch.distributed as dist
+
+        writer.group = dist.new_group(backend="gloo")  # (every rank reaches its first save together)
+    future = dcp.async_save(_dcp_state(nets, steppers), checkpoint_id=folder, process_group=writer.group)
+    writer.track_sharded(future, finish)
 
 
 def restore_sharded(state: dict[str, Any], source: Path, nets: Nets, steppers: list[Stepper],
@@ -309,15 +332,46 @@ class BackgroundWriter:
 
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launcher-checkpoint")
         self._pending: deque = deque()
+        self.sharded: tuple[Any, Any, list[BaseException]] | None = None  # an async sharded save in flight
+        self.group = None  # the gloo group async sharded saves gather over
 
     def submit(self, snapshot: HostSnapshot, path: Path) -> None:
         while self._pending and (self._pending[0].done() or len(self._pending) >= self.QUEUED):
             self._pending.popleft().result()  # (raises a failed write's error)
         self._pending.append(self._pool.submit(save_snapshot, snapshot, path))
 
+    def track_sharded(self, future: Any, finish: Callable[[], None]) -> None:
+        """An async sharded save: `finish` (rank 0's last.pt) runs when its future completes without error."""
+        import threading
+
+        done, errors = threading.Event(), []
+
+        def completed(f: Any) -> None:
+            try:
+                if f.exception() is None:
+                    finish()
+            except BaseException as exc:  # (raised at the next wait)
+                errors.append(exc)
+            finally:
+                done.set()
+
+        self.sharded = (future, done, errors)
+        future.add_done_callback(completed)
+
+    def wait_sharded(self) -> None:
+        """The async sharded save in flight, if any, complete on every rank, and its last.pt written."""
+        if self.sharded is not None:
+            future, done, errors = self.sharded
+            self.sharded = None
+            future.result()  # (raises the save's error)
+            done.wait()
+            if errors:
+                raise errors[0]
+
     def wait(self) -> None:
         while self._pending:
             self._pending.popleft().result()
+        self.wait_sharded()
 
     def close(self) -> None:
         try:

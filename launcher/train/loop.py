@@ -592,7 +592,7 @@ class Trainer:
         elif self.strategy.sharded and cfg.checkpoint:  # (its epochs end at once: the state is the epoch's)
             checkpoint.save_sharded(strategy, self.nets, self.steppers, self.device, last_checkpoint(self.run_dir),
                                     epoch + 1, {"epoch": epoch + 1, "history": list(self.history),
-                                                "config": to_plain(cfg)})
+                                                "config": to_plain(cfg)}, writer=self.writer)
         if self.is_main:
             self.metrics_log.append(row)
             self.tensorboard.epoch(row)

@@ -141,3 +141,17 @@ def test_resnet18_trains_under_fsdp_as_under_ddp(launch, tmp_path_factory):
         assert result.returncode == 0, result.output
         losses[strategy] = _rows(result.cwd / strategy)[0]["loss"]
     assert losses["fsdp"] == pytest.approx(losses["ddp"], rel=1e-3), losses
+
+
+def test_a_rank_that_dies_restarts_the_world_from_the_last_async_sharded_checkpoint(launch, text_root):
+    """Sharded checkpoints are saved asynchronously; last.pt follows each as soon as every rank's shards
+    are on disk, so a rank dying in epoch 3 resumes after epoch 2 (not 1), and the run completes."""
+    steps = ((100_000 - 100_000 // 20) - 1) // 32 // 64  # windows of the training stream // batch 64
+    result = launch(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=3", "fault.rank=1",
+                    f"fault.step={2 * steps + 3}", "max_restarts=1", "recipe.sample_bytes=0")
+    assert result.returncode == 0, result.output
+    r, run_dir = result.results(), result.run_dir()
+    assert r["restarts"] == 1 and r["resumed_from"].endswith("last.pt")
+    assert "after epoch 2" in (run_dir / "train.log").read_text()
+    assert [row["epoch"] for row in _rows(run_dir)] == [1, 2, 3]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["epoch-3.dcp", "last.pt"]
