@@ -12,9 +12,9 @@ that does not fit one GPU never exists whole on one. Without it the model is bui
 (the same initial weights as ddp) and then sharded.
 
 Checkpoints are sharded: every rank writes its shards through torch.distributed.checkpoint
-(launcher/train/checkpoint.py `save_sharded`; `async_save`, written while the next epoch trains), and a resume reads them into whatever sharding the
-resuming run has (another number of ranks, or ddp/single). Epoch ends are not overlapped with the next
-epoch (the loop asks `overlaps_epoch_ends`).
+(launcher/train/checkpoint.py `save_sharded`; `async_save`, written while the next epoch trains), and a
+resume reads them into whatever sharding the resuming run has (another number of ranks, or ddp/single).
+Epoch ends are not overlapped with the next epoch (the loop asks `overlaps_epoch_ends`).
 
 perf.compile=true compiles each shard unit's forward in place (`compile`), as torchtitan compiles per
 block: FSDP2's gathers and reduce-scatters run in the units' hooks, outside the compiled code, and the

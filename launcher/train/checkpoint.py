@@ -40,8 +40,7 @@ def capture(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: tor
         "net_state_dict": nets.module.state_dict() if local else strategy.state_dict(nets),
         "optimizer_state_dicts": [s.optimizer.state_dict() for s in steppers],
         "scheduler_state_dicts": [s.scheduler.state_dict() for s in steppers],
-        "rng": {"cpu": torch.get_rng_state(),
-                **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})},
+        "rng": rng_state(device),
     }
     return _cloned(state) if clone else state
 
@@ -58,8 +57,18 @@ def restore(state: dict[str, Any], strategy: Strategy, nets: Nets, steppers: lis
     for stepper, opt_state, sched_state in zip(steppers, optimizers, schedulers, strict=True):
         stepper.optimizer.load_state_dict(opt_state)
         stepper.scheduler.load_state_dict(sched_state)
-    rng = state.get("rng", {})
-    if "cpu" in rng:  # dropout and other global randomness continue where they stopped
+    set_rng_state(state.get("rng", {}), device)
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """The global generators' states (CPU, and the device's on a GPU): dropout and other randomness."""
+    return {"cpu": torch.get_rng_state(),
+            **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})}
+
+
+def set_rng_state(rng: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Put `rng_state`'s generators back: randomness continues where it stopped."""
+    if "cpu" in rng:
         torch.set_rng_state(rng["cpu"].cpu())
     if "cuda" in rng and device.type == "cuda":
         torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
@@ -117,8 +126,7 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
     state = None
     if strategy.is_main:  # (taken now: the RNG and schedules as they are at the end of this epoch)
         state = {"sharded": folder.name, "scheduler_state_dicts": [s.scheduler.state_dict() for s in steppers],
-                 "rng": {"cpu": torch.get_rng_state(),
-                         **({"cuda": torch.cuda.get_rng_state(device)} if device.type == "cuda" else {})},
+                 "rng": rng_state(device),
                  **plain}
 
     def finish() -> None:
@@ -157,11 +165,7 @@ def restore_sharded(state: dict[str, Any], source: Path, nets: Nets, steppers: l
                    optim_state_dict=target["optim"])
     for stepper, sched_state in zip(steppers, state["scheduler_state_dicts"], strict=True):
         stepper.scheduler.load_state_dict(sched_state)
-    rng = state.get("rng", {})
-    if "cpu" in rng:
-        torch.set_rng_state(rng["cpu"].cpu())
-    if "cuda" in rng and device.type == "cuda":
-        torch.cuda.set_rng_state(rng["cuda"].cpu(), device)
+    set_rng_state(state.get("rng", {}), device)
 
 
 def load_sharded_weights(state: dict[str, Any], source: Path, nets: Nets) -> None:
