@@ -107,6 +107,19 @@ def check_float(key: str, value: Any, example: str, *, positive: bool = True, hi
         raise ConfigError(key, value, f"must be {rule}", example)
 
 
+def split_endpoint(text: Any, key: str = "rdzv") -> tuple[str, int]:
+    """`HOST:PORT` (an IPv6 address in brackets: `[fd00::1]:29400`) -> (host, port), or a ConfigError."""
+    example = "nodes=2 node_rank=0 rdzv=10.0.0.1:29400"
+    value = str(text).strip()
+    host, sep, port = value.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535 or any(c.isspace() for c in value):
+        raise ConfigError(key, text, "must be HOST:PORT: an address (or name) of node 0 that every node reaches, "
+                          "and a port from 1 to 65535", example)
+    return host, int(port)
+
+
 class Schema:
     """Base of every schema class: mutable while Hydra builds it, read-only once `freeze`d, and able to
     check the ranges its types cannot express (`check`, called before anything starts)."""
@@ -533,6 +546,12 @@ class Config(Schema):
     seed: int = 0
     resume: str | None = None  # a run dir or checkpoint file to continue from, or `latest`
     max_restarts: int = 0  # restart the worker group this many times after a failure; it resumes
+    # Several machines without SLURM (launcher/host/network.py, rendezvous.py): the same launch on each,
+    # `nodes=2 node_rank=K rdzv=HOST:PORT`; HOST is an address of node 0 that every node reaches.
+    nodes: int = 1
+    node_rank: int | None = None  # this machine's place, 0 .. nodes-1 (null: assigned at the rendezvous)
+    rdzv: str | None = None  # HOST:PORT where node 0's launch listens for the others
+    rdzv_timeout_s: int = 300  # how long a node waits for all the others to join (and to rejoin after a restart)
     dry_run: bool = False  # print the plan, start nothing
     checkpoint: bool = True  # write checkpoints/last.pt every epoch (atomically)
     profile: bool = False  # torch.profiler over the second epoch: profile.txt and trace.json in the run dir
@@ -552,8 +571,10 @@ class Config(Schema):
         check_float("lr", self.lr, "lr=0.1")
         check_int("seed", self.seed, 0, "seed=0")
         check_int("max_restarts", self.max_restarts, 0, "max_restarts=2", high=100)
+        self._check_nodes()
         if self.nprocs is not None:
-            check_int("nprocs", self.nprocs, 1, "gpus=[] strategy=ddp nprocs=2", high=os.cpu_count() or 1024)
+            # (more ranks than cores run, slowly, as under torchrun: 4 per core at most, a typo's guard)
+            check_int("nprocs", self.nprocs, 1, "gpus=[] strategy=ddp nprocs=2", high=4 * (os.cpu_count() or 256))
         if self.eval.checkpoint is not None and (self.resume is not None or self.script):
             raise ConfigError("eval.checkpoint", self.eval.checkpoint, "evaluates a saved model; it does not go "
                               "with resume or script", f"eval.checkpoint={self.eval.checkpoint}")
@@ -566,6 +587,31 @@ class Config(Schema):
             section = getattr(self, f.name)
             if isinstance(section, Schema):
                 section.check(f.name)
+
+    def _check_nodes(self) -> None:
+        """nodes / node_rank / rdzv: a multi-machine launch names where the machines meet."""
+        example = "nodes=2 node_rank=0 rdzv=10.0.0.1:29400"
+        check_int("nodes", self.nodes, 1, example, high=4096)
+        check_int("rdzv_timeout_s", self.rdzv_timeout_s, 1, "rdzv_timeout_s=600", high=86400)
+        if self.nodes == 1:
+            for key in ("node_rank", "rdzv"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(key, getattr(self, key), "is for a launch over several machines: give nodes too "
+                                      "(the same launch runs on each)", example)
+            return
+        if self.node_rank is not None:
+            check_int("node_rank", self.node_rank, 0, f"nodes={self.nodes} node_rank=0 rdzv=10.0.0.1:29400",
+                      high=self.nodes - 1)
+        if self.rdzv is None:
+            raise ConfigError("nodes", self.nodes, "several machines meet at a rendezvous: add rdzv=HOST:PORT, an "
+                              "address of node 0 that every node reaches and a free port", example)
+        split_endpoint(self.rdzv)
+        if self.script is None and self.eval.checkpoint is not None:
+            raise ConfigError("nodes", self.nodes, "launch eval runs on one machine", "eval.checkpoint=RUN_DIR")
+        if getattr(self.backend, "name", "local") != "local":
+            raise ConfigError("nodes", self.nodes, f"is for launches you start on each machine yourself; with "
+                              f"backend={self.backend.name} the cluster starts the nodes: use backend.nodes",
+                              f"backend={self.backend.name} backend.nodes={self.nodes}")
 
 
 # Schema of each config-group option: conf/<group>/<option>.yaml names `/schema/<group>/<option>` in its

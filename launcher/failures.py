@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import ExplainedStop
-from launcher.files import FAILURES, write_text_atomic
+from launcher.files import FAILURES, NODE, read_json, write_text_atomic
 
 # Errors that mean "a peer went away" rather than "this rank is broken".
 _ECHO_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError")
@@ -67,17 +67,27 @@ def write_record(run_dir: Path, rank: int, attempt: int, exc: BaseException, exi
     write_text_atomic(folder / f"attempt{attempt}-rank{rank}.json", json.dumps(record, indent=1))
 
 
-def read_records(run_dir: Path) -> list[FailureRecord]:
-    folder = Path(run_dir) / FAILURES
-    if not folder.is_dir():
-        return []
-    records = []
-    for path in folder.glob("attempt*-rank*.json"):
-        try:
-            records.append(FailureRecord(**json.loads(path.read_text())))
-        except (ValueError, TypeError):
+def read_records(run_dir: Path, also: Path | None = None) -> list[FailureRecord]:
+    """The records in `run_dir` (and in `also`: rank 0's run dir, for a node of a launch over several
+    machines that shares it), one per rank and attempt."""
+    found: dict[str, FailureRecord] = {}
+    for folder in (Path(run_dir) / FAILURES, *((Path(also) / FAILURES,) if also else ())):
+        if not folder.is_dir():
             continue
-    return records
+        for path in folder.glob("attempt*-rank*.json"):
+            try:
+                found.setdefault(path.name, FailureRecord(**json.loads(path.read_text())))
+            except (OSError, ValueError, TypeError):
+                continue
+    return list(found.values())
+
+
+def main_run_dir(run_dir: Path) -> Path | None:
+    """Rank 0's run dir, when this run dir is another node's of a launch over several machines and the
+    nodes share rank 0's (files.NODE, written by that node's first worker)."""
+    node = read_json(Path(run_dir) / NODE)
+    main = node.get("main_run_dir") if node and node.get("shared") else None
+    return Path(main) if main and Path(main) != Path(run_dir) else None
 
 
 def root_cause(records: list[FailureRecord]) -> FailureRecord | None:

@@ -33,6 +33,8 @@ SLURM_RECORD = "slurm.json"
 EVAL = "eval.json"  # `launch eval`: accuracy, per class, the confusion matrix
 CONFUSION = "confusion.png"
 CLAIM = ".launch-claim.json"  # which launch owns the dir: pid, host, start, command (host/rundir.py)
+NODE = "node.json"  # a launch over several machines: this node's rank, and where rank 0's run dir is
+WORLD_TOKEN = ".launch-world"  # rank 0's mark, by which the other nodes tell whether they see its run dir
 
 
 def last_checkpoint(run_dir: str | Path) -> Path:

@@ -136,10 +136,11 @@ def cifar_root(tmp_path_factory) -> Path:
     return root
 
 
-def _listening_inodes() -> dict[int, str]:
-    """socket inode -> 'address:port' for every TCP socket in LISTEN state on this machine."""
+def _listening_inodes(pid: int | str = "self") -> dict[int, str]:
+    """socket inode -> 'address:port' for every TCP socket in LISTEN state in the network namespace of
+    process `pid` (this process's: this machine's)."""
     found = {}
-    for table, family in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 6)):
+    for table, family in ((f"/proc/{pid}/net/tcp", 4), (f"/proc/{pid}/net/tcp6", 6)):
         try:
             lines = Path(table).read_text().splitlines()[1:]
         except OSError:
@@ -159,8 +160,9 @@ def _listening_inodes() -> dict[int, str]:
     return found
 
 
-def listening_sockets(pids: set[int]) -> set[str]:
-    inodes = _listening_inodes()
+def listening_sockets(pids: set[int], namespace_of: int | str = "self") -> set[str]:
+    """What `pids` listen on; namespace_of: a process in their network namespace, when not this one's."""
+    inodes = _listening_inodes(namespace_of)
     found = set()
     for pid in pids:
         for fd in Path(f"/proc/{pid}/fd").glob("*"):

@@ -2,7 +2,8 @@
 
 torch, CUDA and NCCL versions; whether CUDA works; each visible device with its name and total/free
 memory (through NVML where there is a driver); the inherited CUDA_VISIBLE_DEVICES and SLURM variables;
-the launcher's caches on this machine, where they are and how much they hold.
+the launcher's caches on this machine, where they are and how much they hold; the network interfaces
+and their addresses (what a launch over several machines binds and advertises).
 """
 
 from __future__ import annotations
@@ -98,7 +99,22 @@ def collect() -> dict[str, Any]:
                         "total_mib": total // 2**20, "free_mib": free // 2**20})
     report["cuda_devices"] = visible
     report["caches"] = caches()
+    report["network"] = network()
     return report
+
+
+def network() -> dict[str, Any]:
+    """This machine's interfaces and addresses (what `rdzv=` and GLOO/NCCL_SOCKET_IFNAME may name), and the
+    variables that choose them."""
+    import socket
+
+    from launcher.host.network import interfaces
+
+    return {"hostname": socket.gethostname(),
+            "interfaces": [{"name": i.name, "address": i.address, "up": i.up, "loopback": i.loopback}
+                           for i in interfaces()],
+            "variables": {k: os.environ[k] for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE",
+                                                     "NCCL_IB_HCA", "NCCL_NET") if k in os.environ}}
 
 
 def render(r: dict[str, Any]) -> str:
@@ -123,6 +139,14 @@ def render(r: dict[str, Any]) -> str:
     lines.append("SLURM        " + (" ".join(f"{k}={v}" for k, v in r["slurm"].items()) or "(not in a SLURM job)"))
     if r["torchelastic"]:
         lines.append("torchrun     " + " ".join(f"{k}={v}" for k, v in r["torchelastic"].items()))
+    net = r["network"]
+    lines.append(f"network      host {net['hostname']}; for nodes=N rdzv=HOST:PORT, HOST is node 0's address on a "
+                 "network every node reaches (launch binds gloo/NCCL to the interface that leads there)")
+    for i in net["interfaces"]:
+        state = ("up" if i["up"] else "down") + ("  (loopback: this machine only)" if i["loopback"] else "")
+        lines.append(f"  {i['name']:<15} {i['address']:<39} {state}")
+    if net["variables"]:
+        lines.append("  set here: " + " ".join(f"{k}={v}" for k, v in net["variables"].items()))
     lines.append("caches       (any can be removed; launch rebuilds what it needs)")
     for c in r["caches"]:
         lines.append(f"  {c['what']:<17} {c['path']}  {c['mib']:,.1f} MiB, {c['entries']} entries")

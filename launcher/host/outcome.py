@@ -20,6 +20,7 @@ class Outcome:
     exit_code: int  # 0, 1 (a run failed), 2 (bad input), 128+N (stopped by signal N)
     results: dict[str, Any] | None = None  # rank 0's results.json, when this process has it
     error: str | None = None  # what to print, already formatted
+    node_ranks: list[int] | None = None  # a node without rank 0 of a launch over several machines: its ranks
 
     def objective(self, key: str) -> float | None:
         """The value a sweeper optimizes (sweep.objective), when the run has it."""

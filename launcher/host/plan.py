@@ -4,12 +4,13 @@ environment they start with. Pure apart from counting GPUs (through NVML, never 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from launcher import strategies
-from launcher.config import Config, Placement, derive
+from launcher.config import Config, Placement, derive, split_endpoint
 from launcher.errors import ConfigError
 from launcher.host.gpus import (
     GpuRequest,
@@ -21,6 +22,7 @@ from launcher.host.gpus import (
     physical_gpu_count,
     visible_devices,
 )
+from launcher.host.network import NodeNetwork, node_network
 from launcher.strategies import Devices, Strategy
 from launcher.world import WorldInfo
 
@@ -36,6 +38,7 @@ class Plan:
     joined: WorldInfo | None = None  # set when torchrun/srun already started the ranks
     gpu_choice: str | None = None  # gpus=N on a machine with more: which GPUs were chosen and why
     notes: tuple[str, ...] = ()  # what the strategy turned off, and its caution (printed before the run)
+    network: NodeNetwork | None = None  # nodes > 1: where this node meets the others (launcher/host/network.py)
 
     def describe(self, with_batch: bool = True) -> str:
         s = self.strategy
@@ -51,12 +54,21 @@ class Plan:
         if with_batch and s.accumulate > 1:
             batch += f", each in {s.accumulate} micro-batches of {s.batch_per_process // s.accumulate}"
         joined = ", joining an existing world" if self.joined else ""
+        if self.network is not None:
+            cfg = self.config
+            node = f"node {cfg.node_rank}" if cfg.node_rank is not None else "a node (its rank given at the rendezvous)"
+            joined += f"; {node} of {cfg.nodes}, {s.processes} rank{'s' if s.processes > 1 else ''} each, " \
+                      f"{self.network.describe()}"
         return f"{s.name}{backend} on {where}{batch}{joined}"
 
     def record(self) -> dict:
         """What plan.json holds."""
+        nodes = None
+        if self.network is not None:
+            nodes = {"nodes": self.config.nodes, "node_rank": self.config.node_rank, "rdzv": self.config.rdzv,
+                     **dataclasses.asdict(self.network)}
         return {**self.strategy.facts(), "gpu_ids": self.gpu_ids, "visible_devices": self.visible,
-                "worker_env": self.env, "joined": self.joined.as_env() if self.joined else None}
+                "worker_env": self.env, "joined": self.joined.as_env() if self.joined else None, "nodes": nodes}
 
 
 def torch_has_cuda() -> bool:
@@ -116,20 +128,35 @@ def make_plan(cfg: Config, joined: WorldInfo | None = None, env: Mapping[str, st
         raise ConfigError("data.placement", "gpu", "this run trains on the CPU (gpus=[] or no GPU visible); "
                           "use data.placement=auto", "data.placement=auto")
     if joined is not None:
+        if cfg.nodes > 1:
+            raise ConfigError("nodes", cfg.nodes, f"launch runs inside a world torchrun or srun started "
+                              f"({joined.world_size} ranks), which already spans its nodes: drop nodes, node_rank "
+                              "and rdzv", "strategy=ddp")
         return _joined_plan(cfg, joined, request, ids, visible, env)
     choice = strategies.choose(cfg.strategy, Devices(tuple(ids)), nprocs=cfg.nprocs, global_batch=cfg.batch_size,
-                               perf=cfg.perf, gpus_text=request.text, accumulate=cfg.accumulate)
+                               perf=cfg.perf, gpus_text=request.text, accumulate=cfg.accumulate, nodes=cfg.nodes)
     worker_env = {"CUDA_VISIBLE_DEVICES": cuda_visible_devices(ids, visible)}
     worker_env.update(_thread_env(env, choice.strategy.processes, bool(ids)))
-    worker_env.update(loopback_env(env))
+    net = None
+    if cfg.nodes > 1:
+        net = node_network(*split_endpoint(cfg.rdzv), cfg.node_rank)
+        worker_env.update(interface_env(env, net.interface))
+    else:
+        worker_env.update(loopback_env(env))
     return Plan(choice.strategy, derive(cfg, perf=choice.perf), ids, visible, worker_env, gpu_choice=gpu_choice,
-                notes=_notes(choice))
+                notes=_notes(choice), network=net)
 
 
 def loopback_env(env: Mapping[str, str]) -> dict[str, str]:
     """A single-machine launch's workers talk over loopback only: gloo's and NCCL's sockets bind `lo`
     (the rendezvous store is bound to 127.0.0.1 too, see rendezvous.py). A value the user set stays."""
-    wanted = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "=lo"}
+    return interface_env(env, "lo")
+
+
+def interface_env(env: Mapping[str, str], interface: str) -> dict[str, str]:
+    """gloo's and NCCL's sockets on `interface` (NCCL's `=` means that name exactly, not a prefix), unless
+    the user set them. Several nodes: the interface that leads to the rendezvous (launcher/host/network.py)."""
+    wanted = {"GLOO_SOCKET_IFNAME": interface, "NCCL_SOCKET_IFNAME": f"={interface}"}
     return {k: v for k, v in wanted.items() if k not in env}
 
 

@@ -11,29 +11,54 @@ binds to 127.0.0.1 (TCPStore's `master_listen_fd`); the workers get that same st
 
 The workers' own sockets: gloo binds the address of GLOO_SOCKET_IFNAME, NCCL's bootstrap the one of
 NCCL_SOCKET_IFNAME; plan.py sets both to `lo` for a local launch unless the user set them.
+
+Several machines (`nodes=2 node_rank=K rdzv=HOST:PORT`) use `launch-nodes`: the same handler and c10d
+backend, over a TCPStore that node 0 (or the node holding HOST, without node_rank) serves on HOST:PORT
+alone (not every interface), and that the other nodes join as clients. The workers' store is served
+by the node elastic ranks first: the rendezvous store when that is the rendezvous node, else a store
+bound to that node's own advertised address. Elastic orders the nodes by address; when the nodes give
+node_rank, the ranks follow it instead (`_NodeRanks`): every node checks that the node ranks given are
+0..nodes-1 once each, and they all stop with the same line if not.
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from datetime import timedelta
 
+from launcher.errors import LaunchError
+
 BACKEND = "launch-loopback"
+NODES_BACKEND = "launch-nodes"
 LOOPBACK = "127.0.0.1"
+
+
+def _bound_store(address: str, port: int, timeout_s: float):
+    """A TCPStore server listening on `address` alone (port 0: picked by the OS)."""
+    from torch.distributed import TCPStore
+
+    listener = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((address, port))
+    except OSError as err:
+        listener.close()
+        raise RendezvousError(f"rdzv={address}:{port} cannot be bound on this node ({err.strerror}): pick a free "
+                              "port, the same on every node's command line") from None
+    listener.listen(1024)
+    port = listener.getsockname()[1]
+    return TCPStore(address, port, is_master=True, multi_tenant=True, timeout=timedelta(seconds=timeout_s),
+                    master_listen_fd=listener.detach(), wait_for_workers=False)
 
 
 def _loopback_store(timeout_s: float):
     """A TCPStore server that only this machine can reach (bound to 127.0.0.1, port picked by the OS)."""
-    from torch.distributed import TCPStore
+    return _bound_store(LOOPBACK, 0, timeout_s)
 
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((LOOPBACK, 0))
-    listener.listen(128)
-    port = listener.getsockname()[1]
-    store = TCPStore(LOOPBACK, port, is_master=True, multi_tenant=True, timeout=timedelta(seconds=timeout_s),
-                     master_listen_fd=listener.detach(), wait_for_workers=False)
-    return store
+
+class RendezvousError(LaunchError):
+    """The nodes could not meet (unreachable, timed out, node ranks given twice): one line, exit 2."""
 
 
 def _create_handler(params):
@@ -53,8 +78,92 @@ def _create_handler(params):
     return handler
 
 
+def _create_nodes_handler(params):
+    """The rendezvous of a launch over several machines (see the module docstring)."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+    host, port = params.endpoint.rsplit(":", 1)
+    host = host.strip("[]")
+    timeout_s = float(params.get_as_int("join_timeout", 300))
+    if params.get_as_bool("listen", False):
+        store = _bound_store(host, int(port), timeout_s)
+    else:
+        # Wait for node 0 quietly: a TCPStore client started first logs a C++ warning per retry.
+        left = _wait_for_listener(host, int(port), timeout_s)
+        try:
+            store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=max(left, 10.0)))
+        except (RuntimeError, TimeoutError, OSError) as err:
+            raise RendezvousError(f"the rendezvous at {host}:{port} did not answer as one "
+                                  f"({str(err).splitlines()[0][:160]}): is another program listening on that port?"
+                                  ) from None
+
+    class NodesBackend(C10dRendezvousBackend):  # elastic's c10d backend, registered under our name
+        @property
+        def name(self) -> str:
+            return NODES_BACKEND
+
+    handler = create_handler(store, NodesBackend(store, params.run_id), params)
+    listens = params.get_as_bool("listen", False)
+    local_addr = params.local_addr
+    # The workers' store: the rendezvous store where this node serves it, else one on this node's address.
+    handler._create_tcp_store_server = lambda addr, port: store if listens else _bound_store(local_addr, 0, timeout_s)
+    node_rank = params.get_as_int("node_rank", -1)
+    _NodeRanks(handler, -1 if node_rank is None else node_rank, params.max_nodes, timeout_s).install()
+    return handler
+
+
+def _wait_for_listener(host: str, port: int, timeout_s: float) -> float:
+    """Until something accepts connections at host:port; the seconds left of `timeout_s`, or a
+    RendezvousError when nothing did in time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=2.0):
+                return deadline - time.monotonic()
+        except OSError as err:
+            if time.monotonic() + 0.5 >= deadline:
+                raise RendezvousError(f"no rendezvous answered at {host}:{port} within rdzv_timeout_s={timeout_s:.0f} "
+                                      f"({err.strerror or err}): start node 0's launch (node_rank=0) with the same "
+                                      "rdzv, and check that this machine reaches it") from None
+        time.sleep(0.5)
+
+
+class _NodeRanks:
+    """Every node's group rank as its node_rank says, once all of them agree that the ranks given are
+    0..nodes-1, each once (or that none gave one: elastic's order by address stays)."""
+
+    PREFIX = "launch/node_rank/"
+
+    def __init__(self, handler, node_rank: int, nodes: int, timeout_s: float):
+        self.handler, self.node_rank, self.nodes, self.timeout_s = handler, node_rank, nodes, timeout_s
+        self.elastic_next = handler.next_rendezvous
+
+    def install(self) -> None:
+        self.handler.next_rendezvous = self.next_rendezvous
+
+    def next_rendezvous(self):
+        from torch.distributed.elastic.rendezvous.api import RendezvousInfo
+
+        info = self.elastic_next()
+        store = info.store  # (elastic's store for this round: keys of earlier rounds do not show)
+        store.set(f"{self.PREFIX}{info.rank}", str(self.node_rank))
+        keys = [f"{self.PREFIX}{r}" for r in range(info.world_size)]
+        store.wait(keys, timedelta(seconds=self.timeout_s))
+        given = [int(v) for v in store.multi_get(keys)]
+        if all(g < 0 for g in given):
+            return info
+        if sorted(given) != list(range(info.world_size)):
+            shown = ", ".join("none" if g < 0 else str(g) for g in sorted(given))
+            raise RendezvousError(f"the {info.world_size} nodes gave node_rank {shown}: each needs its own, from 0 "
+                                  f"to {info.world_size - 1} (or leave node_rank out on every node)")
+        return RendezvousInfo(info.store, self.node_rank, info.world_size, info.bootstrap_store_info)
+
+
 def register() -> None:
-    """Make `launch-loopback` known to elastic (once per process)."""
+    """Make `launch-loopback` and `launch-nodes` known to elastic (once per process)."""
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
     rendezvous_handler_registry.register(BACKEND, _create_handler)
+    rendezvous_handler_registry.register(NODES_BACKEND, _create_nodes_handler)

@@ -25,10 +25,12 @@ from launcher.files import (
     CONFIG,
     CURVES,
     LOG,
+    NODE,
     PLAN,
     RESULTS,
     TENSORBOARD,
     last_checkpoint,
+    read_json,
 )
 from launcher.host import script
 from launcher.host.compose import to_yaml
@@ -101,6 +103,10 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
         log.info("run dir: %s", run_dir)
         for note in plan.notes:
             log.warning(note)
+    if plan.network is not None:
+        others = "the other nodes" if plan.config.node_rank in (None, 0) else "node 0 and the others"
+        log.info("waiting for %s at %s:%s (rdzv_timeout_s=%d); the same launch starts each, with its own node_rank",
+                 others, plan.network.rdzv_address, plan.network.rdzv_port, plan.config.rdzv_timeout_s)
 
     spec = WorkerSpec(plan.config, plan.strategy, str(run_dir), plan.env, plan.device_index, resume_from,
                       evaluate=str(evaluate) if evaluate else None, requeue=context.requeue,
@@ -108,7 +114,9 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
     outcome = _execute(spec, plan)
     if plan.joined is not None:  # this process was a worker too: back to the launcher's own logging
         logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
-    if outcome.exit_code == 0 and is_main:
+    if outcome.exit_code == 0 and outcome.node_ranks:
+        summarize_other_node(outcome.node_ranks, run_dir, time.time() - context.started)
+    elif outcome.exit_code == 0 and is_main:
         (summarize_evaluation if evaluate else summarize)(outcome.results, run_dir, time.time() - context.started)
     return outcome
 
@@ -120,7 +128,17 @@ def _execute(spec: WorkerSpec, plan: Plan) -> Outcome:
         return Outcome(0, results=worker_main(spec))  # worker_main exits the process on failure
     from launcher.host.spawn import launch_local
 
-    return launch_local(spec, plan.strategy.processes, plan.config.max_restarts)
+    return launch_local(spec, plan.strategy.processes, plan.config.max_restarts, nodes_of(plan))
+
+
+def nodes_of(plan: Plan):
+    """This node's part in a launch over several machines (spawn.Nodes), or None."""
+    if plan.network is None:
+        return None
+    from launcher.host.spawn import Nodes
+
+    cfg = plan.config
+    return Nodes(cfg.nodes, cfg.node_rank, plan.network, cfg.rdzv_timeout_s)
 
 
 def _run_user_script(plan: Plan, run_dir: Path, context: LaunchContext) -> Outcome:
@@ -144,7 +162,8 @@ def _run_user_script(plan: Plan, run_dir: Path, context: LaunchContext) -> Outco
         log.info("script: %s on %s", command, plan.describe(with_batch=False))  # (batch size is the script's)
     if plan.joined is not None:  # inside torchrun/srun: this process is one rank; run the script here
         return script.run_in_this_process(path, argv, plan.env, plan.joined.rank)
-    outcome = script.run_script(path, argv, run_dir, plan.strategy.processes, plan.env, cfg.max_restarts)
+    outcome = script.run_script(path, argv, run_dir, plan.strategy.processes, plan.env, cfg.max_restarts,
+                                nodes_of(plan))
     if outcome.exit_code == 0:
         log.info("done in %.1fs: %s finished on every rank. Output of each rank: %s  log: %s",
                  time.time() - context.started, path.name, run_dir / "logs", run_dir / LOG)
@@ -172,6 +191,8 @@ def _write_run_files(plan: Plan, run_dir: Path, resume: Resume | None, context: 
 def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None, evaluate: Path | None = None) -> str:
     cfg, s = plan.config, plan.strategy
     how = "torch.distributed.elastic, c10d rendezvous on localhost:0" if plan.joined is None else "already started"
+    if plan.network is not None:
+        how = f"torch.distributed.elastic on each of {cfg.nodes} nodes, c10d {plan.network.describe()}"
     lines = [
         f"dry run: nothing started. {cfg.recipe.name} ({cfg.recipe.model}): {plan.describe()}",
         *([f"  gpus          {plan.gpu_choice}"] if plan.gpu_choice else []),
@@ -188,6 +209,15 @@ def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None, evaluate:
         lines.append(f"  evaluate      {evaluate} (no training)")
     lines += [f"  note          {note}" for note in plan.notes]
     return "\n".join(lines)
+
+
+def summarize_other_node(ranks: list[int], run_dir: Path, elapsed: float) -> None:
+    """The last line on a node without rank 0: its ranks finished; the run's results are rank 0's."""
+    main = read_json(run_dir / NODE).get("main_run_dir") if (run_dir / NODE).exists() else None
+    where = f"rank 0's run dir {main}" if main else "rank 0's run dir, on its node"
+    log.info("done in %.1fs: this node's ranks %s finished; results, metrics and checkpoints are in %s. "
+             "This node's log: %s", elapsed, ", ".join(map(str, ranks)) if len(ranks) < 3
+             else f"{ranks[0]}-{ranks[-1]}", where, run_dir / LOG)
 
 
 def summarize(results: dict | None, run_dir: Path, elapsed: float) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.config import Config
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, LaunchError
 from launcher.host.outcome import Outcome
 from launcher.host.spawn import (
     _quiet_elastic,
@@ -52,7 +52,7 @@ def script_argv(cfg: Config) -> list[str]:
 
 
 def run_script(path: Path, argv: list[str], run_dir: Path, nprocs: int, worker_env: dict[str, str],
-               max_restarts: int) -> Outcome:
+               max_restarts: int, nodes=None) -> Outcome:
     """`nprocs` ranks of the script under torch.distributed.elastic, each rank's output kept in run_dir/logs."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -63,7 +63,7 @@ def run_script(path: Path, argv: list[str], run_dir: Path, nprocs: int, worker_e
     logs.mkdir(parents=True, exist_ok=True)
     env = {**worker_env, "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "PYTHONUNBUFFERED": "1"}
     with patched_environ(env), restored_signal_handlers(), our_start_method():
-        config = launch_config(nprocs, max_restarts, str(logs), tee_output=True)
+        config = launch_config(nprocs, max_restarts, str(logs), tee_output=True, nodes=nodes)
         try:
             # (through launcher.lifetime: elastic starts each rank in a session of its own, which
             # nothing would end if the launcher were killed outright)
@@ -71,6 +71,8 @@ def run_script(path: Path, argv: list[str], run_dir: Path, nprocs: int, worker_e
                                                    *argv)
         except ChildFailedError as err:
             return _describe(err, path, logs)
+        except LaunchError as err:  # the nodes could not meet (rendezvous.py): nothing started
+            return Outcome(err.exit_code, error=str(err))
         except SignalException as sig:
             return Outcome(128 + int(sig.sigval), error=f"stopped by signal {sig.sigval}: all ranks of {path.name} "
                                                        f"ended; their output is in {logs}")

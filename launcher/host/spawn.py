@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from launcher import failures
+from launcher.errors import LaunchError
 from launcher.files import FULL_BELOW_BYTES, LOG, free_bytes, remove_stale_temporaries
+from launcher.host.network import NodeNetwork
 from launcher.host.outcome import Outcome
 from launcher.logs import QUIET_PREFIXES
 
@@ -135,11 +137,27 @@ def _stop_forkserver() -> None:
             os.waitpid(pid, 0)
 
 
-def launch_config(nprocs: int, max_restarts: int, log_dir: str, tee_output: bool = False):
+@dataclasses.dataclass(frozen=True)
+class Nodes:
+    """A launch over several machines, as this node takes part in it (from the plan)."""
+
+    count: int
+    node_rank: int | None  # None: elastic assigns it at the rendezvous
+    network: NodeNetwork
+    timeout_s: int  # rdzv_timeout_s
+
+    @property
+    def endpoint(self) -> str:
+        host = self.network.rdzv_address
+        return f"[{host}]:{self.network.rdzv_port}" if ":" in host else f"{host}:{self.network.rdzv_port}"
+
+
+def launch_config(nprocs: int, max_restarts: int, log_dir: str, tee_output: bool = False, nodes: Nodes | None = None):
     """elastic's LaunchConfig for `nprocs` local workers (also used for user scripts, launcher/host/script.py).
 
     tee_output: every rank's stdout/stderr also goes to files under log_dir, prefixed [rankN]: on the
     console (a script's own output); otherwise the workers' output is inherited as is.
+    nodes: this node's part in a launch over several machines (rendezvous.py's `launch-nodes`).
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig
@@ -147,10 +165,19 @@ def launch_config(nprocs: int, max_restarts: int, log_dir: str, tee_output: bool
     from launcher.host import rendezvous
 
     rendezvous.register()
+    if nodes is None:
+        where: dict[str, Any] = dict(min_nodes=1, max_nodes=1, run_id=f"launch-{uuid.uuid4().hex[:12]}",
+                                     rdzv_backend=rendezvous.BACKEND, rdzv_endpoint=f"{rendezvous.LOOPBACK}:0",
+                                     local_addr=rendezvous.LOOPBACK)
+    else:  # every node must name the same run: the rendezvous point is what they share
+        where = dict(min_nodes=nodes.count, max_nodes=nodes.count, run_id=f"launch-{nodes.endpoint}",
+                     rdzv_backend=rendezvous.NODES_BACKEND, rdzv_endpoint=nodes.endpoint,
+                     local_addr=nodes.network.address,
+                     rdzv_configs={"join_timeout": nodes.timeout_s, "listen": nodes.network.hosts_rdzv,
+                                   "node_rank": -1 if nodes.node_rank is None else nodes.node_rank,
+                                   "last_call_timeout": 1, "close_timeout": 10})
     options: dict[str, Any] = dict(
-        min_nodes=1, max_nodes=1, nproc_per_node=nprocs,
-        run_id=f"launch-{uuid.uuid4().hex[:12]}",
-        rdzv_backend=rendezvous.BACKEND, rdzv_endpoint=f"{rendezvous.LOOPBACK}:0", local_addr=rendezvous.LOOPBACK,
+        **where, nproc_per_node=nprocs,
         max_restarts=max_restarts, monitor_interval=0.1, start_method=start_method(),
         logs_specs=DefaultLogsSpecs(log_dir=log_dir, tee=Std.ALL if tee_output else Std.NONE),
         role="rank" if tee_output else "default",
@@ -161,10 +188,11 @@ def launch_config(nprocs: int, max_restarts: int, log_dir: str, tee_output: bool
     return LaunchConfig(**options)
 
 
-def launch_local(spec, nprocs: int, max_restarts: int) -> Outcome:
-    """Run `worker_main(spec)` in `nprocs` supervised processes on this host."""
+def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = None) -> Outcome:
+    """Run `worker_main(spec)` in `nprocs` supervised processes on this host (this node's, with `nodes`)."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
     from torch.distributed.launcher.api import elastic_launch
 
     from launcher.train.worker import worker_main  # the entry point of the training wing
@@ -179,17 +207,25 @@ def launch_local(spec, nprocs: int, max_restarts: int) -> Outcome:
     env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     try:
         with patched_environ(env), restored_signal_handlers(), our_start_method():
-            config = launch_config(nprocs, max_restarts, scratch)
+            config = launch_config(nprocs, max_restarts, scratch, nodes=nodes)
             try:
                 returns = elastic_launch(config, worker_main)(spec)
             except ChildFailedError as err:
                 clear_console_line()
-                return describe_failure(run_dir, err, nprocs, max_restarts)
+                return describe_failure(run_dir, err, nprocs, max_restarts, nodes)
+            except LaunchError as err:  # the nodes could not meet (rendezvous.py): nothing started
+                return Outcome(err.exit_code, error=str(err))
+            except RendezvousTimeoutError:
+                return Outcome(2, error=f"the {nodes.count if nodes else 1} nodes did not all join within "
+                               f"rdzv_timeout_s={nodes.timeout_s if nodes else '?'}: start the same launch on every "
+                               "node (with the same nodes and rdzv), and check each reaches the rendezvous")
             except SignalException as sig:
                 clear_console_line()
                 name = signal.Signals(sig.sigval).name
                 return Outcome(128 + int(sig.sigval), error=f"stopped by {name}: all {nprocs} worker"
                                f"{'s' if nprocs > 1 else ''} ended; what was written is in {run_dir}")
+        if 0 not in returns:  # another node holds rank 0: the run's results and files are there
+            return Outcome(0, results=None, node_ranks=sorted(returns))
         return Outcome(0, results=returns.get(0))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -204,12 +240,27 @@ def clear_console_line() -> None:
             sys.stdout.flush()
 
 
-def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int) -> Outcome:
-    """Turn elastic's ChildFailedError into the root cause: which rank, what it raised, where the log is."""
+def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int, nodes: Nodes | None = None) -> Outcome:
+    """Turn elastic's ChildFailedError into the root cause: which rank, what it raised, where the log is.
+
+    Several machines: the records of every node's ranks are read where they reach this node (rank 0's
+    run dir, when the nodes share it: files.NODE says where); a rank of another node that left none here
+    is named as such, with what the ranks here saw."""
     # elastic gives up only after its last restart, so the failure to explain is that attempt's.
-    records = [r for r in failures.read_records(run_dir) if r.attempt == max_restarts]
+    records = [r for r in failures.read_records(run_dir, also=failures.main_run_dir(run_dir))
+               if r.attempt == max_restarts]
     cause = failures.root_cause(records)
     log_path = run_dir / LOG
+    if nodes is not None:
+        mine = set(err.failures)  # (global ranks of this node's workers)
+        world = nprocs * nodes.count
+        if cause is None or cause.secondary:
+            away = sorted(set(range(world)) - {r.rank for r in records} - mine)
+            if away:
+                seen = f"; rank {cause.rank} here saw: {failures.short_headline(cause.headline)}" if cause else ""
+                return Outcome(1, error=f"rank{'s' if len(away) > 1 else ''} {_span(away)} on another node stopped "
+                               f"first (killed, unreachable, or failed: that node's launch and log say why){seen}; "
+                               f"this node's ranks were stopped. Log: {log_path}")
     others = nprocs - 1
     stopped = f"; the other {others} rank{'s were' if others > 1 else ' was'} stopped" if others else ""
     restarts = f" after {max_restarts} restart{'s' if max_restarts > 1 else ''}" if max_restarts else ""
@@ -254,6 +305,13 @@ def _silent_death(silent: list[int], err, echo, restarts: str, stopped: str, log
         what = f"one of ranks {silent} died without a Python traceback"
     seen = f"; rank {echo.rank} then saw: {failures.short_headline(echo.headline)}" if echo else ""
     return f"{what}{restarts}{seen}{stopped}{_if_disk_full(log_path.parent)}. Log: {log_path}"
+
+
+def _span(ranks: list[int]) -> str:
+    """[2, 3] -> '2-3'; [1, 4] -> '1, 4'."""
+    if ranks and ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 1:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
 
 
 def _if_disk_full(run_dir: Path) -> str:

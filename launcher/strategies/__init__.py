@@ -5,7 +5,7 @@
     ddp         DDP           one process per GPU or CPU rank, DistributedDataParallel
                 CapturedDDP   ddp with perf.cuda_graph: the step replayed as a CUDA graph, own all-reduce
     fsdp        FSDP          one process per GPU or CPU rank, FSDP2: weights, gradients, optimizer sharded
-    auto                      ddp for several devices, else single (never dp)
+    auto                      ddp for several devices (or nodes), else single (never dp)
 
 The plan calls `choose` (or `for_world` inside a world torchrun or srun started) and puts the strategy
 into every WorkerSpec; the training loop then asks it (launcher/strategies/base.py lists what it
@@ -88,7 +88,7 @@ def _captured(cls: type[Strategy], perf: PerfConfig) -> tuple[type[Strategy], bo
 
 
 def choose(options: StrategyConfig, devices: Devices, *, nprocs: int | None, global_batch: int, perf: PerfConfig,
-           gpus_text: str, nodes: int = 1, accumulate: int = 1) -> Chosen:
+           gpus_text: str, nodes: int = 1, accumulate: int = 1, nodes_key: str = "nodes") -> Chosen:
     """The strategy for `devices` on each of `nodes` hosts, or a ConfigError that says what to change."""
     if devices.on_gpu and nprocs is not None and nprocs != devices.count:
         raise ConfigError("nprocs", nprocs, f"nprocs sets CPU ranks; on GPUs there is one process per GPU "
@@ -97,11 +97,11 @@ def choose(options: StrategyConfig, devices: Devices, *, nprocs: int | None, glo
     cls = _requested(options)
     if cls is None:  # auto
         ranks = devices.count if devices.on_gpu else (nprocs or 1)
-        cls = DDP if ranks > 1 else Single
+        cls = DDP if ranks * nodes > 1 else Single
     processes = cls.processes_for(options, devices, nprocs, gpus_text)
     if nodes > 1 and not cls.multi_node:
-        raise ConfigError("backend.nodes", nodes, f"strategy={cls.name} runs one process; several nodes need ddp",
-                          "strategy=ddp backend.nodes=2")
+        raise ConfigError(nodes_key, nodes, f"strategy={cls.name} runs one process; several nodes need ddp or fsdp",
+                          f"strategy=ddp {nodes_key}={nodes}")
     perf, note = cls.adjust_perf(perf)
     perf, note = _accumulating(perf, accumulate, note)
     cls, static = _captured(cls, perf)

@@ -85,7 +85,7 @@ class Strategy:
     name: ClassVar[str]  # as the plan and results.json show it
     one_device: ClassVar[bool] = False  # `gpus=auto` then means the first visible GPU, not all of them
     distributed: ClassVar[bool] = False  # ranks in a process group
-    multi_node: ClassVar[bool] = False  # may span several nodes (backend.nodes > 1)
+    multi_node: ClassVar[bool] = False  # may span several nodes (nodes > 1, or backend.nodes on SLURM)
     joins_worlds: ClassVar[bool] = True  # can run as the ranks of a world torchrun or srun started
     runs_scripts: ClassVar[bool] = True  # script= runs one process per device under it
     sharded: ClassVar[bool] = False  # each rank holds part of the state: every rank writes its checkpoint shards

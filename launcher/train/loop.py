@@ -40,7 +40,7 @@ from launcher.files import CONFUSION, CURVES, EVAL, last_checkpoint, write_json
 from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
-from launcher.train import checkpoint, compiling, optim, progress, reporting
+from launcher.train import checkpoint, compiling, nodes, optim, progress, reporting
 from launcher.train.data import Data, eval_chunks, rank_order
 from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog, write_results
@@ -83,7 +83,9 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     if strategy.distributed:
         timeline.mark("process_group")
     try:
-        trainer = Trainer(spec, world, device, timeline)
+        # (a world over several machines: rank 0's run dir, and whether every rank sees it)
+        dirs = nodes.meet(world, Path(spec.run_dir), strategy.sharded, cfg.checkpoint and not spec.evaluate)
+        trainer = Trainer(spec, world, device, timeline, dirs)
         results = trainer.evaluate(spec.evaluate) if spec.evaluate else trainer.run()
         # Let go of the nets and a captured step before teardown: destroying NCCL's communicator while
         # a CUDA graph that captured its all-reduce is alive blocks forever (seen on 2x H200).
@@ -154,14 +156,17 @@ class Trainer:
     history: list[dict[str, Any]]  # every finished epoch's row (`_epochs`, `_conclude`)
     metrics_log: MetricsLog
 
-    def __init__(self, spec: WorkerSpec, world: WorldInfo, device: torch.device, timeline: StartupTimeline):
+    def __init__(self, spec: WorkerSpec, world: WorldInfo, device: torch.device, timeline: StartupTimeline,
+                 dirs: nodes.RunDirs | None = None):
         self.spec = spec
         self.cfg: Config = spec.config
         self.strategy: Strategy = spec.strategy
         self.world = world
         self.device = device
         self.timeline = timeline
-        self.run_dir = Path(spec.run_dir)
+        self.dirs = dirs or nodes.RunDirs(Path(spec.run_dir), Path(spec.run_dir), True)
+        # The run's dir: rank 0's, where every rank sees it; else (another machine) this node's own
+        self.run_dir = self.dirs.main if self.dirs.shared else self.dirs.own
         self.recipe: Recipe = recipe_class(self.cfg.recipe.name)(self.cfg)
         self.timings = Timings()
         self.faults = Faults(self.cfg.fault, world, device)
@@ -354,10 +359,16 @@ class Trainer:
         own = last_checkpoint(self.run_dir)
         restarted = self.world.restart_count > 0 or (self.spec.requeue is not None and self.spec.requeue.requeued)
         source = str(own) if restarted and own.exists() else self.spec.resume_from
-        if source is None:
+        if not self.dirs.shared:  # other machines cannot read rank 0's run dir: rank 0 reads, and sends
+            state = checkpoint.load(source, map_location="cpu") if source and self.is_main else None
+            box = nodes.from_rank0({"source": source, "state": state} if self.is_main else None, self.world)
+            source, state = box["source"], box["state"]
+            if source is None:
+                return Start()
+        elif source is None:
             return Start()
-        # (resume= was checked in the launcher, host/resume.py; a restart reads this run's own checkpoint)
-        state = checkpoint.load(source, map_location=self.device)
+        else:  # (resume= was checked in the launcher, host/resume.py; a restart reads this run's own checkpoint)
+            state = checkpoint.load(source, map_location=self.device)
         settings = optim.settings(self.steppers)  # this run's, before the checkpoint's replace them
         if self.strategy.sharded and "sharded" not in state:
             raise ConfigError("resume", self.spec.resume_from or source, f"a checkpoint of an unsharded run resumes "

@@ -35,6 +35,17 @@ def _let_forkserver_end_with_the_launcher() -> None:
         server._forkserver_alive_fd = None
 
 
+def _record_where_rank0_reads(world, exc: BaseException, code: int) -> None:
+    """A node of a launch over several machines that shares rank 0's run dir: the record there too, so
+    every node's launch can name the root cause (launcher/train/nodes.py)."""
+    from launcher import failures
+    from launcher.train import nodes
+
+    dirs = nodes.met()
+    if dirs is not None and dirs.shared and dirs.main != dirs.own:
+        failures.write_record(dirs.main, world.rank, world.restart_count, exc, code)
+
+
 def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
     # The mask and thread counts go in before anything can start CUDA in this process.
     os.environ.update(spec.env)
@@ -70,6 +81,7 @@ def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
                 raise
         try:
             failures.write_record(run_dir, world.rank, world.restart_count, exc, code)
+            _record_where_rank0_reads(world, exc, code)
         except OSError as unwritten:  # (a full disk): the console still hears why
             print(f"launch: rank {world.rank} failed: {type(exc).__name__}: {exc} (its failure record could not be "
                   f"written: {unwritten})", file=sys.stderr, flush=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.config import Config
+from launcher.errors import ConfigError
 from launcher.host.backends.base import Backend
 from launcher.host.outcome import LaunchContext, Outcome
 from launcher.host.packing import SideBySide
@@ -19,6 +20,10 @@ class LocalBackend(Backend):
     name = "local"
 
     def check(self, cfg: Config) -> None:
+        if cfg.nodes > 1:  # (a sweep's runs; a single launch over several machines is checked by its plan)
+            raise ConfigError("nodes", cfg.nodes, "a sweep (launch -m) runs on this machine; run each launch over "
+                              "several machines by itself, or sweep on SLURM with backend.nodes",
+                              "-m backend=slurm backend.nodes=2 batch_size=256,512")
         make_plan(cfg, existing_world())  # devices, strategy, batch split, on this host
         check_runnable(cfg)
 

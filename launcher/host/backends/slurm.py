@@ -56,7 +56,8 @@ def job_strategy(cfg: Config) -> Strategy:
     per_node = request.per_node()  # ids mean nothing before the job has its nodes: a count
     return strategies.choose(cfg.strategy, Devices(tuple(range(per_node))), nprocs=cfg.nprocs,
                              global_batch=cfg.batch_size, perf=cfg.perf, gpus_text=request.text,
-                             nodes=cfg.backend.nodes, accumulate=cfg.accumulate).strategy
+                             nodes=cfg.backend.nodes, accumulate=cfg.accumulate,
+                             nodes_key="backend.nodes").strategy
 
 
 def run_label(cfg: Config) -> str:

@@ -1,0 +1,99 @@
+"""A world that spans machines: does every rank see rank 0's run dir, and what follows from the answer.
+
+Each node of a launch over several machines (`nodes=2 ... rdzv=HOST:PORT`, or a SLURM job over
+`backend.nodes`) has a run dir of its own; rank 0's is the run's: config, metrics, checkpoints and
+results are written there. Once the process group is up, `meet` has rank 0 leave a token in its run
+dir and every rank look for it at the same path:
+
+    shared       every rank sees it (a file system the nodes share): every rank reads and writes the
+                 run's checkpoints there (sharded ones included), and a failing rank records its
+                 failure there as well as in its own node's dir, so every node's launch names the
+                 root cause
+    not shared   the other nodes keep to their own dirs (their logs and failure records); on a restart
+                 rank 0 reads the checkpoint and sends it to every rank (`Trainer._resume`); sharded
+                 checkpoints, which every rank writes into one folder, are refused in one line
+
+The first rank of every other node writes files.NODE into its own run dir: its ranks, rank 0's run
+dir and whether it is shared (the launcher reads it to find the other nodes' failure records).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from launcher.errors import LaunchError
+from launcher.files import NODE, WORLD_TOKEN, write_text_atomic
+from launcher.world import WorldInfo
+
+
+@dataclass(frozen=True)
+class RunDirs:
+    own: Path  # this node's run dir (its launcher's)
+    main: Path  # rank 0's: the run's
+    shared: bool  # every rank sees `main`
+
+
+_met: RunDirs | None = None  # what `meet` found, for the failure handler (worker.py)
+
+
+def spans_nodes(world: WorldInfo) -> bool:
+    return world.world_size > world.local_world_size
+
+
+def meet(world: WorldInfo, run_dir: Path, sharded: bool, checkpoints: bool) -> RunDirs:
+    """Rank 0's run dir and whether every rank sees it (a collective: every rank calls it)."""
+    global _met
+    run_dir = Path(run_dir)
+    if not spans_nodes(world) or not dist.is_initialized():
+        return RunDirs(run_dir, run_dir, True)
+    token = uuid.uuid4().hex
+    if world.rank == 0:
+        write_text_atomic(run_dir / WORLD_TOKEN, token + "\n")
+    told: list[Any] = [str(run_dir), token] if world.rank == 0 else [None, None]
+    dist.broadcast_object_list(told, src=0)
+    main = Path(told[0])
+    try:
+        sees = (main / WORLD_TOKEN).read_text().strip() == told[1]
+    except OSError:
+        sees = False
+    answers: list[Any] = [None] * world.world_size
+    dist.all_gather_object(answers, (world.rank, sees, socket.gethostname()))
+    blind = [(rank, host) for rank, ok, host in answers if not ok]
+    dirs = RunDirs(run_dir, main, not blind)
+    if world.local_rank == 0 and world.rank != 0:
+        record = {"ranks": [world.rank, world.rank + world.local_world_size - 1], "main_run_dir": str(main),
+                  "shared": dirs.shared, "host": socket.gethostname()}
+        write_text_atomic(run_dir / NODE, json.dumps(record, indent=1) + "\n")
+    _met = dirs
+    if blind and sharded and checkpoints:
+        hosts = sorted({host for _, host in blind})
+        raise LaunchError(f"a sharded strategy writes one checkpoint folder that every rank reaches, but rank 0's run "
+                          f"dir {main} is not visible on {', '.join(hosts)} (ranks {_ranks(blind)}): give the nodes "
+                          "a file system they share and launch from it (or hydra.run.dir=/shared/path/run-NAME on "
+                          "each node), or checkpoint=false")
+    return dirs
+
+
+def _ranks(blind: list[tuple[int, str]]) -> str:
+    ranks = sorted(rank for rank, _ in blind)
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)) \
+        else ", ".join(map(str, ranks))
+
+
+def met() -> RunDirs | None:
+    return _met
+
+
+def from_rank0(state: dict[str, Any] | None, world: WorldInfo) -> dict[str, Any] | None:
+    """Rank 0's checkpoint state, sent to every rank (the other nodes cannot read rank 0's run dir).
+    Tensors travel on the CPU; each rank puts them on its device as it restores them."""
+    box: list[Any] = [state if world.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -1,0 +1,128 @@
+"""A launch over two machines without SLURM: two network namespaces, one `launch` in each, gloo over
+the veth pair between them (tests/multinode/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import descendants, launch_command, listening_sockets, stop_tree
+
+pytestmark = pytest.mark.multinode
+
+PORT = 29611
+DDP = ("gpus=[]", "strategy=ddp", "nprocs=2")
+STEPS_PER_EPOCH = 1438 // 64
+
+
+def node_args(hosts, rank: int, port: int = PORT) -> tuple[str, ...]:
+    return ("nodes=2", f"node_rank={rank}", f"rdzv={hosts.addresses[0]}:{port}")
+
+
+def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_tree(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(f"a node's launch did not end within {timeout} s:\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_nodes_of_two_ranks_train_the_weights_of_one_node_of_four(hosts, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    common = (*DDP, "epochs=2")
+    node0 = hosts.start(0, *common, *node_args(hosts, 0), "hydra.run.dir=" + str(a), cwd=tmp_path)
+    node1 = hosts.start(1, *common, *node_args(hosts, 1), "hydra.run.dir=" + str(b), cwd=tmp_path)
+    seen_listening = set()
+    deadline = time.monotonic() + 60
+    while node0.poll() is None and not seen_listening and time.monotonic() < deadline:
+        seen_listening = listening_sockets(descendants(node0.pid) | {node0.pid}, namespace_of=node0.pid)
+        time.sleep(0.2)
+    code0, out0, err0 = finish(node0)
+    code1, out1, err1 = finish(node1)
+    assert code0 == 0 and code1 == 0, f"{out0}{err0}\n---\n{out1}{err1}"
+    # One run: rank 0's dir holds it; node 1's says where it is
+    assert [r["epoch"] for r in metrics(a)] == [1, 2] and not (b / "results.json").exists()
+    assert "node 1 of 2" in out1 and "ranks 2, 3 finished" in out1 and str(a) in out1, out1 + err1
+    assert "Warning" not in err0 + err1 and "[W" not in err0 + err1, err0 + err1
+    node = json.loads((b / "node.json").read_text())
+    assert node["main_run_dir"] == str(a) and node["shared"] is True and node["ranks"] == [2, 3]
+    plan = json.loads((a / "plan.json").read_text())
+    assert plan["world_size"] == 4 and plan["nodes"]["interface"] == hosts.devices[0]
+    assert plan["worker_env"]["GLOO_SOCKET_IFNAME"] == hosts.devices[0]
+    # node 0 listened on its own address alone, never on every interface
+    assert seen_listening and all(s.startswith(hosts.addresses[0] + ":") or s.startswith("127.0.0.1:")
+                                  for s in seen_listening), seen_listening
+    # the same training as 4 ranks on one machine, to the bit
+    single = subprocess.run(launch_command("gpus=[]", "strategy=ddp", "nprocs=4", "epochs=2",
+                                           f"hydra.run.dir={tmp_path / 'one'}"),
+                            cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert single.returncode == 0, single.stderr
+    one = json.loads((tmp_path / "one" / "results.json").read_text())
+    two = json.loads((a / "results.json").read_text())
+    assert two["ranks_agree"] and len(two["weights_sha256"]) == 4
+    assert two["weights_sha256"][0] == one["weights_sha256"][0]
+    assert [r["loss"] for r in metrics(a)] == [r["loss"] for r in metrics(tmp_path / "one")]
+
+
+def test_a_node_killed_outright_ends_the_other_node_within_seconds(hosts, tmp_path):
+    tag = f"mn-kill-{os.getpid()}"
+    common = (*DDP, "epochs=500", "checkpoint=false")
+    node0 = hosts.start(0, *common, *node_args(hosts, 0, PORT + 1), f"hydra.run.dir={tmp_path / 'a'}",
+                        cwd=tmp_path, tag=tag)
+    node1 = hosts.start(1, *common, *node_args(hosts, 1, PORT + 1), f"hydra.run.dir={tmp_path / 'b'}",
+                        cwd=tmp_path, tag=tag)
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "a" / "metrics.jsonl").exists():  # training, on both nodes
+            assert time.monotonic() < deadline and node0.poll() is None, node0.communicate()
+            time.sleep(0.2)
+        killed = descendants(node1.pid) | {node1.pid}
+        for pid in killed:  # the machine goes away: its launch and its workers at once
+            os.kill(pid, signal.SIGKILL)
+        start = time.monotonic()
+        code0, out0, err0 = finish(node0, timeout=60)
+        took = time.monotonic() - start
+    finally:
+        stop_tree(node0.pid)
+        stop_tree(node1.pid)
+    node1.communicate()
+    assert code0 == 1, err0
+    assert took < 30, f"node 0 took {took:.1f} s to notice"
+    assert "ranks 2-3 on another node stopped first" in err0 and "this node's ranks were stopped" in err0, err0
+    assert "Traceback" not in err0
+    assert not (descendants(node0.pid) - {node0.pid}), "a worker of node 0 outlived its launch"
+
+
+def test_a_restart_resumes_every_node_from_rank_0s_checkpoint_without_a_shared_file_system(hosts, tmp_path):
+    """Node 1 does not see node 0's folders (a tmpfs over them in its own mount namespace): its ranks
+    get the checkpoint from rank 0 when a rank of node 1 fails and both nodes restart."""
+    mine, theirs = tmp_path / "node0", tmp_path / "node1"
+    mine.mkdir()
+    theirs.mkdir()
+    common = (*DDP, "epochs=4", "max_restarts=1", "fault.rank=3", f"fault.step={2 * STEPS_PER_EPOCH + 3}")
+    node0 = hosts.start(0, *common, *node_args(hosts, 0, PORT + 2), f"hydra.run.dir={mine / 'run'}", cwd=mine)
+    node1 = hosts.start(1, *common, *node_args(hosts, 1, PORT + 2), f"hydra.run.dir={theirs / 'run'}", cwd=theirs,
+                        hide=(mine,))
+    code0, out0, err0 = finish(node0)
+    code1, out1, err1 = finish(node1)
+    assert code0 == 0 and code1 == 0, f"{err0}\n---\n{err1}"
+    run = mine / "run"
+    assert [r["epoch"] for r in metrics(run)] == [1, 2, 3, 4]  # epochs 1-2 not trained again
+    results = json.loads((run / "results.json").read_text())
+    assert results["restarts"] == 1 and results["ranks_agree"]
+    assert "resumed from" in err0 + out0 and "after epoch 2" in err0 + out0
+    node = json.loads((theirs / "run" / "node.json").read_text())
+    assert node["shared"] is False
+    assert (theirs / "run" / "failures" / "attempt0-rank3.json").exists()  # its own failure, in its own dir

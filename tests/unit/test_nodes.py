@@ -1,0 +1,99 @@
+"""A launch over several machines, before anything starts: what is checked, what the plan holds, and
+which address and interface this node takes (launcher/host/network.py)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from launcher.errors import ConfigError
+from launcher.host import network
+from launcher.host.plan import make_plan
+from tests.conftest import config_of
+
+CPU = ("gpus=[]", "strategy=ddp", "nprocs=2")
+
+
+@pytest.mark.parametrize("overrides, key, says", [
+    (("nodes=2",), "nodes", "add rdzv=HOST:PORT"),
+    (("nodes=2", "rdzv=10.0.0.1"), "rdzv", "must be HOST:PORT"),
+    (("nodes=2", "rdzv=10.0.0.1:70000"), "rdzv", "port from 1 to 65535"),
+    (("nodes=2", "node_rank=2", "rdzv=10.0.0.1:29400"), "node_rank", "from 0 to 1"),
+    (("node_rank=0",), "node_rank", "give nodes too"),
+    (("rdzv=10.0.0.1:29400",), "rdzv", "give nodes too"),
+    (("nodes=0",), "nodes", "from 1 to 4096"),
+    (("nodes=2", "rdzv=10.0.0.1:29400", "backend=slurm"), "nodes", "use backend.nodes"),
+    (("nodes=2", "rdzv=10.0.0.1:29400", "eval.checkpoint=x"), "nodes", "launch eval runs on one machine"),
+])
+def test_bad_multi_node_settings_are_one_line_naming_the_key(overrides, key, says):
+    with pytest.raises(ConfigError) as err:
+        config_of(*overrides)
+    text = str(err.value)
+    assert text.startswith(f"{key}=") and says in text and "\n" not in text, text
+
+
+def test_a_single_process_strategy_cannot_span_nodes():
+    with pytest.raises(ConfigError, match=r"^nodes=2 .*strategy=single runs one process"):
+        make_plan(config_of("gpus=[]", "strategy=single", "nodes=2", "rdzv=127.0.0.1:29400"))
+
+
+def test_auto_on_one_cpu_per_node_is_ddp_over_all_the_nodes():
+    plan = make_plan(config_of("gpus=[]", "nodes=3", "node_rank=0", "rdzv=127.0.0.1:29400", "batch_size=96"))
+    assert plan.strategy.name == "ddp" and plan.strategy.world_size == 3 and plan.strategy.batch_per_process == 32
+
+
+def test_the_plan_holds_the_world_over_every_node_and_the_interface_to_bind():
+    plan = make_plan(config_of(*CPU, "nodes=2", "node_rank=0", "rdzv=127.0.0.1:29400", "batch_size=64"))
+    s = plan.strategy
+    assert (s.processes, s.world_size, s.batch_per_process) == (2, 4, 16)
+    assert plan.network.hosts_rdzv and plan.network.interface and plan.network.address == "127.0.0.1"
+    assert plan.env["GLOO_SOCKET_IFNAME"] == plan.network.interface
+    assert plan.env["NCCL_SOCKET_IFNAME"] == "=" + plan.network.interface
+    record = plan.record()["nodes"]
+    assert record["nodes"] == 2 and record["node_rank"] == 0 and record["rdzv"] == "127.0.0.1:29400"
+    assert "node 0 of 2" in plan.describe()
+
+
+def test_a_later_node_connects_even_on_the_machine_that_holds_the_address():
+    plan = make_plan(config_of(*CPU, "nodes=2", "node_rank=1", "rdzv=127.0.0.1:29400"))
+    assert not plan.network.hosts_rdzv
+
+
+def test_node_0_must_hold_the_address_and_the_error_names_the_machines_own():
+    with pytest.raises(ConfigError) as err:
+        make_plan(config_of(*CPU, "nodes=2", "node_rank=0", "rdzv=203.0.113.7:29400"))  # TEST-NET-3: not ours
+    assert "203.0.113.7 is not an address of this machine" in str(err.value)
+
+
+def test_node_0_refuses_a_taken_port_before_anything_starts():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match="the port is taken"):
+            make_plan(config_of(*CPU, "nodes=2", "node_rank=0", f"rdzv=127.0.0.1:{port}"))
+        # without node_rank, the node that finds the port taken joins whoever listens there
+        plan = make_plan(config_of(*CPU, "nodes=2", f"rdzv=127.0.0.1:{port}"))
+        assert not plan.network.hosts_rdzv
+
+
+def test_a_name_that_does_not_resolve_is_one_line():
+    with pytest.raises(ConfigError, match=r"^rdzv=no-such-host\.invalid is not valid: the host name does not resolve"):
+        network.node_network("no-such-host.invalid", 29400, None)
+
+
+def test_the_route_to_an_address_names_the_local_address_and_its_interface():
+    assert network.route_to("127.0.0.1") == "127.0.0.1"
+    lo = network.interface_of("127.0.0.1")
+    assert lo is not None and lo.loopback
+    names = {i.name for i in network.interfaces()}
+    assert lo.name in names and all(i.address for i in network.interfaces())
+
+
+def test_a_sweep_over_several_machines_is_refused_before_any_run():
+    from launcher.host.backends.local import LocalBackend
+
+    cfg = config_of(*CPU, "nodes=2", "rdzv=127.0.0.1:29400")
+    with pytest.raises(ConfigError, match="a sweep .* runs on this machine"):
+        LocalBackend(cfg.backend).check(cfg)
