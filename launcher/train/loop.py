@@ -27,6 +27,7 @@ import contextlib
 import logging
 import math
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -755,13 +756,14 @@ class Trainer:
         return advice is not None
 
     def _gather_rank_facts(self) -> tuple[list[str], list[str]]:
-        """Every rank's weights digest and device names, in rank order."""
-        mine = (self.strategy.weights_digest(self.nets), self.strategy.device_names(self.device))
+        """Every rank's weights digest and device names, in rank order (and each rank's host: `self.hosts`)."""
+        mine = (self.strategy.weights_digest(self.nets), self.strategy.device_names(self.device), socket.gethostname())
         everyone = self.strategy.gather(mine)
-        digests = [d for d, _ in everyone]
+        digests = [d for d, _, _ in everyone]
+        self.hosts = [host for _, _, host in everyone]
         if len(set(digests)) > 1 and self.is_main:
             log.warning("ranks ended with DIFFERENT weights (digests %s): the replicas diverged", digests)
-        return digests, [name for _, names in everyone for name in names]
+        return digests, [name for _, names, _ in everyone for name in names]
 
     def _results(self, history: list[dict[str, Any]], digests: list[str], devices: list[str],
                  resumed_from: str | None, total_s: float, recipe_facts: dict[str, Any]) -> dict[str, Any]:
@@ -779,6 +781,7 @@ class Trainer:
             "world_size": s.world_size,
             "device_type": self.device.type,
             "devices": devices,
+            "hosts": self.hosts,  # each rank's machine, in rank order
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "epochs": cfg.epochs,
             "batch_size": cfg.batch_size,

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# A real one-node SLURM cluster for the tests (Debian 12: slurmctld slurmd slurmdbd munge mariadb),
-# started as root without systemd. Everything it writes lives under $1 (default /tmp/launch-slurm):
+# A real SLURM cluster for the tests (Debian 12: slurmctld slurmd slurmdbd munge mariadb), started as
+# root without systemd: one node (this machine), or with a second argument `2` two nodes, lnode1 and
+# lnode2, each slurmd in a network and UTS namespace of its own (see below). Everything it writes lives under $1 (default /tmp/launch-slurm):
 # slurm.conf, logs, state, and the pid files stop.sh uses. Clients find it with SLURM_CONF=$1/slurm.conf.
 #
-#   slurm/testcluster/start.sh /tmp/launch-slurm && export SLURM_CONF=/tmp/launch-slurm/slurm.conf
+#   slurm/testcluster/start.sh /tmp/launch-slurm [2] && export SLURM_CONF=/tmp/launch-slurm/slurm.conf
 #   ... sbatch / launch backend=slurm ...
 #   slurm/testcluster/stop.sh /tmp/launch-slurm
 #
@@ -11,6 +12,7 @@
 # through sacct, and without it every state is UNKNOWN and waiting on a killed job never ends.
 set -euo pipefail
 DIR=$(realpath -m "${1:-/tmp/launch-slurm}")
+NODES=${2:-1}  # 2: two slurmd, each in a network namespace (and UTS namespace) of its own (below)
 HOST=$(hostname -s)
 mkdir -p "$DIR"/{log,state,spool,pids,db}
 chmod 1777 "$DIR/pids"  # mariadbd writes its pid file as user mysql
@@ -41,9 +43,40 @@ mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurm-t
 
 CPUS=$(nproc)
 MEM=$(( $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) / 2 ))
+CTLD_HOST=$HOST
+NODE_LINES="NodeName=$HOST CPUs=$CPUS RealMemory=$MEM State=UNKNOWN"
+if [ "$NODES" = 2 ]; then
+    # Two nodes as SLURM sees them: each slurmd in a network namespace with its own address (198.18.1.11
+    # and .12: the benchmarking range, never routed) and a UTS namespace with its own host name (lnode1,
+    # lnode2), joined to slurmctld (198.18.1.1, on a bridge here) and to each other by veth pairs. Jobs
+    # run inside their node's namespaces; the file system is shared, as on a cluster. stop.sh removes it all.
+    ip link add lslbr0 type bridge
+    echo lslbr0 > "$DIR/bridge"
+    ip addr add 198.18.1.1/24 dev lslbr0
+    ip link set lslbr0 up
+    CTLD_HOST="$HOST(198.18.1.1)"
+    NODE_LINES=""
+    for i in 1 2; do
+        ns=lslurm-n$i
+        ip netns add $ns
+        echo $ns >> "$DIR/netns"
+        ip link add lslh$i type veth peer name lsln$i
+        ip link set lslh$i master lslbr0 up
+        ip link set lsln$i netns $ns
+        ip -n $ns addr add 198.18.1.1$i/24 dev lsln$i
+        ip -n $ns link set lsln$i up
+        ip -n $ns link set lo up
+        mkdir -p /etc/netns/$ns
+        printf '%s\n' "127.0.0.1 localhost" "::1 localhost" "198.18.1.1 $HOST" "::ffff:198.18.1.1 $HOST" \
+            "198.18.1.11 lnode1" "::ffff:198.18.1.11 lnode1" "198.18.1.12 lnode2" "::ffff:198.18.1.12 lnode2" \
+            > /etc/netns/$ns/hosts
+        NODE_LINES="$NODE_LINES
+NodeName=lnode$i NodeAddr=198.18.1.1$i NodeHostname=lnode$i CPUs=$CPUS RealMemory=$(( MEM / 2 )) State=UNKNOWN"
+    done
+fi
 cat > "$DIR/slurm.conf" <<CONF
 ClusterName=launchtest
-SlurmctldHost=$HOST
+SlurmctldHost=$CTLD_HOST
 SlurmUser=root
 AuthType=auth/munge
 # a requeued job may start again after 10 s instead of 121 (read at slurmctld start only)
@@ -56,17 +89,17 @@ SchedulerParameters=sched_interval=5,bf_interval=5
 ReturnToService=2
 MpiDefault=none
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/pids/slurmctld.pid
-SlurmdPidFile=$DIR/pids/slurmd.pid
+SlurmdPidFile=$DIR/pids/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 KillWait=5
-NodeName=$HOST CPUs=$CPUS RealMemory=$MEM State=UNKNOWN
+$NODE_LINES
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
 cat > "$DIR/slurmdbd.conf" <<CONF
@@ -88,6 +121,14 @@ export SLURM_CONF="$DIR/slurm.conf"
 for _ in $(seq 100); do sacctmgr -n list cluster >/dev/null 2>&1 && break; sleep 0.1; done
 sacctmgr -i add cluster launchtest >/dev/null 2>&1 || true
 /usr/sbin/slurmctld
-/usr/sbin/slurmd
+if [ "$NODES" = 2 ]; then
+    for i in 1 2; do
+        # (nsenter, not `ip netns exec`: that remounts /sys, and slurmd wants the cgroup mounts under it)
+        nsenter --net=/run/netns/lslurm-n$i unshare --mount --uts --propagation private sh -c \
+            "mount --bind /etc/netns/lslurm-n$i/hosts /etc/hosts && hostname lnode$i && exec /usr/sbin/slurmd -N lnode$i"
+    done
+else
+    /usr/sbin/slurmd
+fi
 for _ in $(seq 200); do sinfo -h -o %T 2>/dev/null | grep -qE "^idle" && break; sleep 0.1; done
 sinfo -h -o "%P %D %T %c" | sed "s/^/slurm test cluster: /"

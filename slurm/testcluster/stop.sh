@@ -2,8 +2,7 @@
 # Stops what start.sh started, by the pids in its pid files (never by process name: other daemons of
 # the same name on this machine are not ours). Safe to call twice.
 DIR=$(realpath -m "${1:-/tmp/launch-slurm}")
-for name in slurmd slurmctld slurmdbd mariadbd munged; do
-    pidfile="$DIR/pids/$name.pid"
+for pidfile in "$DIR"/pids/slurmd*.pid "$DIR"/pids/{slurmctld,slurmdbd,mariadbd,munged}.pid; do
     [ -s "$pidfile" ] || continue
     pid=$(cat "$pidfile")
     kill "$pid" 2>/dev/null || continue
@@ -11,3 +10,15 @@ for name in slurmd slurmctld slurmdbd mariadbd munged; do
     kill -9 "$pid" 2>/dev/null || true
     rm -f "$pidfile"
 done
+# the two-node cluster's namespaces and bridge (start.sh DIR 2)
+if [ -s "$DIR/netns" ]; then
+    while read -r ns; do
+        ip netns delete "$ns" 2>/dev/null || true
+        rm -rf "/etc/netns/$ns"
+    done < "$DIR/netns"
+    rm -f "$DIR/netns"
+fi
+if [ -s "$DIR/bridge" ]; then
+    ip link delete "$(cat "$DIR/bridge")" 2>/dev/null || true
+    rm -f "$DIR/bridge"
+fi

@@ -38,6 +38,18 @@ def test_two_task_ddp_job_trains_like_a_local_run(launch, slurm_cluster):
     assert "[rank 0]" in (result.run_dir() / "train.log").read_text()
 
 
+def test_a_two_node_job_trains_with_ranks_on_both_nodes_that_agree(launch, slurm_cluster):
+    """backend.nodes=2, 2 tasks on each: srun starts the 4 ranks on lnode1 and lnode2 (each its own
+    network namespace and host name), the ranks meet at the first node over gloo, rank 0 writes the run."""
+    result = launch(*DDP_CPU, "backend.nodes=2", "epochs=2", env=clean_env(SLURM_CONF=slurm_cluster), timeout=300)
+    assert result.returncode == 0, result.output
+    assert "4 tasks on 2 nodes" in result.stdout
+    r = result.results()
+    assert r["world_size"] == 4 and r["ranks_agree"] and len(r["weights_sha256"]) == 4
+    assert r["hosts"] == ["lnode1", "lnode1", "lnode2", "lnode2"], r["hosts"]
+    assert r["test_acc"] >= 0.95
+
+
 def test_a_failing_rank_fails_the_job_and_the_launch(launch, slurm_cluster):
     result = launch(*DDP_CPU, "fault.rank=1", "fault.step=3", env=clean_env(SLURM_CONF=slurm_cluster), timeout=300)
     assert result.returncode == 1, result.output
@@ -70,15 +82,16 @@ def _epochs(run_dir: Path) -> list[int]:
     return [json.loads(line)["epoch"] for line in metrics.read_text().splitlines() if line.strip()]
 
 
-LONG_RUN_EPOCHS = 40
+LONG_RUN_EPOCHS = 16  # long enough to be interrupted after epoch 3, short enough for CI
 
 
-def _interrupted_long_run(launch, slurm_cluster: str, interrupt: list[str]) -> tuple[Path, str, dict]:
-    """Submit a 40-epoch 2-task job, run `interrupt + [job id]` after its 3rd epoch, wait for it to end.
-    Returns the run dir, the job id and results.json."""
+def _interrupted_long_run(launch, slurm_cluster: str, interrupt: list[str],
+                          nodes: int = 1) -> tuple[Path, str, dict]:
+    """Submit a LONG_RUN_EPOCHS-epoch 2-rank job (2 tasks on one node, or 1 on each of 2), run `interrupt + [job id]`
+    after its 3rd epoch, wait for it to end. Returns the run dir, the job id and results.json."""
     env = clean_env(SLURM_CONF=slurm_cluster)
-    submitted = launch("recipe=digits", "gpus=[]", "strategy=ddp", "nprocs=2", f"epochs={LONG_RUN_EPOCHS}",
-                       "backend=slurm", env=env)
+    submitted = launch("recipe=digits", "gpus=[]", "strategy=ddp", f"nprocs={2 // nodes}", f"backend.nodes={nodes}",
+                       f"epochs={LONG_RUN_EPOCHS}", "backend=slurm", env=env)
     assert submitted.returncode == 0, submitted.output
     run_dir = submitted.run_dir()
     job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
@@ -91,8 +104,9 @@ def _interrupted_long_run(launch, slurm_cluster: str, interrupt: list[str]) -> t
 def test_a_preempted_job_resumes_and_trains_each_epoch_once(launch, slurm_cluster):
     """SIGUSR2 (what SLURM sends before a preemption or the time limit) mid-run: the ranks finish the
     epoch, rank 0 checkpoints and requeues; the requeued job continues the same run dir."""
-    run_dir, job_id, results = _interrupted_long_run(launch, slurm_cluster, ["scancel", "--signal=USR2"])
+    run_dir, job_id, results = _interrupted_long_run(launch, slurm_cluster, ["scancel", "--signal=USR2"], nodes=2)
     assert _epochs(run_dir) == list(range(1, LONG_RUN_EPOCHS + 1))  # every epoch once, none lost or repeated
+    assert results["hosts"] == ["lnode1", "lnode2"]  # a job over both nodes
     assert results["resumed_from"].endswith("checkpoints/last.pt") and results["ranks_agree"]
     assert results["test_acc"] >= 0.95
     log = (run_dir / "train.log").read_text()
@@ -122,9 +136,10 @@ def test_a_finished_job_that_is_requeued_does_not_train_again(launch, slurm_clus
 
 
 def test_a_three_point_sweep_is_one_job_array_with_a_summary(launch, slurm_cluster):
+    # (each run asks for a whole node's 2 CPUs: two run at once, one on each node)
     result = launch("-m", "recipe=digits", "gpus=[]", "epochs=1", "batch_size=32,64,128", "backend=slurm",
-                    "backend.wait=true", "backend.array_parallelism=2", env=clean_env(SLURM_CONF=slurm_cluster),
-                    timeout=300)
+                    "backend.wait=true", "backend.array_parallelism=2", "backend.cpus_per_task=2",
+                    env=clean_env(SLURM_CONF=slurm_cluster), timeout=300)
     assert result.returncode == 0, result.output
     assert "submitted SLURM job array" in result.stdout and "at most 2 at once" in result.stdout
     sweep_dir = next(result.cwd.glob("multirun/*/*/summary.csv")).parent
@@ -134,6 +149,8 @@ def test_a_three_point_sweep_is_one_job_array_with_a_summary(launch, slurm_clust
     with open(sweep_dir / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 3 and all(r["exit_code"] == "0" and float(r["test_acc"]) > 0.3 for r in rows)
+    hosts = {json.loads((sweep_dir / str(n) / "results.json").read_text())["hosts"][0] for n in range(3)}
+    assert hosts == {"lnode1", "lnode2"}  # the array spread over both nodes
     assert (sweep_dir / "summary.png").read_bytes()[:4] == b"\x89PNG"
     assert (sweep_dir / "summary.md").read_text().count("\n") == 5
 
