@@ -31,7 +31,8 @@ class WorldInfo:
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", 1))),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("MASTER_PORT", 29500)),
-            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+            # elastic's restarts; in a SLURM job's tasks, its requeues (SLURM_RESTART_COUNT)
+            restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT") or env.get("SLURM_RESTART_COUNT") or 0),
         )
 
     def as_env(self) -> dict[str, str]:
@@ -73,8 +74,9 @@ def _from_slurm() -> WorldInfo:
     job = SlurmJobEnvironment()
     # Every task must agree on a port without talking: derive it from the job id, unless one is given.
     port = int(os.environ.get("MASTER_PORT") or random.Random(job.job_id).randint(20000, 60000))
+    # (a requeued job's run: the restarted attempt, as elastic's TORCHELASTIC_RESTART_COUNT says locally)
     return WorldInfo(job.global_rank, job.local_rank, job.num_tasks, job.num_tasks // job.num_nodes,
-                     job.hostnames[0], port)
+                     job.hostnames[0], port, restart_count=int(os.environ.get("SLURM_RESTART_COUNT") or 0))
 
 
 def joined_run_id(env: Mapping[str, str]) -> str:

@@ -31,6 +31,7 @@ from launcher.errors import LaunchError
 
 BACKEND = "launch-loopback"
 NODES_BACKEND = "launch-nodes"
+STORE_READ_TIMEOUT_S = 30  # several machines: how long one operation on the rendezvous store may wait
 LOOPBACK = "127.0.0.1"
 
 
@@ -87,13 +88,16 @@ def _create_nodes_handler(params):
     host, port = params.endpoint.rsplit(":", 1)
     host = host.strip("[]")
     timeout_s = float(params.get_as_int("join_timeout", 300))
+    # One store operation's limit: elastic's rendezvous waits for the other nodes by repeating short ones
+    # (up to join_timeout); a node cut off from node 0 gives up on the store this much after its peers.
+    read_s = float(params.get_as_int("read_timeout", STORE_READ_TIMEOUT_S))
     if params.get_as_bool("listen", False):
-        store = _bound_store(host, int(port), timeout_s)
+        store = _bound_store(host, int(port), read_s)
     else:
         # Wait for node 0 quietly: a TCPStore client started first logs a C++ warning per retry.
-        left = _wait_for_listener(host, int(port), timeout_s)
+        _wait_for_listener(host, int(port), timeout_s)
         try:
-            store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=max(left, 10.0)))
+            store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=read_s))
         except (RuntimeError, TimeoutError, OSError) as err:
             raise RendezvousError(f"the rendezvous at {host}:{port} did not answer as one "
                                   f"({str(err).splitlines()[0][:160]}): is another program listening on that port?"
@@ -108,10 +112,68 @@ def _create_nodes_handler(params):
     listens = params.get_as_bool("listen", False)
     local_addr = params.local_addr
     # The workers' store: the rendezvous store where this node serves it, else one on this node's address.
-    handler._create_tcp_store_server = lambda addr, port: store if listens else _bound_store(local_addr, 0, timeout_s)
+    handler._create_tcp_store_server = lambda addr, port: store if listens else _bound_store(local_addr, 0, read_s)
     node_rank = params.get_as_int("node_rank", -1)
     _NodeRanks(handler, -1 if node_rank is None else node_rank, params.max_nodes, timeout_s).install()
+    _StoreGuard(handler, read_s, params.endpoint).install()
     return handler
+
+
+class NodeLost(RuntimeError):
+    """The rendezvous stopped answering while the nodes trained: the launch ends (exit 1), bounded."""
+
+
+class _StoreGuard:
+    """Bounds the calls elastic's agent makes on the rendezvous store while the workers run.
+
+    The agent asks the store every monitor interval (`num_nodes_waiting`) and once at the end
+    (`shutdown`). A TCPStore client call on a connection whose far end vanished without closing it (a
+    network partition, a machine that lost power) blocks in C++ past the store's timeout (seen: over
+    two minutes with a 30 s timeout, until TCP itself gives up after ~15 min). These calls run on a
+    helper thread instead and give up after `limit_s`: `num_nodes_waiting` with NodeLost (the agent
+    then stops this node's workers), `shutdown` quietly.
+    """
+
+    def __init__(self, handler, limit_s: float, endpoint: str):
+        self.handler, self.limit_s, self.endpoint = handler, limit_s, endpoint
+        self.stuck = False  # a call gave up: the store is gone, later calls would block too
+
+    def install(self) -> None:
+        for name in ("num_nodes_waiting", "shutdown"):
+            original = getattr(self.handler, name)
+            setattr(self.handler, name, lambda original=original, name=name: self._call(name, original))
+
+    def _call(self, name: str, function):
+        import threading
+
+        if self.stuck:
+            if name == "shutdown":
+                return False
+            raise self._lost()
+        box: list = []
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                box.append((True, function()))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+                box.append((False, exc))
+            done.set()
+
+        threading.Thread(target=run, name=f"launch-rdzv-{name}", daemon=True).start()
+        if not done.wait(self.limit_s if name != "shutdown" else min(self.limit_s, 10.0)):
+            self.stuck = True
+            if name == "shutdown":
+                return False
+            raise self._lost()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def _lost(self) -> NodeLost:
+        return NodeLost(f"the rendezvous at {self.endpoint} stopped answering for {self.limit_s:.0f} s while the "
+                        "nodes trained (node 0 down, or cut off from this node)")
 
 
 def _wait_for_listener(host: str, port: int, timeout_s: float) -> float:

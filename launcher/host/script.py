@@ -23,6 +23,7 @@ from typing import Any
 from launcher.config import Config
 from launcher.errors import ConfigError, LaunchError
 from launcher.host.outcome import Outcome
+from launcher.host.rendezvous import NodeLost
 from launcher.host.spawn import (
     _quiet_elastic,
     launch_config,
@@ -73,6 +74,8 @@ def run_script(path: Path, argv: list[str], run_dir: Path, nprocs: int, worker_e
             return _describe(err, path, logs)
         except LaunchError as err:  # the nodes could not meet (rendezvous.py): nothing started
             return Outcome(err.exit_code, error=str(err))
+        except NodeLost as lost:  # (several machines) the rendezvous vanished mid-run: ranks here stopped
+            return Outcome(1, error=f"{lost}; this node's ranks of {path.name} were stopped; their output is in {logs}")
         except SignalException as sig:
             return Outcome(128 + int(sig.sigval), error=f"stopped by signal {sig.sigval}: all ranks of {path.name} "
                                                        f"ended; their output is in {logs}")

@@ -195,6 +195,7 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
     from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
     from torch.distributed.launcher.api import elastic_launch
 
+    from launcher.host import rendezvous
     from launcher.train.worker import worker_main  # the entry point of the training wing
 
     _quiet_elastic()
@@ -215,6 +216,9 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
                 return describe_failure(run_dir, err, nprocs, max_restarts, nodes)
             except LaunchError as err:  # the nodes could not meet (rendezvous.py): nothing started
                 return Outcome(err.exit_code, error=str(err))
+            except rendezvous.NodeLost as lost:  # (several machines) the workers here were stopped
+                clear_console_line()
+                return Outcome(1, error=f"{lost}; this node's ranks were stopped. Log: {run_dir / LOG}")
             except RendezvousTimeoutError:
                 return Outcome(2, error=f"the {nodes.count if nodes else 1} nodes did not all join within "
                                f"rdzv_timeout_s={nodes.timeout_s if nodes else '?'}: start the same launch on every "
@@ -261,6 +265,11 @@ def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int, nodes: 
                 return Outcome(1, error=f"rank{'s' if len(away) > 1 else ''} {_span(away)} on another node stopped "
                                f"first (killed, unreachable, or failed: that node's launch and log say why){seen}; "
                                f"this node's ranks were stopped. Log: {log_path}")
+            if cause is not None:  # every rank recorded, each only saw its peers go quiet
+                return Outcome(1, error=f"the nodes lost each other: every rank's peers stopped answering (the "
+                               f"network between the nodes failed, or a node hung past strategy.timeout_s); "
+                               f"rank {cause.rank} first saw: {failures.short_headline(cause.headline)}; every "
+                               f"rank was stopped. Log: {log_path}")
     others = nprocs - 1
     stopped = f"; the other {others} rank{'s were' if others > 1 else ' was'} stopped" if others else ""
     restarts = f" after {max_restarts} restart{'s' if max_restarts > 1 else ''}" if max_restarts else ""

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import LaunchError
+from launcher.errors import ExplainedStop, LaunchError
 from launcher.lifetime import die_with_parent
 from launcher.spec import PREEMPTED_EXIT, WorkerSpec
 
@@ -44,6 +44,32 @@ def _record_where_rank0_reads(world, exc: BaseException, code: int) -> None:
     dirs = nodes.met()
     if dirs is not None and dirs.shared and dirs.main != dirs.own:
         failures.write_record(dirs.main, world.rank, world.restart_count, exc, code)
+
+
+def _requeue_after_failure(spec: WorkerSpec, run_dir: Path, rank: int) -> None:
+    """backend=slurm with max_restarts=N: a failed job runs again, resuming from its last checkpoint, as
+    a local launch's workers restart (at most N times). The first rank to fail in this run of the job
+    asks SLURM (`scontrol requeue`, which ends the job's other tasks); a rank whose node died cannot,
+    but its peers fail a moment later and one of them does."""
+    import subprocess
+
+    from launcher.files import FAILURES
+
+    policy, allowed = spec.requeue, spec.config.max_restarts
+    if policy is None or not policy.job_id or allowed <= 0:
+        return
+    folder = run_dir / FAILURES
+    done = len(list(folder.glob("requeued-after-run*")))
+    if done >= allowed:
+        return
+    try:
+        os.close(os.open(folder / f"requeued-after-run{policy.restart_count}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return  # another rank of this run asked already
+    asked = subprocess.run(["scontrol", "requeue", policy.job_id], capture_output=True, text=True, timeout=60)
+    said = "requeued" if asked.returncode == 0 else f"could not requeue ({asked.stderr.strip()[:200]})"
+    print(f"launch: rank {rank} failed; SLURM job {policy.job_id} {said}: restart {done + 1} of max_restarts="
+          f"{allowed}, from the last checkpoint", file=sys.stderr, flush=True)
 
 
 def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
@@ -82,6 +108,8 @@ def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
         try:
             failures.write_record(run_dir, world.rank, world.restart_count, exc, code)
             _record_where_rank0_reads(world, exc, code)
+            if code != 2 and not isinstance(exc, ExplainedStop):  # (bad input or a NaN stop: not again)
+                _requeue_after_failure(spec, run_dir, world.rank)
         except OSError as unwritten:  # (a full disk): the console still hears why
             print(f"launch: rank {world.rank} failed: {type(exc).__name__}: {exc} (its failure record could not be "
                   f"written: {unwritten})", file=sys.stderr, flush=True)

@@ -50,6 +50,11 @@ if [ "$NODES" = 2 ]; then
     # and .12: the benchmarking range, never routed) and a UTS namespace with its own host name (lnode1,
     # lnode2), joined to slurmctld (198.18.1.1, on a bridge here) and to each other by veth pairs. Jobs
     # run inside their node's namespaces; the file system is shared, as on a cluster. stop.sh removes it all.
+    if ip link show lslbr0 >/dev/null 2>&1 || ip netns list | grep -q '^lslurm-n'; then
+        echo "a two-node test cluster runs already (or was left behind): stop it with stop.sh DIR, or" \
+             "ip link delete lslbr0; ip netns delete lslurm-n1; ip netns delete lslurm-n2" >&2
+        exit 1
+    fi
     ip link add lslbr0 type bridge
     echo lslbr0 > "$DIR/bridge"
     ip addr add 198.18.1.1/24 dev lslbr0

@@ -126,3 +126,30 @@ def test_a_restart_resumes_every_node_from_rank_0s_checkpoint_without_a_shared_f
     node = json.loads((theirs / "run" / "node.json").read_text())
     assert node["shared"] is False
     assert (theirs / "run" / "failures" / "attempt0-rank3.json").exists()  # its own failure, in its own dir
+
+
+def test_a_node_cut_off_without_closing_its_connections_ends_both_within_the_collective_timeout(hosts, tmp_path):
+    """Node 1's link goes down mid-run (packets dropped, no connection reset): no peer sees a socket
+    close, so each rank's next collective waits out strategy.timeout_s; then both launches end."""
+    common = (*DDP, "epochs=500", "checkpoint=false", "strategy.timeout_s=5")
+    node0 = hosts.start(0, *common, *node_args(hosts, 0, PORT + 3), f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path)
+    node1 = hosts.start(1, *common, *node_args(hosts, 1, PORT + 3), f"hydra.run.dir={tmp_path / 'b'}", cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "a" / "metrics.jsonl").exists():
+            assert time.monotonic() < deadline and node0.poll() is None, node0.communicate()
+            time.sleep(0.2)
+        subprocess.run(["ip", "-n", hosts.names[1], "link", "set", hosts.devices[1], "down"], check=True)
+        start = time.monotonic()
+        code0, out0, err0 = finish(node0, timeout=90)
+        code1, out1, err1 = finish(node1, timeout=90)
+        took = time.monotonic() - start
+    finally:
+        subprocess.run(["ip", "-n", hosts.names[1], "link", "set", hosts.devices[1], "up"], check=True)
+        stop_tree(node0.pid)
+        stop_tree(node1.pid)
+    assert code0 == 1 and code1 == 1, f"{err0}\n---\n{err1}"
+    # (the collective timeout, then at most the rendezvous store's 30 s on the node cut off from it)
+    assert took < 5 + 30 + 10, f"the nodes took {took:.1f} s to end after the link went down"
+    assert "the nodes lost each other" in err0 and "Traceback" not in err0, err0
+    assert "stopped answering" in err1 and "Traceback" not in err1, err1

@@ -51,10 +51,31 @@ def test_a_two_node_job_trains_with_ranks_on_both_nodes_that_agree(launch, slurm
 
 
 def test_a_failing_rank_fails_the_job_and_the_launch(launch, slurm_cluster):
-    result = launch(*DDP_CPU, "fault.rank=1", "fault.step=3", env=clean_env(SLURM_CONF=slurm_cluster), timeout=300)
+    # (rank 1 is on the second node: its exception is named on the first, from the shared run dir)
+    result = launch(*DDP_CPU[:3], "nprocs=1", *DDP_CPU[4:], "backend.nodes=2", "fault.rank=1", "fault.step=3",
+                    env=clean_env(SLURM_CONF=slurm_cluster), timeout=300)
     assert result.returncode == 1, result.output
     assert "SLURM job" in result.stderr and "ended FAILED" in result.stderr
     assert "rank 1 failed: RuntimeError: injected failure" in result.stderr  # the root cause, not srun's echo
+
+
+def test_with_max_restarts_a_job_whose_rank_was_killed_requeues_itself_and_resumes(launch, slurm_cluster):
+    """Rank 1 (the second node) is killed outright in epoch 3: rank 0 sees it vanish, asks SLURM to
+    requeue the job (max_restarts=1), and the job's next run resumes both nodes after epoch 2."""
+    spe = 1438 // 64
+    result = launch(*DDP_CPU[:3], "nprocs=1", *DDP_CPU[4:], "backend.nodes=2", "epochs=4", "max_restarts=1",
+                    "fault.rank=1", "fault.kind=kill", f"fault.step={2 * spe + 3}",
+                    env=clean_env(SLURM_CONF=slurm_cluster), timeout=300)
+    assert result.returncode == 0, result.output
+    run_dir = result.run_dir()
+    assert _epochs(run_dir) == [1, 2, 3, 4]  # epochs 1-2 not trained again
+    r = result.results()
+    assert r["restarts"] == 1 and r["resumed_from"].endswith("checkpoints/last.pt") and r["ranks_agree"]
+    assert r["hosts"] == ["lnode1", "lnode2"]
+    job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    said = (run_dir / "slurm" / job_id / f"{job_id}_0_log.err").read_text()
+    assert f"rank 0 failed; SLURM job {job_id} requeued: restart 1 of max_restarts=1" in said
+    assert _job_field(slurm_cluster, job_id, "Restarts") == "1"
 
 
 def test_without_waiting_the_job_id_and_paths_come_back_at_once(launch, slurm_cluster):

@@ -86,3 +86,26 @@ def test_the_batch_script_matches_the_golden_file(monkeypatch):
                        """+backend.additional.comment='it\\'s "ours"'""")
     script = slurm.sbatch_script(cfg, Path("/runs/2026-11-22/digits"))
     assert script == (GOLDEN / "sbatch_ddp_cpu.txt").read_text()
+
+
+def test_a_rank_that_left_no_record_is_named_over_the_peer_that_saw_it_vanish(tmp_path):
+    """A rank killed outright (or lost with its node) writes no failure record; its peers' records only
+    say the connection dropped. The job's failure names the silent rank, not its echo."""
+    from launcher import failures
+
+    echo = RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [198.18.1.12]:9898: Connection reset by peer")
+    failures.write_record(tmp_path, 0, 0, echo, 1)
+    failures.write_record(tmp_path, 2, 0, echo, 1)
+    why = slurm._why(tmp_path, RuntimeError("srun: error"), "77", world_size=4)
+    assert why.startswith("ranks 1, 3 died without a Python traceback"), why
+    assert "Connection reset by peer" in why and str(tmp_path / "slurm" / "77" / "77_1_log.err") in why
+    failures.write_record(tmp_path, 1, 0, ValueError("bad shape"), 1)  # a rank that did say why wins
+    assert slurm._why(tmp_path, RuntimeError("srun"), "77", world_size=4).startswith("rank 1 failed: ValueError")
+
+
+def test_a_requeued_jobs_tasks_count_its_requeues_as_restart_attempts():
+    from launcher.world import WorldInfo
+
+    assert WorldInfo.from_env({"RANK": "1", "WORLD_SIZE": "2", "SLURM_RESTART_COUNT": "2"}).restart_count == 2
+    both = {"TORCHELASTIC_RESTART_COUNT": "1", "SLURM_RESTART_COUNT": "3"}
+    assert WorldInfo.from_env(both).restart_count == 1  # elastic's own restarts, where elastic runs the workers

@@ -166,11 +166,21 @@ def _executor(folder: Path):
                 "with dry_run=true")
 
 
-def _why(run_dir: Path, exc: BaseException) -> str:
-    """The failing rank's own exception when a worker recorded one (failures/), else what submitit saw."""
-    from launcher.failures import read_records, root_cause
+def _why(run_dir: Path, exc: BaseException, job_id: str = "", world_size: int | None = None) -> str:
+    """The failing rank's own exception when a worker recorded one (failures/); a rank that left no record
+    while its peers only saw it vanish (killed, its node lost); else what submitit saw."""
+    from launcher.failures import read_records, root_cause, short_headline
 
-    cause = root_cause(read_records(run_dir))
+    records = read_records(run_dir)
+    cause = root_cause(records)
+    if cause is not None and cause.secondary and world_size:
+        latest = [r for r in records if r.attempt == cause.attempt]
+        silent = sorted(set(range(world_size)) - {r.rank for r in latest})
+        if silent:
+            ranks = f"rank {silent[0]}" if len(silent) == 1 else f"ranks {', '.join(map(str, silent))}"
+            logs = ", ".join(str(run_dir / SUBMITIT_DIR / job_id / f"{job_id}_{r}_log.err") for r in silent[:2])
+            return (f"{ranks} died without a Python traceback (killed by a signal, the out-of-memory killer, or "
+                    f"its node lost); rank {cause.rank} then saw: {short_headline(cause.headline)} (logs: {logs})")
     if cause is None:
         return _last_line(exc)
     return f"rank {cause.rank} failed: {cause.exc_type}: {cause.message} (traceback: {run_dir / 'failures'})"
@@ -222,7 +232,8 @@ class SlurmBackend(Backend):
         try:
             job.results()  # one per task; waits for the job and re-raises a task's error
         except Exception as exc:  # noqa: BLE001 - the job failed: submitit re-raises the task's error
-            return Outcome(1, error=f"SLURM job {job.job_id} ended {job.state}: {_why(run_dir, exc)}")
+            why = _why(run_dir, exc, job.job_id, tasks)
+            return Outcome(1, error=f"SLURM job {job.job_id} ended {job.state}: {why}")
         results = run_dir / RESULTS
         where = f"results: {results}" if results.exists() else f"run dir: {run_dir}"
         print(f"launch: SLURM job {job.job_id} finished; {where}", flush=True)
@@ -267,5 +278,7 @@ class SlurmBackend(Backend):
                 handle.results()
                 job.finished(0)
             except Exception as exc:  # noqa: BLE001 - one failed run does not stop the others
-                job.finished(1, f"SLURM job {handle.job_id} ended {handle.state}: {_why(job.run_dir, exc)}")
+                tasks = (p := sbatch_parameters(job.cfg))["nodes"] * p["ntasks_per_node"]
+                why = _why(job.run_dir, exc, handle.job_id, tasks)
+                job.finished(1, f"SLURM job {handle.job_id} ended {handle.state}: {why}")
                 print(f"sweep: job {job.num} ({handle.job_id}) FAILED: {job.error}", file=sys.stderr, flush=True)
