@@ -545,7 +545,7 @@ class Config(Schema):
     lr: float = 0.1
     seed: int = 0
     resume: str | None = None  # a run dir or checkpoint file to continue from, or `latest`
-    max_restarts: int = 0  # restart the worker group this many times after a failure; it resumes
+    max_restarts: int = 0  # restart the worker group this many times after a failure; it resumes (SLURM: requeue)
     # Several machines without SLURM (launcher/host/network.py, rendezvous.py): the same launch on each,
     # `nodes=2 node_rank=K rdzv=HOST:PORT`; HOST is an address of node 0 that every node reaches.
     nodes: int = 1

@@ -39,23 +39,37 @@ def _schema_named(name: str) -> type | None:
     return None
 
 
-def _known_keys(full_key: str, schema_name: str | None) -> list[str]:
-    """The keys beside the leaf of `full_key`: from the schema the error names, else by walking Config."""
+def _known_keys(full_key: str, schema_name: str | None) -> list[str] | None:
+    """The keys beside the leaf of `full_key`: from the schema the error names, else by walking Config.
+    None: the leaf's section is a free-form dict (`args`, `backend.additional`), whose keys are the user's."""
     node = _schema_named(schema_name) if schema_name else None
-    if node is None:
+    parts = full_key.split(".")[:-1]
+    if node is not None:  # a group option's schema: the walk starts below the group's name
+        parts = parts[1:]
+    else:
         node = config.Config
-        for part in full_key.split(".")[:-1]:
-            field = {f.name: f for f in dataclasses.fields(node)}.get(part)
-            factory = field.default_factory if field is not None else None
-            node = factory if isinstance(factory, type) else None
-            if node is None:
-                return []
+    for part in parts:
+        if not dataclasses.is_dataclass(node):
+            return None
+        field = {f.name: f for f in dataclasses.fields(node)}.get(part)
+        factory = field.default_factory if field is not None else None
+        node = factory if isinstance(factory, type) else None
+        if node is None:
+            return []
+    if not dataclasses.is_dataclass(node):
+        return None
     return [f.name for f in dataclasses.fields(node)]
 
 
 def _unknown_key(full_key: str, schema_name: str | None) -> str:
     known = _known_keys(full_key, schema_name)
     leaf = full_key.split(".")[-1]
+    if known is None:  # a key of the user's own in a dict section: Hydra adds new keys with a leading +
+        return (f"unknown key '{full_key}': {full_key.rsplit('.', 1)[0]}.* keys are your own; add a new one with a "
+                f"leading + (e.g. launch +{full_key}=VALUE)")
+    if not known:
+        return (f"unknown key '{full_key}': `launch --help` lists every key (one of your own in a free-form section "
+                f"such as args or backend.additional takes a leading +: launch +{full_key}=VALUE)")
     prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
     guess = difflib.get_close_matches(leaf, known, n=1)
     hint = f"did you mean {prefix}{guess[0]}? " if guess else ""

@@ -31,7 +31,7 @@ from launcher.errors import LaunchError
 
 BACKEND = "launch-loopback"
 NODES_BACKEND = "launch-nodes"
-STORE_READ_TIMEOUT_S = 30  # several machines: how long one operation on the rendezvous store may wait
+STORE_READ_TIMEOUT_S = 30  # several machines: the most one operation on the rendezvous store may wait
 LOOPBACK = "127.0.0.1"
 
 
@@ -88,8 +88,9 @@ def _create_nodes_handler(params):
     host, port = params.endpoint.rsplit(":", 1)
     host = host.strip("[]")
     timeout_s = float(params.get_as_int("join_timeout", 300))
-    # One store operation's limit: elastic's rendezvous waits for the other nodes by repeating short ones
-    # (up to join_timeout); a node cut off from node 0 gives up on the store this much after its peers.
+    # One store operation's limit (strategy.timeout_s, within 10-30 s): elastic's rendezvous waits for the
+    # other nodes by repeating short ones (up to join_timeout); a node cut off from node 0 gives up on
+    # the store this long after its last answer.
     read_s = float(params.get_as_int("read_timeout", STORE_READ_TIMEOUT_S))
     if params.get_as_bool("listen", False):
         store = _bound_store(host, int(port), read_s)

@@ -135,10 +135,14 @@ def nodes_of(plan: Plan):
     """This node's part in a launch over several machines (spawn.Nodes), or None."""
     if plan.network is None:
         return None
+    from launcher.host.rendezvous import STORE_READ_TIMEOUT_S
     from launcher.host.spawn import Nodes
 
     cfg = plan.config
-    return Nodes(cfg.nodes, cfg.node_rank, plan.network, cfg.rdzv_timeout_s)
+    # A node cut off from the rendezvous gives up on it after the collectives' own timeout, 10-30 s
+    collective_s = getattr(cfg.strategy, "timeout_s", STORE_READ_TIMEOUT_S)
+    return Nodes(cfg.nodes, cfg.node_rank, plan.network, cfg.rdzv_timeout_s,
+                 store_read_s=min(STORE_READ_TIMEOUT_S, max(10, collective_s)))
 
 
 def _run_user_script(plan: Plan, run_dir: Path, context: LaunchContext) -> Outcome:

@@ -145,6 +145,7 @@ class Nodes:
     node_rank: int | None  # None: elastic assigns it at the rendezvous
     network: NodeNetwork
     timeout_s: int  # rdzv_timeout_s
+    store_read_s: int = 30  # one call on the rendezvous store, mid-run (rendezvous.py's _StoreGuard)
 
     @property
     def endpoint(self) -> str:
@@ -173,7 +174,8 @@ def launch_config(nprocs: int, max_restarts: int, log_dir: str, tee_output: bool
         where = dict(min_nodes=nodes.count, max_nodes=nodes.count, run_id=f"launch-{nodes.endpoint}",
                      rdzv_backend=rendezvous.NODES_BACKEND, rdzv_endpoint=nodes.endpoint,
                      local_addr=nodes.network.address,
-                     rdzv_configs={"join_timeout": nodes.timeout_s, "listen": nodes.network.hosts_rdzv,
+                     rdzv_configs={"join_timeout": nodes.timeout_s, "read_timeout": nodes.store_read_s,
+                                   "listen": nodes.network.hosts_rdzv,
                                    "node_rank": -1 if nodes.node_rank is None else nodes.node_rank,
                                    "last_call_timeout": 1, "close_timeout": 10})
     options: dict[str, Any] = dict(

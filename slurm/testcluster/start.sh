@@ -105,7 +105,7 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 KillWait=5
 $NODE_LINES
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO LLN=YES
 CONF
 cat > "$DIR/slurmdbd.conf" <<CONF
 AuthType=auth/munge

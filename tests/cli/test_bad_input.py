@@ -34,6 +34,8 @@ CASES = [
     ("optim=lion", "optim=lion is not valid: choose one of adamw, muon, sgd"),
     ("optim=adamw optim.momentum=0.5", "unknown key 'optim.momentum'"),
     ("strategy=single strategy.timeout_s=5", "unknown key 'strategy.timeout_s'"),
+    ("script=train.py args.lr=0.1", "args.* keys are your own; add a new one with a leading + (e.g. launch +args.lr="),
+    ("nodes=2", "nodes=2 is not valid: several machines meet at a rendezvous: add rdzv=HOST:PORT"),
     ("strategy=ddp strategy.bucket_cap=5", "did you mean strategy.bucket_cap_mb?"),
     ("perf.precision=fp8", "perf.precision=fp8 is not valid: choose one of auto, bf16, fp32"),
     ("gpus=ALL", "gpus=ALL is not valid: no GPU is visible"),

@@ -22,8 +22,9 @@ def tiny_cifar_root(tmp_path_factory):
 
 
 def test_fast_recipe_with_two_gloo_ranks(launch, tiny_cifar_root):
+    # (1 step per epoch: 100 images per rank)
     result = launch(*SMALL_FAST, f"data.root={tiny_cifar_root}", "eval.batch_size=50", "epochs=2", "strategy=ddp",
-                    "nprocs=2")
+                    "nprocs=2", "batch_size=200")
     assert result.returncode == 0, result.output
     r = result.results()
     assert r["model"] == "airbench94" and r["strategy"] == "ddp" and r["ranks_agree"]
@@ -36,15 +37,16 @@ def test_fast_recipe_with_two_gloo_ranks(launch, tiny_cifar_root):
 
 
 def test_a_restart_resumes_both_optimizers_exactly(launch, tiny_cifar_root):
-    # 2 steps per epoch: a failure at step 3 restarts from the epoch-1 checkpoint (Muon and SGD state).
-    tiny = (*SMALL_FAST, f"data.root={tiny_cifar_root}", "eval.batch_size=50", "epochs=2")
+    # 1 step per epoch (the 200 images at once): a failure at step 1 (0-based, epoch 2) restarts from the
+    # epoch-1 checkpoint (Muon and SGD state).
+    tiny = (*SMALL_FAST, f"data.root={tiny_cifar_root}", "eval.batch_size=50", "epochs=2", "batch_size=200")
     plain = launch(*tiny)
     assert plain.returncode == 0, plain.output
     digest = plain.results()["weights_sha256"]
     for d in plain.run_dirs():
         d.rename(d.with_name(d.name + "-plain"))
         (d.with_name(d.name + "-plain") / ".hydra").rename(d.with_name(d.name + "-plain") / "hydra-config")
-    restarted = launch(*tiny, "fault.rank=0", "fault.step=3", "max_restarts=1")
+    restarted = launch(*tiny, "fault.rank=0", "fault.step=1", "max_restarts=1")
     assert restarted.returncode == 0, restarted.output
     r = restarted.results()
     assert r["restarts"] == 1 and r["resumed_from"].endswith("last.pt")  # resumed, not started over
