@@ -43,6 +43,14 @@ class FailureRecord:
         return f"{self.exc_type}: {first}" if first else self.exc_type
 
 
+def span(ranks: list[int]) -> str:
+    """Ranks as a person reads them: [2, 3] -> '2-3'; [1, 4] -> '1, 4' (sorted first)."""
+    ranks = sorted(ranks)
+    if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
+
+
 def short_headline(headline: str, limit: int = 160) -> str:
     """gloo/NCCL messages start with a source location and end with advice; keep the middle."""
     text = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", headline)

@@ -13,7 +13,6 @@ that interface unless the user set them. `launch doctor` prints `interfaces()`.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import ipaddress
 import socket
@@ -109,15 +108,18 @@ def interface_of(address: str) -> Interface | None:
 
 
 def is_local(address: str) -> bool:
-    """Whether `address` belongs to this machine (it can be bound here)."""
+    """Whether `address` belongs to this machine (it can be bound here; no IPv6 here: not ours)."""
+    return _bindable(address, 0)
+
+
+def _bindable(address: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((address, 0))
-        except OSError as err:
-            if err.errno == errno.EADDRNOTAVAIL:
-                return False
-            raise
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((address, port))
+    except OSError:
+        return False
     return True
 
 
@@ -153,8 +155,9 @@ def node_network(rdzv_host: str, rdzv_port: int, node_rank: int | None) -> NodeN
         raise ConfigError("rdzv", f"{rdzv_host}:{rdzv_port}", f"node_rank=0 listens for the other nodes, but "
                           f"{address} is not an address of this machine (its addresses: {shown})",
                           f"nodes=2 node_rank=0 rdzv={mine[0].address if mine else '10.0.0.1'}:{rdzv_port}")
-    hosts = local_address and node_rank in (None, 0) and (node_rank == 0 or _port_free(address, rdzv_port))
-    if hosts and not _port_free(address, rdzv_port):
+    # node 0 listens; without node_rank, whoever holds the address and finds the port free
+    hosts = node_rank == 0 or (node_rank is None and local_address and _bindable(address, rdzv_port))
+    if node_rank == 0 and not _bindable(address, rdzv_port):
         raise ConfigError("rdzv", f"{rdzv_host}:{rdzv_port}", "node_rank=0 listens there for the other nodes, but "
                           "the port is taken: pick a free port, the same on every node's command line",
                           f"nodes=2 node_rank=0 rdzv={rdzv_host}:{rdzv_port + 1}")
@@ -167,14 +170,3 @@ def node_network(rdzv_host: str, rdzv_port: int, node_rank: int | None) -> NodeN
                           "no interface of this machine holds; set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME "
                           "yourself", EXAMPLE)
     return NodeNetwork(rdzv_host, address, rdzv_port, local, held.name, hosts)
-
-
-def _port_free(address: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((address, port))
-        except OSError:
-            return False
-    return True

@@ -115,7 +115,7 @@ def _create_nodes_handler(params):
     # The workers' store: the rendezvous store where this node serves it, else one on this node's address.
     handler._create_tcp_store_server = lambda addr, port: store if listens else _bound_store(local_addr, 0, read_s)
     node_rank = params.get_as_int("node_rank", -1)
-    _NodeRanks(handler, -1 if node_rank is None else node_rank, params.max_nodes, timeout_s).install()
+    _NodeRanks(handler, -1 if node_rank is None else node_rank, timeout_s).install()
     _StoreGuard(handler, read_s, params.endpoint).install()
     return handler
 
@@ -130,61 +130,63 @@ class _StoreGuard:
     The agent asks the store every monitor interval (`num_nodes_waiting`) and once at the end
     (`shutdown`). A TCPStore client call on a connection whose far end vanished without closing it (a
     network partition, a machine that lost power) blocks in C++ past the store's timeout (seen: over
-    two minutes with a 30 s timeout, until TCP itself gives up after ~15 min). These calls run on a
+    two minutes with a 30 s timeout, until TCP itself gives up after ~15 min). These calls run on one
     helper thread instead and give up after `limit_s`: `num_nodes_waiting` with NodeLost (the agent
-    then stops this node's workers), `shutdown` quietly.
+    then stops this node's workers), `shutdown` quietly. Once a call gave up the store is taken for
+    gone: later calls answer at once.
     """
 
     def __init__(self, handler, limit_s: float, endpoint: str):
+        import queue
+
         self.handler, self.limit_s, self.endpoint = handler, limit_s, endpoint
-        self.stuck = False  # a call gave up: the store is gone, later calls would block too
+        self.calls: queue.SimpleQueue = queue.SimpleQueue()
+        self.stuck = False
+        self.thread = None  # started at the first call
 
     def install(self) -> None:
         for name in ("num_nodes_waiting", "shutdown"):
             original = getattr(self.handler, name)
             setattr(self.handler, name, lambda original=original, name=name: self._call(name, original))
 
-    def _call(self, name: str, function):
-        import threading
-
-        if self.stuck:
-            if name == "shutdown":
-                return False
-            raise self._lost()
-        box: list = []
-        done = threading.Event()
-
-        def run() -> None:
+    def _serve(self) -> None:
+        while True:
+            function, box, done = self.calls.get()
             try:
                 box.append((True, function()))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 box.append((False, exc))
             done.set()
 
-        threading.Thread(target=run, name=f"launch-rdzv-{name}", daemon=True).start()
-        if not done.wait(self.limit_s if name != "shutdown" else min(self.limit_s, 10.0)):
+    def _call(self, name: str, function):
+        import threading
+
+        if not self.stuck:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._serve, name="launch-rdzv-store", daemon=True)
+                self.thread.start()
+            box: list = []
+            done = threading.Event()
+            self.calls.put((function, box, done))
+            if done.wait(self.limit_s if name != "shutdown" else min(self.limit_s, 10.0)):
+                ok, value = box[0]
+                if not ok:
+                    raise value
+                return value
             self.stuck = True
-            if name == "shutdown":
-                return False
-            raise self._lost()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
-
-    def _lost(self) -> NodeLost:
-        return NodeLost(f"the rendezvous at {self.endpoint} stopped answering for {self.limit_s:.0f} s while the "
-                        "nodes trained (node 0 down, or cut off from this node)")
+        if name == "shutdown":
+            return False
+        raise NodeLost(f"the rendezvous at {self.endpoint} stopped answering for {self.limit_s:.0f} s while the "
+                       "nodes trained (node 0 down, or cut off from this node)")
 
 
-def _wait_for_listener(host: str, port: int, timeout_s: float) -> float:
-    """Until something accepts connections at host:port; the seconds left of `timeout_s`, or a
-    RendezvousError when nothing did in time."""
+def _wait_for_listener(host: str, port: int, timeout_s: float) -> None:
+    """Until something accepts connections at host:port, or a RendezvousError when nothing did in time."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             with socket.create_connection((host, port), timeout=2.0):
-                return deadline - time.monotonic()
+                return
         except OSError as err:
             if time.monotonic() + 0.5 >= deadline:
                 raise RendezvousError(f"no rendezvous answered at {host}:{port} within rdzv_timeout_s={timeout_s:.0f} "
@@ -199,8 +201,8 @@ class _NodeRanks:
 
     PREFIX = "launch/node_rank/"
 
-    def __init__(self, handler, node_rank: int, nodes: int, timeout_s: float):
-        self.handler, self.node_rank, self.nodes, self.timeout_s = handler, node_rank, nodes, timeout_s
+    def __init__(self, handler, node_rank: int, timeout_s: float):
+        self.handler, self.node_rank, self.timeout_s = handler, node_rank, timeout_s
         self.elastic_next = handler.next_rendezvous
 
     def install(self) -> None:

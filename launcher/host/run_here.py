@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from launcher import logs
 from launcher.config import Config, derive
 from launcher.errors import LaunchError
+from launcher.failures import span
 from launcher.files import (
     CHECKPOINTS,
     CONFIG,
@@ -217,11 +218,11 @@ def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None, evaluate:
 
 def summarize_other_node(ranks: list[int], run_dir: Path, elapsed: float) -> None:
     """The last line on a node without rank 0: its ranks finished; the run's results are rank 0's."""
-    main = read_json(run_dir / NODE).get("main_run_dir") if (run_dir / NODE).exists() else None
+    main = read_json(run_dir / NODE).get("main_run_dir")
     where = f"rank 0's run dir {main}" if main else "rank 0's run dir, on its node"
     log.info("done in %.1fs: this node's ranks %s finished; results, metrics and checkpoints are in %s. "
-             "This node's log: %s", elapsed, ", ".join(map(str, ranks)) if len(ranks) < 3
-             else f"{ranks[0]}-{ranks[-1]}", where, run_dir / LOG)
+             "This node's log: %s", elapsed, ", ".join(map(str, ranks)) if len(ranks) < 3 else span(ranks), where,
+             run_dir / LOG)
 
 
 def summarize(results: dict | None, run_dir: Path, elapsed: float) -> None:

@@ -145,7 +145,7 @@ class Nodes:
     node_rank: int | None  # None: elastic assigns it at the rendezvous
     network: NodeNetwork
     timeout_s: int  # rdzv_timeout_s
-    store_read_s: int = 30  # one call on the rendezvous store, mid-run (rendezvous.py's _StoreGuard)
+    store_read_s: int  # one call on the rendezvous store, mid-run (rendezvous.py's _StoreGuard)
 
     @property
     def endpoint(self) -> str:
@@ -222,9 +222,11 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
                 clear_console_line()
                 return Outcome(1, error=f"{lost}; this node's ranks were stopped. Log: {run_dir / LOG}")
             except RendezvousTimeoutError:
-                return Outcome(2, error=f"the {nodes.count if nodes else 1} nodes did not all join within "
-                               f"rdzv_timeout_s={nodes.timeout_s if nodes else '?'}: start the same launch on every "
-                               "node (with the same nodes and rdzv), and check each reaches the rendezvous")
+                if nodes is None:  # (one machine: its own workers never joined; not a user's mistake)
+                    raise
+                return Outcome(2, error=f"the {nodes.count} nodes did not all join within rdzv_timeout_s="
+                               f"{nodes.timeout_s}: start the same launch on every node (with the same nodes and "
+                               "rdzv), and check each reaches the rendezvous")
             except SignalException as sig:
                 clear_console_line()
                 name = signal.Signals(sig.sigval).name
@@ -264,8 +266,9 @@ def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int, nodes: 
             away = sorted(set(range(world)) - {r.rank for r in records} - mine)
             if away:
                 seen = f"; rank {cause.rank} here saw: {failures.short_headline(cause.headline)}" if cause else ""
-                return Outcome(1, error=f"rank{'s' if len(away) > 1 else ''} {_span(away)} on another node stopped "
-                               f"first (killed, unreachable, or failed: that node's launch and log say why){seen}; "
+                ranks = f"rank{'s' if len(away) > 1 else ''} {failures.span(away)}"
+                return Outcome(1, error=f"{ranks} on another node stopped first (killed, unreachable, or failed: "
+                               f"that node's launch and log say why){seen}; "
                                f"this node's ranks were stopped. Log: {log_path}")
             if cause is not None:  # every rank recorded, each only saw its peers go quiet
                 return Outcome(1, error=f"the nodes lost each other: every rank's peers stopped answering (the "
@@ -316,13 +319,6 @@ def _silent_death(silent: list[int], err, echo, restarts: str, stopped: str, log
         what = f"one of ranks {silent} died without a Python traceback"
     seen = f"; rank {echo.rank} then saw: {failures.short_headline(echo.headline)}" if echo else ""
     return f"{what}{restarts}{seen}{stopped}{_if_disk_full(log_path.parent)}. Log: {log_path}"
-
-
-def _span(ranks: list[int]) -> str:
-    """[2, 3] -> '2-3'; [1, 4] -> '1, 4'."""
-    if ranks and ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 1:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(map(str, ranks))
 
 
 def _if_disk_full(run_dir: Path) -> str:

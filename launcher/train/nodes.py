@@ -29,6 +29,7 @@ from typing import Any
 import torch.distributed as dist
 
 from launcher.errors import LaunchError
+from launcher.failures import span
 from launcher.files import NODE, WORLD_TOKEN, write_text_atomic
 from launcher.world import WorldInfo
 
@@ -74,17 +75,12 @@ def meet(world: WorldInfo, run_dir: Path, sharded: bool, checkpoints: bool) -> R
     _met = dirs
     if blind and sharded and checkpoints:
         hosts = sorted({host for _, host in blind})
+        ranks = span([rank for rank, _ in blind])
         raise LaunchError(f"a sharded strategy writes one checkpoint folder that every rank reaches, but rank 0's run "
-                          f"dir {main} is not visible on {', '.join(hosts)} (ranks {_ranks(blind)}): give the nodes "
+                          f"dir {main} is not visible on {', '.join(hosts)} (ranks {ranks}): give the nodes "
                           "a file system they share and launch from it (or hydra.run.dir=/shared/path/run-NAME on "
                           "each node), or checkpoint=false")
     return dirs
-
-
-def _ranks(blind: list[tuple[int, str]]) -> str:
-    ranks = sorted(rank for rank, _ in blind)
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)) \
-        else ", ".join(map(str, ranks))
 
 
 def met() -> RunDirs | None:

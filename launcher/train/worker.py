@@ -66,8 +66,11 @@ def _requeue_after_failure(spec: WorkerSpec, run_dir: Path, rank: int) -> None:
         os.close(os.open(folder / f"requeued-after-run{policy.restart_count}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return  # another rank of this run asked already
-    asked = subprocess.run(["scontrol", "requeue", policy.job_id], capture_output=True, text=True, timeout=60)
-    said = "requeued" if asked.returncode == 0 else f"could not requeue ({asked.stderr.strip()[:200]})"
+    try:
+        asked = subprocess.run(["scontrol", "requeue", policy.job_id], capture_output=True, text=True, timeout=60)
+        said = "requeued" if asked.returncode == 0 else f"could not requeue ({asked.stderr.strip()[:200]})"
+    except (OSError, subprocess.TimeoutExpired) as err:  # no scontrol on this node, or slurmctld silent
+        said = f"could not requeue ({err})"
     print(f"launch: rank {rank} failed; SLURM job {policy.job_id} {said}: restart {done + 1} of max_restarts="
           f"{allowed}, from the last checkpoint", file=sys.stderr, flush=True)
 

@@ -169,7 +169,7 @@ def _executor(folder: Path):
 def _why(run_dir: Path, exc: BaseException, job_id: str = "", world_size: int | None = None) -> str:
     """The failing rank's own exception when a worker recorded one (failures/); a rank that left no record
     while its peers only saw it vanish (killed, its node lost); else what submitit saw."""
-    from launcher.failures import read_records, root_cause, short_headline
+    from launcher.failures import read_records, root_cause, short_headline, span
 
     records = read_records(run_dir)
     cause = root_cause(records)
@@ -177,7 +177,7 @@ def _why(run_dir: Path, exc: BaseException, job_id: str = "", world_size: int | 
         latest = [r for r in records if r.attempt == cause.attempt]
         silent = sorted(set(range(world_size)) - {r.rank for r in latest})
         if silent:
-            ranks = f"rank {silent[0]}" if len(silent) == 1 else f"ranks {', '.join(map(str, silent))}"
+            ranks = f"rank{'s' if len(silent) > 1 else ''} {span(silent)}"
             logs = ", ".join(str(run_dir / SUBMITIT_DIR / job_id / f"{job_id}_{r}_log.err") for r in silent[:2])
             return (f"{ranks} died without a Python traceback (killed by a signal, the out-of-memory killer, or "
                     f"its node lost); rank {cause.rank} then saw: {short_headline(cause.headline)} (logs: {logs})")
