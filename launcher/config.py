@@ -274,9 +274,9 @@ class AdamWConfig(OptimConfig):
 
 @dataclass
 class MuonConfig(OptimConfig):
-    """torch.optim.Muon on the model's filter matrices, Nesterov SGD on everything else (launcher/train/
-    optim.py). `lr` is Muon's; the SGD groups have their own rates. The defaults are the CIFAR-10 speed
-    record's (Keller Jordan, 2024), for its batch of 2000."""
+    """Muon (torch.optim.Muon's update, capturable: launcher/train/optim.py) on the model's filter
+    matrices, Nesterov SGD on everything else. `lr` is Muon's; the SGD groups have their own rates. The
+    defaults are the CIFAR-10 speed record's (Keller Jordan, 2024), for its batch of 2000."""
 
     name: str = "muon"
     weight_decay: float = 0.004  # per step at full LR, SGD groups only

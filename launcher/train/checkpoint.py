@@ -55,9 +55,33 @@ def restore(state: dict[str, Any], strategy: Strategy, nets: Nets, steppers: lis
         strategy.load_state_dict(nets, state["net_state_dict"])
     optimizers, schedulers = optimizer_states(state)
     for stepper, opt_state, sched_state in zip(steppers, optimizers, schedulers, strict=True):
-        stepper.optimizer.load_state_dict(opt_state)
+        load_optimizer_state(stepper.optimizer, opt_state)
         stepper.scheduler.load_state_dict(sched_state)
     set_rng_state(state.get("rng", {}), device)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:
+    """`optimizer.load_state_dict`, keeping the optimizer's live state tensors: a captured step that
+    holds the optimizers' steps (launcher/train/step.py) reads and writes them by address.
+
+    Loaded values are copied into the live tensors where they fit (same shape, dtype and device). A
+    live tensor the loaded state lacks (the state was saved before the first step, as the warm-up's
+    is) is zeroed and kept: zeros are where the optimizers here start (momentum, AdamW's moments and
+    step count; SGD without dampening, which is how optim.py builds it).
+    """
+    live = {p: dict(s) for p, s in optimizer.state.items()}
+    optimizer.load_state_dict(state_dict)
+    for p, before in live.items():
+        values = optimizer.state[p]
+        for key, old in before.items():
+            if not isinstance(old, torch.Tensor):
+                continue
+            value = values.get(key)
+            if value is None:
+                values[key] = old.zero_()
+            elif (isinstance(value, torch.Tensor) and old is not value
+                  and (old.shape, old.dtype, old.device) == (value.shape, value.dtype, value.device)):
+                values[key] = old.copy_(value)
 
 
 def rng_state(device: torch.device) -> dict[str, torch.Tensor]:

@@ -187,7 +187,7 @@ class Trainer:
         self.timeline.mark("data_loaded")
         self.nets = self._build_model()
         self.steppers = optim.build(self.cfg.optim, self.cfg.lr, self.cfg.epochs, self.nets.module,
-                                    self.steps_per_epoch, fused=self.device.type == "cuda")
+                                    self.steps_per_epoch, fused=self.device.type == "cuda", graphed=self.captures)
         self.step = self._build_step()
         start = self._resume()
         self.timeline.mark("model_built")

@@ -1,9 +1,10 @@
 """Optimizers and learning-rate schedules the trainer builds from the `optim` group.
 
 - sgd / adamw: one optimizer over all parameters, triangular schedule (linear warm-up, linear decay).
-- muon: torch.optim.Muon for the model's filter matrices, Nesterov SGD for everything else, as in
-  Keller Jordan's CIFAR-10 speed records. The model says which parameters are which through
-  `parameter_roles()` (see recipes/vision_models.py); each role gets its own learning rate.
+- muon: Muon for the model's filter matrices (torch.optim.Muon's update, in the capturable form below),
+  Nesterov SGD for everything else, as in Keller Jordan's CIFAR-10 speed records. The model says which
+  parameters are which through `parameter_roles()` (see recipes/vision_models.py); each role gets its
+  own learning rate.
 To add an optimizer: its schema in launcher/config.py, conf/optim/<name>.yaml, and its builder in BUILDERS.
 
 A schedule is a function of the step returning a multiplier of each group's base learning rate; the
@@ -12,10 +13,15 @@ trainer wraps every optimizer in a LambdaLR so schedules are checkpointed with t
 On a GPU every optimizer here runs its fused implementation (one kernel over all parameters, where the
 default foreach one makes several passes over weights, gradients and state: for a GPT of 86M parameters
 on an H100 that was ~7% of the step, bench/results/gpt-compare-*).
+
+Every optimizer here can also be captured in a CUDA graph with the step (`capturable`; launcher/train/
+step.py): no host sync in its step, and a learning rate that may be a device tensor, which the step
+fills from the schedule's value before each replay.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -96,9 +102,29 @@ def _stepper(optimizer: torch.optim.Optimizer, schedules: Schedule | list[Schedu
 
 
 def build(options: OptimConfig, lr: float, epochs: int, model: nn.Module, steps_per_epoch: int,
-          fused: bool) -> list[Stepper]:
-    """The run's optimizers, each with its schedule; the first one's LR is the one logged."""
-    return BUILDERS[type(options)](options, lr, epochs * steps_per_epoch, model, steps_per_epoch, fused)
+          fused: bool, graphed: bool = False) -> list[Stepper]:
+    """The run's optimizers, each with its schedule; the first one's LR is the one logged. `graphed`:
+    their steps will be captured in a CUDA graph (AdamW then keeps its step counts on the device)."""
+    steppers = BUILDERS[type(options)](options, lr, epochs * steps_per_epoch, model, steps_per_epoch, fused)
+    if graphed:
+        for stepper in steppers:
+            for group in stepper.optimizer.param_groups:
+                if "capturable" in group:
+                    group["capturable"] = True
+    return steppers
+
+
+def capturable(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a CUDA graph can hold `optimizer.step()` with the learning rate as a device tensor:
+    fused SGD and AdamW (AdamW with capturable=True), and this module's Muon."""
+    if isinstance(optimizer, Muon):
+        return True
+    groups = optimizer.param_groups
+    if isinstance(optimizer, torch.optim.SGD):
+        return all(g.get("fused") for g in groups)
+    if isinstance(optimizer, torch.optim.AdamW):
+        return all(g.get("fused") and g.get("capturable") for g in groups)
+    return False
 
 
 def _sgd(o: SGDConfig, lr: float, total: int, model: nn.Module, steps_per_epoch: int, fused: bool) -> list[Stepper]:
@@ -139,7 +165,7 @@ def _muon_and_sgd(o: MuonConfig, lr: float, total: int, model: nn.Module, steps_
             schedules.append(linear_decay(round(o.stem_bias_epochs * steps_per_epoch)) if role == "stem_bias"
                              else schedule)
     sgd = torch.optim.SGD(sgd_groups, momentum=o.momentum, nesterov=True, fused=fused)
-    muon = torch.optim.Muon(roles["matrices"], lr=lr, momentum=o.muon_momentum, nesterov=True, weight_decay=0.0)
+    muon = Muon(roles["matrices"], lr=lr, momentum=o.muon_momentum, nesterov=True, weight_decay=0.0)
     keep_unit_rms(muon, roles["matrices"])
     return [_stepper(muon, schedule), _stepper(sgd, schedules)]  # the first one's LR is the one logged
 
@@ -162,6 +188,126 @@ def keep_unit_rms(optimizer: torch.optim.Optimizer, matrices: list[nn.Parameter]
 
     normalize()
     optimizer.register_step_post_hook(normalize)
+
+
+class Muon(torch.optim.Optimizer):
+    """torch.optim.Muon's update, in a form a CUDA graph can capture and with fewer, larger kernels.
+
+    The same algorithm, state and param_groups as torch.optim.Muon (so either one's checkpoints load
+    into the other): momentum with Nesterov, the quintic Newton-Schulz orthogonalization in bf16 on the
+    wide side of each matrix, decoupled weight decay, the "original" (or "match_rms_adamw") scaling of
+    the learning rate by the matrix's shape. What differs is how: torch.optim.Muon takes the learning
+    rate to the host (a tensor's `.item()`, which a graph cannot hold) and runs ~22 kernels per matrix;
+    here the learning rate may stay a device tensor, momentum is one foreach kernel over all matrices,
+    and the matrices are orthogonalized together in batched matmuls (`_batches`). The numbers agree
+    with torch.optim.Muon's to bf16 rounding (tests/unit/test_fast_recipe_parts.py).
+    """
+
+    def __init__(self, params, lr: float | torch.Tensor = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
+                 nesterov: bool = True, ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315),
+                 eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: str | None = None):
+        if not 0.0 <= float(lr) or not 0.0 <= momentum or not 0.0 <= weight_decay:
+            raise ValueError(f"Muon: lr, momentum and weight_decay must be >= 0 (got {lr}, {momentum}, {weight_decay})")
+        if adjust_lr_fn not in (None, "original", "match_rms_adamw"):
+            raise ValueError(f"Muon: adjust_lr_fn must be original or match_rms_adamw, not {adjust_lr_fn}")
+        defaults = {"lr": lr, "weight_decay": weight_decay, "momentum": momentum, "nesterov": nesterov,
+                    "ns_coefficients": ns_coefficients, "eps": eps, "ns_steps": ns_steps, "adjust_lr_fn": adjust_lr_fn}
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim != 2:
+                    raise ValueError(f"Muon takes matrices (2-D parameters), not a parameter of shape {tuple(p.shape)}")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            bufs = []
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                bufs.append(state["momentum_buffer"])
+            momentum, lr, decay = group["momentum"], group["lr"], group["weight_decay"]
+            torch._foreach_lerp_(bufs, grads, 1 - momentum)
+            updates = torch._foreach_lerp(grads, bufs, momentum) if group["nesterov"] else bufs
+            if decay:
+                torch._foreach_mul_(params, 1 - lr * decay)
+            # (padding pays on a GPU, where the small matmuls' launches cost more than their work; on the
+            # CPU the work dominates: 2 cores took 8.9 s padded against 5.2 s by shape for airbench94's)
+            waste = 2.0 if params[0].is_cuda else 1.0
+            for members, size in _batches([p.shape for p in params], waste):
+                ortho = _orthogonalized([updates[i] for i in members], size, group).float().mul_(-lr)
+                views = [_unpadded(o, params[i].shape) for o, i in zip(ortho.unbind(0), members, strict=True)]
+                ratios = [_lr_ratio(params[i].shape, group["adjust_lr_fn"]) for i in members]
+                if any(r != 1.0 for r in ratios):
+                    torch._foreach_mul_(views, ratios)
+                torch._foreach_add_([params[i] for i in members], views)
+        return loss
+
+
+def _wide(shape: torch.Size) -> tuple[int, int]:
+    """A matrix's shape as orthogonalized: on its wide side (torch.optim.Muon transposes tall ones)."""
+    return (shape[1], shape[0]) if shape[0] > shape[1] else (shape[0], shape[1])
+
+
+def _batches(shapes: list[torch.Size], waste: float = 2.0) -> list[tuple[list[int], tuple[int, int]]]:
+    """Which matrices are orthogonalized together, and the (rows, cols) each batch is padded to.
+
+    Zero rows and columns pass through Newton-Schulz as zeros (the iteration is X times a polynomial
+    of X^T X) and leave the norm alone, so matrices of different shapes can share one batch padded
+    to the largest: all of a group's matrices at once while that costs at most `waste` times their
+    own elements (airbench94's six: 1.8x, 15 batched matmuls instead of 90 small ones), else one
+    batch per shape. With waste 1, one batch per shape.
+    """
+    wide = [_wide(s) for s in shapes]
+    rows, cols = max(r for r, _ in wide), max(c for _, c in wide)
+    if len(shapes) * rows * cols <= waste * sum(r * c for r, c in wide):
+        return [(list(range(len(shapes))), (rows, cols))]
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, w in enumerate(wide):
+        by_shape.setdefault(w, []).append(i)
+    return [(members, size) for size, members in by_shape.items()]
+
+
+def _orthogonalized(updates: list[torch.Tensor], size: tuple[int, int], group: dict) -> torch.Tensor:
+    """Newton-Schulz in bf16, as torch.optim.Muon computes it, on a batch of matrices: each on its wide
+    side, zero-padded to `size`. Returns the (k, *size) batch."""
+    a, b, c = group["ns_coefficients"]
+    wide = [u.mT if u.size(0) > u.size(1) else u for u in updates]
+    if all(tuple(w.shape) == size for w in wide):
+        x = torch.stack(wide).bfloat16()
+    else:
+        x = wide[0].new_zeros((len(wide), *size), dtype=torch.bfloat16)
+        for slot, w in zip(x.unbind(0), wide, strict=True):
+            slot[:w.size(0), :w.size(1)].copy_(w)
+    x = x / torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True).clamp_(min=group["eps"])
+    for _ in range(group["ns_steps"]):
+        gram = torch.bmm(x, x.mT)
+        gram = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.baddbmm(x, gram, x, beta=a)
+    return x
+
+
+def _unpadded(ortho: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """One matrix's update out of its padded, wide-side slot, in the parameter's own shape."""
+    rows, cols = _wide(shape)
+    view = ortho[:rows, :cols]
+    return view.mT if shape[0] > shape[1] else view
+
+
+def _lr_ratio(shape: torch.Size, adjust_lr_fn: str | None) -> float:
+    rows, cols = shape[:2]
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return math.sqrt(max(1.0, rows / cols))
 
 
 BUILDERS: dict[type[OptimConfig], Callable[..., list[Stepper]]] = {

@@ -13,9 +13,13 @@ once, those all-reduces replay with the backward pass. NCCL's watchdog does not 
 inside a graph, so the loop bounds its epoch-end wait by `strategy.timeout_s` (stall.wait_for). The
 strategy decides who averages (launcher/strategies: CapturedDDP under ddp, nobody on one device).
 
-What stays outside, run eagerly after each replay: the optimizer and its schedule (learning rates
-change every step and live in Python floats, and Muon's orthogonalization is its own story; a
-foreach/fused step is a handful of launches anyway).
+The optimizers' steps are in the graph too when every optimizer can be captured (fused SGD and AdamW,
+the launcher's Muon: launcher/train/optim.py `capturable`): the graph reads each parameter group's
+learning rate from a device tensor, filled from the schedule's value before each replay, and the
+schedules step on the host after it. Otherwise the optimizers run eagerly after each replay. Keeping
+them in the graph matters where the host is slow: recipe=cifar10_fast's Muon issues ~140 kernels a
+step, and on an H100 host whose CPU took longer to issue them than the GPU to run them the eager
+optimizer left the GPU idle half the time (BENCHMARKS.md, issue 15).
 
 The gradients stay in place between steps (`FlatGradients`), so nothing may set them to None, and
 the inputs are copied into static buffers before each replay.
@@ -29,6 +33,8 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+from launcher.train.optim import capturable
 
 if TYPE_CHECKING:
     from launcher.strategies import Nets
@@ -197,6 +203,8 @@ class TrainStep:
         self.sums = EpochSums(device)
         self.epoch = torch.zeros((), dtype=torch.long, device=device)  # the epoch, as a graph reads it
         self.captured: CapturedStep | None = None
+        self.optimizers_in_graph = False  # the captured graph also steps the optimizers (`capture`)
+        self.lr_slots: list[list[torch.Tensor]] = []  # each param group's learning rate, as the graph reads it
 
     def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Normalization, the network and the loss: the logits and the loss."""
@@ -243,6 +251,12 @@ class TrainStep:
     def __call__(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int,
                  generator: torch.Generator) -> None:
         if self.captured is not None:
+            if self.optimizers_in_graph:
+                self._fill_lr_slots()
+                self.captured.run(x, y, idx)
+                for stepper in self.steppers:
+                    stepper.scheduler.step()
+                return
             self.captured.run(x, y, idx)
         else:  # with flat gradients the epoch is the tensor a graph would read, so both paths agree
             self.body(x, y, idx, self.epoch if self.nets.grads is not None else epoch, generator)
@@ -251,9 +265,41 @@ class TrainStep:
 
     def capture(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, generator: torch.Generator,
                 stream: torch.cuda.Stream) -> None:
-        step = CapturedStep(lambda x, y, idx: self.body(x, y, idx, self.epoch, generator), generators=[generator])
+        """Capture the body, and the optimizers' steps after it where all of them can be captured. Called
+        after eager warm-up steps (the optimizers' state exists: nothing is created during capture)."""
+        with_optimizers = all(capturable(s.optimizer) for s in self.steppers)
+        if with_optimizers and not self.lr_slots:
+            self.lr_slots = [[torch.tensor(float(g["lr"]), device=x.device) for g in s.optimizer.param_groups]
+                             for s in self.steppers]
+
+        def body(x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> None:
+            self.body(x, y, idx, self.epoch, generator)
+            if with_optimizers:
+                self._step_optimizers_on_slots()
+
+        step = CapturedStep(body, generators=[generator])
         step.capture(x, y, idx, stream=stream)
         self.captured = step
+        self.optimizers_in_graph = with_optimizers
+
+    def _step_optimizers_on_slots(self) -> None:
+        """The optimizers' steps reading each group's learning rate from its device tensor (while being
+        captured); the groups keep their Python floats otherwise, for the schedules and checkpoints."""
+        for stepper, slots in zip(self.steppers, self.lr_slots, strict=True):
+            groups = stepper.optimizer.param_groups
+            floats = [g["lr"] for g in groups]
+            try:
+                for group, slot in zip(groups, slots, strict=True):
+                    group["lr"] = slot
+                stepper.optimizer.step()
+            finally:
+                for group, value in zip(groups, floats, strict=True):
+                    group["lr"] = value
+
+    def _fill_lr_slots(self) -> None:
+        for stepper, slots in zip(self.steppers, self.lr_slots, strict=True):
+            for group, slot in zip(stepper.optimizer.param_groups, slots, strict=True):
+                slot.fill_(group["lr"])
 
     def zero_grads(self) -> None:
         if self.nets.grads is not None:

@@ -4,6 +4,7 @@ and under ddp on 2, and a rank that dies mid-replay still brings the launch down
     python -m pytest -m gpu tests/gpu/test_step_graph_gpu.py -v
 """
 
+import contextlib
 import json
 import shutil
 
@@ -71,3 +72,56 @@ def test_compile_auto_compiles_after_the_first_epoch_when_the_rest_is_long_enoug
     assert plain[0] == pytest.approx(compiled[0], rel=1e-3)  # epoch 1 ran the same uncompiled step
     for a, b in zip(plain, compiled, strict=True):
         assert abs(a - b) / a < 0.03, (plain, compiled)
+
+
+def test_optimizers_captured_in_the_graph_step_like_eager_ones():
+    """Muon + SGD with learning rates that change every step, stepped inside the captured graph (their
+    learning rates read from device tensors) must move the weights and the optimizer state as the
+    eager step does, after the warm-up's state was put back into the live tensors."""
+    import torch
+
+    from launcher.config import MuonConfig
+    from launcher.recipes.vision_models import Airbench94
+    from launcher.strategies.base import Nets
+    from launcher.train import checkpoint, optim
+    from launcher.train.step import FlatGradients, TrainStep
+
+    device = torch.device("cuda")
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    gen = torch.Generator(device=device).manual_seed(0)
+    xs = torch.randn(8, 64, 3, 32, 32, device=device, generator=gen)
+    ys = torch.randint(0, 10, (8, 64), device=device, generator=gen)
+    idx = torch.arange(64, device=device)
+
+    def trainer(captured: bool):
+        torch.manual_seed(0)
+        model = Airbench94(widths=(16, 32, 32)).to(device)
+        steppers = optim.build(MuonConfig(), 0.24, 2, model, 4, fused=True, graphed=captured)
+        nets = Nets(model, model, model, FlatGradients(model.parameters()))
+        step = TrainStep(nets, steppers, torch.nn.CrossEntropyLoss(), lambda x: x, None,
+                         contextlib.nullcontext, device)
+        return model, steppers, step
+
+    model_e, steppers_e, eager = trainer(False)
+    model_c, steppers_c, graphed = trainer(True)
+    saved = checkpoint.capture(None, graphed.nets, steppers_c, device, clone=True, local=True)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for i in range(2):
+            graphed(xs[i], ys[i], idx, 0, gen)
+        graphed.capture(xs[0], ys[0], idx, gen, stream=side)
+    torch.cuda.current_stream(device).wait_stream(side)
+    checkpoint.restore(saved, None, graphed.nets, steppers_c, device, local=True)
+    graphed.zero_grads()
+    assert graphed.optimizers_in_graph
+    for i in range(8):
+        eager(xs[i], ys[i], idx, 0, gen)
+        graphed(xs[i], ys[i], idx, 0, gen)
+    torch.cuda.synchronize()
+    assert steppers_c[0].optimizer.param_groups[0]["lr"] == steppers_e[0].optimizer.param_groups[0]["lr"]
+    for (name, a), b in zip(model_e.state_dict().items(), model_c.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-4), name
+    for s_e, s_c in zip(steppers_e, steppers_c, strict=True):
+        for p_e, p_c in zip(s_e.optimizer.state.values(), s_c.optimizer.state.values(), strict=True):
+            assert torch.allclose(p_e["momentum_buffer"], p_c["momentum_buffer"], rtol=1e-3, atol=1e-4)

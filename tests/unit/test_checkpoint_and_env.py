@@ -137,3 +137,53 @@ def test_a_job_requeues_itself_at_most_max_requeues_times(restarts, cap, may):
         assert watch.may_requeue(warn=False) is may
     finally:
         watch.close()
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
+    lambda ps: torch.optim.AdamW(ps, lr=0.01),
+])
+def test_putting_optimizer_state_back_keeps_the_tensors_a_captured_step_holds(make):
+    """A captured step holds the optimizer's state tensors by address: restoring a saved state (the
+    warm-up's, saved before any step, or a checkpoint's) must write into them, and must then step
+    exactly as the saved optimizer would."""
+    import copy
+
+    from launcher.train.checkpoint import load_optimizer_state
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(3))]
+    opt = make(params)
+    fresh = copy.deepcopy(opt.state_dict())
+    grads = [[torch.randn_like(p) for p in params] for _ in range(3)]
+
+    def step(k):
+        for p, g in zip(params, grads[k], strict=True):
+            p.grad = g.clone()
+        opt.step()
+
+    step(0)
+    live = {id(p): {k: v for k, v in opt.state[p].items() if isinstance(v, torch.Tensor)} for p in params}
+    after_one = copy.deepcopy(opt.state_dict())
+    weights_after_one = [p.detach().clone() for p in params]
+    step(1)
+    load_optimizer_state(opt, after_one)  # a checkpoint
+    for p in params:
+        assert all(opt.state[p][k] is t for k, t in live[id(p)].items())
+    with torch.no_grad():
+        for p, w in zip(params, weights_after_one, strict=True):
+            p.copy_(w)
+    step(1)
+    resumed = [p.detach().clone() for p in params]
+
+    reference = make([torch.nn.Parameter(w.clone()) for w in weights_after_one])
+    reference.load_state_dict(copy.deepcopy(after_one))
+    for p, g in zip(reference.param_groups[0]["params"], grads[1], strict=True):
+        p.grad = g.clone()
+    reference.step()
+    for a, b in zip(resumed, reference.param_groups[0]["params"], strict=True):
+        assert torch.equal(a, b)
+
+    load_optimizer_state(opt, fresh)  # saved before the first step: zeros, in the same tensors
+    for p in params:
+        assert all(opt.state[p][k] is t and not t.any() for k, t in live[id(p)].items())

@@ -32,7 +32,7 @@ def test_recipe_sets_its_own_values_across_sections_and_overrides_win():
 def test_the_fast_recipe_picks_muon_and_the_command_line_can_pick_another():
     fast = config_of("recipe=cifar10_fast")
     assert isinstance(fast.optim, schema.MuonConfig) and fast.optim.head_lr == 1340.0
-    assert fast.perf.compile and fast.perf.compile_mode is schema.CompileMode["reduce-overhead"]
+    assert fast.perf.compile and fast.perf.cuda_graph and fast.perf.compile_mode is schema.CompileMode["default"]
     assert isinstance(config_of("recipe=cifar10_fast", "optim=sgd").optim, schema.SGDConfig)
 
 

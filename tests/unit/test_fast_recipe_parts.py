@@ -1,5 +1,8 @@
 """The record-speed recipe's parts on CPU: whitening, alternating flips, TTA, and Muon's parameter groups."""
 
+import copy
+
+import pytest
 import torch
 
 from launcher.config import MuonConfig
@@ -75,7 +78,7 @@ def test_muon_groups_train_matrices_and_keep_their_scale():
     net = Airbench94()
     steppers = build_muon(net)
     muon, sgd = (s.optimizer for s in steppers)
-    assert isinstance(muon, torch.optim.Muon) and isinstance(sgd, torch.optim.SGD)
+    assert isinstance(muon, optim.Muon) and isinstance(sgd, torch.optim.SGD)
     matrices = net.parameter_roles()["matrices"]
     assert {id(p) for p in matrices} == {id(p) for g in muon.param_groups for p in g["params"]}
     before = [p.detach().clone() for p in matrices]
@@ -95,9 +98,53 @@ def test_muon_groups_train_matrices_and_keep_their_scale():
     assert sgd.param_groups[0]["lr"] == 0.0 and sgd.param_groups[1]["lr"] > 0
 
 
-def test_muon_needs_a_model_that_names_its_matrices():
-    import pytest
+@pytest.mark.parametrize("shapes", [
+    [(16, 72), (16, 72), (64, 32), (8, 8), (16, 72)],  # batched by shape
+    [(16, 72), (12, 72), (16, 60), (72, 16)],  # one zero-padded batch
+])
+def test_launchers_muon_computes_torchs_muon_and_loads_its_checkpoints(shapes, monkeypatch):
+    """optim.Muon orthogonalizes its matrices in batches (by shape, or zero-padded to one shape) and may
+    take a tensor learning rate; the update must be torch.optim.Muon's (to bf16 rounding), wide and tall
+    matrices, weight decay and Nesterov included."""
+    batches = optim._batches([torch.Size(s) for s in shapes], waste=2.0)
+    assert len(batches) == (1 if len(shapes) == 4 else 3)
+    if len(batches) == 1:  # (on the CPU the step pads nothing: the padded batch is tested by hand here)
+        monkeypatch.setattr(optim, "_batches", lambda shapes, waste: batches)
+    torch.manual_seed(0)
+    start = [torch.randn(s) for s in shapes]
+    grads = [[torch.randn(s) for s in shapes] for _ in range(4)]
+    runs = {}
+    for kind in ("torch", "launcher", "launcher-tensor-lr"):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        if kind == "torch":
+            opt = torch.optim.Muon(params, lr=0.05, weight_decay=0.1, momentum=0.9)
+        else:
+            lr = torch.tensor(0.05) if kind.endswith("tensor-lr") else 0.05
+            opt = optim.Muon(params, lr=lr, weight_decay=0.1, momentum=0.9)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = g.clone()
+            opt.step()
+        runs[kind] = (params, opt)
+    reference = runs["torch"][0]
+    for kind in ("launcher", "launcher-tensor-lr"):
+        for p, q in zip(runs[kind][0], reference, strict=True):
+            assert (p - q).abs().max() < 2e-3 * q.abs().max(), kind
+        assert not torch.equal(runs[kind][0][0], start[0])
+    # the same state: torch's checkpoint loads into the launcher's Muon and the next steps agree
+    mine = optim.Muon([torch.nn.Parameter(p.detach().clone()) for p in reference], lr=0.05, weight_decay=0.1,
+                      momentum=0.9)
+    mine.load_state_dict(copy.deepcopy(runs["torch"][1].state_dict()))  # (not sharing its buffers)
+    theirs = runs["torch"]
+    for p, q, g in zip(mine.param_groups[0]["params"], theirs[0], grads[0], strict=True):
+        p.grad, q.grad = g.clone(), g.clone()
+    mine.step()
+    theirs[1].step()
+    for p, q in zip(mine.param_groups[0]["params"], theirs[0], strict=True):
+        assert (p - q).abs().max() < 2e-3 * q.abs().max()
 
+
+def test_muon_needs_a_model_that_names_its_matrices():
     from launcher.errors import ConfigError
 
     with pytest.raises(ConfigError, match="parameter_roles"):
