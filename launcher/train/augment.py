@@ -98,5 +98,8 @@ def tta_logits(net: torch.nn.Module, x: torch.Tensor, level: int) -> torch.Tenso
     """The weighted mean of the network's logits over the TTA views of `x`."""
     views, weights = tta_views(x, level)
     logits = net(views).float().view(len(weights), len(x), -1)
-    w = torch.tensor(weights, device=logits.device).view(-1, 1, 1)
-    return (logits * w).sum(0)
+    if level == 0:
+        return logits[0]
+    # (the weights as Python numbers: a tensor made from them would be a copy to the GPU that waits for
+    # the device, in an evaluation queued behind the epoch's steps)
+    return sum(w * view for w, view in zip(weights, logits.unbind(0), strict=True))
