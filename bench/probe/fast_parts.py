@@ -86,6 +86,56 @@ def forward_backward(kind: str, batch: int, replays: int) -> dict:
     return {"part": "forward+backward", "crop": kind, "batch": batch, "ms": round(ms, 4)}
 
 
+def body(kind: str, batch: int, replays: int) -> dict:
+    """The captured step's body as the launcher runs it for cifar10_fast (alternating flip, 2-pixel
+    reflect shift, normalization, the compiled network, loss, the epoch's sums), with the input pipeline
+    eager (`eager-inputs`, as now) or compiled as one function (`compiled-inputs`; the shifts drawn
+    eagerly, since dynamo takes no generator)."""
+    from launcher.recipes.cifar10 import MEAN, STD
+    from launcher.train.augment import alternating_flip
+
+    torch.manual_seed(0)
+    model = vision_models.Airbench94().cuda().to(memory_format=torch.channels_last)
+    grads = FlatGradients(model.parameters())
+    compile_for_training(model, None)
+    data = torch.randint(0, 256, (50_000, 3, 32, 32), dtype=torch.uint8, device="cuda")
+    labels = torch.randint(0, 10, (50_000,), device="cuda")
+    idx = torch.randperm(50_000, device="cuda")[:batch]
+    mean = torch.tensor(MEAN, device="cuda").view(1, -1, 1, 1)
+    std = torch.tensor(STD, device="cuda").view(1, -1, 1, 1)
+    sums = torch.zeros(3, device="cuda")
+
+    def pipeline(x, idx, dy, dx):
+        x = alternating_flip(x, idx, 0, 0)
+        n, _, h, w = x.shape
+        padded = F.pad(x.float(), (2, 2, 2, 2), mode="reflect")
+        rows = (dy.view(n, 1) + torch.arange(h, device=x.device)).view(n, 1, h, 1)
+        cols = (dx.view(n, 1) + torch.arange(w, device=x.device)).view(n, 1, 1, w)
+        b = torch.arange(n, device=x.device).view(n, 1, 1, 1)
+        c = torch.arange(x.shape[1], device=x.device).view(1, -1, 1, 1)
+        x = padded[b, c, rows, cols]
+        return ((x - mean) / std).contiguous(memory_format=torch.channels_last)
+
+    inputs = torch.compile(pipeline) if kind == "compiled-inputs" else pipeline
+
+    def step():
+        grads.zero()
+        x, y = data[idx], labels[idx]
+        dy = torch.randint(0, 5, (batch,), device="cuda")
+        dx = torch.randint(0, 5, (batch,), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(inputs(x, idx, dy, dx))
+            loss = F.cross_entropy(logits, y, label_smoothing=0.2)
+        loss.backward()
+        sums[0] += loss.detach().float() * batch
+        sums[1] += (logits.argmax(-1) == y).sum()
+        sums[2] += torch.isfinite(loss.detach())
+
+    ms = timed_graph(step, replays)
+    torch._dynamo.reset()
+    return {"part": "step body", "inputs": kind, "batch": batch, "ms": round(ms, 4)}
+
+
 def muon_step(kind: str, replays: int) -> dict:
     torch.manual_seed(0)
     model = vision_models.Airbench94().cuda()
@@ -108,13 +158,16 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=2000)
     p.add_argument("--replays", type=int, default=50)
     p.add_argument("--crops", nargs="*", default=["none", "all", "blocks23", "none", "all", "blocks23"])
+    p.add_argument("--bodies", nargs="*", default=[])
     args = p.parse_args()
     torch.backends.cudnn.benchmark = True
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    for kind in ("torch", "launcher", "launcher-by-shape") * 2:
+    for kind in ("torch", "launcher", "launcher-by-shape") * 2 if not args.bodies else ():
         print(json.dumps({**muon_step(kind, args.replays), **info}), flush=True)
     for kind in args.crops:
         print(json.dumps({**forward_backward(kind, args.batch, args.replays), **info}), flush=True)
+    for kind in args.bodies:
+        print(json.dumps({**body(kind, args.batch, args.replays), **info}), flush=True)
 
 
 if __name__ == "__main__":

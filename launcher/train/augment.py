@@ -23,12 +23,18 @@ def random_translate(x: torch.Tensor, max_shift: int, generator: torch.Generator
     """
     if max_shift <= 0:
         return x
-    n, _, h, w = x.shape
-    padded = torch.nn.functional.pad(x.float() if not x.is_floating_point() else x, (max_shift,) * 4, mode="reflect")
-    padded = padded.to(x.dtype)
+    n = x.shape[0]
     span = 2 * max_shift + 1
     dy = torch.randint(0, span, (n,), device=x.device, generator=generator)
     dx = torch.randint(0, span, (n,), device=x.device, generator=generator)
+    return _shifted(x, max_shift, dy, dx)
+
+
+def _shifted(x: torch.Tensor, max_shift: int, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    """Each image cropped at (dy, dx) out of its reflection padding of `max_shift` pixels."""
+    n, _, h, w = x.shape
+    padded = torch.nn.functional.pad(x.float() if not x.is_floating_point() else x, (max_shift,) * 4, mode="reflect")
+    padded = padded.to(x.dtype)
     rows = (dy.view(n, 1) + torch.arange(h, device=x.device)).view(n, 1, h, 1)
     cols = (dx.view(n, 1) + torch.arange(w, device=x.device)).view(n, 1, 1, w)
     batch = torch.arange(n, device=x.device).view(n, 1, 1, 1)
@@ -58,17 +64,49 @@ def augment_images(x: torch.Tensor, generator: torch.Generator, *, indices: torc
     return random_translate(x, translate, generator)
 
 
-def image_augmentation(hp, seed: int):
+class ImageAugmentation:
+    """The image recipes' training augmentation (`recipe.flip`, `recipe.translate`), called as
+    `augment(x, generator, *, indices, epoch)`, in two parts: `draw` takes the step's random numbers
+    from the run's generator (in the order `augment_images` draws them, so both give the same images)
+    and `apply` moves the pixels as a pure function of them, which torch.compile can fuse with the
+    normalization (dynamo does not take generators): launcher/train/step.py does that for compiled,
+    captured steps."""
+
+    def __init__(self, flip: str, translate: int, seed: int):
+        self.flip, self.translate, self.seed = flip, translate, seed
+
+    def draw(self, x: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor | None, ...]:
+        n = x.shape[0]
+        flips = torch.rand(n, device=x.device, generator=generator) < 0.5 if self.flip == "random" else None
+        if self.translate <= 0:
+            return flips, None, None
+        span = 2 * self.translate + 1
+        dy = torch.randint(0, span, (n,), device=x.device, generator=generator)
+        dx = torch.randint(0, span, (n,), device=x.device, generator=generator)
+        return flips, dy, dx
+
+    def apply(self, x: torch.Tensor, draws: tuple[torch.Tensor | None, ...], indices: torch.Tensor,
+              epoch: int | torch.Tensor) -> torch.Tensor:
+        flips, dy, dx = draws
+        if flips is not None:
+            x = torch.where(flips.view(-1, 1, 1, 1), x.flip(3), x)
+        elif self.flip == "alternating":
+            x = alternating_flip(x, indices, epoch, self.seed)
+        if dy is None:
+            return x
+        return _shifted(x, self.translate, dy, dx)
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator, *, indices: torch.Tensor,
+                 epoch: int | torch.Tensor) -> torch.Tensor:
+        return self.apply(x, self.draw(x, generator), indices, epoch)
+
+
+def image_augmentation(hp, seed: int) -> ImageAugmentation:
     """The image recipes' augmentation as a function of (x, generator, *, indices, epoch).
 
     `hp` is an ImageRecipeConfig (`recipe.flip`, `recipe.translate`), read here once.
     """
-    flip, translate = str(hp.flip), hp.translate
-
-    def augment(x: torch.Tensor, generator: torch.Generator, *, indices: torch.Tensor, epoch: int) -> torch.Tensor:
-        return augment_images(x, generator, indices=indices, epoch=epoch, seed=seed, flip=flip, translate=translate)
-
-    return augment
+    return ImageAugmentation(str(hp.flip), hp.translate, seed)
 
 
 def tta_views(x: torch.Tensor, level: int) -> tuple[torch.Tensor, list[float]]:

@@ -4,7 +4,8 @@ What is compiled (launcher/train/loop.py, step.py): with a captured step (perf.c
 the CUDA graph already removes the launch cost, so compiling is for fused kernels (BatchNorm
 statistics, activations, casts, residual adds). The model's training-mode forward is compiled as one
 graph (`compile_for_training`) and captured into the step's CUDA graph with the launcher's bucketed
-all-reduce; normalization, loss and augmentation stay eager inside the graph. Evaluation runs the
+all-reduce; the image augmentation and normalization are compiled as a second function (its random
+numbers drawn eagerly before it), the loss stays eager inside the graph. Evaluation runs the
 eager forward (a small share of a run, and compiling it would compile again for eval-mode BatchNorm
 and each evaluation batch shape). Measured on 2x H200 and an H100, torch 2.11 (BENCHMARKS.md, issue
 15): one graph beat block-by-block compiles by 6-7% on ResNet-18 and by 25% on the fast net (fusion

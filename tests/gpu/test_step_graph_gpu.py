@@ -130,3 +130,35 @@ def test_optimizers_captured_in_the_graph_step_like_eager_ones(optimizer):
         for p_e, p_c in zip(s_e.optimizer.state.values(), s_c.optimizer.state.values(), strict=True):
             for key, value in p_e.items():
                 assert torch.allclose(value.float(), p_c[key].float(), rtol=1e-3, atol=1e-4), key
+
+
+@pytest.mark.parametrize("flip", ["random", "alternating"])
+def test_compiled_augmentation_and_normalization_give_the_eager_batch(flip):
+    """A compiled, captured step augments and normalizes through one compiled function: the batch it
+    gives the network must be the eager one (same random draws from the same generator state)."""
+    import torch
+
+    from launcher.recipes.vision_models import AirbenchNet
+    from launcher.strategies.base import Nets
+    from launcher.train.augment import ImageAugmentation
+    from launcher.train.step import TrainStep
+
+    device = torch.device("cuda")
+    mean = torch.tensor([125.3, 123.0, 113.9], device=device).view(1, -1, 1, 1)
+    std = torch.tensor([63.0, 62.1, 66.7], device=device).view(1, -1, 1, 1)
+
+    def normalize(x):
+        return ((x.float() - mean) / std).contiguous(memory_format=torch.channels_last)
+
+    model = AirbenchNet().to(device)
+    step = TrainStep(Nets(model, model, model), [], torch.nn.CrossEntropyLoss(), normalize,
+                     ImageAugmentation(flip, 2, seed=1), contextlib.nullcontext, device)
+    x = torch.randint(0, 256, (256, 3, 32, 32), dtype=torch.uint8, device=device)
+    idx = torch.arange(256, device=device)
+    epoch = torch.ones((), dtype=torch.long, device=device)
+    eager = step.inputs(x, idx, epoch, torch.Generator(device=device).manual_seed(7))
+    step.compile_captured(None)
+    assert step.compiled_inputs is not None
+    fused = step.inputs(x, idx, epoch, torch.Generator(device=device).manual_seed(7))
+    assert fused.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(eager, fused, atol=1e-5), (eager - fused).abs().max()
