@@ -108,9 +108,13 @@ def build(options: OptimConfig, lr: float, epochs: int, model: nn.Module, steps_
     steppers = BUILDERS[type(options)](options, lr, epochs * steps_per_epoch, model, steps_per_epoch, fused)
     if graphed:
         for stepper in steppers:
-            for group in stepper.optimizer.param_groups:
-                if "capturable" in group:
+            groups = stepper.optimizer.param_groups
+            if any("capturable" in g for g in groups):
+                for group in groups:
                     group["capturable"] = True
+                # (the warm-up's eager steps run it uncaptured on purpose: torch's warning that
+                # capturable=True "can impair performance" when never captured would mislead)
+                stepper.optimizer._warned_capturable_if_run_uncaptured = True
     return steppers
 
 
