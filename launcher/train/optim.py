@@ -198,13 +198,14 @@ class Muon(torch.optim.Optimizer):
     """torch.optim.Muon's update, in a form a CUDA graph can capture and with fewer, larger kernels.
 
     The same algorithm, state and param_groups as torch.optim.Muon (so either one's checkpoints load
-    into the other): momentum with Nesterov, the quintic Newton-Schulz orthogonalization in bf16 on the
-    wide side of each matrix, decoupled weight decay, the "original" (or "match_rms_adamw") scaling of
-    the learning rate by the matrix's shape. What differs is how: torch.optim.Muon takes the learning
-    rate to the host (a tensor's `.item()`, which a graph cannot hold) and runs ~22 kernels per matrix;
-    here the learning rate may stay a device tensor, momentum is one foreach kernel over all matrices,
-    and the matrices are orthogonalized together in batched matmuls (`_batches`). The numbers agree
-    with torch.optim.Muon's to bf16 rounding (tests/unit/test_fast_recipe_parts.py).
+    into the other): momentum with Nesterov, the quintic Newton-Schulz orthogonalization in bf16 (in
+    float32 on the CPU: `ns_dtype`) on the wide side of each matrix, decoupled weight decay, the
+    "original" (or "match_rms_adamw") scaling of the learning rate by the matrix's shape. What differs
+    is how: torch.optim.Muon takes the learning rate to the host (a tensor's `.item()`, which a graph
+    cannot hold) and runs ~22 kernels per matrix; here the learning rate may stay a device tensor,
+    momentum is one foreach kernel over all matrices, and the matrices are orthogonalized together in
+    batched matmuls (`_batches`). In bf16 the numbers agree with torch.optim.Muon's to bf16 rounding
+    (tests/unit/test_fast_recipe_parts.py).
     """
 
     def __init__(self, params, lr: float | torch.Tensor = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
@@ -245,7 +246,7 @@ class Muon(torch.optim.Optimizer):
             if decay:
                 torch._foreach_mul_(params, 1 - lr * decay)
             # (padding pays on a GPU, where the small matmuls' launches cost more than their work; on the
-            # CPU the work dominates: 2 cores took 8.9 s padded against 5.2 s by shape for airbench94's)
+            # CPU the work dominates: 2 cores took 8.9 s padded against 5.2 s by shape, in bf16)
             waste = 2.0 if params[0].is_cuda else 1.0
             for members, size in _batches([p.shape for p in params], waste):
                 ortho = _orthogonalized([updates[i] for i in members], size, group).float().mul_(-lr)
@@ -281,15 +282,23 @@ def _batches(shapes: list[torch.Size], waste: float = 2.0) -> list[tuple[list[in
     return [(members, size) for size, members in by_shape.items()]
 
 
+def ns_dtype(device: torch.device) -> torch.dtype:
+    """Newton-Schulz runs in bf16 on GPUs, as torch.optim.Muon runs it; in float32 on the CPU, where bf16
+    matmuls are ~30x slower (2 cores: 4.5 s against 0.15 s for airbench94's three largest matrices)
+    and the iteration is no worse for the extra precision."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
 def _orthogonalized(updates: list[torch.Tensor], size: tuple[int, int], group: dict) -> torch.Tensor:
-    """Newton-Schulz in bf16, as torch.optim.Muon computes it, on a batch of matrices: each on its wide
-    side, zero-padded to `size`. Returns the (k, *size) batch."""
+    """Newton-Schulz (in `ns_dtype`), as torch.optim.Muon computes it, on a batch of matrices: each on
+    its wide side, zero-padded to `size`. Returns the (k, *size) batch."""
     a, b, c = group["ns_coefficients"]
     wide = [u.mT if u.size(0) > u.size(1) else u for u in updates]
+    dtype = ns_dtype(wide[0].device)
     if all(tuple(w.shape) == size for w in wide):
-        x = torch.stack(wide).bfloat16()
+        x = torch.stack(wide).to(dtype)
     else:
-        x = wide[0].new_zeros((len(wide), *size), dtype=torch.bfloat16)
+        x = wide[0].new_zeros((len(wide), *size), dtype=dtype)
         for slot, w in zip(x.unbind(0), wide, strict=True):
             slot[:w.size(0), :w.size(1)].copy_(w)
     x = x / torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True).clamp_(min=group["eps"])

@@ -12,8 +12,8 @@ SMALL_FAST = ("recipe=cifar10_fast", "batch_size=100", "eval.batch_size=100", "p
 
 @pytest.fixture(scope="module")
 def tiny_cifar_root(tmp_path_factory):
-    """200 training images: 2 steps per epoch at batch 100 (on 2 CPU cores each airbench94 step with
-    Muon takes ~5 s whatever the batch: the Newton-Schulz iterations in bf16)."""
+    """200 training images: 2 steps per epoch at batch 100 (on 2 CPU cores airbench94's forward and
+    backward dominate a step; Muon's Newton-Schulz runs in float32 on the CPU: optim.ns_dtype)."""
     from launcher.recipes.cifar10 import FOLDER, synthetic_splits, write_official_format
 
     root = tmp_path_factory.mktemp("tiny-cifar")

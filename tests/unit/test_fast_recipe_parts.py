@@ -110,6 +110,7 @@ def test_launchers_muon_computes_torchs_muon_and_loads_its_checkpoints(shapes, m
     assert len(batches) == (1 if len(shapes) == 4 else 3)
     if len(batches) == 1:  # (on the CPU the step pads nothing: the padded batch is tested by hand here)
         monkeypatch.setattr(optim, "_batches", lambda shapes, waste: batches)
+    monkeypatch.setattr(optim, "ns_dtype", lambda device: torch.bfloat16)  # torch's precision, as on GPUs
     torch.manual_seed(0)
     start = [torch.randn(s) for s in shapes]
     grads = [[torch.randn(s) for s in shapes] for _ in range(4)]
@@ -142,6 +143,23 @@ def test_launchers_muon_computes_torchs_muon_and_loads_its_checkpoints(shapes, m
     theirs[1].step()
     for p, q in zip(mine.param_groups[0]["params"], theirs[0], strict=True):
         assert (p - q).abs().max() < 2e-3 * q.abs().max()
+
+
+def test_muon_on_the_cpu_orthogonalizes_in_float32_close_to_torchs_bf16():
+    torch.manual_seed(0)
+    start = [torch.randn(64, 216), torch.randn(256, 576)]
+    grads = [torch.randn_like(t) for t in start]
+    moved = []
+    for make in (torch.optim.Muon, optim.Muon):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        opt = make(params, lr=0.05, momentum=0.9, weight_decay=0.0)
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.clone()
+        opt.step()
+        moved.append([p.detach() - t for p, t in zip(params, start, strict=True)])
+    assert optim.ns_dtype(torch.device("cpu")) is torch.float32
+    for theirs, mine in zip(*moved, strict=True):  # the same update, to bf16's precision
+        assert (theirs - mine).norm() < 0.03 * theirs.norm()
 
 
 def test_muon_needs_a_model_that_names_its_matrices():
