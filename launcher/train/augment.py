@@ -10,28 +10,9 @@ from __future__ import annotations
 import torch
 
 
-def random_flip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Mirror each image left-right with probability 1/2."""
-    flip = torch.rand(x.shape[0], device=x.device, generator=generator) < 0.5
-    return torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
-
-
-def random_translate(x: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
-    """Shift each image by up to `max_shift` pixels in each direction, filling with reflected pixels.
-
-    Equivalent to a random crop of size HxW from the reflection-padded image, done as one gather.
-    """
-    if max_shift <= 0:
-        return x
-    n = x.shape[0]
-    span = 2 * max_shift + 1
-    dy = torch.randint(0, span, (n,), device=x.device, generator=generator)
-    dx = torch.randint(0, span, (n,), device=x.device, generator=generator)
-    return _shifted(x, max_shift, dy, dx)
-
-
 def _shifted(x: torch.Tensor, max_shift: int, dy: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
-    """Each image cropped at (dy, dx) out of its reflection padding of `max_shift` pixels."""
+    """Each image cropped at (dy, dx) out of its reflection padding of `max_shift` pixels: a random
+    shift of up to `max_shift` pixels each way, done as one gather."""
     n, _, h, w = x.shape
     padded = torch.nn.functional.pad(x.float() if not x.is_floating_point() else x, (max_shift,) * 4, mode="reflect")
     padded = padded.to(x.dtype)
@@ -56,21 +37,18 @@ def alternating_flip(x: torch.Tensor, indices: torch.Tensor, epoch: int, seed: i
 
 def augment_images(x: torch.Tensor, generator: torch.Generator, *, indices: torch.Tensor, epoch: int,
                    seed: int, flip: str, translate: int) -> torch.Tensor:
-    """The image recipes' training augmentation: `flip` (random | alternating | none), then a shift."""
-    if flip == "random":
-        x = random_flip(x, generator)
-    elif flip == "alternating":
-        x = alternating_flip(x, indices, epoch, seed)
-    return random_translate(x, translate, generator)
+    """The image recipes' training augmentation: `flip` (random | alternating | none), then a shift of up
+    to `translate` pixels each way, filled with reflected pixels."""
+    return ImageAugmentation(flip, translate, seed)(x, generator, indices=indices, epoch=epoch)
 
 
 class ImageAugmentation:
     """The image recipes' training augmentation (`recipe.flip`, `recipe.translate`), called as
     `augment(x, generator, *, indices, epoch)`, in two parts: `draw` takes the step's random numbers
-    from the run's generator (in the order `augment_images` draws them, so both give the same images)
-    and `apply` moves the pixels as a pure function of them, which torch.compile can fuse with the
-    normalization (dynamo does not take generators): launcher/train/step.py does that for compiled,
-    captured steps."""
+    from the run's generator (a flip per image, then the shifts: the order of earlier versions, so runs
+    give the same images as before) and `apply` moves the pixels as a pure function of them, which
+    torch.compile can fuse with the normalization (dynamo does not take generators):
+    launcher/train/step.py does that for compiled, captured steps."""
 
     def __init__(self, flip: str, translate: int, seed: int):
         self.flip, self.translate, self.seed = flip, translate, seed

@@ -44,6 +44,19 @@ def wait_for_training(node0: subprocess.Popen, run_dir: Path, within: float = 90
         time.sleep(0.2)
 
 
+def start_without_shared_files(hosts, tmp_path: Path, args: tuple[str, ...],
+                               port: int) -> tuple[Path, subprocess.Popen, subprocess.Popen]:
+    """Both nodes started, each in a folder of its own, node 1 unable to see node 0's (a tmpfs over it in
+    its own mount namespace): node 0's folder and the two launches."""
+    mine, theirs = tmp_path / "node0", tmp_path / "node1"
+    mine.mkdir()
+    theirs.mkdir()
+    node0 = hosts.start(0, *args, *node_args(hosts, 0, port), f"hydra.run.dir={mine / 'run'}", cwd=mine)
+    node1 = hosts.start(1, *args, *node_args(hosts, 1, port), f"hydra.run.dir={theirs / 'run'}", cwd=theirs,
+                        hide=(mine,))
+    return mine, node0, node1
+
+
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -115,13 +128,8 @@ def test_a_node_killed_outright_ends_the_other_node_within_seconds(hosts, tmp_pa
 def test_a_restart_resumes_every_node_from_rank_0s_checkpoint_without_a_shared_file_system(hosts, tmp_path):
     """Node 1 does not see node 0's folders (a tmpfs over them in its own mount namespace): its ranks
     get the checkpoint from rank 0 when a rank of node 1 fails and both nodes restart."""
-    mine, theirs = tmp_path / "node0", tmp_path / "node1"
-    mine.mkdir()
-    theirs.mkdir()
     common = (*DDP, "epochs=4", "max_restarts=1", "fault.rank=3", f"fault.step={2 * STEPS_PER_EPOCH + 3}")
-    node0 = hosts.start(0, *common, *node_args(hosts, 0, PORT + 2), f"hydra.run.dir={mine / 'run'}", cwd=mine)
-    node1 = hosts.start(1, *common, *node_args(hosts, 1, PORT + 2), f"hydra.run.dir={theirs / 'run'}", cwd=theirs,
-                        hide=(mine,))
+    mine, node0, node1 = start_without_shared_files(hosts, tmp_path, common, PORT + 2)
     code0, out0, err0 = finish(node0)
     code1, out1, err1 = finish(node1)
     assert code0 == 0 and code1 == 0, f"{err0}\n---\n{err1}"
@@ -130,6 +138,7 @@ def test_a_restart_resumes_every_node_from_rank_0s_checkpoint_without_a_shared_f
     results = json.loads((run / "results.json").read_text())
     assert results["restarts"] == 1 and results["ranks_agree"]
     assert "resumed from" in err0 + out0 and "after epoch 2" in err0 + out0
+    theirs = tmp_path / "node1"
     node = json.loads((theirs / "run" / "node.json").read_text())
     assert node["shared"] is False
     assert (theirs / "run" / "failures" / "attempt0-rank3.json").exists()  # its own failure, in its own dir
@@ -190,12 +199,7 @@ def test_fsdp_over_two_nodes_writes_one_sharded_checkpoint_where_rank_0_is(hosts
     assert (shards / ".metadata").is_file() and len(list(shards.glob("*.distcp"))) == 2, list(shards.iterdir())
     assert not (tmp_path / "b" / "checkpoints").exists()
 
-    mine, theirs = tmp_path / "node0", tmp_path / "node1"
-    mine.mkdir()
-    theirs.mkdir()
-    node0 = hosts.start(0, *common, *node_args(hosts, 0, PORT + 6), f"hydra.run.dir={mine / 'run'}", cwd=mine)
-    node1 = hosts.start(1, *common, *node_args(hosts, 1, PORT + 6), f"hydra.run.dir={theirs / 'run'}", cwd=theirs,
-                        hide=(mine,))
+    mine, node0, node1 = start_without_shared_files(hosts, tmp_path, common, PORT + 6)
     code0, out0, err0 = finish(node0)
     code1, out1, err1 = finish(node1)
     assert code0 == 2 and code1 == 2, f"{err0}\n---\n{err1}"
