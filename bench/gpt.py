@@ -8,8 +8,8 @@
 
 `compare` runs, in one call, `launch recipe=text` (ddp on 2 GPUs, single on 1; perf.compile=true) and
 bench/gpt_script.py under torchrun (DDP + torch.compile, the same model, batch, bf16 and AdamW) on the
-stdlib corpus; tokens/s is the device clock of the slowest rank after the first epoch (launch) or after
-the warm-up steps (script), MFU from the model's FLOPs per token. One JSON line per run, then a summary.
+stdlib corpus; tokens/s is the device clock of the slowest rank, the mean over epochs 2..E of --steps
+steps each, on both sides (the script's first window, like launch's first epoch, holds compilation), MFU from the model's FLOPs per token. One JSON line per run, then a summary.
 `memory` launches the same model under ddp and fsdp on 2 GPUs and reports each one's peak allocated
 memory per GPU (max over ranks and epochs) and exit code; an out-of-memory run reports the launcher's
 one-line message.
@@ -69,7 +69,7 @@ def script_gpt(a: argparse.Namespace, gpus: int, stream: Path) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
                str(HERE / "gpt_script.py"), "--stream", str(stream), "--layers", str(a.layers), "--width",
                str(a.width), "--heads", str(a.heads), "--context", str(a.context), "--batch-per-gpu",
-               str(a.batch_per_gpu), "--steps", str(a.steps)]
+               str(a.batch_per_gpu), "--steps", str(a.steps), "--epochs", str(a.epochs)]
     start = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(command, capture_output=True, text=True, env=env)

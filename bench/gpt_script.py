@@ -29,7 +29,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--batch-per-gpu", type=int, default=16)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (--epochs 1 only)")
+    parser.add_argument("--epochs", type=int, default=1, help="timed windows of --steps; the first is untimed if > 1")
     parser.add_argument("--lr", type=float, default=6e-4)
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -77,26 +78,42 @@ def main() -> None:
         opt.step()
         return loss.detach()
 
-    for _ in range(args.warmup):  # compile, autotune, allocator
-        step()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
-    if cuda:
-        end.record()
-        end.synchronize()
-        seconds = start.elapsed_time(end) / 1000
+    def window(steps: int) -> float:
+        """Seconds of `steps` steps, the device clock (no host sync inside)."""
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            loss = step()
+        if cuda:
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1000
+        else:
+            seconds = time.perf_counter() - t0
+        span = torch.tensor(seconds, device=device)
+        if world > 1:
+            dist.all_reduce(span, op=dist.ReduceOp.MAX)
+        window.loss = loss
+        return span.item()
+
+    if args.epochs > 1:
+        spans = [window(args.steps)]  # holds compilation
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        timed = [window(args.steps) for _ in range(args.epochs - 1)]
+        spans += timed
     else:
-        seconds = time.perf_counter() - t0
-    span = torch.tensor(seconds, device=device)
-    if world > 1:
-        dist.all_reduce(span, op=dist.ReduceOp.MAX)
-    tokens_per_s = args.steps * b * t * world / span.item()
+        for _ in range(args.warmup):  # compile, autotune, allocator
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+        spans = timed = [window(args.steps)]
+    loss = window.loss
+    per_window = [round(args.steps * b * t * world / s) for s in spans]
+    tokens_per_s = sum(per_window[len(spans) - len(timed):]) / len(timed)
     peak = peak_flops(device)
     if rank == 0:
         print(json.dumps({
@@ -104,7 +121,7 @@ def main() -> None:
             "heads": args.heads, "context": t, "batch_per_gpu": b, "compiled": not args.no_compile,
             "parameters": sum(p.numel() for p in model.parameters()), "flops_per_token": flops_per_token,
             "tokens_per_s": round(tokens_per_s), "mfu": round(tokens_per_s * flops_per_token / (peak * world), 4)
-            if peak else None, "loss": round(loss.item(), 4),
+            if peak else None, "loss": round(loss.item(), 4), "per_window": per_window,
             "max_mem_allocated_mb": round(torch.cuda.max_memory_allocated(device) / 2**20) if cuda else None,
             "device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__}), flush=True)
     if world > 1:
