@@ -9,7 +9,8 @@
 `compare` runs, in one call, `launch recipe=text` (ddp on 2 GPUs, single on 1; perf.compile=true) and
 bench/gpt_script.py under torchrun (DDP + torch.compile, the same model, batch, bf16 and AdamW) on the
 stdlib corpus; tokens/s is the device clock of the slowest rank, the mean over epochs 2..E of --steps
-steps each, on both sides (the script's first window, like launch's first epoch, holds compilation), MFU from the model's FLOPs per token. One JSON line per run, then a summary.
+steps each, on both sides (the script's first window, like launch's first epoch, holds compilation),
+MFU from the model's FLOPs per token. One JSON line per run, then a summary.
 `memory` launches the same model under ddp and fsdp on 2 GPUs and reports each one's peak allocated
 memory per GPU (max over ranks and epochs) and exit code; an out-of-memory run reports the launcher's
 one-line message.

@@ -149,6 +149,11 @@ class CapturedStep:
                 stream: torch.cuda.Stream | None = None) -> None:
         """Capture on `stream` (the side stream the warm-up ran on), with (x, y, idx) as the example batch."""
         self.static = (x.clone(), y.clone(), idx.clone())
+        if any(s.stride() != t.stride() for s, t in zip(self.static, (x, y, idx), strict=True)):
+            # The warm-up's batches were views with gaps (recipe=text's windows[:, :-1]); the static
+            # copies are dense. Compiled code guards on strides and would recompile inside the capture,
+            # where compiling cannot run (it reads values to the host): run once on the static layout first.
+            self.body(*self.static)
         graph = torch.cuda.CUDAGraph()
         for generator in self.generators:
             # Random ops on this generator read its seed and offset at each replay, so reseeding it
