@@ -44,6 +44,7 @@ def one_run(gpus: str, extra: list[str], synthetic: bool, base: str | None = Non
         "input_stall": r["input_stall"], "data_placement": r["data_placement"], "device": r["devices"],
         "torch": r["torch"], "date": time.strftime("%Y-%m-%d"), "cuda_graph": r.get("cuda_graph"),
         "overrides": " ".join(extra),
+        "per_epoch": [{k: row.get(k) for k in ("train_s", "host_issue_s", "input_stall")} for row in run.metrics],
     }
 
 
