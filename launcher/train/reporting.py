@@ -3,7 +3,8 @@
     tensorboard --logdir <run dir>       # loss, accuracy, lr, img/s, GPU memory, input wait per epoch
 
 TensorBoard goes through torch.utils.tensorboard into `<run dir>/tensorboard/` (`tensorboard=false`
-turns it off); its import happens after the first epoch, off the start-up path. `curves.png` is
+turns it off); it is imported and opened on a thread of its own while the run warms up, so neither the
+start-up nor the first epoch waits for it. `curves.png` is
 drawn from the epoch history with matplotlib, so a run that is resumed draws its whole history.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,34 @@ class TensorBoardLog:
         self.folder = Path(run_dir) / TENSORBOARD
         self.enabled = enabled
         self._writer = None
+        self._opening: threading.Thread | None = None
+        self._failed: BaseException | None = None
+
+    def open_in_background(self) -> None:
+        """Start `open` on a thread of its own: importing TensorBoard takes a few hundred ms (more on a
+        machine whose file cache is cold), which the first epoch paid while its GPU waited. Started
+        before the warm-up, it is done long before the first epoch ends; `open` waits for it."""
+        if self.enabled and self._writer is None and self._opening is None:
+            self._opening = threading.Thread(target=self._open_noting_failure, name="tensorboard-open", daemon=True)
+            self._opening.start()
+
+    def _open_noting_failure(self) -> None:
+        try:
+            self._open()
+        except BaseException as exc:  # raised again by `open`, on the training thread
+            self._failed = exc
 
     def open(self) -> None:
-        """Import TensorBoard and open the event file (a few hundred ms the first time in a process): done
-        once, before the first epoch ends, so that no epoch's end waits for it."""
+        """Import TensorBoard and open the event file, once (or wait for `open_in_background`)."""
+        if self._opening is not None:
+            self._opening.join()
+            self._opening = None
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
+        self._open()
+
+    def _open(self) -> None:
         if not self.enabled or self._writer is not None:
             return
         try:
@@ -56,6 +82,9 @@ class TensorBoardLog:
         self._writer.flush()
 
     def close(self) -> None:
+        if self._opening is not None:
+            self._opening.join()
+            self._opening = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None
