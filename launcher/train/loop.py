@@ -199,6 +199,7 @@ class Trainer:
             self.preemption = stack.enter_context(contextlib.closing(PreemptionWatch(self.spec.requeue)))
             self.tensorboard = stack.enter_context(contextlib.closing(
                 reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard)))
+            self.tensorboard.open_in_background()
             self.bar = progress.EpochBar(progress.wanted(str(self.cfg.progress), self.is_main), self.device,
                                          self.cfg.epochs, self.data.unit)
             self._warm_up()
@@ -630,14 +631,12 @@ class Trainer:
         if self.is_main:
             log.info(self.timeline.describe())
         # What the epochs' ends use, set up now rather than at the first ones: the host-side reduction's
-        # group (a collective: every rank is here), TensorBoard's writer and pinned memory for the
-        # checkpoints in flight (the one being copied and those the writer holds). The last two on
-        # threads beside the first epoch's queued steps (TensorBoard's import: a few hundred ms;
-        # cudaHostAlloc: ~65 ms for ResNet-18's state), not before the first step and not in the
-        # first epoch's way: done here on this thread, they left recipe=cifar10_fast's GPU idle 0.1 s
-        # of its first epoch, 0.4 s on a machine with a cold file cache.
+        # group (a collective: every rank is here), and pinned memory for the checkpoints in flight (the
+        # one being copied and those the writer holds). The pinned memory is allocated on a thread of its
+        # own (cudaHostAlloc: ~65 ms for ResNet-18's state): the first epoch's GPU would otherwise wait
+        # for it, as it did (with TensorBoard's import, now started before the warm-up) 0.1 s of
+        # recipe=cifar10_fast's first epoch, 0.4 s on a machine with a cold file cache.
         self.strategy.prepare_reduce_host()
-        self.tensorboard.open_in_background()
         if self.is_main and self.cfg.checkpoint and self.device.type == "cuda" and not self.strategy.sharded:
             state = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device)
             self.aside = _Aside(self.device, checkpoint.warm_pinned_memory, state,
