@@ -38,7 +38,7 @@ case "$what" in
             python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/base .bench-base >/dev/null || exit 1
         fi
         base=$(cat .bench-base/.commit 2>/dev/null || echo base)
-        python3 bench/versions.py --base-path /tmp/base --base-module launcher.cli --label-base "$base" \
+        python3 bench/versions.py --base-path /tmp/base --base-module launcher --label-base "$base" \
             --models "$@" --gpus 0 0,1 --epochs 4 --repeats 2 | tee -a "$OUT/versions-$commit.jsonl"
         ;;
 esac

@@ -3,7 +3,7 @@
     # an older launch installed apart (its own entry module), the current one as the repository has it
     mkdir .bench-base && git archive f78d1c4 | tar -x -C .bench-base
     pip install --no-deps --no-build-isolation --target /tmp/base .bench-base
-    python bench/versions.py --base-path /tmp/base --base-module launcher.cli --label-base f78d1c4
+    python bench/versions.py --base-path /tmp/base --base-module launcher --label-base f78d1c4
 
 For every (network, GPU list) the same command (recipe=cifar10, data.synthetic=true, default settings:
 perf.cuda_graph on, strategy auto) runs through the base version and the current one, alternating which
@@ -30,7 +30,8 @@ from strategies import run  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-path", required=True, help="a folder an older launch is installed in (pip --target)")
-    parser.add_argument("--base-module", default="launcher.cli", help="its entry module (python -m ...)")
+    parser.add_argument("--base-module", default="launcher",
+                        help="its entry module (python -m ...; `launcher.cli` before 0.2)")
     parser.add_argument("--label-base", default="base")
     parser.add_argument("--models", nargs="+", default=["airbench", "resnet18"])
     parser.add_argument("--gpus", nargs="+", default=["0", "0,1"], help="GPU lists, e.g. 0 0,1")
