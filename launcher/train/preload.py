@@ -1,5 +1,5 @@
 """Modules the forkserver imports before any worker exists, so that no worker pays for them
-(the worker's entry point and trainer, torch's lazily imported parts, the built-in recipes).
+(the worker's entry point and trainer, torch's lazily imported parts, the built-in recipes, TensorBoard).
 
 torch imports some of its heaviest parts lazily, on first use inside a worker: the first optimizer
 call and DDP's constructor import torch._dynamo (and with it sympy and the inductor's modules),
@@ -24,3 +24,9 @@ from launcher.recipes import BUILTIN  # noqa: E402
 
 for _module in BUILTIN.values():  # the built-in recipes and their models
     importlib.import_module(_module)
+
+try:  # rank 0's TensorBoard writer (train/reporting.py): its import (its files read from disk on a fresh
+    # machine) paid here, beside the launcher's own start, rather than beside a run's warm-up
+    import torch.utils.tensorboard  # noqa: E402, F401
+except ImportError:  # (a dependency, but an environment may lack it: the run then says so once)
+    pass
