@@ -634,8 +634,9 @@ class Trainer:
         # group (a collective: every rank is here), and pinned memory for the checkpoints in flight (the
         # one being copied and those the writer holds). The pinned memory is allocated on a thread of its
         # own (cudaHostAlloc: ~65 ms for ResNet-18's state): the first epoch's GPU would otherwise wait
-        # for it, as it did (with TensorBoard's import, now started before the warm-up) 0.1 s of
-        # recipe=cifar10_fast's first epoch, 0.4 s on a machine with a cold file cache.
+        # for it, as it did (with TensorBoard's import, now in the forkserver's preload, and its writer,
+        # opened on a thread before the warm-up) 0.1 s of recipe=cifar10_fast's first epoch, 0.4 s on a
+        # machine with a cold file cache.
         self.strategy.prepare_reduce_host()
         if self.is_main and self.cfg.checkpoint and self.device.type == "cuda" and not self.strategy.sharded:
             state = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device)

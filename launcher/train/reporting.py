@@ -3,9 +3,10 @@
     tensorboard --logdir <run dir>       # loss, accuracy, lr, img/s, GPU memory, input wait per epoch
 
 TensorBoard goes through torch.utils.tensorboard into `<run dir>/tensorboard/` (`tensorboard=false`
-turns it off); it is imported and opened on a thread of its own while the run warms up, so neither the
-start-up nor the first epoch waits for it. `curves.png` is
-drawn from the epoch history with matplotlib, so a run that is resumed draws its whole history.
+turns it off); the forkserver imports it (launcher/train/preload.py) and rank 0 opens its writer on a
+thread of its own while the run warms up, so neither the start-up nor the first epoch waits for it.
+`curves.png` is drawn from the epoch history with matplotlib, so a run that is resumed draws its whole
+history.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ class TensorBoardLog:
         self._failed: BaseException | None = None
 
     def open_in_background(self) -> None:
-        """Start `open` on a thread of its own: importing TensorBoard takes a few hundred ms (more on a
-        machine whose file cache is cold), which the first epoch paid while its GPU waited. Started
-        before the warm-up, it is done long before the first epoch ends; `open` waits for it."""
+        """Start `open` on a thread of its own: importing TensorBoard (where the forkserver has not:
+        LAUNCH_START_METHOD=spawn) and opening the event file took up to a few hundred ms of the first
+        epoch, its GPU waiting. Started before the warm-up, it is done long before the first epoch
+        ends; `open` waits for it."""
         if self.enabled and self._writer is None and self._opening is None:
             self._opening = threading.Thread(target=self._open_noting_failure, name="tensorboard-open", daemon=True)
             self._opening.start()
