@@ -31,7 +31,7 @@ import torch
 
 from launcher.recipes.cifar10 import MEAN, STD
 from launcher.recipes.vision_models import MODELS
-from launcher.train.augment import augment_images
+from launcher.train.augment import ImageAugmentation
 from launcher.train.compiling import compile_for_training, compiled
 from launcher.train.step import CapturedStep, FlatGradients
 
@@ -100,7 +100,7 @@ def run(variant: str, args, images, labels, device) -> dict:
         compile_for_training(model, None)
 
     def inputs(x, idx):
-        x = augment_images(x, gen, indices=idx, epoch=0, seed=0, flip="random", translate=2)
+        x = ImageAugmentation("random", 2, seed=0)(x, gen, indices=idx, epoch=0)
         return ((x.float() - mean) / std).contiguous(memory_format=torch.channels_last)
 
     net = model

@@ -35,13 +35,6 @@ def alternating_flip(x: torch.Tensor, indices: torch.Tensor, epoch: int, seed: i
     return torch.where(flip.bool().view(-1, 1, 1, 1), x.flip(3), x)
 
 
-def augment_images(x: torch.Tensor, generator: torch.Generator, *, indices: torch.Tensor, epoch: int,
-                   seed: int, flip: str, translate: int) -> torch.Tensor:
-    """The image recipes' training augmentation: `flip` (random | alternating | none), then a shift of up
-    to `translate` pixels each way, filled with reflected pixels."""
-    return ImageAugmentation(flip, translate, seed)(x, generator, indices=indices, epoch=epoch)
-
-
 class ImageAugmentation:
     """The image recipes' training augmentation (`recipe.flip`, `recipe.translate`), called as
     `augment(x, generator, *, indices, epoch)`, in two parts: `draw` takes the step's random numbers

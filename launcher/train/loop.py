@@ -181,7 +181,7 @@ class Trainer:
         self.advised = False  # the input-bound advice was logged (once per run)
         self.step_s: float | None = None  # the last epoch's seconds per step (the slowest rank's)
         self.stager: checkpoint.Stager | None = None  # rank 0 on a GPU: checkpoint copies staged on the device
-        self.aside: _Aside | None = None  # set-up work on a thread beside the first epoch (`_first_step_done`)
+        self.asides: list[_Aside] = []  # set-up work on threads, waited for at the first epoch's end
 
     # ---- the run, top to bottom --------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
@@ -199,7 +199,11 @@ class Trainer:
             self.preemption = stack.enter_context(contextlib.closing(PreemptionWatch(self.spec.requeue)))
             self.tensorboard = stack.enter_context(contextlib.closing(
                 reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard)))
-            self.tensorboard.open_in_background()
+            # (the writer opened beside the warm-up; the first epoch's end waits for it, and so does
+            # the exit, before the writer is closed)
+            if self.tensorboard.enabled:
+                self.asides.append(_Aside(None, self.tensorboard.open))
+            stack.callback(self._wait_asides, quiet=True)
             self.bar = progress.EpochBar(progress.wanted(str(self.cfg.progress), self.is_main), self.device,
                                          self.cfg.epochs, self.data.unit)
             self._warm_up()
@@ -549,9 +553,7 @@ class Trainer:
                          examples: int) -> QueuedEpoch:
         """The epoch's end as device work, queued behind its steps without waiting for them: buffers
         averaged, the evaluation, the sums and (rank 0) the checkpoint's tensors copied to host memory."""
-        if self.aside is not None:  # (the pinned memory the snapshot below takes)
-            self.aside.wait()
-            self.aside = None
+        self._wait_asides()  # (TensorBoard's writer; the pinned memory the snapshot below takes)
         self.strategy.average_buffers(self.nets.module)
         evaluation = self._queue_evaluation() if self._evaluates_after(epoch) else None
         sums = self.step.sums
@@ -632,16 +634,25 @@ class Trainer:
             log.info(self.timeline.describe())
         # What the epochs' ends use, set up now rather than at the first ones: the host-side reduction's
         # group (a collective: every rank is here), and pinned memory for the checkpoints in flight (the
-        # one being copied and those the writer holds). The pinned memory is allocated on a thread of its
-        # own (cudaHostAlloc: ~65 ms for ResNet-18's state): the first epoch's GPU would otherwise wait
-        # for it, as it did (with TensorBoard's import, now in the forkserver's preload, and its writer,
-        # opened on a thread before the warm-up) 0.1 s of recipe=cifar10_fast's first epoch, 0.4 s on a
-        # machine with a cold file cache.
+        # one being copied and those the writer holds), allocated on a thread (cudaHostAlloc: ~65 ms for
+        # ResNet-18's state). Done here on this thread, with TensorBoard's import and writer, that work
+        # left recipe=cifar10_fast's first epoch GPU idle 0.1 s, 0.4 s on a fresh machine (BENCHMARKS.md).
         self.strategy.prepare_reduce_host()
         if self.is_main and self.cfg.checkpoint and self.device.type == "cuda" and not self.strategy.sharded:
             state = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device)
-            self.aside = _Aside(self.device, checkpoint.warm_pinned_memory, state,
-                                copies=checkpoint.BackgroundWriter.QUEUED + 1)
+            self.asides.append(_Aside(self.device, checkpoint.warm_pinned_memory, state,
+                                      copies=checkpoint.BackgroundWriter.QUEUED + 1))
+
+    def _wait_asides(self, quiet: bool = False) -> None:
+        """Wait for the set-up threads and raise what one raised (`quiet`: on the way out, where an
+        error of the run itself is usually what is being raised)."""
+        asides, self.asides = self.asides, []
+        for aside in asides:
+            try:
+                aside.wait()
+            except Exception:
+                if not quiet:
+                    raise
 
     @torch.no_grad()
     def _queue_evaluation(self, confusion: bool = False) -> QueuedEvaluation:
@@ -826,16 +837,16 @@ class Trainer:
 
 
 class _Aside:
-    """`fn(*args, **kwargs)` on a thread of its own, with `device` as its current GPU (a new thread's is
-    GPU 0: pinned memory allocated there would open a CUDA context on another rank's GPU). `wait` joins
-    it and raises what it raised, on the training thread."""
+    """`fn(*args, **kwargs)` on a thread of its own, with `device` (a GPU) as its current device (a new
+    thread's is GPU 0: pinned memory allocated there would open a CUDA context on another rank's GPU).
+    `wait` joins it and raises what it raised, on the training thread."""
 
-    def __init__(self, device: torch.device, fn: Callable[..., Any], *args: Any, **kwargs: Any):
+    def __init__(self, device: torch.device | None, fn: Callable[..., Any], *args: Any, **kwargs: Any):
         self.failed: BaseException | None = None
 
         def work() -> None:
             try:
-                if device.type == "cuda":
+                if device is not None and device.type == "cuda":
                     torch.cuda.set_device(device)
                 fn(*args, **kwargs)
             except BaseException as exc:

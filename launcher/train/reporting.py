@@ -3,17 +3,16 @@
     tensorboard --logdir <run dir>       # loss, accuracy, lr, img/s, GPU memory, input wait per epoch
 
 TensorBoard goes through torch.utils.tensorboard into `<run dir>/tensorboard/` (`tensorboard=false`
-turns it off); the forkserver imports it (launcher/train/preload.py) and rank 0 opens its writer on a
-thread of its own while the run warms up, so neither the start-up nor the first epoch waits for it.
-`curves.png` is drawn from the epoch history with matplotlib, so a run that is resumed draws its whole
-history.
+turns it off); the forkserver imports it (launcher/train/preload.py) and the trainer opens the writer
+on a thread of its own while the run warms up (launcher/train/loop.py), so neither the start-up nor the
+first epoch waits for it. `curves.png` is drawn from the epoch history with matplotlib, so a run that
+is resumed draws its whole history.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -34,35 +33,9 @@ class TensorBoardLog:
         self.folder = Path(run_dir) / TENSORBOARD
         self.enabled = enabled
         self._writer = None
-        self._opening: threading.Thread | None = None
-        self._failed: BaseException | None = None
-
-    def open_in_background(self) -> None:
-        """Start `open` on a thread of its own: importing TensorBoard (where the forkserver has not:
-        LAUNCH_START_METHOD=spawn) and opening the event file took up to a few hundred ms of the first
-        epoch, its GPU waiting. Started before the warm-up, it is done long before the first epoch
-        ends; `open` waits for it."""
-        if self.enabled and self._writer is None and self._opening is None:
-            self._opening = threading.Thread(target=self._open_noting_failure, name="tensorboard-open", daemon=True)
-            self._opening.start()
-
-    def _open_noting_failure(self) -> None:
-        try:
-            self._open()
-        except BaseException as exc:  # raised again by `open`, on the training thread
-            self._failed = exc
 
     def open(self) -> None:
-        """Import TensorBoard and open the event file, once (or wait for `open_in_background`)."""
-        if self._opening is not None:
-            self._opening.join()
-            self._opening = None
-        if self._failed is not None:
-            failed, self._failed = self._failed, None
-            raise failed
-        self._open()
-
-    def _open(self) -> None:
+        """Import TensorBoard (unless the forkserver did) and open the event file, once."""
         if not self.enabled or self._writer is not None:
             return
         try:
@@ -84,9 +57,6 @@ class TensorBoardLog:
         self._writer.flush()
 
     def close(self) -> None:
-        if self._opening is not None:
-            self._opening.join()
-            self._opening = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None

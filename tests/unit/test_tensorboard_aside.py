@@ -1,5 +1,6 @@
-"""TensorBoard opened on a thread of its own (so the first epoch's GPU does not wait for its import), and
-the trainer's other set-up thread: what they write arrives, and what fails there is raised, not lost."""
+"""The trainer's set-up work on threads of its own (TensorBoard's writer opened beside the warm-up, the
+checkpoints' pinned memory beside the first epoch, so the first epoch's GPU does not wait for them):
+what they write arrives, and what fails there is raised on the training thread, not lost."""
 
 import pytest
 import torch
@@ -8,9 +9,9 @@ from launcher.train.loop import _Aside
 from launcher.train.reporting import TensorBoardLog
 
 
-def test_tensorboard_opened_in_the_background_writes_each_epoch(tmp_path):
+def test_tensorboard_opened_on_a_thread_writes_each_epoch(tmp_path):
     log = TensorBoardLog(tmp_path, enabled=True)
-    log.open_in_background()
+    _Aside(None, log.open).wait()
     log.epoch({"epoch": 1, "loss": 2.5, "lr": 0.1})
     log.epoch({"epoch": 2, "loss": 1.5, "lr": 0.1})
     log.close()
@@ -21,17 +22,17 @@ def test_tensorboard_opened_in_the_background_writes_each_epoch(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 2.5), (2, 1.5)]
 
 
-def test_a_failure_to_open_tensorboard_in_the_background_is_raised_at_the_first_epoch(tmp_path):
+def test_a_failure_to_open_tensorboard_on_its_thread_is_raised_when_waited_for(tmp_path):
     (tmp_path / "tensorboard").write_text("a file where the folder should go")
     log = TensorBoardLog(tmp_path, enabled=True)
-    log.open_in_background()
+    aside = _Aside(None, log.open)
     with pytest.raises(OSError):
-        log.epoch({"epoch": 1, "loss": 2.5})
+        aside.wait()
 
 
-def test_disabled_tensorboard_starts_no_thread_and_writes_nothing(tmp_path):
+def test_disabled_tensorboard_writes_nothing(tmp_path):
     log = TensorBoardLog(tmp_path, enabled=False)
-    log.open_in_background()
+    _Aside(None, log.open).wait()
     log.epoch({"epoch": 1, "loss": 2.5})
     log.close()
     assert not (tmp_path / "tensorboard").exists()
