@@ -77,24 +77,37 @@ def free_bytes(folder: Path) -> int | None:
 def disk_full(folder: Path, exc: BaseException) -> bool:
     """Whether a failed write failed because the disk is full. torch.save does not always say so
     (a zip writer's "unexpected pos" instead of ENOSPC), so a nearly full disk counts too."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        seen = seen.__cause__ or seen.__context__
+    if _says_disk_full(exc):
+        return True
     free = free_bytes(folder)
     return free is not None and free < FULL_BELOW_BYTES
+
+
+def _says_disk_full(exc: BaseException | None, depth: int = 0) -> bool:
+    """ENOSPC or EDQUOT in the exception's chain, or in any rank's failure that torch.distributed.checkpoint
+    gathered into a CheckpointException (its `failures`: rank -> (exception, traceback))."""
+    while exc is not None and depth < 32:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        gathered = getattr(exc, "failures", None)
+        if isinstance(gathered, dict):
+            for failure in gathered.values():
+                inner = failure[0] if isinstance(failure, tuple) and failure else failure
+                if isinstance(inner, BaseException) and _says_disk_full(inner, depth + 1):
+                    return True
+        exc, depth = exc.__cause__ or exc.__context__, depth + 1
+    return False
 
 
 class DiskFull(ExplainedStop):
     """No space left on the device of the run dir: the message names the file, the space and the way on."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, kept: str = "the file it was replacing, if any, is unchanged"):
         free = free_bytes(path.parent)
         shown = f"{free / 1e6:.1f} MB free" if free is not None else "no space"
         super().__init__(f"No space left on device: writing {path} failed ({shown} on that file system); free "
                          "some space, or resume the run elsewhere (launch resume=RUN_DIR hydra.run.dir=OTHER_DISK/..."
-                         "); the file it was replacing, if any, is unchanged")
+                         f"); {kept}")
 
 
 def remove_stale_temporaries(run_dir: Path) -> None:

@@ -16,12 +16,13 @@ plus where the run stands (a plain dict, so `torch.load(..., weights_only=True)`
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from launcher.files import write_atomic
+from launcher.files import DiskFull, disk_full, write_atomic
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -154,8 +155,6 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
                  **plain}
 
     def finish() -> None:
-        import shutil
-
         if state is None:
             return
         save_atomic(state, path)
@@ -163,8 +162,25 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
 
+    def failed(exc: BaseException) -> BaseException:
+        """What to raise for a save that failed on some rank (every rank hears of it, after every rank's
+        writes ended): rank 0 removes the half-written folder, which last.pt does not name, so a full
+        disk gets its space back; a full disk is said in one line, like a plain checkpoint's."""
+        stop = exc
+        if disk_full(folder.parent, exc):  # (before the folder frees its space)
+            stop = DiskFull(folder, "the last complete checkpoint is unchanged (this epoch's partial one was removed)")
+            stop.__cause__ = exc
+        if strategy.is_main:
+            shutil.rmtree(folder, ignore_errors=True)
+        return stop
+
     if writer is None:
-        dcp.save(_dcp_state(nets, steppers), checkpoint_id=folder)
+        try:
+            dcp.save(_dcp_state(nets, steppers), checkpoint_id=folder)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise failed(exc) from None
         finish()
         return
     writer.wait_sharded()
@@ -173,7 +189,7 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
 
         writer.group = dist.new_group(backend="gloo")  # (every rank reaches its first save together)
     future = dcp.async_save(_dcp_state(nets, steppers), checkpoint_id=folder, process_group=writer.group)
-    writer.track_sharded(future, finish)
+    writer.track_sharded(future, finish, failed)
 
 
 def restore_sharded(state: dict[str, Any], source: Path, nets: Nets, steppers: list[Stepper],
@@ -368,16 +384,21 @@ class BackgroundWriter:
             self._pending.popleft().result()  # (raises a failed write's error)
         self._pending.append(self._pool.submit(save_snapshot, snapshot, path))
 
-    def track_sharded(self, future: Any, finish: Callable[[], None]) -> None:
-        """An async sharded save: `finish` (rank 0's last.pt) runs when its future completes without error."""
+    def track_sharded(self, future: Any, finish: Callable[[], None],
+                      failed: Callable[[BaseException], BaseException]) -> None:
+        """An async sharded save: `finish` (rank 0's last.pt) runs when its future completes without error;
+        otherwise `failed` cleans up and gives the error that the next wait raises."""
         import threading
 
         done, errors = threading.Event(), []
 
         def completed(f: Any) -> None:
             try:
-                if f.exception() is None:
+                exc = f.exception()
+                if exc is None:
                     finish()
+                else:
+                    errors.append(failed(exc))
             except BaseException as exc:  # (raised at the next wait)
                 errors.append(exc)
             finally:
@@ -391,10 +412,10 @@ class BackgroundWriter:
         if self.sharded is not None:
             future, done, errors = self.sharded
             self.sharded = None
-            future.result()  # (raises the save's error)
             done.wait()
             if errors:
                 raise errors[0]
+            future.result()
 
     def wait(self) -> None:
         while self._pending:

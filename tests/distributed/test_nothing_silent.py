@@ -37,6 +37,23 @@ def test_a_full_disk_is_named_and_leaves_no_temporary_file(launch, tiny_disk):
     assert not list(tiny_disk.rglob("*.tmp-*"))
 
 
+def test_a_full_disk_under_a_sharded_checkpoint_is_named_and_its_partial_folder_removed(launch, tiny_disk,
+                                                                                         tmp_path):
+    """strategy=fsdp writes each epoch's shards to checkpoints/epoch-N.dcp (torch.distributed.checkpoint):
+    a disk that fills mid-save gets the same one line as a plain checkpoint, and the half-written folder
+    (which last.pt never named) is removed, giving its space back."""
+    from tests.distributed.test_fsdp import TOY
+
+    result = launch(*TOY, f"data.root={tmp_path / 'text-data'}", "strategy=fsdp", "nprocs=2", "epochs=2",
+                    f"hydra.run.dir={tiny_disk}/run")
+    assert result.returncode == 1, result.output
+    [line] = [x for x in result.stderr.splitlines() if x.startswith("launch:") and "No space" in x]
+    assert "No space left on device: writing" in line and "epoch-1.dcp" in line, result.stderr
+    assert "partial one was removed" in line and "Traceback" not in result.stderr
+    assert not list((tiny_disk / "run" / "checkpoints").glob("epoch-*.dcp"))
+    assert not list(tiny_disk.rglob("*.tmp-*"))
+
+
 def test_temporaries_of_a_killed_writer_are_removed(tmp_path):
     from launcher.files import remove_stale_temporaries
 
