@@ -21,9 +21,12 @@ import sys
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(signum: int = signal.SIGKILL) -> None:
-    """Receive `signum` when the parent process ends; end now if it already has."""
-    parent = os.getppid()
+def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> None:
+    """Receive `signum` when the parent process ends; end now if it already has.
+
+    parent: the pid the parent had, where the caller knows it: a parent that died before this call
+    (its orphan already adopted by init or a subreaper) is then noticed too."""
+    parent = os.getppid() if parent is None else parent
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum))
     if os.getppid() != parent:  # the parent died before the signal was armed

@@ -121,6 +121,7 @@ def prestart_worker_interpreter() -> None:
     from multiprocessing import forkserver
 
     multiprocessing.set_forkserver_preload(["launcher.train.preload"])
+    os.environ["LAUNCH_FORKSERVER_PARENT"] = str(os.getpid())  # (the preload ends it if this pid is gone)
     forkserver.ensure_running()
     atexit.register(_stop_forkserver)
 

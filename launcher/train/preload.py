@@ -9,8 +9,20 @@ them already loaded. Nothing here touches CUDA (the forkserver must never initia
 """
 
 import importlib
+import os
+import signal
 
-from launcher import bytecode
+from launcher.lifetime import die_with_parent
+
+# First, before the seconds of imports below: the forkserver notices that the launcher is gone only
+# between requests, so a launcher killed while this imports torch left it (and multiprocessing's
+# resource tracker, whose pipe it holds) running for those seconds, writing to the launcher's console.
+# Its parent is the launcher's main thread, which lives as long as the launcher does; the launcher
+# wrote its pid down (host/spawn.py), so one killed before this line is noticed too.
+_LAUNCHER = os.environ.get("LAUNCH_FORKSERVER_PARENT", "")
+die_with_parent(signal.SIGKILL, int(_LAUNCHER) if _LAUNCHER.isdigit() else None)
+
+from launcher import bytecode  # noqa: E402
 
 bytecode.write_in_this_process()  # before the imports below; see launcher/bytecode.py
 

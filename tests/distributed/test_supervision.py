@@ -6,6 +6,7 @@ import signal
 import subprocess
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -76,6 +77,37 @@ def test_launcher_killed_outright_leaves_no_worker(tmp_path):
         assert_all_gone(workers, within=15)
         for p in workers:
             stop_tree(p)
+
+
+def _forkservers(pids) -> list[int]:
+    found = []
+    for pid in pids:
+        try:
+            if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_launcher_killed_while_its_worker_interpreter_imports_torch_leaves_nothing(tmp_path, sig):
+    """Killed in its first second, while the forkserver it started imports torch for the workers: the
+    forkserver and multiprocessing's resource tracker end with it, not seconds later when the imports
+    are done (they kept writing to a console, or a pipe, that the user thought was closed)."""
+    proc = subprocess.Popen(launch_command(*DDP_CPU, "epochs=5"), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=clean_env())
+    try:
+        deadline = time.monotonic() + 30
+        while not _forkservers(descendants(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        started = descendants(proc.pid)
+        assert _forkservers(started), "no forkserver started"
+        proc.send_signal(sig)
+        proc.wait(timeout=10)
+        assert_all_gone(started, within=1.0)
+    finally:
+        stop_tree(proc.pid)
 
 
 def test_restart_resumes_from_last_checkpoint(launch):
