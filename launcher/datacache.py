@@ -17,8 +17,12 @@ import os
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+from launcher.errors import LaunchError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger("launcher.data")
 
@@ -41,6 +45,52 @@ def inductor_dir(env: os._Environ | dict[str, str] = os.environ) -> Path:
     return cache_root(env) / "inductor"
 
 
+def _unusable(folder: Path) -> str | None:
+    """Why `folder` cannot hold a cache (made if missing), or None when it can."""
+    if folder.exists() and not folder.is_dir():
+        return "it is a file, not a folder"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "not writable"
+    return None
+
+
+def why_unusable(folder: Path) -> str | None:
+    """Why `folder` could not hold a cache, found without making anything (`launch doctor`): a file where
+    it or a folder above it should be, or a nearest existing folder that cannot be written."""
+    probe = Path(folder)
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is a file, not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
+def prepare_inductor_dir(env: os._Environ | dict[str, str] = os.environ) -> None:
+    """Before anything launch starts imports torch: TORCHINDUCTOR_CACHE_DIR names a folder that exists and
+    can be written, so the processes torch is imported in (the forkserver, whose import of torch._dynamo
+    already makes that folder, and the workers) agree on one place.
+
+    A TORCHINDUCTOR_CACHE_DIR the user set that cannot be used raises LaunchError (torch fails to import
+    its compiler without it: a traceback from the forkserver otherwise). The launcher's own default
+    (~/.cache/launcher/inductor) that cannot be made (a read-only home) is left unset: torch then keeps
+    its caches in its own default folder, and the run goes on."""
+    user = env.get("TORCHINDUCTOR_CACHE_DIR")
+    folder = Path(user).expanduser() if user else inductor_dir(env)
+    problem = _unusable(folder)
+    if problem is None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    elif user:
+        raise LaunchError(f"TORCHINDUCTOR_CACHE_DIR={user} cannot hold torch's compiled kernels ({problem}), and "
+                          "torch cannot import its compiler without it; point it at a writable folder or unset it "
+                          "(launch then uses ~/.cache/launcher/inductor): unset TORCHINDUCTOR_CACHE_DIR")
+
+
 def key_for(name: str, sources: Iterable[Path] = (), **params: object) -> str:
     """A cache key: `name`, the parameters, and each source file's path, size and modification time."""
     digest = hashlib.sha256(f"v{VERSION} {name} {sorted(params.items())}".encode())
@@ -52,6 +102,8 @@ def key_for(name: str, sources: Iterable[Path] = (), **params: object) -> str:
 
 def cached(key: str, build: Callable[[], dict[str, np.ndarray]], root: Path | None = None) -> dict[str, np.ndarray]:
     """The arrays saved under `key`, or `build()`'s, saved for next time."""
+    import numpy as np
+
     folder = (root or cache_root() / "decoded") / key
     done = folder / "complete"
     if done.exists():

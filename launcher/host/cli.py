@@ -111,9 +111,13 @@ def _will_spawn_workers(argv: list[str]) -> bool:
 
 def _refuse_impossible_sweeps(argv: list[str]) -> None:
     """Another Hydra launcher runs each sweep run itself: backend=slurm there would submit a SLURM job
-    from every one of them (from inside a SLURM job, under submitit_slurm). Refused before anything starts."""
+    from every one of them (from inside a SLURM job, under submitit_slurm); a TORCHINDUCTOR_CACHE_DIR
+    that torch cannot use would fail every run. Refused before anything starts."""
     if not {"-m", "--multirun"} & set(argv):
         return  # without -m no hydra/launcher runs anything
+    from launcher.datacache import prepare_inductor_dir
+
+    prepare_inductor_dir()  # (every run would refuse it one by one)
     values: dict[str, str] = {}
     for arg in argv:
         key, _, value = arg.partition("=")

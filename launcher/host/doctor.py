@@ -51,13 +51,14 @@ def caches() -> list[dict[str, Any]]:
     """The launcher's caches: each can be removed at any time, and launch rebuilds what it needs (at the
     cost of decoding a dataset, compiling or byte-compiling again)."""
     from launcher import bytecode
-    from launcher.datacache import cache_root, inductor_dir
+    from launcher.datacache import cache_root, inductor_dir, why_unusable
 
     found = []
     for what, folder in (("decoded datasets", cache_root() / "decoded"), ("inductor kernels", inductor_dir()),
                          ("bytecode", bytecode.cache_dir(os.environ))):
         size, entries = _size(folder)
-        found.append({"what": what, "path": str(folder), "mib": round(size / 2**20, 1), "entries": entries})
+        found.append({"what": what, "path": str(folder), "mib": round(size / 2**20, 1), "entries": entries,
+                      "unusable": why_unusable(folder)})
     return found
 
 
@@ -149,7 +150,8 @@ def render(r: dict[str, Any]) -> str:
         lines.append("  set here: " + " ".join(f"{k}={v}" for k, v in net["variables"].items()))
     lines.append("caches       (any can be removed; launch rebuilds what it needs)")
     for c in r["caches"]:
-        lines.append(f"  {c['what']:<17} {c['path']}  {c['mib']:,.1f} MiB, {c['entries']} entries")
+        lines.append(f"  {c['what']:<17} {c['path']}  {c['mib']:,.1f} MiB, {c['entries']} entries"
+                     + (f"  UNUSABLE: {c['unusable']}" if c.get("unusable") else ""))
     return "\n".join(lines)
 
 

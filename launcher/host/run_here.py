@@ -42,6 +42,7 @@ from launcher.host.plan import Plan, make_plan
 from launcher.host.resume import Resume
 from launcher.host.resume import inspect as inspect_resume
 from launcher.host.resume import resolve as resolve_resume
+from launcher.host.spawn import check_worker_environment
 from launcher.spec import WorkerSpec
 from launcher.world import existing_world
 
@@ -68,6 +69,7 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
     """Run `cfg` (checked) on this host into `run_dir`. Errors a user can fix come back as exit code 2."""
     run_dir = Path(run_dir).resolve()
     try:
+        check_worker_environment()
         joined = existing_world()
         requeued = context.requeue is not None and context.requeue.requeued
         if joined is None and not requeued:

@@ -114,6 +114,14 @@ def prestart_worker_interpreter() -> None:
     threads and never touches CUDA, so the forks are safe; it exits when the launcher does, and
     workers still die with it (torch's PR_SET_PDEATHSIG), so nothing is orphaned.
     """
+    global _WORKER_ENV_PROBLEM
+    from launcher.datacache import prepare_inductor_dir
+
+    try:
+        prepare_inductor_dir()  # (before any process imports torch)
+    except LaunchError as err:  # nothing started: check_worker_environment says it before any worker
+        _WORKER_ENV_PROBLEM = err
+        return
     if start_method() != "forkserver":
         return
     import atexit
@@ -124,6 +132,19 @@ def prestart_worker_interpreter() -> None:
     os.environ["LAUNCH_FORKSERVER_PARENT"] = str(os.getpid())  # (the preload ends it if this pid is gone)
     forkserver.ensure_running()
     atexit.register(_stop_forkserver)
+
+
+_WORKER_ENV_PROBLEM: LaunchError | None = None
+
+
+def check_worker_environment() -> None:
+    """Raise LaunchError (exit 2, one line) when the environment the workers would inherit cannot work
+    (a TORCHINDUCTOR_CACHE_DIR torch cannot use), found when the worker interpreter was to start."""
+    if _WORKER_ENV_PROBLEM is not None:
+        raise _WORKER_ENV_PROBLEM
+    from launcher.datacache import prepare_inductor_dir
+
+    prepare_inductor_dir()  # (a process that started none: a SLURM task that joined its job's world)
 
 
 def _stop_forkserver() -> None:

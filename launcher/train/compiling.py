@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from launcher.datacache import inductor_dir
+from launcher.datacache import inductor_dir, prepare_inductor_dir
 
 cache_dir = inductor_dir  # where inductor's caches go: TORCHINDUCTOR_CACHE_DIR, else ~/.cache/launcher/inductor
 
@@ -44,7 +44,8 @@ cache_dir = inductor_dir  # where inductor's caches go: TORCHINDUCTOR_CACHE_DIR,
 def compiled(fn, mode: str | None, backend: str = "inductor"):
     """torch.compile(fn), with inductor's caches in the launcher's cache directory (every compile of a
     run goes through here, so the caches are where the module docstring says)."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir()))
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:  # (launch sets it before it starts a worker; unset
+        prepare_inductor_dir()  # in a process it did not start, or where the default could not be made)
     return torch.compile(fn, mode=mode, backend=backend)
 
 

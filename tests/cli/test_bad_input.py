@@ -64,6 +64,25 @@ def test_one_clear_line_and_exit_2(launch, args, expected):
     assert not list(result.cwd.glob("outputs/*/*")), "a refused launch must not leave a run dir"
 
 
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_an_inductor_cache_dir_torch_cannot_use_is_one_line_before_any_process_imports_torch(launch, tmp_path,
+                                                                                             sweep):
+    """torch fails to import its compiler (a traceback from the forkserver, then EOFError) when
+    TORCHINDUCTOR_CACHE_DIR cannot be made; launch says so first. A sweep refuses once, not per run."""
+    from tests.conftest import clean_env
+
+    (tmp_path / "not-a-folder").write_text("x")
+    env = {**clean_env(), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "not-a-folder")}
+    args = ("-m", "gpus=[]", "lr=0.1,0.2") if sweep else ("gpus=[]",)
+    result = launch(*args, timeout=60, env=env)
+    assert result.returncode == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("launch: TORCHINDUCTOR_CACHE_DIR="), result.output
+    assert "it is a file, not a folder" in lines[0] and "unset TORCHINDUCTOR_CACHE_DIR" in lines[0]
+    assert "Traceback" not in result.output and "EOFError" not in result.output
+    assert not list(result.cwd.glob("multirun/*/*")) and not list(result.cwd.glob("outputs/*/*"))
+
+
 def test_doctor_rejects_arguments(launch):
     result = launch("doctor", "--verbose")
     assert result.returncode == 2 and "doctor takes no arguments" in result.stderr

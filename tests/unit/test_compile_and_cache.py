@@ -75,6 +75,26 @@ def test_a_dataset_is_decoded_once_and_read_back(tmp_path):
     assert np.array_equal(datacache.cached("k", build, root=tmp_path)["x"], first["x"]) and len(calls) == 2
 
 
+def test_the_inductor_cache_is_settled_before_torch_is_imported_and_a_users_unusable_one_refused(tmp_path):
+    from launcher.errors import LaunchError
+
+    env = {"LAUNCH_CACHE_DIR": str(tmp_path / "cache")}
+    datacache.prepare_inductor_dir(env)  # the launcher's default: made, and named for the workers
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
+    assert (tmp_path / "cache" / "inductor").is_dir()
+    (tmp_path / "a-file").write_text("x")
+    for unusable, why in ((tmp_path / "a-file", "it is a file, not a folder"),
+                          (tmp_path / "a-file" / "below", "Not a directory")):
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(unusable)}
+        with pytest.raises(LaunchError, match=f"TORCHINDUCTOR_CACHE_DIR={unusable} cannot hold .*{why}"):
+            datacache.prepare_inductor_dir(env)
+    assert datacache.why_unusable(tmp_path / "a-file" / "x" / "y") == f"{tmp_path / 'a-file'} is a file, not a folder"
+    assert datacache.why_unusable(tmp_path / "new" / "folder") is None and not (tmp_path / "new").exists()
+    env = {"LAUNCH_CACHE_DIR": str(tmp_path / "a-file")}  # the default cannot be made (a read-only home):
+    datacache.prepare_inductor_dir(env)  # left to torch's own default, the run goes on
+    assert "TORCHINDUCTOR_CACHE_DIR" not in env
+
+
 def test_a_cache_that_cannot_be_written_costs_only_the_cache(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
