@@ -249,6 +249,13 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
                 return Outcome(2, error=f"the {nodes.count} nodes did not all join within rdzv_timeout_s="
                                f"{nodes.timeout_s}: start the same launch on every node (with the same nodes and "
                                "rdzv), and check each reaches the rendezvous")
+            except EOFError:  # multiprocessing's forkserver ended before it could fork a worker
+                if start_method() != "forkserver":
+                    raise
+                return Outcome(1, error="the process that starts the workers (multiprocessing's forkserver, which "
+                               "imports torch for them) failed before any worker started: its traceback is above. "
+                               "Fix what it names (often the Python environment: PYTHONPATH, a broken package); "
+                               "LAUNCH_START_METHOD=spawn starts each worker without it")
             except SignalException as sig:
                 clear_console_line()
                 name = signal.Signals(sig.sigval).name

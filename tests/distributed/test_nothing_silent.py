@@ -54,6 +54,24 @@ def test_a_full_disk_under_a_sharded_checkpoint_is_named_and_its_partial_folder_
     assert not list(tiny_disk.rglob("*.tmp-*"))
 
 
+def test_a_worker_interpreter_that_cannot_import_torch_is_named_not_an_eof(launch, tmp_path):
+    """The forkserver imports torch's compiler for the workers; a broken package under it (here a sympy
+    that raises on import, first on PYTHONPATH) killed it, and launch said `EOFError: unexpected EOF`."""
+    from tests.conftest import clean_env
+
+    broken = tmp_path / "broken" / "sympy"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise RuntimeError("this sympy is broken")\n')
+    env = clean_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(broken.parent), env.get("PYTHONPATH")]))
+    result = launch("gpus=[]", "epochs=1", timeout=120, env=env)
+    assert result.returncode == 1, result.output
+    assert "RuntimeError: this sympy is broken" in result.stderr  # (the forkserver's own traceback)
+    [line] = [x for x in result.stderr.splitlines() if x.startswith("launch:")]
+    assert "multiprocessing's forkserver" in line and "failed before any worker started" in line, line
+    assert "EOFError" not in result.stderr
+
+
 def test_temporaries_of_a_killed_writer_are_removed(tmp_path):
     from launcher.files import remove_stale_temporaries
 
