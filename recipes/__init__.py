@@ -177,7 +177,22 @@ def _broken(name: str, module_name: str, exc: BaseException) -> LaunchError:
 
 
 def check_model(cls: type[Recipe], cfg: LaunchConfig) -> None:
-    """A recipe that lists its models gets `recipe.model` checked before any worker starts."""
+    """A recipe that lists its models gets `recipe.model` checked before any worker starts; so does a
+    model's fitness for the optimizer (optim=muon needs one that names its filter matrices), on the
+    model built on the meta device (no memory, no data, any size). A model that cannot be built there
+    (a user's build_model that reads data or moves tensors) is left to the worker's own check."""
     if cls.models and str(cfg.recipe.model) not in cls.models:
         raise ConfigError("recipe.model", cfg.recipe.model, f"{cfg.recipe.name} has: {', '.join(cls.models)}",
                           f"recipe={cfg.recipe.name} recipe.model={cls.models[0]}")
+    if cfg.optim.name != "muon":
+        return
+    import torch
+
+    from launcher.train.optim import parameter_roles
+
+    try:
+        with torch.device("meta"):
+            model = cls(cfg).build_model(10)
+    except Exception:  # noqa: BLE001 - not buildable here; the worker checks the real one
+        return
+    parameter_roles(model, cfg)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -143,11 +144,15 @@ def _adamw(o: AdamWConfig, lr: float, total: int, model: nn.Module, steps_per_ep
     return [_stepper(opt, triangular_schedule(total, round(o.warmup_epochs * steps_per_epoch)))]
 
 
-def parameter_roles(model: nn.Module) -> dict[str, list[nn.Parameter]]:
+def parameter_roles(model: nn.Module, cfg: Any = None) -> dict[str, list[nn.Parameter]]:
+    """Which of the model's parameters Muon takes (its `parameter_roles()`); ConfigError without one."""
     roles = getattr(model, "parameter_roles", None)
     if roles is None:
-        raise ConfigError("optim", "muon", f"the model {type(model).__name__} does not say which of its "
-                          "parameters are filter matrices (parameter_roles()); use optim=sgd", "recipe=cifar10_fast")
+        which = (f"recipe={cfg.recipe.name}'s model {cfg.recipe.model}" if cfg is not None
+                 else f"the model {type(model).__name__}")
+        raise ConfigError("optim", "muon", f"{which} does not say which of its parameters are filter matrices (it "
+                          "has no parameter_roles()); use optim=sgd or optim=adamw with it, or Muon with a model "
+                          "that does", "recipe=cifar10_fast optim=muon")
     return roles()
 
 

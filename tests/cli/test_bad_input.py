@@ -33,6 +33,9 @@ CASES = [
     ("recipe.flip=sometimes", "recipe.flip=sometimes is not valid: choose one of random, alternating, none"),
     ("optim=lion", "optim=lion is not valid: choose one of adamw, muon, sgd"),
     ("optim=adamw optim.momentum=0.5", "unknown key 'optim.momentum'"),
+    ("optim=muon", "optim=muon is not valid: recipe=digits's model cnn does not say which of its parameters are "
+     "filter matrices"),  # (was found by the worker, after the run dir was made)
+    ("recipe=cifar10 recipe.model=resnet18 optim=muon", "recipe=cifar10's model resnet18 does not say"),
     ("strategy=single strategy.timeout_s=5", "unknown key 'strategy.timeout_s'"),
     ("script=train.py args.lr=0.1", "args.* keys are your own; add a new one with a leading + (e.g. launch +args.lr="),
     ("nodes=2", "nodes=2 is not valid: several machines meet at a rendezvous: add rdzv=HOST:PORT"),

@@ -42,3 +42,31 @@ def test_a_two_gpu_launch_listens_on_loopback_only(tmp_path):
         assert sockets and all(is_loopback(s) for s in sockets), sorted(sockets)
     finally:
         stop_tree(proc.pid)
+
+
+@pytest.mark.parametrize("optim", ["adamw", "sgd"])  # (muon: recipe=cifar10_fast, too slow on a CPU)
+def test_a_checkpoint_moves_between_the_cpu_and_a_captured_gpu_step(launch, tmp_path_factory, optim):
+    """A run trained on the CPU (unfused optimizers, their step counts CPU tensors) resumes on a GPU whose
+    step is one CUDA graph, the optimizer inside it (fused/capturable: step counts on the GPU, updated by
+    address), and that run's checkpoint resumes on the CPU again: each continues at the next epoch and
+    keeps learning."""
+    cpu = tmp_path_factory.mktemp(f"cpu-{optim}")  # (outside tmp_path: its results say device_type cpu)
+    gpu = tmp_path_factory.mktemp(f"gpu-{optim}")
+    lr = ("lr=1e-3",) if optim == "adamw" else ()
+    first = launch("gpus=[]", f"optim={optim}", *lr, "epochs=2", f"hydra.run.dir={cpu / 'first'}", timeout=300)
+    assert first.returncode == 0, first.output
+    second = launch("gpus=[0]", f"optim={optim}", *lr, "epochs=4", "perf.cuda_graph=true", f"resume={cpu / 'first'}",
+                    f"hydra.run.dir={gpu / 'second'}", timeout=300)
+    assert second.returncode == 0, second.output
+    third = launch("gpus=[]", f"optim={optim}", *lr, "epochs=5", f"resume={gpu / 'second'}",
+                   f"hydra.run.dir={cpu / 'third'}", timeout=300)
+    assert third.returncode == 0, third.output
+    results = {name: json.loads((folder / name / "results.json").read_text())
+               for folder, name in ((cpu, "first"), (gpu, "second"), (cpu, "third"))}
+    assert [r["device_type"] for r in results.values()] == ["cpu", "cuda", "cpu"]
+    rows = [json.loads(x) for x in (gpu / "second" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4]
+    assert results["second"]["cuda_graph"] is True  # it ran the captured step
+    # moments and step counts carried over: no restart-from-scratch jump in the loss at epoch 3
+    assert rows[2]["loss"] < rows[1]["loss"] * 1.25, rows
+    assert results["third"]["test_acc"] >= results["first"]["test_acc"] - 0.02, results
