@@ -4,7 +4,7 @@ The checkpoint's model weights (checkpoints/last.pt; under strategy=fsdp its tor
 folder, gathered whole here in host memory by torch's own `dcp_to_torch_save`) are written as a plain
 state_dict: `torch.load(OUT)` reads it into the recipe's network (`model.load_state_dict`). OUT ending in
 .safetensors writes safetensors instead (where the safetensors package is installed). Default OUT:
-RUN_DIR/model.pt. An existing file is never overwritten.
+RUN_DIR/model.pt; OUT a folder: OUT/model.pt. An existing file is never overwritten.
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ def weights(path: Path, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def export(value: str, out: str | None = None) -> Path:
-    path = resolve(value, setting="export").resolve()
+    path = resolve(value, setting="launch export").resolve()
     state = load_checkpoint(path, f"export {value}")
-    target = Path(out) if out else path.parent.parent / "model.pt"
+    target = Path(out).expanduser() if out else path.parent.parent / "model.pt"
+    if out and (target.is_dir() or out.endswith("/")):  # a folder: the file goes in it, as cp would put it
+        target = target / "model.pt"
     if target.exists():
         raise LaunchError(f"export is not valid: {target} exists and is not overwritten; give another file (e.g. "
                           f"{USAGE.replace('RUN_DIR', value).split(' [')[0]} {target.with_name('model-2.pt')})")

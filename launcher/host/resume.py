@@ -49,20 +49,27 @@ class Resume:
 
 def resolve(value: str, search_root: Path = Path("outputs"), setting: str = "resume") -> Path:
     """`resume` (or `setting`) -> the checkpoint file: a .pt file, a run dir holding checkpoints/last.pt,
-    or `latest` (the newest under outputs/)."""
+    or `latest` (the newest under outputs/). `setting` is a key (resume) or a command (`launch eval`),
+    which the messages spell as typed: resume=VALUE, launch eval VALUE."""
+
+    def typed(v: str) -> str:
+        return f"{setting} {v}" if " " in setting else f"{setting}={v}"
+
+    def example(v: str) -> str:
+        return typed(v) if setting.startswith("launch ") else f"launch {typed(v)}"
+
     if value == "latest":
         candidates = sorted(search_root.glob(f"**/{CHECKPOINTS}/{LAST_CHECKPOINT}"), key=lambda p: p.stat().st_mtime)
         if not candidates:
-            raise LaunchError(f"{setting}=latest is not valid: no checkpoint under {search_root.resolve()}/ "
-                              f"(e.g. launch {setting}=outputs/DATE/TIME-RECIPE-ID)")
+            raise LaunchError(f"{typed('latest')} is not valid: no checkpoint under {search_root.resolve()}/ "
+                              f"(e.g. {example('outputs/DATE/TIME-RECIPE-ID')})")
         return candidates[-1]
     path = Path(os.path.expanduser(value))
     if path.is_dir():
         path = last_checkpoint(path)
     if not path.is_file():
-        shown = f"{setting} {value}" if " " in setting else f"{setting}={value}"
-        raise LaunchError(f"{shown} is not valid: {path} does not exist; give a run dir that holds "
-                          f"checkpoints/last.pt, a .pt file, or latest (e.g. launch {setting}=latest)")
+        raise LaunchError(f"{typed(value)} is not valid: {path} does not exist; give a run dir that holds "
+                          f"checkpoints/last.pt, a .pt file, or latest (e.g. {example('latest')})")
     return path
 
 

@@ -117,6 +117,10 @@ def test_export_writes_weights_that_load_without_the_launcher(fsdp_run, tmp_path
     assert proc.returncode == 0 and f"to {tmp_path / 'fsdp.pt'}" in proc.stdout, proc.stdout + proc.stderr
     assert export_main([str(fsdp_run / "ddp"), str(tmp_path / "ddp.pt")]) == 0
     assert export_main([str(fsdp_run / "ddp"), str(tmp_path / "ddp.pt")]) == 2  # never overwritten
+    (tmp_path / "folder").mkdir()
+    assert export_main([str(fsdp_run / "ddp"), str(tmp_path / "folder")]) == 0  # into it, as cp puts a file
+    assert torch.load(tmp_path / "folder" / "model.pt").keys() == torch.load(tmp_path / "ddp.pt").keys()
+    assert export_main([str(fsdp_run / "ddp"), str(tmp_path / "folder")]) == 2  # its model.pt is not overwritten
     sharded, whole = torch.load(tmp_path / "fsdp.pt"), torch.load(tmp_path / "ddp.pt")
     assert sharded.keys() == whole.keys() and "blocks.1.qkv.weight" in sharded
     assert all(torch.allclose(sharded[k], whole[k], atol=1e-5) for k in whole)
