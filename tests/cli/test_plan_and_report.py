@@ -41,7 +41,7 @@ def test_doctor_reports_versions_devices_and_caches_as_json(launch, tmp_path):
     assert "slurm" in report and "cuda_visible_devices" in report
     by_what = {c["what"]: c for c in report["caches"]}
     assert by_what["decoded datasets"] == {"what": "decoded datasets", "path": str(cache / "decoded"),
-                                           "mib": 3.0, "entries": 1}
+                                           "mib": 3.0, "entries": 1, "unusable": None}
     assert by_what["inductor kernels"]["path"] == str(cache / "inductor")
     assert by_what["inductor kernels"]["mib"] == 0 and "bytecode" in by_what
 
