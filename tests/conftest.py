@@ -118,6 +118,18 @@ def alive(pid: int) -> bool:
     return state != "Z"  # a zombie has exited; only its parent's bookkeeping remains
 
 
+def running(pids, marker: bytes) -> list[int]:
+    """Those of `pids` whose command line holds `marker` (read from /proc)."""
+    found = []
+    for pid in pids:
+        try:
+            if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
 def stop_tree(pid: int) -> None:
     for p in descendants(pid) | {pid}:
         try:

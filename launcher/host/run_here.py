@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from launcher import logs
 from launcher.config import Config, derive
+from launcher.datacache import prepare_inductor_dir
 from launcher.errors import LaunchError
 from launcher.failures import span
 from launcher.files import (
@@ -42,7 +43,6 @@ from launcher.host.plan import Plan, make_plan
 from launcher.host.resume import Resume
 from launcher.host.resume import inspect as inspect_resume
 from launcher.host.resume import resolve as resolve_resume
-from launcher.host.spawn import check_worker_environment
 from launcher.spec import WorkerSpec
 from launcher.world import existing_world
 
@@ -69,7 +69,7 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
     """Run `cfg` (checked) on this host into `run_dir`. Errors a user can fix come back as exit code 2."""
     run_dir = Path(run_dir).resolve()
     try:
-        check_worker_environment()
+        prepare_inductor_dir()  # (refused once more where the forkserver was not started for it)
         joined = existing_world()
         requeued = context.requeue is not None and context.requeue.requeued
         if joined is None and not requeued:

@@ -24,6 +24,7 @@ import signal
 import sys
 import tempfile
 import textwrap
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -114,13 +115,11 @@ def prestart_worker_interpreter() -> None:
     threads and never touches CUDA, so the forks are safe; it exits when the launcher does, and
     workers still die with it (torch's PR_SET_PDEATHSIG), so nothing is orphaned.
     """
-    global _WORKER_ENV_PROBLEM
     from launcher.datacache import prepare_inductor_dir
 
     try:
         prepare_inductor_dir()  # (before any process imports torch)
-    except LaunchError as err:  # nothing started: check_worker_environment says it before any worker
-        _WORKER_ENV_PROBLEM = err
+    except LaunchError:  # nothing started: run_here asks again and says it, before any worker
         return
     if start_method() != "forkserver":
         return
@@ -134,17 +133,22 @@ def prestart_worker_interpreter() -> None:
     atexit.register(_stop_forkserver)
 
 
-_WORKER_ENV_PROBLEM: LaunchError | None = None
+def _forkserver_died() -> bool:
+    """Whether the forkserver this process started has exited (reaped here: it is our child). Its
+    socket closes as it dies, so give its exit a moment to land."""
+    from multiprocessing import forkserver
 
-
-def check_worker_environment() -> None:
-    """Raise LaunchError (exit 2, one line) when the environment the workers would inherit cannot work
-    (a TORCHINDUCTOR_CACHE_DIR torch cannot use), found when the worker interpreter was to start."""
-    if _WORKER_ENV_PROBLEM is not None:
-        raise _WORKER_ENV_PROBLEM
-    from launcher.datacache import prepare_inductor_dir
-
-    prepare_inductor_dir()  # (a process that started none: a SLURM task that joined its job's world)
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if not pid:
+        return False
+    for _ in range(20):
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        except ChildProcessError:  # already reaped
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _stop_forkserver() -> None:
@@ -250,7 +254,7 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
                                f"{nodes.timeout_s}: start the same launch on every node (with the same nodes and "
                                "rdzv), and check each reaches the rendezvous")
             except EOFError:  # multiprocessing's forkserver ended before it could fork a worker
-                if start_method() != "forkserver":
+                if start_method() != "forkserver" or not _forkserver_died():
                     raise
                 return Outcome(1, error="the process that starts the workers (multiprocessing's forkserver, which "
                                "imports torch for them) failed before any worker started: its traceback is above. "

@@ -134,13 +134,13 @@ def _dcp_state(nets: Nets, steppers: list[Stepper]) -> dict[str, Any]:
 
 
 def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: torch.device, path: Path,
-                 epoch: int, plain: dict[str, Any], writer: BackgroundWriter | None = None) -> None:
+                 epoch: int, plain: dict[str, Any], writer: BackgroundWriter) -> None:
     """Every rank writes its shards to checkpoints/epoch-<epoch>.dcp (torch.distributed.checkpoint); then
     rank 0 writes `path` (last.pt: the schedules, RNG, epoch, history and config, and which folder holds
     the tensors) atomically and removes the folders of earlier epochs. A crash at any point leaves last.pt
     naming a complete folder.
 
-    With a `writer` the save is asynchronous (`dcp.async_save`): the shards are copied to host memory
+    The save is asynchronous (`dcp.async_save`, tracked by `writer`): the shards are copied to host memory
     now and written to disk on a background thread (its collectives on a gloo group of their own, so
     they never meet the training's); rank 0 writes last.pt as soon as every rank's part is on disk (the
     save's completion), and the next save, or `writer.wait()` (the end of the run, a preemption, a NaN
@@ -174,15 +174,6 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
             shutil.rmtree(folder, ignore_errors=True)
         return stop
 
-    if writer is None:
-        try:
-            dcp.save(_dcp_state(nets, steppers), checkpoint_id=folder)
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            raise failed(exc) from None
-        finish()
-        return
     writer.wait_sharded()
     if writer.group is None:
         import torch.distributed as dist

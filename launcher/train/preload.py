@@ -21,6 +21,10 @@ from launcher.lifetime import die_with_parent
 # wrote its pid down (host/spawn.py), so one killed before this line is noticed too.
 _LAUNCHER = os.environ.get("LAUNCH_FORKSERVER_PARENT", "")
 die_with_parent(signal.SIGKILL, int(_LAUNCHER) if _LAUNCHER.isdigit() else None)
+# Ctrl-C reaches this process with the launcher (one process group): during these imports it printed a
+# KeyboardInterrupt traceback from deep in torch. The launcher answers Ctrl-C and ends this process; the
+# disposition is put back at the end, since the forkserver hands it on to the workers it forks.
+_SIGINT = signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 from launcher import bytecode  # noqa: E402
 
@@ -42,3 +46,5 @@ try:  # rank 0's TensorBoard writer (train/reporting.py): its import (its files 
     import torch.utils.tensorboard  # noqa: E402, F401
 except ImportError:  # (a dependency, but an environment may lack it: the run then says so once)
     pass
+
+signal.signal(signal.SIGINT, _SIGINT)

@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
@@ -87,16 +86,9 @@ def test_temporaries_of_a_killed_writer_are_removed(tmp_path):
 
 
 def _sweep_job_pids(parent: int) -> list[int]:
-    from tests.conftest import descendants
+    from tests.conftest import descendants, running
 
-    found = []
-    for pid in descendants(parent):
-        try:
-            if b"launcher.host.sweep_job" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
+    return running(descendants(parent), b"launcher.host.sweep_job")
 
 
 def test_a_sweep_whose_run_is_killed_by_a_signal_exits_128_plus_n(tmp_path):

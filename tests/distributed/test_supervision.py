@@ -6,11 +6,10 @@ import signal
 import subprocess
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import alive, clean_env, descendants, launch_command, stop_tree
+from tests.conftest import alive, clean_env, descendants, launch_command, running, stop_tree
 
 pytestmark = pytest.mark.distributed
 
@@ -80,14 +79,7 @@ def test_launcher_killed_outright_leaves_no_worker(tmp_path):
 
 
 def _forkservers(pids) -> list[int]:
-    found = []
-    for pid in pids:
-        try:
-            if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            continue
-    return found
+    return running(pids, b"multiprocessing.forkserver")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
@@ -108,6 +100,28 @@ def test_launcher_killed_while_its_worker_interpreter_imports_torch_leaves_nothi
         assert_all_gone(started, within=1.0)
     finally:
         stop_tree(proc.pid)
+
+
+def test_ctrl_c_while_the_worker_interpreter_imports_torch_is_one_line(tmp_path):
+    """Ctrl-C at a terminal reaches the launcher and the forkserver it started (one process group): the
+    forkserver, importing torch, printed a KeyboardInterrupt traceback from deep inside torch."""
+    import os
+
+    proc = subprocess.Popen(launch_command(*DDP_CPU, "epochs=5"), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=clean_env(), start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # (as at a terminal)
+    try:
+        deadline = time.monotonic() + 30
+        while not _forkservers(descendants(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.8)  # (inside its imports of torch: they take seconds)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        stop_tree(proc.pid)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    assert out.strip().splitlines()[-1].startswith("launch: "), out
 
 
 def test_restart_resumes_from_last_checkpoint(launch):
