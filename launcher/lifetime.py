@@ -17,6 +17,7 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Iterator
 
 _PR_SET_PDEATHSIG = 1
 
@@ -31,6 +32,29 @@ def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum))
     if os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(128 + int(signum))
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C back until the block ends, then raise KeyboardInterrupt there. For importing torch in
+    the launcher: its import calls Python from C++, and a KeyboardInterrupt raised inside such a call
+    ends the process in std::terminate ("terminate called after throwing an instance of
+    'pybind11::error_already_set'", SIGABRT) instead of launch's "interrupted (Ctrl-C)". Only where
+    Python's own handler is in place, on the main thread (a SIGINT ignored stays ignored)."""
+    import threading
+
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    pressed: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 def exec_tied_to_parent(argv: list[str]) -> None:

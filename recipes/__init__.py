@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from launcher.config import Config as LaunchConfig
 from launcher.config import RecipeConfig
 from launcher.errors import ConfigError, LaunchError
+from launcher.lifetime import sigint_deferred
 
 if TYPE_CHECKING:
     import torch
@@ -142,7 +143,8 @@ def recipe_class(name: str) -> type[Recipe]:
     """The Recipe class for `recipe.name`: a built-in name, or a module path defining one Recipe subclass."""
     module_name = BUILTIN.get(name, name)
     try:
-        module = importlib.import_module(module_name)
+        with sigint_deferred():  # (the first import of torch in the launcher, through the recipe)
+            module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
             raise ConfigError("recipe", name, "choose one of " + ", ".join(sorted([*BUILTIN, "cifar10_fast"])) +

@@ -187,3 +187,29 @@ def test_putting_optimizer_state_back_keeps_the_tensors_a_captured_step_holds(ma
     load_optimizer_state(opt, fresh)  # saved before the first step: zeros, in the same tensors
     for p in params:
         assert all(opt.state[p][k] is t and not t.any() for k, t in live[id(p)].items())
+
+
+def test_ctrl_c_while_the_launcher_imports_torch_is_held_back_to_the_end_of_the_import():
+    """A KeyboardInterrupt raised inside one of torch's C++ -> Python calls ends the process in
+    std::terminate (SIGABRT), seen once in CI; the launcher imports its recipe (and torch) with Ctrl-C
+    held back, and raises it when the import is done."""
+    import os
+    import signal
+
+    import pytest
+
+    from launcher.lifetime import sigint_deferred
+
+    reached_the_end = False
+    with pytest.raises(KeyboardInterrupt):
+        with sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached_the_end = True
+    assert reached_the_end and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job's: left as it is
+    try:
+        with sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
