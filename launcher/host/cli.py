@@ -50,6 +50,7 @@ class Invocation:
         from launcher.host.compose import typed
         from launcher.host.launch import launch
         from launcher.host.outcome import LaunchContext, Outcome, RunFailed
+        from launcher.host.resume import carry_settings
         from launcher.host.rundir import release
 
         hydra_cfg = HydraConfig.get()
@@ -59,7 +60,7 @@ class Invocation:
         started = self.started if (not self.codes and os.getpid() == self.pid) else time.time()
         context = LaunchContext(started=started, overrides=tuple(hydra_cfg.overrides.task))
         try:
-            outcome = launch(typed(cfg), run_dir, context)
+            outcome = launch(typed(carry_settings(cfg, context.overrides)), run_dir, context)
         except LaunchError as err:
             outcome = Outcome(err.exit_code, error=str(err))
         except Exception as exc:  # noqa: BLE001 - a failure of launch itself: exit 1, said in one line
@@ -186,6 +187,14 @@ def main(argv: list[str] | None = None) -> None:
         from launcher.host.spawn import prestart_worker_interpreter
 
         prestart_worker_interpreter()  # imports torch in the background while Hydra composes
+    if any(a.lstrip("+").startswith("resume=") for a in argv):  # resume=RUN: the run's recipe and optimizer
+        from launcher.host.resume import with_saved_choices
+
+        try:
+            argv = with_saved_choices(argv)
+        except LaunchError as err:
+            print(f"launch: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
 
     import hydra
 

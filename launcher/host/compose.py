@@ -176,13 +176,17 @@ def typed(cfg: DictConfig) -> Config:
 
 
 def compose(overrides: list[str]) -> DictConfig:
-    """The config `launch` composes for `overrides` (Hydra's compose API: nothing starts, no run dir)."""
+    """The config `launch` composes for `overrides` (Hydra's compose API: nothing starts, no run dir),
+    with a checkpoint's settings where `resume=` names one (launcher/host/resume.py)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
 
+    from launcher.host.resume import carry_settings, with_saved_choices
+
+    overrides = with_saved_choices(overrides)
     register(overrides)
     with initialize_config_module(config_module="launcher.conf", version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
+        return carry_settings(hydra_compose(config_name="config", overrides=overrides), overrides)
 
 
 def config_for(*overrides: str) -> Config:

@@ -1,12 +1,19 @@
 """`resume=`: which checkpoint, whether it is a launch checkpoint at all, and what this launch changes
 of the run it continues. Checked in the launcher, before any worker starts.
 
-The rule (README "Resuming"): a resume continues the training *state* the checkpoint holds (weights,
-optimizer moments, the RNG, the metrics so far, and the position in the schedule: the epochs done)
-and takes every *setting* from this command line: lr, the optimizer's hyper-parameters (momentum,
-weight decay, ...), epochs (the schedule is laid over the new total and continues at the epoch
-reached), batch size, seed, gpus, strategy, precision. What changed is logged and written to the new
-run's plan.json (`resume.changed`), and config.yaml records the values used.
+The rule (README "Resuming"): a resume continues the run as it was. The training *state* comes from
+the checkpoint (weights, optimizer moments, the RNG, the metrics so far, the epochs done), and so does
+every training *setting* this command line does not give: the recipe and its values, the optimizer and
+its hyper-parameters, lr, epochs, batch size, accumulation, seed, evaluation, precision
+(`carry_settings`, after Hydra composed the config; the recipe and optimizer choices are added to
+the command line before it composes: `with_saved_choices`). Typed keys win (`resume=RUN epochs=60
+lr=0.01`: the schedule is laid over the new total and continues at the epoch reached). Where the run
+runs, its speed settings and what concerns this launch only are never taken from the checkpoint
+(`NOT_CARRIED`): gpus, nprocs, strategy, backend, nodes, data.root, perf.* but precision, checkpoint,
+fault, ... So `launch resume=latest` after a crash or a Ctrl-C trains on to the epochs the run was
+started with. What differs from the
+checkpoint's run is logged and written to the new run's plan.json (`resume.changed`), and config.yaml
+records the values used.
 
 What the state cannot carry over is refused in one line: a file that is not a launch checkpoint;
 another recipe, model or optimizer (recipe.name, recipe.model, optim); epochs not above the epochs
@@ -29,6 +36,18 @@ from launcher.files import CHECKPOINTS, LAST_CHECKPOINT, last_checkpoint
 # Settings a resumed run may differ in without it meaning anything for the training (not reported).
 _NOT_SETTINGS = {"resume", "dry_run", "progress", "tensorboard", "profile", "fault"}
 
+# Keys (and sections) a resume takes from this command line or the defaults, never from the checkpoint:
+# where the run runs (the machine may be another one; batch_size is global, so the training is the same
+# on any number of ranks), the speed settings (perf.*: the checkpoint holds them as the plan fitted them
+# to its machine and strategy, e.g. channels_last off on the CPU) and what concerns this launch only.
+NOT_CARRIED = ("resume", "dry_run", "max_restarts", "checkpoint", "progress", "tensorboard", "profile", "fault",
+               "sweep", "script", "args", "script_args", "gpus", "nprocs", "nodes", "node_rank", "rdzv",
+               "rdzv_timeout_s", "strategy", "backend", "eval.checkpoint", "data.root", "data.download",
+               "data.placement", "perf")
+CARRIED_ANYWAY = ("perf.precision",)  # (inside a section above, but it changes what is computed)
+# Config groups whose option a resume takes from the checkpoint (their option names are its values).
+CARRIED_GROUPS = ("recipe", "optim")
+
 
 @dataclass(frozen=True)
 class Resume:
@@ -44,7 +63,7 @@ class Resume:
         if not self.changed:
             return f"resuming {self.path} after epoch {self.epoch}, every setting as it was"
         shown = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in self.changed.items())
-        return f"resuming {self.path} after epoch {self.epoch}; from this command line: {shown}"
+        return f"resuming {self.path} after epoch {self.epoch} with its settings; changed here: {shown}"
 
 
 def resolve(value: str, search_root: Path = Path("outputs"), setting: str = "resume") -> Path:
@@ -150,3 +169,82 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[
         return {}
     return {k: (saved.get(k), v) for k, v in now.items()
             if k.split(".")[0] not in _NOT_SETTINGS and k not in _NOT_SETTINGS and k in saved and saved[k] != v}
+
+
+def typed_keys(overrides: list[str] | tuple[str, ...]) -> set[str]:
+    """The config keys a list of Hydra overrides sets (`lr=0.1` -> lr, `+a.b=1` -> a.b, `optim=adamw` -> optim)."""
+    keys = set()
+    for override in overrides:
+        key = override.partition("=")[0].strip().lstrip("+~").partition("@")[0]
+        if key and not key.startswith("hydra"):
+            keys.add(key)
+    return keys
+
+
+def _given(key: str, typed: set[str]) -> bool:
+    """`key` (or a section holding it) is set on the command line, or is never carried. Choosing a
+    carried group's option (`optim=sgd`) sets none of its values: a resume must choose the checkpoint's."""
+    typed = typed - set(CARRIED_GROUPS)
+    if key in {f"{group}.name" for group in CARRIED_GROUPS}:
+        return True  # (the option chosen, not a value to set in it)
+    parts = key.split(".")
+    prefixes = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    return bool(prefixes & typed) or (key not in CARRIED_ANYWAY and bool(prefixes & set(NOT_CARRIED)))
+
+
+def _single_value(value: str) -> bool:
+    """A resume value that may name one checkpoint: not a sweep's list, range or glob, and not a value
+    Config.check refuses in its own words (true, false, none, empty)."""
+    value = value.strip().strip("'\"").strip()
+    return (value.lower() not in ("", "true", "false", "none", "null") and "," not in value
+            and not value.startswith(("choice(", "range(", "glob(", "interval(", "[")))
+
+
+def with_saved_choices(overrides: list[str]) -> list[str]:
+    """`overrides` with the recipe and optimizer of the checkpoint `resume=` names added,
+    where the command line names none: Hydra then composes that recipe's and optimizer's config
+    (`launch resume=latest` after a cifar10 run is a cifar10 run). Unchanged without resume=, or for a
+    sweep over several resume values (each run's recipe must then be given)."""
+    values = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip().lstrip("+") == "resume"]
+    if len(values) != 1 or not _single_value(values[0]):
+        return overrides
+    value = values[0].strip().strip("'\"")
+    state = load_checkpoint(resolve(value).resolve(), f"resume={value}")
+    config = state.get("config") or {}
+    typed = typed_keys(overrides)
+    added = []
+    for group in CARRIED_GROUPS:
+        name = (config.get(group) or {}).get("name")
+        if name and group not in typed:
+            added.append(f"{group}={name}")
+    cut = overrides.index("--") if "--" in overrides else len(overrides)  # (flags like -m stay first)
+    return [*overrides[:cut], *added, *overrides[cut:]]
+
+
+def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
+    """The composed config (a DictConfig without `hydra`) with every training setting of the checkpoint
+    `cfg.resume` names that `overrides` do not set (see NOT_CARRIED): a copy; `cfg` itself if there is
+    no resume. Keys this launch's config no longer has, or whose saved value it no longer accepts, keep
+    their defaults (the start-up line and plan.json name every difference)."""
+    import copy
+
+    from omegaconf import OmegaConf, read_write
+    from omegaconf.errors import OmegaConfBaseException
+
+    value = OmegaConf.select(cfg, "resume")
+    if value is None or not _single_value(str(value)):
+        return cfg
+    state = load_checkpoint(resolve(str(value)).resolve(), f"resume={value}")
+    saved = _flat(state.get("config") or {})
+    typed = typed_keys(overrides)
+    absent = object()
+    cfg = copy.deepcopy(cfg)
+    with read_write(cfg):
+        for key, saved_value in saved.items():
+            if _given(key, typed) or OmegaConf.select(cfg, key, default=absent) is absent:
+                continue
+            try:
+                OmegaConf.update(cfg, key, saved_value, merge=False)
+            except (OmegaConfBaseException, ValueError):
+                continue
+    return cfg

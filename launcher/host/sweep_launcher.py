@@ -30,6 +30,7 @@ from launcher.errors import LaunchError
 from launcher.host import backends
 from launcher.host.compose import typed
 from launcher.host.outcome import RunFailed
+from launcher.host.resume import carry_settings
 from launcher.host.run_here import refuse_finished_run_dir
 from launcher.host.sweep import SweepContext, SweepJob, report, run_sweep_job
 from launcher.world import existing_world
@@ -105,7 +106,7 @@ class SweepLauncher(Launcher):
         run_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir"))) / str(OmegaConf.select(config,
                                                                                                 "hydra.sweep.subdir"))
         try:
-            cfg = typed(task)
+            cfg = typed(carry_settings(task, overrides))
             cfg.check()
             backends.for_config(cfg.backend).check(cfg)
             refuse_finished_run_dir(run_dir.resolve(), "hydra.sweep.dir")  # (pointing at an earlier sweep)

@@ -1,7 +1,7 @@
-"""`resume=`: the checkpoint's training state continues under this command line's settings (README
-"Resuming"), what cannot continue is refused in one line before any worker starts, and a resumed run
-really starts after the checkpoint's epoch (a run from scratch is deterministic too, so the tests look
-at what only a resume does)."""
+"""`resume=`: the checkpoint's training state continues with the checkpoint's settings, changed only
+where this command line says so (README "Resuming"); what cannot continue is refused in one line before
+any worker starts, and a resumed run really starts after the checkpoint's epoch (a run from scratch is
+deterministic too, so the tests look at what only a resume does)."""
 
 import json
 import shutil
@@ -63,8 +63,46 @@ def test_a_resume_trains_with_the_new_settings_and_records_them(launch, first, t
     assert plan["resume"]["epoch"] == 2
     assert plan["resume"]["changed"] == {"optim.weight_decay": [0.0005, 0.1], "optim.momentum": [0.9, 0.5],
                                          "epochs": [2, 4], "lr": [0.05, 0.005]}
-    assert "from this command line: optim.weight_decay 0.0005 -> 0.1" in result.stdout
+    assert "changed here: optim.weight_decay 0.0005 -> 0.1" in result.stdout
     assert json.loads((second / "results.json").read_text())["resumed_from"] == str(first / "checkpoints" / "last.pt")
+
+
+def test_a_crashed_run_resumed_with_nothing_else_typed_ends_as_if_never_stopped(launch, tmp_path):
+    """`launch resume=RUN` alone: the run's own settings (epochs, lr, batch size, momentum), not the
+    defaults; its last epochs are trained once more and its weights are those of a run never stopped."""
+    settings = ("gpus=[]", "epochs=3", "lr=0.02", "batch_size=32", "optim.momentum=0.8")
+    crashed = launch(*settings, "fault.rank=0", "fault.step=60", "fault.kind=exit", "hydra.run.dir=crashed")
+    assert crashed.returncode == 1, crashed.output  # in epoch 2 (44 steps an epoch): epoch 1's checkpoint stays
+    whole = launch(*settings, "hydra.run.dir=whole")
+    assert whole.returncode == 0, whole.output
+
+    result = launch("resume=crashed", "hydra.run.dir=resumed")
+    assert result.returncode == 0, result.output
+    assert "after epoch 1 with its settings" in result.stdout and "epochs 3 ->" not in result.stdout
+    resumed = tmp_path / "resumed"
+    assert [r["epoch"] for r in rows(resumed)] == [1, 2, 3]  # not the default 10 epochs
+    assert [r["lr"] for r in rows(resumed)] == [r["lr"] for r in rows(tmp_path / "whole")]
+    ours = torch.load(resumed / "checkpoints" / "last.pt", weights_only=True)
+    theirs = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=True)
+    assert all(torch.equal(ours["net_state_dict"][k], v) for k, v in theirs["net_state_dict"].items())
+    assert ours["optimizer_state_dicts"][0]["param_groups"][0]["momentum"] == 0.8
+    plan = json.loads((resumed / "plan.json").read_text())
+    assert set(plan["resume"]["changed"]) <= {"gpus"}  # the placement only: gpus [] -> auto
+    assert plan["resume"]["epoch"] == 1
+
+
+def test_a_resume_takes_a_user_recipe_and_its_values_from_the_checkpoint(launch, tmp_path):
+    """No recipe= on the resuming command line: the checkpoint's (a user's module) with its values."""
+    shutil.copytree(Path(__file__).parent / "data" / "my_pkg", tmp_path / "my_pkg")
+    first = launch("recipe=my_pkg.my_recipe", "gpus=[]", "batch_size=32", "epochs=1", "recipe.hidden=16",
+                   "hydra.run.dir=narrow")
+    assert first.returncode == 0, first.output
+    result = launch("resume=narrow", "epochs=2", "hydra.run.dir=more")
+    assert result.returncode == 0, result.output
+    assert "recipe.hidden" not in result.stdout and "epochs 1 -> 2" in result.stdout
+    config = (tmp_path / "more" / "config.yaml").read_text()
+    assert "name: my_pkg.my_recipe" in config and "hidden: 16" in config and "batch_size: 32" in config
+    assert [r["epoch"] for r in rows(tmp_path / "more")] == [1, 2]
 
 
 def _write_bad_files(where: Path, good: Path) -> dict[str, str]:
