@@ -217,8 +217,9 @@ def with_saved_choices(overrides: list[str]) -> list[str]:
         name = (config.get(group) or {}).get("name")
         if name and group not in typed:
             added.append(f"{group}={name}")
-    cut = overrides.index("--") if "--" in overrides else len(overrides)  # (flags like -m stay first)
-    return [*overrides[:cut], *added, *overrides[cut:]]
+    # beside resume=: Hydra's parser takes the overrides as one run of words between its flags (-m, --cfg job)
+    at = next(i for i, o in enumerate(overrides) if o.partition("=")[0].strip().lstrip("+") == "resume") + 1
+    return [*overrides[:at], *added, *overrides[at:]]
 
 
 def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:

@@ -91,6 +91,18 @@ def test_a_crashed_run_resumed_with_nothing_else_typed_ends_as_if_never_stopped(
     assert plan["resume"]["epoch"] == 1
 
 
+def test_resume_goes_with_hydras_flags_and_sweeps(launch, first):
+    """The recipe and optimizer added for resume= keep the overrides one run of words (Hydra's parser
+    refuses overrides split around --cfg job or -m)."""
+    shown = launch("resume=first", "--cfg", "job", timeout=120)
+    assert shown.returncode == 0 and "recipe:" in shown.stdout, shown.output
+    planned = launch("-m", "resume=first", "epochs=4", "lr=0.3,0.4", "dry_run=true", timeout=120)
+    assert planned.returncode == 0, planned.output
+    lines = [x for x in planned.stdout.splitlines() if x.strip().startswith("training")]
+    assert len(lines) == 2 and "lr=0.3" in lines[0] and "lr=0.4" in lines[1], planned.stdout
+    assert all("resuming" in x for x in planned.stdout.splitlines() if x.strip().startswith("resume")), planned.stdout
+
+
 def test_a_resume_takes_a_user_recipe_and_its_values_from_the_checkpoint(launch, tmp_path):
     """No recipe= on the resuming command line: the checkpoint's (a user's module) with its values."""
     shutil.copytree(Path(__file__).parent / "data" / "my_pkg", tmp_path / "my_pkg")
