@@ -32,6 +32,7 @@ SWEEP_OUTPUT = "launch.out"  # a sweep run's console output (local sweeps)
 SLURM_RECORD = "slurm.json"
 EVAL = "eval.json"  # `launch eval`: accuracy, per class, the confusion matrix
 CONFUSION = "confusion.png"
+OUTCOME = "outcome.json"  # how the launch of this run ended: exit code and its one line (host/run_here.py)
 CLAIM = ".launch-claim.json"  # which launch owns the dir: pid, host, start, command (host/rundir.py)
 NODE = "node.json"  # a launch over several machines: this node's rank, and where rank 0's run dir is
 WORLD_TOKEN = ".launch-world"  # rank 0's mark, by which the other nodes tell whether they see its run dir

@@ -9,6 +9,7 @@ create their own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -28,11 +29,13 @@ from launcher.files import (
     CURVES,
     LOG,
     NODE,
+    OUTCOME,
     PLAN,
     RESULTS,
     TENSORBOARD,
     last_checkpoint,
     read_json,
+    write_json,
 )
 from launcher.host import script
 from launcher.host.compose import to_yaml
@@ -117,11 +120,25 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
     outcome = _execute(spec, plan)
     if plan.joined is not None:  # this process was a worker too: back to the launcher's own logging
         logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
+    if is_main:
+        _record_outcome(run_dir, outcome)
     if outcome.exit_code == 0 and outcome.node_ranks:
         summarize_other_node(outcome.node_ranks, run_dir, time.time() - context.started)
     elif outcome.exit_code == 0 and is_main:
         (summarize_evaluation if evaluate else summarize)(outcome.results, run_dir, time.time() - context.started)
     return outcome
+
+
+def _record_outcome(run_dir: Path, outcome: Outcome) -> None:
+    """How the run ended, for `launch runs` (stopped by a signal, failed, finished) and for scripts. A
+    launch killed outright (SIGKILL, power) writes none: its run reads as failed."""
+    import signal
+
+    code = outcome.exit_code
+    stopped_by = signal.Signals(code - 128).name if code > 128 and code - 128 in signal.valid_signals() else None
+    with contextlib.suppress(OSError):  # (a full disk was said already, by the run itself)
+        write_json(run_dir / OUTCOME, {"exit_code": code, "stopped_by": stopped_by, "error": outcome.error,
+                                       "ended": time.strftime("%Y-%m-%d %H:%M:%S")})
 
 
 def _execute(spec: WorkerSpec, plan: Plan) -> Outcome:
@@ -171,6 +188,8 @@ def _run_user_script(plan: Plan, run_dir: Path, context: LaunchContext) -> Outco
         return script.run_in_this_process(path, argv, plan.env, plan.joined.rank)
     outcome = script.run_script(path, argv, run_dir, plan.strategy.processes, plan.env, cfg.max_restarts,
                                 nodes_of(plan))
+    if is_main:
+        _record_outcome(run_dir, outcome)
     if outcome.exit_code == 0:
         log.info("done in %.1fs: %s finished on every rank. Output of each rank: %s  log: %s",
                  time.time() - context.started, path.name, run_dir / "logs", run_dir / LOG)

@@ -3,9 +3,12 @@ newest first: when, recipe, strategy, devices, epochs, best test accuracy, state
 
 A run's state, from what its dir holds (launcher/files.py names the files):
     running    its claim's process is alive (on this host)
-    finished   results.json (or eval.json for `launch eval`)
+    finished   results.json (or eval.json for `launch eval`), or a script's launch that ended with exit 0
     preempted  SLURM asked it to stop and requeue (`preempted`), not finished since
-    failed     anything else that started (a failure record, or a launch that ended without results)
+    stopped    its launch was stopped by a signal (Ctrl-C, SIGTERM, ...): `stopped (SIGINT)`
+    failed     anything else that started (a failure record, a launch that ended with an error, or
+               one killed outright, which records nothing)
+The launch's own record of how it ended is outcome.json (exit code, signal, its one-line error).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.files import CLAIM, CONFIG, EVAL, FAILURES, METRICS, PLAN, PREEMPTED, RESULTS, read_json
+from launcher.files import CLAIM, CONFIG, EVAL, FAILURES, METRICS, OUTCOME, PLAN, PREEMPTED, RESULTS, read_json
 from launcher.host.rundir import pid_alive, read_claim
 
 ROOTS = ("outputs", "multirun")
@@ -39,6 +42,7 @@ def describe(run_dir: Path) -> dict[str, Any]:
     claim = read_claim(run_dir) or {}
     plan = read_json(run_dir / PLAN)
     results = read_json(run_dir / RESULTS) or read_json(run_dir / EVAL)
+    ended = read_json(run_dir / OUTCOME)
     values = _config_values(run_dir)
     rows = []
     if (run_dir / METRICS).exists():
@@ -51,10 +55,12 @@ def describe(run_dir: Path) -> dict[str, Any]:
     best = results.get("best_test_acc") or results.get("test_acc") or (max(accs) if accs else None)
     if claim and pid_alive(claim.get("pid"), claim.get("host")):
         state = "running"
-    elif results:
+    elif results or ended.get("exit_code") == 0:
         state = "finished"
     elif (run_dir / PREEMPTED).exists():
         state = "preempted"
+    elif ended.get("stopped_by"):
+        state = f"stopped ({ended['stopped_by']})"
     else:
         state = "failed"
     started = claim.get("started")
@@ -74,10 +80,12 @@ def describe(run_dir: Path) -> dict[str, Any]:
         "devices": (f"GPU {','.join(map(str, devices))}" if devices else
                     f"CPU x{plan.get('nprocs', 1)}" if plan else None),
         "epochs": f"{len(rows)}/{values.get('epochs')}" if values.get("epochs") and not (run_dir / EVAL).exists()
-        else None,
+        and not values.get("script") else None,  # (a script's epochs are its own business)
         "best_test_acc": best,
         "state": state,
         "failed_ranks": sorted({p.name for p in (run_dir / FAILURES).glob("*.json")}) if state == "failed" else [],
+        "exit_code": ended.get("exit_code"),
+        "error": ended.get("error"),
         "dir": str(run_dir),
     }
 

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import clean_env
 
@@ -42,6 +43,32 @@ def test_runs_lists_every_state_newest_first(launch, tmp_path):
     lines = shown.stdout.splitlines()
     assert lines[0].split()[:3] == ["started", "recipe", "strategy"] and len(lines) == 5
     assert "running" in lines[2] and "c-running" in lines[2]
+
+
+def test_a_run_stopped_by_a_signal_reads_stopped_and_a_script_that_ended_well_finished(launch, tmp_path):
+    """outcome.json: how each launch ended, which `launch runs` shows (before, both read `failed`)."""
+    import signal
+    import time
+
+    from tests.conftest import launch_command
+
+    proc = subprocess.Popen(launch_command("gpus=[]", "epochs=300", "hydra.run.dir=outputs/x/stopped"), cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
+    metrics = tmp_path / "outputs" / "x" / "stopped" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    (tmp_path / "hi.py").write_text("print('hello')\n")
+    ran = launch("script=hi.py", "gpus=[]", "hydra.run.dir=outputs/y/script")
+    assert ran.returncode == 0, ran.output
+    listed = subprocess.run([sys.executable, "-m", "launcher", "runs", "--json"], cwd=tmp_path, capture_output=True,
+                            text=True, env=clean_env(), timeout=60)
+    runs = {Path(r["dir"]).name: r for r in json.loads(listed.stdout)}
+    assert runs["stopped"]["state"] == "stopped (SIGTERM)" and runs["stopped"]["exit_code"] == 143
+    assert "stopped by SIGTERM" in runs["stopped"]["error"]
+    assert runs["script"]["state"] == "finished" and runs["script"]["epochs"] is None
 
 
 def test_runs_with_a_wrong_argument_is_one_line(launch):
