@@ -187,7 +187,9 @@ def main(argv: list[str] | None = None) -> None:
         from launcher.host.spawn import prestart_worker_interpreter
 
         prestart_worker_interpreter()  # imports torch in the background while Hydra composes
-    if any(a.lstrip("+").startswith("resume=") for a in argv):  # resume=RUN: the run's recipe and optimizer
+    from launcher.host.resume import is_resume
+
+    if any(is_resume(a) for a in argv):  # resume=RUN: the run's recipe and optimizer
         from launcher.host.resume import with_saved_choices
 
         try:

@@ -11,9 +11,8 @@ lr=0.01`: the schedule is laid over the new total and continues at the epoch rea
 runs, its speed settings and what concerns this launch only are never taken from the checkpoint
 (`NOT_CARRIED`): gpus, nprocs, strategy, backend, nodes, data.root, perf.* but precision, checkpoint,
 fault, ... So `launch resume=latest` after a crash or a Ctrl-C trains on to the epochs the run was
-started with. What differs from the
-checkpoint's run is logged and written to the new run's plan.json (`resume.changed`), and config.yaml
-records the values used.
+started with. What differs from the checkpoint's run is logged and written to the new run's plan.json
+(`resume.changed`), and config.yaml records the values used.
 
 What the state cannot carry over is refused in one line: a file that is not a launch checkpoint;
 another recipe, model or optimizer (recipe.name, recipe.model, optim); epochs not above the epochs
@@ -23,6 +22,7 @@ hyper-parameter that changes a layer) only shows when a worker loads the weights
 
 from __future__ import annotations
 
+import functools
 import os
 import zipfile
 from dataclasses import dataclass, field
@@ -200,17 +200,33 @@ def _single_value(value: str) -> bool:
             and not value.startswith(("choice(", "range(", "glob(", "interval(", "[")))
 
 
+def is_resume(override: str) -> bool:
+    """`resume=...` (or `+resume=...`) on a command line."""
+    return override.partition("=")[0].strip().lstrip("+") == "resume" and "=" in override
+
+
+@functools.lru_cache(maxsize=4)
+def _saved_config(path: Path, version: tuple[int, int], setting: str) -> dict[str, Any]:
+    return load_checkpoint(path, setting).get("config") or {}
+
+
+def saved_config(value: str) -> dict[str, Any]:
+    """The config the checkpoint `resume=value` names was trained with, read once per launch whoever
+    asks (the command line, each composed run); a LaunchError if it is not a launch checkpoint."""
+    path = resolve(value).resolve()
+    stat = path.stat()
+    return _saved_config(path, (stat.st_mtime_ns, stat.st_size), f"resume={value}")
+
+
 def with_saved_choices(overrides: list[str]) -> list[str]:
     """`overrides` with the recipe and optimizer of the checkpoint `resume=` names added,
     where the command line names none: Hydra then composes that recipe's and optimizer's config
     (`launch resume=latest` after a cifar10 run is a cifar10 run). Unchanged without resume=, or for a
     sweep over several resume values (each run's recipe must then be given)."""
-    values = [o.partition("=")[2] for o in overrides if o.partition("=")[0].strip().lstrip("+") == "resume"]
+    values = [o.partition("=")[2] for o in overrides if is_resume(o)]
     if len(values) != 1 or not _single_value(values[0]):
         return overrides
-    value = values[0].strip().strip("'\"")
-    state = load_checkpoint(resolve(value).resolve(), f"resume={value}")
-    config = state.get("config") or {}
+    config = saved_config(values[0].strip().strip("'\""))
     typed = typed_keys(overrides)
     added = []
     for group in CARRIED_GROUPS:
@@ -218,7 +234,7 @@ def with_saved_choices(overrides: list[str]) -> list[str]:
         if name and group not in typed:
             added.append(f"{group}={name}")
     # beside resume=: Hydra's parser takes the overrides as one run of words between its flags (-m, --cfg job)
-    at = next(i for i, o in enumerate(overrides) if o.partition("=")[0].strip().lstrip("+") == "resume") + 1
+    at = next(i for i, o in enumerate(overrides) if is_resume(o)) + 1
     return [*overrides[:at], *added, *overrides[at:]]
 
 
@@ -235,8 +251,7 @@ def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
     value = OmegaConf.select(cfg, "resume")
     if value is None or not _single_value(str(value)):
         return cfg
-    state = load_checkpoint(resolve(str(value)).resolve(), f"resume={value}")
-    saved = _flat(state.get("config") or {})
+    saved = _flat(saved_config(str(value)))
     typed = typed_keys(overrides)
     absent = object()
     cfg = copy.deepcopy(cfg)
