@@ -191,12 +191,17 @@ def main(argv: list[str] | None = None) -> None:
 
     if any(is_resume(a) for a in argv):  # resume=RUN: the run's recipe and optimizer
         from launcher.host.resume import with_saved_choices
+        from launcher.lifetime import sigint_deferred
 
         try:
-            argv = with_saved_choices(argv)
+            with sigint_deferred():  # (reading the checkpoint is the launcher's first import of torch)
+                argv = with_saved_choices(argv)
         except LaunchError as err:
             print(f"launch: {err}", file=sys.stderr)
             raise SystemExit(2) from None
+        except KeyboardInterrupt:
+            print("launch: interrupted (Ctrl-C); nothing was started", file=sys.stderr)
+            raise SystemExit(130) from None
 
     import hydra
 

@@ -47,6 +47,8 @@ NOT_CARRIED = ("resume", "dry_run", "max_restarts", "checkpoint", "progress", "t
 CARRIED_ANYWAY = ("perf.precision",)  # (inside a section above, but it changes what is computed)
 # Config groups whose option a resume takes from the checkpoint (their option names are its values).
 CARRIED_GROUPS = ("recipe", "optim")
+_NOT_CARRIED = frozenset(NOT_CARRIED)
+_GROUP_NAMES = frozenset(f"{group}.name" for group in CARRIED_GROUPS)
 
 
 @dataclass(frozen=True)
@@ -125,17 +127,21 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
         what = ("a plain state_dict: weights only, no optimizer, epoch or config" if tensors and tensors == len(state)
                 else f"a dict without net_state_dict and epoch (keys: {', '.join(map(str, list(state)[:5]))})")
         raise refuse(what)
+    if not isinstance(state["epoch"], int) or isinstance(state["epoch"], bool) or state["epoch"] < 0:
+        raise refuse(f"its epoch is {state['epoch']!r}, not a count of epochs")
+    config = state.get("config")
+    if config is not None and not (isinstance(config, dict) and all(
+            isinstance(config.get(section), (dict, type(None))) for section in ("recipe", "optim"))):
+        raise refuse("its config is not the settings a launch writes")
     return state
 
 
 def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Resume:
     """The checkpoint `resume=value` names, checked against this launch's config (a LaunchError if it
     cannot continue under it)."""
-    path = resolve(value, search_root).resolve()
-    state = load_checkpoint(path, f"resume={value}")
-    epoch = int(state["epoch"])
+    path, config, epoch, sharded = checkpoint_facts(value, search_root)
     now = choices(cfg)
-    for key, saved in saved_choices(state.get("config") or {}).items():
+    for key, saved in saved_choices(config).items():
         if saved not in (None, now[key]):
             raise LaunchError(f"{key}={now[key]} is not valid with resume={value}: the checkpoint was trained with "
                               f"{key}={saved}, and its weights and optimizer state only continue under it (e.g. "
@@ -143,7 +149,7 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
     from launcher.strategies import STRATEGIES
 
     strategy = STRATEGIES.get(type(cfg.strategy))
-    if strategy is not None and strategy.sharded and "sharded" not in state:
+    if strategy is not None and strategy.sharded and not sharded:
         raise LaunchError(f"strategy={cfg.strategy.name} is not valid with resume={value}: a checkpoint of an "
                           "unsharded run resumes under the strategy that wrote it (sharded runs' checkpoints resume "
                           f"under any), e.g. launch strategy=ddp resume={value}")
@@ -151,7 +157,7 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
         raise LaunchError(f"epochs={cfg.epochs} is not valid with resume={value}: the checkpoint has trained {epoch} "
                           f"epoch{'s' if epoch != 1 else ''} already; give more (e.g. launch resume={value} "
                           f"epochs={epoch + max(1, epoch)}), or evaluate it: launch eval {value}")
-    changed = _differences(_flat(state.get("config") or {}), _flat(to_plain(cfg)))
+    changed = _differences(_flat(config), _flat(to_plain(cfg)))
     return Resume(path, epoch, changed)
 
 
@@ -184,12 +190,13 @@ def typed_keys(overrides: list[str] | tuple[str, ...]) -> set[str]:
 def _given(key: str, typed: set[str]) -> bool:
     """`key` (or a section holding it) is set on the command line, or is never carried. Choosing a
     carried group's option (`optim=sgd`) sets none of its values: a resume must choose the checkpoint's."""
-    typed = typed - set(CARRIED_GROUPS)
-    if key in {f"{group}.name" for group in CARRIED_GROUPS}:
+    if key in _GROUP_NAMES:
         return True  # (the option chosen, not a value to set in it)
     parts = key.split(".")
     prefixes = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
-    return bool(prefixes & typed) or (key not in CARRIED_ANYWAY and bool(prefixes & set(NOT_CARRIED)))
+    if prefixes & (typed - set(CARRIED_GROUPS)):
+        return True
+    return key not in CARRIED_ANYWAY and bool(prefixes & _NOT_CARRIED)
 
 
 def _single_value(value: str) -> bool:
@@ -206,16 +213,19 @@ def is_resume(override: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4)
-def _saved_config(path: Path, version: tuple[int, int], setting: str) -> dict[str, Any]:
-    return load_checkpoint(path, setting).get("config") or {}
+def _facts(path: Path, version: tuple[int, int], setting: str) -> tuple[dict[str, Any], int, bool]:
+    state = load_checkpoint(path, setting)
+    return state.get("config") or {}, state["epoch"], "sharded" in state
 
 
-def saved_config(value: str) -> dict[str, Any]:
-    """The config the checkpoint `resume=value` names was trained with, read once per launch whoever
-    asks (the command line, each composed run); a LaunchError if it is not a launch checkpoint."""
-    path = resolve(value).resolve()
+def checkpoint_facts(value: str, search_root: Path = Path("outputs")) -> tuple[Path, dict[str, Any], int, bool]:
+    """The checkpoint `resume=value` names: its path, the config it was trained with, its epochs done and
+    whether it is sharded. Read once per launch (cached by path, mtime and size) whoever asks: the
+    command line, each composed run, the check before the workers. A LaunchError if it is not a launch
+    checkpoint."""
+    path = resolve(value, search_root).resolve()
     stat = path.stat()
-    return _saved_config(path, (stat.st_mtime_ns, stat.st_size), f"resume={value}")
+    return (path, *_facts(path, (stat.st_mtime_ns, stat.st_size), f"resume={value}"))
 
 
 def with_saved_choices(overrides: list[str]) -> list[str]:
@@ -226,7 +236,7 @@ def with_saved_choices(overrides: list[str]) -> list[str]:
     values = [o.partition("=")[2] for o in overrides if is_resume(o)]
     if len(values) != 1 or not _single_value(values[0]):
         return overrides
-    config = saved_config(values[0].strip().strip("'\""))
+    config = checkpoint_facts(values[0].strip().strip("'\""))[1]
     typed = typed_keys(overrides)
     added = []
     for group in CARRIED_GROUPS:
@@ -251,7 +261,7 @@ def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
     value = OmegaConf.select(cfg, "resume")
     if value is None or not _single_value(str(value)):
         return cfg
-    saved = _flat(saved_config(str(value)))
+    saved = _flat(checkpoint_facts(str(value))[1])
     typed = typed_keys(overrides)
     absent = object()
     cfg = copy.deepcopy(cfg)

@@ -33,6 +33,7 @@ from launcher.files import (
     PLAN,
     RESULTS,
     TENSORBOARD,
+    DiskFull,
     last_checkpoint,
     read_json,
     write_json,
@@ -136,7 +137,7 @@ def _record_outcome(run_dir: Path, outcome: Outcome) -> None:
 
     code = outcome.exit_code
     stopped_by = signal.Signals(code - 128).name if code > 128 and code - 128 in signal.valid_signals() else None
-    with contextlib.suppress(OSError):  # (a full disk was said already, by the run itself)
+    with contextlib.suppress(OSError, DiskFull):  # (a full disk: the run said so already; keep its error)
         write_json(run_dir / OUTCOME, {"exit_code": code, "stopped_by": stopped_by, "error": outcome.error,
                                        "ended": time.strftime("%Y-%m-%d %H:%M:%S")})
 

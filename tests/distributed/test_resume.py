@@ -4,6 +4,7 @@ any worker starts, and a resumed run really starts after the checkpoint's epoch 
 deterministic too, so the tests look at what only a resume does)."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -100,7 +101,30 @@ def test_resume_goes_with_hydras_flags_and_sweeps(launch, first):
     assert planned.returncode == 0, planned.output
     lines = [x for x in planned.stdout.splitlines() if x.strip().startswith("training")]
     assert len(lines) == 2 and "lr=0.3" in lines[0] and "lr=0.4" in lines[1], planned.stdout
-    assert all("resuming" in x for x in planned.stdout.splitlines() if x.strip().startswith("resume")), planned.stdout
+    resumes = [x for x in planned.stdout.splitlines() if x.strip().startswith("resume")]
+    assert len(resumes) == 2 and all("resuming" in x for x in resumes), planned.stdout
+
+
+def test_ctrl_c_while_a_resume_reads_its_checkpoint_is_one_line(first, tmp_path):
+    """Reading the checkpoint on the command line imports torch in the launcher: Ctrl-C there (to the
+    whole process group, as a terminal sends it) ends it with exit 130 and one line, no traceback."""
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import clean_env, descendants, launch_command, running
+
+    proc = subprocess.Popen(launch_command("resume=first", "epochs=4"), cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=clean_env(), start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 30
+    while not running(descendants(proc.pid), b"multiprocessing.forkserver") and time.monotonic() < deadline:
+        time.sleep(0.01)  # (started just before the checkpoint is read)
+    time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("launch: interrupted"), err
 
 
 def test_a_resume_takes_a_user_recipe_and_its_values_from_the_checkpoint(launch, tmp_path):
@@ -124,8 +148,12 @@ def _write_bad_files(where: Path, good: Path) -> dict[str, str]:
     (where / "random.pt").write_bytes(bytes(range(256)) * 20)
     torch.save(state["net_state_dict"], where / "weights.pt")
     torch.save(torch.ones(3), where / "tensor.pt")
+    torch.save({**state, "epoch": "2"}, where / "epoch-text.pt")  # (edited by hand, or not by launch)
+    torch.save({**state, "config": {"recipe": "digits"}}, where / "config-flat.pt")
     return {"empty.pt": "the file is empty", "truncated.pt": "truncated", "random.pt": "not written by torch.save",
-            "weights.pt": "a plain state_dict", "tensor.pt": "a single tensor"}
+            "weights.pt": "a plain state_dict", "tensor.pt": "a single tensor",
+            "epoch-text.pt": "its epoch is '2', not a count of epochs",
+            "config-flat.pt": "its config is not the settings a launch writes"}
 
 
 def test_a_file_that_is_not_a_launch_checkpoint_is_named_for_what_it_is(first, tmp_path):

@@ -213,3 +213,17 @@ def test_ctrl_c_while_the_launcher_imports_torch_is_held_back_to_the_end_of_the_
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_full_disk_at_the_runs_end_keeps_the_runs_own_error(tmp_path, monkeypatch):
+    """outcome.json cannot be written on a full disk: the launch's exit code and message stay the run's."""
+    from launcher.files import DiskFull
+    from launcher.host import run_here
+    from launcher.host.outcome import Outcome
+
+    def full(path, data):
+        raise DiskFull(path)
+
+    monkeypatch.setattr(run_here, "write_json", full)
+    run_here._record_outcome(tmp_path, Outcome(1, error="No space left on device: writing checkpoints/last.pt"))
+    assert not (tmp_path / "outcome.json").exists()
