@@ -69,9 +69,17 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: dict[str,
     live tensor the loaded state lacks (the state was saved before the first step, as the warm-up's
     is) is zeroed and kept: zeros are where the optimizers here start (momentum, AdamW's moments and
     step count; SGD without dampening, which is how optim.py builds it).
+
+    A loaded tensor that is not copied into a live one takes its parameter's memory layout. Snapshots
+    are written contiguous, so a channels_last filter's momentum comes back contiguous, and the fused
+    CUDA optimizers refuse lists whose strides differ ("check_fast_path_restrictions").
     """
     live = {p: dict(s) for p, s in optimizer.state.items()}
     optimizer.load_state_dict(state_dict)
+    for p, values in optimizer.state.items():
+        for key, value in values.items():
+            if _needs_layout_of(value, p):
+                values[key] = torch.empty_like(p, dtype=value.dtype).copy_(value)
     for p, before in live.items():
         values = optimizer.state[p]
         for key, old in before.items():
@@ -83,6 +91,13 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, state_dict: dict[str,
             elif (isinstance(value, torch.Tensor) and old is not value
                   and (old.shape, old.dtype, old.device) == (value.shape, value.dtype, value.device)):
                 values[key] = old.copy_(value)
+
+
+def _needs_layout_of(value: Any, param: torch.Tensor) -> bool:
+    """`value` has the parameter's shape but not its strides (plain tensors; a sharded parameter's
+    state is laid out by FSDP itself)."""
+    return (type(value) is torch.Tensor and not hasattr(param, "device_mesh") and value.shape == param.shape
+            and value.device == param.device and value.stride() != param.stride())
 
 
 def rng_state(device: torch.device) -> dict[str, torch.Tensor]:

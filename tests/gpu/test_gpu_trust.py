@@ -30,6 +30,21 @@ def test_resume_with_a_new_lr_then_eval_on_two_gpus(launch, tmp_path):
     assert report["test_acc"] == pytest.approx(trained["test_acc"], abs=0.01)  # bf16 on both; TTA as trained
 
 
+@pytest.mark.parametrize("gpus", ["[0]", pytest.param("[0,1]", marks=two_gpus)])
+def test_a_captured_resnet_run_resumes_in_its_fused_optimizer(launch, tmp_path, gpus):
+    """ResNet-18's filters are channels_last on a GPU; its checkpoint holds the momentum contiguous (host
+    snapshots are). Resumed, the fused SGD refused the mixed strides in the first step (it failed so on
+    2x H200 in the warm-up before the capture). The resumed run trains its next epoch on CUDA."""
+    first = launch(*RUN, "epochs=1", f"gpus={gpus}", "hydra.run.dir=first", timeout=600)
+    assert first.returncode == 0, first.output
+    second = launch(*RUN, "epochs=2", f"gpus={gpus}", "resume=first", "hydra.run.dir=second", timeout=600)
+    assert second.returncode == 0, second.output
+    rows = [json.loads(x) for x in (tmp_path / "second" / "metrics.jsonl").read_text().splitlines()]
+    results = json.loads((tmp_path / "second" / "results.json").read_text())
+    assert [r["epoch"] for r in rows] == [1, 2] and results["device_type"] == "cuda" and results["cuda_graph"]
+    assert rows[1]["loss"] < rows[0]["loss"]
+
+
 @two_gpus
 def test_a_two_gpu_launch_listens_on_loopback_only(tmp_path):
     proc = subprocess.Popen(launch_command(*RUN, "epochs=200", "gpus=[0,1]"), cwd=tmp_path,

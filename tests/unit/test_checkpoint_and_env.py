@@ -189,6 +189,41 @@ def test_putting_optimizer_state_back_keeps_the_tensors_a_captured_step_holds(ma
         assert all(opt.state[p][k] is t and not t.any() for k, t in live[id(p)].items())
 
 
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
+    lambda ps: torch.optim.AdamW(ps, lr=0.01),
+])
+def test_optimizer_state_loaded_from_a_snapshot_takes_the_channels_last_layout_of_its_parameters(make):
+    """Checkpoint snapshots copy tensors into contiguous host memory, so a channels_last filter's
+    momentum comes back contiguous. The fused CUDA optimizers refuse parameters, gradients and state
+    whose strides differ (a 2-GPU ResNet-18 resume failed so in its first step): loaded state must
+    come back in its parameter's layout, with its values."""
+    import copy
+
+    from launcher.train.checkpoint import load_optimizer_state
+
+    torch.manual_seed(0)
+    filters = torch.nn.Parameter(torch.randn(8, 3, 3, 3).to(memory_format=torch.channels_last))
+    bias = torch.nn.Parameter(torch.randn(8))
+    opt = make([filters, bias])
+    filters.grad, bias.grad = torch.randn_like(filters), torch.randn_like(bias)
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    for state in saved["state"].values():  # as a snapshot writes it
+        for k, v in state.items():
+            if v.dim() > 0:
+                state[k] = torch.empty(v.shape, dtype=v.dtype).copy_(v)
+    assert saved["state"][0][next(k for k in saved["state"][0] if k != "step")].is_contiguous()
+
+    resumed = make([filters, bias])  # a new run: no live state yet
+    load_optimizer_state(resumed, saved)
+    for p in (filters, bias):
+        for k, v in resumed.state[p].items():
+            if v.dim() > 0:
+                assert v.stride() == p.stride(), k
+                assert torch.equal(v, opt.state[p][k])
+
+
 def test_ctrl_c_while_the_launcher_imports_torch_is_held_back_to_the_end_of_the_import():
     """A KeyboardInterrupt raised inside one of torch's C++ -> Python calls ends the process in
     std::terminate (SIGABRT), seen once in CI; the launcher imports its recipe (and torch) with Ctrl-C
