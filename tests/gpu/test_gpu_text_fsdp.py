@@ -74,8 +74,10 @@ def test_fsdp_compiles_its_blocks_on_one_gpu_and_follows_its_eager_run(launch, t
     a, b = runs["true"]["final"], runs["false"]["final"]
     for run in runs.values():  # both learned (the unigram baseline is ~4.6 bits/byte)
         assert run["final"]["test_bpb"] < 0.8 * run["unigram_test_bpb"], run["final"]
-    # bf16, one epoch at lr 2e-3: other kernels drift apart (2.2% on an H100 at 0b1c648: 2.444 vs 2.391)
-    assert a["test_loss"] == pytest.approx(b["test_loss"], rel=0.05), (a, b)
+    # bf16, one epoch at lr 2e-3, the loss still falling fast: other kernels land elsewhere. Compiled vs eager
+    # was 2.2% apart under fsdp on an H100 (0b1c648) and 5.9% on an H200 (d2da8c6, the same on two runs);
+    # without fsdp (strategy=single) 0.7% and 2.8% for seeds 0 and 1 (bench/results/compile-drift-h100-fefd599.jsonl)
+    assert a["test_loss"] == pytest.approx(b["test_loss"], rel=0.08), (a, b)
 
 
 @two_gpus
@@ -89,7 +91,11 @@ def test_fsdp_follows_ddp_on_two_gpus_with_less_memory_per_gpu(launch, tmp_path)
         runs[strategy] = _rows(tmp_path / strategy)[-1]
     ddp, fsdp = runs["ddp"], runs["fsdp"]
     assert fsdp["loss"] == pytest.approx(ddp["loss"], rel=2e-2), (ddp, fsdp)  # bf16 autocast on both: rounding
-    assert fsdp["max_mem_allocated_mb"] < 0.7 * ddp["max_mem_allocated_mb"], (ddp, fsdp)
+    # Issue 16's goal. Evaluation in chunks of 128 windows a rank (eval.batch_size 256) was both runs' peak:
+    # 0.72x measured on 2x H200 at d2da8c6 (1083.9 vs 1505.3 MB). Chunks now follow batch_size; the one-GPU
+    # probe of a 2-rank world (bench/probe/fsdp_memory.py) then reads 606 MB against ddp's 1031 (0.59x;
+    # ddp's rank 0 also stages its 581 MB checkpoint on the GPU, which this peak counts: ~0.43x).
+    assert fsdp["max_mem_allocated_mb"] <= 0.6 * ddp["max_mem_allocated_mb"], (ddp, fsdp)
 
 
 @two_gpus

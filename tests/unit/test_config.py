@@ -29,6 +29,15 @@ def test_recipe_sets_its_own_values_across_sections_and_overrides_win():
     assert config_of("recipe=cifar10", "optim.warmup_epochs=5").optim.warmup_epochs == 5
 
 
+def test_text_evaluates_in_chunks_of_its_training_batch_unless_told():
+    """Evaluation holds one layer's activations of its chunk, training every layer's of its batch; a text
+    chunk of 256 windows beside a training batch of 8 was the peak of a 2-GPU run (fsdp and ddp alike),
+    so a batch lowered to fit memory did not lower the peak."""
+    assert config_of("recipe=text").eval.batch_size == config_of("recipe=text").batch_size == 64
+    assert config_of("recipe=text", "batch_size=8").eval.batch_size == 8
+    assert config_of("recipe=text", "batch_size=8", "eval.batch_size=32").eval.batch_size == 32
+
+
 def test_the_fast_recipe_picks_muon_and_the_command_line_can_pick_another():
     fast = config_of("recipe=cifar10_fast")
     assert isinstance(fast.optim, schema.MuonConfig) and fast.optim.head_lr == 1340.0
