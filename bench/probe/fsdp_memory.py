@@ -13,19 +13,15 @@ phase, without a second GPU. One JSON line per strategy:
 """
 import argparse
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # (the recipes package, from the repository)
+import torch
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.testing._internal.distributed.fake_pg import FakeStore  # noqa: E402
-
-from launcher.config import AdamWConfig, FSDPConfig  # noqa: E402
-from launcher.strategies.fsdp import FSDP  # noqa: E402
-from launcher.train import optim  # noqa: E402
-from recipes.text import GPT, VOCAB, NextTokenLoss  # noqa: E402
+from launcher.config import AdamWConfig, FSDPConfig
+from launcher.recipes.text import GPT, VOCAB, NextTokenLoss
+from launcher.strategies.fsdp import FSDP
+from launcher.train import optim
 
 MB = 2**20
 
