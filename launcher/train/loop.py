@@ -85,6 +85,7 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     strategy.setup(world, device)
     if strategy.distributed:
         timeline.mark("process_group")
+    trainer = None
     try:
         # (a world over several machines: rank 0's run dir, and whether every rank sees it)
         dirs = nodes.meet(world, Path(spec.run_dir), strategy.sharded, cfg.checkpoint and not spec.evaluate)
@@ -92,9 +93,11 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
         results = trainer.evaluate(spec.evaluate) if spec.evaluate else trainer.run()
         # Let go of the nets and a captured step before teardown: destroying NCCL's communicator while
         # a CUDA graph that captured its all-reduce is alive blocks forever (seen on 2x H200).
-        del trainer
+        trainer = None
     except torch.OutOfMemoryError as exc:
-        raise OutOfMemory(_oom_message(cfg, strategy, device)) from exc
+        nets = getattr(trainer, "nets", None)
+        params = list(nets.module.parameters()) if nets is not None else []
+        raise OutOfMemory(_oom_message(cfg, strategy, device, params)) from exc
     # On failure nothing is torn down (see DDP.teardown); here every rank finished.
     strategy.teardown()
     return results
@@ -875,16 +878,55 @@ def profiled(run_dir: Path):
     log.info("profile of this epoch: %s (and trace.json for chrome://tracing or Perfetto)", run_dir / "profile.txt")
 
 
-def _oom_message(cfg: Config, strategy: Strategy, device: torch.device) -> str:
-    where = "the CPU"
+# Optimizer state per parameter, in units of the parameter's own size (AdamW: two moments; SGD: momentum).
+OPTIMIZER_STATE = {"adamw": 2, "sgd": 1, "muon": 1}
+
+
+def training_state_bytes(params: list[torch.Tensor], optimizer: str) -> tuple[int, int]:
+    """(parameters, bytes) this rank holds for training: weights, gradients and optimizer state (its
+    shards under fsdp). Activations and buffers come on top."""
+    count = nbytes = 0
+    for p in params:
+        local = p.to_local() if hasattr(p, "to_local") else p  # (a DTensor: this rank's shard)
+        count += p.numel()
+        nbytes += local.numel() * local.element_size() * (2 + OPTIMIZER_STATE.get(optimizer, 2))
+    return count, nbytes
+
+
+def _oom_message(cfg: Config, strategy: Strategy, device: torch.device, params: list[torch.Tensor] = ()) -> str:
+    """One line: where it ran out, and the change most likely to fit: a smaller batch; when the batch
+    is one sample a rank, what else; when the weights, gradients and optimizer state alone fill the
+    GPU, sharding them (strategy=fsdp)."""
+    where, total = "the CPU", 0
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
+        total = props.total_memory
         peak = torch.cuda.max_memory_allocated(device) / 2**30
-        where = (f"GPU {device.index} ({props.name}, {props.total_memory / 2**30:.0f} GiB; this process peaked at "
+        where = (f"GPU {device.index} ({props.name}, {total / 2**30:.0f} GiB; this process peaked at "
                  f"{peak:.1f} GiB; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')})")
     ranks = strategy.world_size
+    head = f"out of memory on rank {strategy.rank}, {where}"
+    count, state = training_state_bytes(list(params), cfg.optim.name)
+    if total and state > 0.8 * total:
+        held = "its shard of the" if strategy.sharded else "the"
+        per_param = state / max(1, count) * (ranks if strategy.sharded else 1)
+        if strategy.sharded:
+            fix = "more GPUs (fsdp divides them by their number), or a smaller model"
+        else:
+            needed = max(2, math.ceil(state / (0.6 * total)))
+            fix = (f"strategy=fsdp shards them over the GPUs (~{state / needed / 2**30:.0f} GiB each on {needed}: "
+                   f"gpus={needed} strategy=fsdp strategy.meta_init=true), or a smaller model")
+        return (f"{head}: {held} weights, gradients and {cfg.optim.name} state of the model's "
+                f"{count / 1e9:.2f}B parameters ({per_param:.0f} bytes each) need {state / 2**30:.0f} GiB on this "
+                f"GPU alone, before any activations; {fix}; every rank was stopped")
     per_rank = f" = {strategy.batch_per_process} per rank" if ranks > 1 else ""
+    if strategy.batch_per_process <= 1:
+        return (f"{head}, at batch_size={cfg.batch_size}{per_rank}: one sample's activations do not fit beside the "
+                f"model's state; shorter inputs, a smaller model, or strategy=fsdp "
+                f"strategy.activation_checkpointing=true; every rank was stopped")
     lower = max(1, cfg.batch_size // 2)
     lower -= lower % ranks if lower >= ranks else 0
-    return (f"out of memory on rank {strategy.rank}, {where}, at batch_size={cfg.batch_size}{per_rank}: lower it "
-            f"(e.g. batch_size={lower}), or free the GPU (other jobs on it?); every rank was stopped")
+    split = (f", or split it as it is (accumulate={cfg.accumulate * 2}: the same batch in smaller steps)"
+             if (strategy.batch_per_process // cfg.accumulate) % 2 == 0 else "")
+    return (f"{head}, at batch_size={cfg.batch_size}{per_rank}: lower it (e.g. batch_size={lower}){split}, "
+            f"or free the GPU (other jobs on it?); every rank was stopped")

@@ -145,3 +145,44 @@ def test_evaluation_chunks_keep_sharded_ranks_in_step(n, chunk, world):
     assert all(len(c) <= chunk for chunks in per_rank for c in chunks)
     seen = sorted(int(i) for chunks in per_rank for c in chunks for i in c)
     assert seen == list(range(n))  # every example once
+
+
+class _GPU:
+    name, total_memory = "NVIDIA H200", 140 * 2**30
+
+
+@pytest.fixture
+def on_a_gpu(monkeypatch):
+    """_oom_message as it reads a 140 GiB GPU (device properties and the allocator's peak)."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _GPU())
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: 139 * 2**30)
+    return torch.device("cuda", 0)
+
+
+def test_out_of_memory_with_a_model_whose_training_state_fills_the_gpu_says_to_shard_it(on_a_gpu):
+    """~8.5B parameters under ddp (16 bytes each with AdamW): lowering batch_size=1 cannot help (the
+    message used to say "lower it (e.g. batch_size=1)"); fsdp over enough GPUs can."""
+    from launcher.train.loop import _oom_message
+
+    cfg = config_of("recipe=text", "batch_size=2", "strategy=ddp")
+    big = [torch.empty(1, 1).expand(4096, 4096)] * 500 + [torch.empty(1).expand(8_000_000)]  # 8.40B, no memory
+    ddp = choose(gpus=2, global_batch=2, options=DDPConfig()).strategy
+    line = _oom_message(cfg, ddp, on_a_gpu, big)
+    assert "8.40B parameters (16 bytes each) need 125 GiB" in line and "batch_size=1" not in line
+    assert "strategy=fsdp" in line and "gpus=2 strategy=fsdp strategy.meta_init=true" in line, line
+    fsdp = choose(gpus=2, global_batch=2).strategy  # its shards: what each rank holds
+    shards = [type("Shard", (), {"numel": p.numel, "to_local": lambda self, p=p: p[: p.shape[0] // 2]})()
+              for p in big]
+    line = _oom_message(cfg, fsdp, on_a_gpu, shards)
+    assert "its shard of the weights" not in line  # 62 GiB a rank: not the state, the activations
+    assert "one sample's activations do not fit" in line and "activation_checkpointing=true" in line, line
+
+
+def test_out_of_memory_at_a_larger_batch_offers_a_smaller_one_or_accumulation(on_a_gpu):
+    from launcher.train.loop import _oom_message
+
+    cfg = config_of("recipe=text", "batch_size=64")
+    line = _oom_message(cfg, choose(gpus=2, global_batch=64, options=DDPConfig()).strategy, on_a_gpu,
+                        [torch.empty(1000)])
+    assert "at batch_size=64 = 32 per rank: lower it (e.g. batch_size=32)" in line
+    assert "accumulate=2" in line and "GPU 0 (NVIDIA H200, 140 GiB; this process peaked at 139.0 GiB" in line, line
