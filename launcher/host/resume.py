@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,8 @@ NOT_CARRIED = ("resume", "dry_run", "max_restarts", "checkpoint", "progress", "t
 CARRIED_ANYWAY = ("perf.precision",)  # (inside a section above, but it changes what is computed)
 # Config groups whose option a resume takes from the checkpoint (their option names are its values).
 CARRIED_GROUPS = ("recipe", "optim")
+# a config option or a module path (recipe=my_pkg.my_recipe)
+CHOICE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _NOT_CARRIED = frozenset(NOT_CARRIED)
 _GROUP_NAMES = frozenset(f"{group}.name" for group in CARRIED_GROUPS)
 
@@ -133,6 +136,10 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
     if config is not None and not (isinstance(config, dict) and all(
             isinstance(config.get(section), (dict, type(None))) for section in ("recipe", "optim"))):
         raise refuse("its config is not the settings a launch writes")
+    for group in CARRIED_GROUPS:  # (a resume adds them to the command line: names, never other overrides)
+        name = ((config or {}).get(group) or {}).get("name")
+        if name is not None and not (isinstance(name, str) and CHOICE_NAME.fullmatch(name)):
+            raise refuse(f"its {group} is {str(name)[:80]!r}, not a {group} name")
     return state
 
 

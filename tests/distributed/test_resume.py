@@ -150,10 +150,13 @@ def _write_bad_files(where: Path, good: Path) -> dict[str, str]:
     torch.save(torch.ones(3), where / "tensor.pt")
     torch.save({**state, "epoch": "2"}, where / "epoch-text.pt")  # (edited by hand, or not by launch)
     torch.save({**state, "config": {"recipe": "digits"}}, where / "config-flat.pt")
+    hostile = {**state["config"], "recipe": {**state["config"]["recipe"], "name": "digits hydra.run.dir=/"}}
+    torch.save({**state, "config": hostile}, where / "recipe-override.pt")  # (would be added to the command line)
     return {"empty.pt": "the file is empty", "truncated.pt": "truncated", "random.pt": "not written by torch.save",
             "weights.pt": "a plain state_dict", "tensor.pt": "a single tensor",
             "epoch-text.pt": "its epoch is '2', not a count of epochs",
-            "config-flat.pt": "its config is not the settings a launch writes"}
+            "config-flat.pt": "its config is not the settings a launch writes",
+            "recipe-override.pt": "its recipe is 'digits hydra.run.dir=/', not a recipe name"}
 
 
 def test_a_file_that_is_not_a_launch_checkpoint_is_named_for_what_it_is(first, tmp_path):
