@@ -131,6 +131,24 @@ def test_ctrl_c_on_a_sweep_says_what_finished(tmp_path):
     assert (next(tmp_path.glob("multirun/*/*")) / "summary.md").exists()
 
 
+@pytest.mark.parametrize("after_s", [0.1, 0.2])
+def test_ctrl_c_while_launch_is_still_importing_is_one_line_and_130(tmp_path, after_s):
+    """Before launch's handlers are in place (Python importing Hydra and OmegaConf) a Ctrl-C printed a
+    KeyboardInterrupt traceback and ended the process by SIGINT."""
+    proc = subprocess.Popen(launch_command("gpus=[]", "epochs=1", "dry_run=true"), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        time.sleep(after_s)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        stop_tree(proc.pid)
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("launch: interrupted (Ctrl-C)")
+
+
 def test_a_closed_console_pipe_neither_stops_the_run_nor_prints_errors(tmp_path):
     proc = subprocess.Popen(launch_command("gpus=[]", "epochs=3", "hydra.run.dir=run"), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env())
