@@ -255,6 +255,19 @@ def with_saved_choices(overrides: list[str]) -> list[str]:
     return [*overrides[:at], *added, *overrides[at:]]
 
 
+def _follows(cfg: Any, key: str, saved_value: Any, saved: dict[str, Any]) -> bool:
+    """`key` is `${other}` in this config and held other's value in the checkpoint too (recipe=text's
+    eval.batch_size: its batch_size): it keeps following other, carried or typed, rather than the saved
+    number, so `resume=RUN batch_size=8` also evaluates in chunks of 8."""
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    raw = OmegaConf.to_container(node, resolve=False).get(leaf) if node is not None else None
+    match = re.fullmatch(r"\$\{([A-Za-z_][\w.]*)\}", raw) if isinstance(raw, str) else None
+    return match is not None and match.group(1) in saved and saved[match.group(1)] == saved_value
+
+
 def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
     """The composed config (a DictConfig without `hydra`) with every training setting of the checkpoint
     `cfg.resume` names that `overrides` do not set (see NOT_CARRIED): a copy; `cfg` itself if there is
@@ -274,7 +287,8 @@ def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
     cfg = copy.deepcopy(cfg)
     with read_write(cfg):
         for key, saved_value in saved.items():
-            if _given(key, typed) or OmegaConf.select(cfg, key, default=absent) is absent:
+            if (_given(key, typed) or OmegaConf.select(cfg, key, default=absent) is absent
+                    or _follows(cfg, key, saved_value, saved)):
                 continue
             try:
                 OmegaConf.update(cfg, key, saved_value, merge=False)

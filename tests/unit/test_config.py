@@ -111,3 +111,19 @@ def test_workers_get_a_typed_frozen_config_that_pickles():
     with pytest.raises(dataclasses.FrozenInstanceError):
         changed.epochs = 5
     assert schema.to_plain(cfg)["recipe"]["model"] == "airbench"
+
+
+def test_a_resumed_text_run_evaluates_in_chunks_of_the_batch_it_trains_with(tmp_path, monkeypatch):
+    """eval.batch_size follows batch_size (${batch_size}); a checkpoint holds the number. Resumed with a
+    batch lowered to fit memory, the chunks follow it, unless the run had its own eval.batch_size."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    saved = {"recipe": {"name": "text", "layers": 2}, "optim": {"name": "adamw"}, "batch_size": 64,
+             "eval": {"batch_size": 64}, "epochs": 5}
+    torch.save({"net_state_dict": {}, "epoch": 1, "config": saved}, "follows.pt")
+    torch.save({"net_state_dict": {}, "epoch": 1, "config": {**saved, "eval": {"batch_size": 32}}}, "own.pt")
+    assert (config_of("resume=follows.pt").eval.batch_size, config_of("resume=follows.pt").recipe.layers) == (64, 2)
+    assert config_of("resume=follows.pt", "batch_size=8").eval.batch_size == 8
+    assert config_of("resume=own.pt", "batch_size=8").eval.batch_size == 32
+    assert config_of("resume=own.pt", "batch_size=8", "eval.batch_size=16").eval.batch_size == 16
