@@ -172,7 +172,7 @@ class Strategy:
 
     def build_model(self, build: Callable[[], torch.nn.Module], device: torch.device) -> torch.nn.Module:
         """The recipe's model (`build()`) where this strategy wants it before `wrap`: on the device."""
-        return build_on(device, build)
+        return build().to(device)
 
     def wrap(self, model: torch.nn.Module, device: torch.device) -> Nets:
         """The model (already on its device) as training and evaluation use it."""
@@ -252,14 +252,3 @@ class Strategy:
 
     def teardown(self) -> None:
         """Leave what setup() joined, after a run that ended well."""
-
-
-def build_on(device: torch.device, build: Callable[[], torch.nn.Module]) -> torch.nn.Module:
-    """`build()` with its tensors made on `device`, and initialized there: on a GPU, a large model's
-    initialization on the host took minutes (8.46B parameters: 2 min 40 s on the device machine's
-    16 cores, before an out-of-memory a GPU build meets in seconds). Whatever the recipe makes
-    elsewhere on purpose is moved after. The seed gives the same weights on every GPU (not the CPU's)."""
-    import torch
-
-    with torch.device(device) if device.type == "cuda" else contextlib.nullcontext():
-        return build().to(device)

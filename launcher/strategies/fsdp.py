@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from launcher.config import CompileMode, FSDPConfig, PerfConfig, derive
-from launcher.strategies.base import Nets, build_on
+from launcher.strategies.base import Nets
 from launcher.strategies.ddp import DDP
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class FSDP(DDP):
         if self.options.meta_init:
             with torch.device("meta"):
                 return build()
-        return build_on(device, build)
+        return build().to(device)
 
     def wrap(self, model: nn.Module, device: torch.device) -> Nets:
         import torch
