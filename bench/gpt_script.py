@@ -5,11 +5,11 @@
 
 Written the way a skilled user writes it: the byte stream memory-mapped and copied whole to the GPU,
 each step's windows drawn at random positions and gathered there, bf16 autocast, fused AdamW, DDP with
-gradient_as_bucket_view (when there are several ranks), torch.compile of the DDP module, no host sync
-inside the timed steps. It trains the launcher's own GPT (recipes/text.py), so only the loop and the
-launching differ. Rank 0 prints one JSON line: tokens/s over the steps after `--warmup` (device clock,
-the slowest rank), MFU from the model's FLOPs per token, peak memory. `--device cpu` runs it on gloo
-(a smoke test, no timing claims).
+gradient_as_bucket_view (when there are several ranks), gradient-norm clipping at 1.0 (nanoGPT's, and
+recipe=text's), torch.compile of the DDP module, no host sync inside the timed steps. It trains the
+launcher's own GPT (recipes/text.py), so only the loop and the launching differ. Rank 0 prints one JSON
+line: tokens/s over the steps after `--warmup` (device clock, the slowest rank), MFU from the model's
+FLOPs per token, peak memory. `--device cpu` runs it on gloo (a smoke test, no timing claims).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (--epochs 1 only)")
     parser.add_argument("--epochs", type=int, default=1, help="timed windows of --steps; the first is untimed if > 1")
     parser.add_argument("--lr", type=float, default=6e-4)
+    parser.add_argument("--clip", type=float, default=1.0,
+                        help="gradient-norm clipping, as nanoGPT and recipe=text (optim.clip_grad_norm); 0: none")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = parser.parse_args()
@@ -75,6 +77,8 @@ def main() -> None:
         loss = F.cross_entropy(logits.flatten(0, 1).float(), w[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if args.clip > 0:  # (no host sync: the norm stays on the device)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip, foreach=True)
         opt.step()
         return loss.detach()
 

@@ -250,10 +250,14 @@ class OptimConfig(Schema):
     name: str = MISSING
     weight_decay: float = 5e-4
     warmup_epochs: float = 1.0
+    # Gradients scaled down to this global L2 norm before every step when their norm is larger (over all
+    # parameters and ranks, after accumulation); 0: never.
+    clip_grad_norm: float = 0.0
 
     def check(self, at: str) -> None:
         check_float(f"{at}.weight_decay", self.weight_decay, f"{at}.weight_decay=5e-4", positive=False)
         check_float(f"{at}.warmup_epochs", self.warmup_epochs, f"{at}.warmup_epochs=1", positive=False)
+        check_float(f"{at}.clip_grad_norm", self.clip_grad_norm, f"{at}.clip_grad_norm=1.0", positive=False)
 
 
 @dataclass

@@ -348,7 +348,8 @@ class Trainer:
     def _build_step(self) -> TrainStep:
         step = TrainStep(self.nets, self.steppers, self.recipe.loss(), self.data.normalize,
                          self.recipe.augmentation(), self.autocast, self.device, self.faults.poison,
-                         self.strategy.accumulate, lambda: self.strategy.no_sync(self.nets))
+                         self.strategy.accumulate, lambda: self.strategy.no_sync(self.nets),
+                         self.cfg.optim.clip_grad_norm)
         if self.compiled.compile and self.captures:
             step.compile_captured(compiling.compiled_mode(self.cfg.perf.compile_mode.value))
         return step

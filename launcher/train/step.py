@@ -195,8 +195,10 @@ class TrainStep:
     def __init__(self, nets: Nets, steppers: list[Stepper], loss_fn: torch.nn.Module,
                  normalize: Callable[[torch.Tensor], torch.Tensor], augment: Callable | None,
                  autocast: Callable, device: torch.device, poison: torch.Tensor | None = None, accumulate: int = 1,
-                 no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+                 no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                 clip_grad_norm: float = 0.0):
         self.nets = nets
+        self.clip_grad_norm = clip_grad_norm  # optim.clip_grad_norm: 0 never
         self.steppers = steppers
         self.loss_fn = loss_fn
         self.normalize = normalize
@@ -271,6 +273,8 @@ class TrainStep:
             finite = ok if finite is None else finite & ok
         if grads is not None:
             grads.finish_backward()  # ddp: every bucket's all-reduce issued and waited for
+        if self.clip_grad_norm > 0:
+            clip_gradients(self.nets.module, self.clip_grad_norm)
         self.sums.finite_steps += finite
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int,
@@ -331,3 +335,18 @@ class TrainStep:
             self.nets.grads.zero()
         else:
             self.nets.module.zero_grad(set_to_none=True)
+
+
+def clip_gradients(module: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Scale the gradients down to a global L2 norm of `max_norm` where theirs is larger; returns their
+    norm before. Every rank's gradients are whole after ddp's all-reduce; under fsdp each rank holds
+    shards (DTensors), and their norm comes back reduced over the ranks (a replicated DTensor, taken as
+    a plain tensor). No host sync: a captured step holds it."""
+    params = [p for p in module.parameters() if p.grad is not None]
+    if not params:
+        return torch.zeros(())
+    total = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+    if hasattr(total, "full_tensor"):  # (a DTensor: every rank's shards' norms, already combined)
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    return total

@@ -159,3 +159,18 @@ def test_a_rank_that_dies_restarts_the_world_from_the_last_async_sharded_checkpo
     assert "after epoch 2" in (run_dir / "train.log").read_text()
     assert [row["epoch"] for row in _rows(run_dir)] == [1, 2, 3]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["epoch-3.dcp", "last.pt"]
+
+
+def test_clipping_under_fsdp_uses_the_whole_models_gradient_norm(launch, tmp_path, text_root):
+    """optim.clip_grad_norm small enough to clip every step: fsdp's ranks hold shards of the gradients,
+    and the norm they clip to is the whole model's, so 2 ranks follow 1 rank as without clipping. (SGD:
+    AdamW's steps hardly change when every gradient is scaled, so they would not show a wrong norm.)"""
+    rows = {}
+    for name, how in (("fsdp", ("strategy=fsdp", "nprocs=2")), ("single", ("strategy=single",))):
+        result = launch(*TOY, f"data.root={text_root}", *how, "epochs=1", "optim=sgd", "lr=0.5",
+                        "optim.clip_grad_norm=0.05", f"hydra.run.dir={name}", timeout=300)
+        assert result.returncode == 0, result.output
+        rows[name] = _rows(tmp_path / name)
+    for a, b in zip(rows["fsdp"], rows["single"], strict=True):
+        for key in ("loss", "test_loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4), (key, a, b)

@@ -186,3 +186,31 @@ def test_out_of_memory_at_a_larger_batch_offers_a_smaller_one_or_accumulation(on
                         [torch.empty(1000)])
     assert "at batch_size=64 = 32 per rank: lower it (e.g. batch_size=32)" in line
     assert "accumulate=2" in line and "GPU 0 (NVIDIA H200, 140 GiB; this process peaked at 139.0 GiB" in line, line
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_optim_clip_grad_norm_scales_the_whole_step_s_gradients_down_to_it(accumulate):
+    """optim.clip_grad_norm=N: after the last micro-batch, the gradients of every parameter together
+    have an L2 norm of at most N, in the direction they had; a smaller norm is left as it is."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 8), nn.Linear(8, 2))
+
+    class Nets:
+        module = train = eval = model
+        grads = None
+
+    x, y = torch.randn(8, 3) * 100, torch.randint(0, 2, (8,))
+
+    def gradients(clip):
+        step = TrainStep(Nets(), [], nn.CrossEntropyLoss(), lambda x: x, None, contextlib.nullcontext,
+                         torch.device("cpu"), accumulate=accumulate, clip_grad_norm=clip)
+        step.body(x, y, torch.arange(8), 0, torch.Generator())
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    free = gradients(0.0)
+    assert free.norm() > 1.0
+    clipped = gradients(1.0)
+    assert clipped.norm() == pytest.approx(1.0, rel=1e-4)
+    assert torch.allclose(clipped, free / free.norm(), atol=1e-5)
+    assert torch.equal(gradients(float(free.norm()) * 2), free)  # under the limit: untouched
+    assert config_of("recipe=text").optim.clip_grad_norm == 1.0 and config_of().optim.clip_grad_norm == 0.0
