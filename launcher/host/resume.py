@@ -263,7 +263,9 @@ def _follows(cfg: Any, key: str, saved_value: Any, saved: dict[str, Any]) -> boo
 
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent) if parent else cfg
-    raw = OmegaConf.to_container(node, resolve=False).get(leaf) if node is not None else None
+    if not OmegaConf.is_dict(node) or leaf not in node or not OmegaConf.is_interpolation(node, leaf):
+        return False
+    raw = OmegaConf.to_container(node, resolve=False).get(leaf)
     match = re.fullmatch(r"\$\{([A-Za-z_][\w.]*)\}", raw) if isinstance(raw, str) else None
     return match is not None and match.group(1) in saved and saved[match.group(1)] == saved_value
 
