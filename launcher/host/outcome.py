@@ -38,6 +38,14 @@ def signal_exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def signal_name(exit_code: int) -> str | None:
+    """The signal an exit code of 128+N names (SIGINT for 130), or None."""
+    import signal
+
+    number = exit_code - 128
+    return signal.Signals(number).name if number > 0 and number in signal.valid_signals() else None
+
+
 class RunFailed(Exception):
     """A sweep run failed: what Hydra records as the job's result (and its sweeper re-raises). It
     travels back from the process that ran it (joblib's, submitit's), so it pickles whole."""

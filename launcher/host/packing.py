@@ -30,7 +30,7 @@ from launcher import strategies
 from launcher.errors import LaunchError
 from launcher.files import SWEEP_OUTPUT, read_json
 from launcher.host.gpus import GpuRequest, physical_gpu_count, visible_devices
-from launcher.host.outcome import signal_exit_code
+from launcher.host.outcome import signal_exit_code, signal_name
 from launcher.host.plan import available_cores
 from launcher.host.sweep import SweepJob
 from launcher.lifetime import die_with_parent
@@ -178,7 +178,7 @@ class SideBySide:
             job.finished(reported["exit_code"], reported.get("error"), seconds)
         else:  # it died without a word (killed): say how, and what it printed last
             code = signal_exit_code(returncode) or 1
-            how = f"killed by {signal.Signals(code - 128).name}" if code > 128 else f"exited with code {code}"
+            how = f"killed by {signal_name(code)}" if signal_name(code) else f"exited with code {code}"
             job.finished(code, f"the run {how} before reporting ({_last_words(job)})", seconds)
         if job.exit_code:
             print(f"sweep: job {job.num} FAILED (exit {job.exit_code}) in {seconds:.1f}s: {job.error} "

@@ -270,6 +270,17 @@ def _follows(cfg: Any, key: str, saved_value: Any, saved: dict[str, Any]) -> boo
     return match is not None and match.group(1) in saved and saved[match.group(1)] == saved_value
 
 
+def _literal(value: Any) -> Any:
+    """A saved value as the text it is: launch writes configs resolved, so a `${...}` in one is not an
+    interpolation to resolve here (a checkpoint from elsewhere would read this machine's environment
+    into the run's config with `${oc.env:...}`)."""
+    if isinstance(value, str):
+        return value.replace("${", "\\${")
+    if isinstance(value, list):
+        return [_literal(v) for v in value]
+    return value
+
+
 def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
     """The composed config (a DictConfig without `hydra`) with every training setting of the checkpoint
     `cfg.resume` names that `overrides` do not set (see NOT_CARRIED): a copy; `cfg` itself if there is
@@ -293,7 +304,7 @@ def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
                     or _follows(cfg, key, saved_value, saved)):
                 continue
             try:
-                OmegaConf.update(cfg, key, saved_value, merge=False)
+                OmegaConf.update(cfg, key, _literal(saved_value), merge=False)
             except (OmegaConfBaseException, ValueError):
                 continue
     return cfg

@@ -42,7 +42,7 @@ from launcher.host import script
 from launcher.host.compose import to_yaml
 from launcher.host.evaluate import checkpoint_to_evaluate
 from launcher.host.evaluate import summarize as summarize_evaluation
-from launcher.host.outcome import LaunchContext, Outcome
+from launcher.host.outcome import LaunchContext, Outcome, signal_name
 from launcher.host.plan import Plan, make_plan
 from launcher.host.resume import Resume
 from launcher.host.resume import inspect as inspect_resume
@@ -133,12 +133,9 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
 def _record_outcome(run_dir: Path, outcome: Outcome) -> None:
     """How the run ended, for `launch runs` (stopped by a signal, failed, finished) and for scripts. A
     launch killed outright (SIGKILL, power) writes none: its run reads as failed."""
-    import signal
-
     code = outcome.exit_code
-    stopped_by = signal.Signals(code - 128).name if code > 128 and code - 128 in signal.valid_signals() else None
     with contextlib.suppress(OSError, DiskFull):  # (a full disk: the run said so already; keep its error)
-        write_json(run_dir / OUTCOME, {"exit_code": code, "stopped_by": stopped_by, "error": outcome.error,
+        write_json(run_dir / OUTCOME, {"exit_code": code, "stopped_by": signal_name(code), "error": outcome.error,
                                        "ended": time.strftime("%Y-%m-%d %H:%M:%S")})
 
 

@@ -879,18 +879,14 @@ def profiled(run_dir: Path):
     log.info("profile of this epoch: %s (and trace.json for chrome://tracing or Perfetto)", run_dir / "profile.txt")
 
 
-# Optimizer state per parameter, in units of the parameter's own size (AdamW: two moments; SGD: momentum).
-OPTIMIZER_STATE = {"adamw": 2, "sgd": 1, "muon": 1}
-
-
-def training_state_bytes(params: list[torch.Tensor], optimizer: str) -> tuple[int, int]:
-    """(parameters, bytes) this rank holds for training: weights, gradients and optimizer state (its
-    shards under fsdp). Activations and buffers come on top."""
+def training_state_bytes(params: list[torch.Tensor], state_copies: int) -> tuple[int, int]:
+    """(parameters, bytes) this rank holds for training: weights, gradients and `state_copies` optimizer
+    tensors of each (its shards under fsdp). Activations and buffers come on top."""
     count = nbytes = 0
     for p in params:
         local = p.to_local() if hasattr(p, "to_local") else p  # (a DTensor: this rank's shard)
         count += p.numel()
-        nbytes += local.numel() * local.element_size() * (2 + OPTIMIZER_STATE.get(optimizer, 2))
+        nbytes += local.numel() * local.element_size() * (2 + state_copies)
     return count, nbytes
 
 
@@ -907,7 +903,7 @@ def _oom_message(cfg: Config, strategy: Strategy, device: torch.device, params: 
                  f"{peak:.1f} GiB; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')})")
     ranks = strategy.world_size
     head = f"out of memory on rank {strategy.rank}, {where}"
-    count, state = training_state_bytes(list(params), cfg.optim.name)
+    count, state = training_state_bytes(list(params), optim.state_per_parameter(cfg.optim))
     if total and state > 0.8 * total:
         held = "its shard of the" if strategy.sharded else "the"
         per_param = state / max(1, count) * (ranks if strategy.sharded else 1)

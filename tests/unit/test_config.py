@@ -127,3 +127,16 @@ def test_a_resumed_text_run_evaluates_in_chunks_of_the_batch_it_trains_with(tmp_
     assert config_of("resume=follows.pt", "batch_size=8").eval.batch_size == 8
     assert config_of("resume=own.pt", "batch_size=8").eval.batch_size == 32
     assert config_of("resume=own.pt", "batch_size=8", "eval.batch_size=16").eval.batch_size == 16
+
+
+def test_a_checkpoints_settings_are_taken_as_text_not_resolved_here(tmp_path, monkeypatch):
+    """launch writes resolved configs; a `${oc.env:...}` in a checkpoint from elsewhere must not read this
+    machine's environment into the resumed run's config."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LAUNCH_TEST_SECRET", "leaked")
+    saved = {"recipe": {"name": "text", "corpus": "${oc.env:LAUNCH_TEST_SECRET}"}, "optim": {"name": "adamw"},
+             "epochs": 5}
+    torch.save({"net_state_dict": {}, "epoch": 1, "config": saved}, "elsewhere.pt")
+    assert config_of("resume=elsewhere.pt").recipe.corpus == "${oc.env:LAUNCH_TEST_SECRET}"
