@@ -13,7 +13,6 @@ signal and then becomes the script (execv keeps the parent-death signal).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import sys
@@ -27,6 +26,8 @@ def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> 
 
     parent: the pid the parent had, where the caller knows it: a parent that died before this call
     (its orphan already adopted by init or a subreaper) is then noticed too."""
+    import ctypes
+
     parent = os.getppid() if parent is None else parent
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum))
@@ -34,27 +35,79 @@ def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> 
         os._exit(128 + int(signum))
 
 
+class _CtrlCHold:
+    """Ctrl-C noted instead of raised, while the launcher runs library code that cannot take a
+    KeyboardInterrupt anywhere:
+    - importing torch: its import calls Python from C++, and a KeyboardInterrupt raised inside such a
+      call ends the process in std::terminate ("terminate called after throwing an instance of
+      'pybind11::error_already_set'", SIGABRT) instead of launch's "interrupted (Ctrl-C)";
+    - importing Hydra and OmegaConf and composing the config: raised inside their code, an interrupt
+      came out as another error (a RuntimeError from a dataclass, an AttributeError from OmegaConf's
+      half-built nodes) with a traceback, or was lost: Hydra asks for the run mode inside `except
+      Exception: return None`, and the run went on as if no key had been pressed.
+    Only where Python's own handler is in place, on the main thread (a SIGINT ignored stays ignored)."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self.active = False
+
+    def hold(self) -> bool:
+        """Start holding; False where there is nothing to hold (held already, or not Python's handler)."""
+        import threading
+
+        if (self.active or threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            return False
+        signal.signal(signal.SIGINT, self._note)
+        self.active = True
+        return True
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.pressed = True
+
+    def let_through(self) -> None:
+        if self.active:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self.active = False
+        if self.pressed:
+            self.pressed = False
+            raise KeyboardInterrupt
+
+
+_hold = _CtrlCHold()
+
+
+def hold_ctrl_c() -> None:
+    """From now on a Ctrl-C is noted, not raised, until `let_ctrl_c_through()` (`launch` holds it from
+    its first line until its own code takes over: see _CtrlCHold)."""
+    _hold.hold()
+
+
+def let_ctrl_c_through(*imports_first: str) -> None:
+    """Import `imports_first` (still held), then hand Ctrl-C back to Python: a KeyboardInterrupt here
+    and now if one was pressed while held. Nothing to do where nothing was held."""
+    import importlib
+
+    for name in imports_first:
+        if _hold.active:
+            importlib.import_module(name)
+    _hold.let_through()
+
+
 @contextlib.contextmanager
 def sigint_deferred() -> Iterator[None]:
-    """Hold Ctrl-C back until the block ends, then raise KeyboardInterrupt there. For importing torch in
-    the launcher: its import calls Python from C++, and a KeyboardInterrupt raised inside such a call
-    ends the process in std::terminate ("terminate called after throwing an instance of
-    'pybind11::error_already_set'", SIGABRT) instead of launch's "interrupted (Ctrl-C)". Only where
-    Python's own handler is in place, on the main thread (a SIGINT ignored stays ignored)."""
-    import threading
-
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    """Hold Ctrl-C back for the block and raise it when the block ends (for importing torch: see
+    _CtrlCHold). Inside a hold already in place it changes nothing: that hold raises it later."""
+    if not _hold.hold():
         yield
         return
-    pressed: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
     try:
         yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if pressed:
-        raise KeyboardInterrupt
+    except BaseException:  # the block's own error wins; a Ctrl-C pressed meanwhile goes with it
+        _hold.pressed = False
+        _hold.let_through()
+        raise
+    _hold.let_through()
 
 
 def exec_tied_to_parent(argv: list[str]) -> None:

@@ -52,6 +52,7 @@ class Invocation:
         from launcher.host.outcome import LaunchContext, Outcome, RunFailed
         from launcher.host.resume import carry_settings
         from launcher.host.rundir import release
+        from launcher.lifetime import let_ctrl_c_through
 
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -59,6 +60,9 @@ class Invocation:
         # another process (a sweep's) or a later one counts from its own start.
         started = self.started if (not self.codes and os.getpid() == self.pid) else time.time()
         context = LaunchContext(started=started, overrides=tuple(hydra_cfg.overrides.task))
+        # Hydra has composed and claimed: launch's own code from here, Ctrl-C acts at once (after torch's
+        # import, which cannot take it; every run path imports torch)
+        let_ctrl_c_through("torch")
         try:
             outcome = launch(typed(carry_settings(cfg, context.overrides)), run_dir, context)
         except LaunchError as err:
@@ -146,31 +150,52 @@ def version() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`launch`. A Ctrl-C before the launcher's own handlers are in place (while Python imports Hydra,
-    within the first ~0.2 s) ends in the same one line and exit code 130 as one later, not a
-    KeyboardInterrupt traceback."""
+    """`launch`. Ctrl-C is held back from here until launch's own code takes over from Hydra's (see
+    launcher.lifetime._CtrlCHold), then acted on: one line, exit code 130, never a traceback or a run
+    that goes on as if no key had been pressed."""
+    from launcher.lifetime import hold_ctrl_c, let_ctrl_c_through
+
+    hold_ctrl_c()
     try:
-        _main(argv)
+        try:
+            _main(argv)
+        finally:
+            let_ctrl_c_through()  # a Ctrl-C still held (e.g. while Hydra printed --cfg or --help): now
     except KeyboardInterrupt:
         print("launch: interrupted (Ctrl-C)", file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        _forget_handled_interrupts()
+
+
+def _forget_handled_interrupts() -> None:
+    """CPython marks a KeyboardInterrupt that leaves code run from a string (`exec(text)`, as dataclasses
+    writes every __init__) as unhandled, even when a caller catches it, and at exit ends the process by
+    SIGINT whatever exit code was asked for. A Ctrl-C while Hydra's dataclasses were being defined ended
+    launch that way (-2 to Python, 130 from the shell but by the signal) after its one line. Each exec of
+    a string clears the mark when it starts; launch has handled every interrupt it saw by now."""
+    exec("None")  # noqa: S102 - a constant: only its side effect on the mark is wanted
 
 
 def _main(argv: list[str] | None) -> None:
     started = time.time()
+    from launcher.lifetime import let_ctrl_c_through
     from launcher.logs import survive_closed_console
 
     survive_closed_console()  # `launch ... | head`: the run goes on, the console goes quiet
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["doctor"]:
+        let_ctrl_c_through()
         from launcher.host.doctor import main as doctor_main
 
         raise SystemExit(doctor_main(argv[1:]))
     if argv[:1] == ["runs"]:
+        let_ctrl_c_through()
         from launcher.host.runs import main as runs_main
 
         raise SystemExit(runs_main(argv[1:]))
     if argv[:1] == ["export"]:
+        let_ctrl_c_through()
         from launcher.host.export import main as export_main
 
         raise SystemExit(export_main(argv[1:]))
@@ -202,17 +227,12 @@ def _main(argv: list[str] | None) -> None:
 
     if any(is_resume(a) for a in argv):  # resume=RUN: the run's recipe and optimizer
         from launcher.host.resume import with_saved_choices
-        from launcher.lifetime import sigint_deferred
 
         try:
-            with sigint_deferred():  # (reading the checkpoint is the launcher's first import of torch)
-                argv = with_saved_choices(argv)
+            argv = with_saved_choices(argv)  # (the launcher's first import of torch: Ctrl-C is held)
         except LaunchError as err:
             print(f"launch: {err}", file=sys.stderr)
             raise SystemExit(2) from None
-        except KeyboardInterrupt:
-            print("launch: interrupted (Ctrl-C); nothing was started", file=sys.stderr)
-            raise SystemExit(130) from None
 
     import hydra
 

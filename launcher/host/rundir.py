@@ -75,16 +75,32 @@ def _why_taken(path: Path, setting: str) -> str | None:
     if not entries:
         return None
     claim = read_claim(path)
+    if claim is None and CLAIM in entries:
+        claim = _claim_once_written(path)
     again = f"pick another {setting} (or leave it out: each launch gets a new dir under outputs/)"
     if claim is not None and pid_alive(claim.get("pid"), claim.get("host")):
         return (f"{setting}={path} is being written by another launch (pid {claim['pid']}, started "
                 f"{claim.get('started', '?')}); two launches never share a run dir: {again}")
-    if claim is not None or (path / RESULTS).exists() or last_checkpoint(path).exists() or HYDRA_DIR in entries:
+    if (claim is not None or CLAIM in entries or (path / RESULTS).exists() or last_checkpoint(path).exists()
+            or HYDRA_DIR in entries):
         return (f"{setting}={path} already holds a run: continue it with resume={path} (in a new dir), "
                 f"or {again}")
     shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
     return (f"{setting}={path} holds files launch did not write ({shown}); launch never writes into them: "
             f"{again}")
+
+
+def _claim_once_written(path: Path, wait_s: float = 1.0) -> dict[str, Any] | None:
+    """A claim file found empty: another launch created it this instant and is writing it (two
+    launches started together on one dir; it was taken for a user's own file). Its content, once there;
+    None if it stays empty or torn (a launch killed between the two steps: still launch's mark)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        claim = read_claim(path)
+        if claim is not None:
+            return claim
+    return None
 
 
 def _stale_world_hint() -> str:
@@ -119,8 +135,8 @@ def claim(path: Path, setting: str = "hydra.run.dir") -> Claim | None:
         raise LaunchError(_why_taken(path, setting) or f"{setting}={path} was claimed by another launch") from None
     except OSError as err:
         raise LaunchError(f"{setting}={path} cannot be created: {err.strerror} ({err.filename or path})") from None
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
+    with os.fdopen(fd, "wb") as f:  # one write: a launch racing for the dir reads it whole, or waits
+        f.write(json.dumps(record).encode())
     taken = Claim(path, created)
     _claims[path] = taken
     return taken

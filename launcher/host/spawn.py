@@ -125,11 +125,21 @@ def prestart_worker_interpreter() -> None:
         return
     import atexit
     import multiprocessing
-    from multiprocessing import forkserver
+    from multiprocessing import forkserver, resource_tracker
 
     multiprocessing.set_forkserver_preload(["launcher.train.preload"])
     os.environ["LAUNCH_FORKSERVER_PARENT"] = str(os.getpid())  # (the preload ends it if this pid is gone)
-    forkserver.ensure_running()
+    # Ctrl-C reaches the forkserver with the launcher (one process group), and until its preload ignores
+    # SIGINT it printed a KeyboardInterrupt traceback from its start-up. It starts with SIGINT blocked (a
+    # child inherits the mask) and the preload unblocks it once ignored. Here a Ctrl-C meanwhile waits
+    # for the unblocking below. (multiprocessing's resource tracker, which ensure_running starts first,
+    # unblocks SIGINT after starting itself: it is started before the block.)
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     atexit.register(_stop_forkserver)
 
 

@@ -33,6 +33,7 @@ from launcher.host.outcome import RunFailed
 from launcher.host.resume import carry_settings
 from launcher.host.run_here import refuse_finished_run_dir
 from launcher.host.sweep import SweepContext, SweepJob, report, run_sweep_job
+from launcher.lifetime import let_ctrl_c_through
 from launcher.world import existing_world
 
 
@@ -63,6 +64,7 @@ class SweepLauncher(Launcher):
         for job in placed:
             by_backend.setdefault(job.cfg.backend.name, []).append(job)
         owner = getattr(self.task_function, "__self__", None)  # the `launch` command's Invocation
+        let_ctrl_c_through("torch")  # every run is composed: launch's own code from here (cli.main held it)
         try:
             for group in by_backend.values():
                 backends.for_config(group[0].cfg.backend).sweep(group, context)

@@ -22,9 +22,12 @@ from launcher.lifetime import die_with_parent
 _LAUNCHER = os.environ.get("LAUNCH_FORKSERVER_PARENT", "")
 die_with_parent(signal.SIGKILL, int(_LAUNCHER) if _LAUNCHER.isdigit() else None)
 # Ctrl-C reaches this process with the launcher (one process group): during these imports it printed a
-# KeyboardInterrupt traceback from deep in torch. The launcher answers Ctrl-C and ends this process; the
-# disposition is put back at the end, since the forkserver hands it on to the workers it forks.
+# KeyboardInterrupt traceback from deep in torch, and from this interpreter's start-up before this line,
+# which the launcher covers by starting it with SIGINT blocked (host/spawn.py). The launcher answers
+# Ctrl-C and ends this process; the disposition is put back at the end, since the forkserver hands it
+# on to the workers it forks.
 _SIGINT = signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # (the launcher starts this process with it blocked)
 
 from launcher import bytecode  # noqa: E402
 

@@ -26,6 +26,32 @@ def test_a_claim_between_the_check_and_the_create_is_lost_by_the_slower_launch(t
     assert json.loads((target / ".launch-claim.json").read_text())["host"] == "elsewhere"  # the first one's
 
 
+def test_a_claim_still_being_written_is_another_launchs_not_a_users_file(tmp_path):
+    """A claim is created empty, then filled. A launch started beside it found it empty in between and
+    called it a file launch did not write (seen in CI); it now waits for the content, and an empty
+    claim that stays empty (its launch killed between the two steps) is still a launch's mark."""
+    import os
+    import socket
+    import threading
+
+    target = tmp_path / "run"
+    target.mkdir()
+    (target / ".launch-claim.json").touch()
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "started": "now", "argv": []}
+    writer = threading.Timer(0.2, lambda: (target / ".launch-claim.json").write_text(json.dumps(record)))
+    writer.start()
+    try:
+        with pytest.raises(LaunchError, match=f"being written by another launch \\(pid {os.getpid()}"):
+            rundir.claim(target)
+    finally:
+        writer.join()
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / ".launch-claim.json").touch()
+    with pytest.raises(LaunchError, match="already holds a run"):
+        rundir.claim(torn)
+
+
 def test_claim_and_release_take_back_only_what_the_launch_made(tmp_path):
     existing = tmp_path / "mine"
     existing.mkdir()
