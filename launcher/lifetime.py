@@ -88,10 +88,12 @@ def let_ctrl_c_through(*imports_first: str) -> None:
     and now if one was pressed while held. Nothing to do where nothing was held."""
     import importlib
 
-    for name in imports_first:
-        if _hold.active:
-            importlib.import_module(name)
-    _hold.let_through()
+    try:
+        for name in imports_first:
+            if _hold.active:
+                importlib.import_module(name)
+    finally:
+        _hold.let_through()
 
 
 @contextlib.contextmanager

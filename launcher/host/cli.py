@@ -60,10 +60,10 @@ class Invocation:
         # another process (a sweep's) or a later one counts from its own start.
         started = self.started if (not self.codes and os.getpid() == self.pid) else time.time()
         context = LaunchContext(started=started, overrides=tuple(hydra_cfg.overrides.task))
-        # Hydra has composed and claimed: launch's own code from here, Ctrl-C acts at once (after torch's
-        # import, which cannot take it; every run path imports torch)
-        let_ctrl_c_through("torch")
         try:
+            # Hydra has composed and claimed: launch's own code from here, Ctrl-C acts at once (after
+            # torch's import, which cannot take it; every run path imports torch)
+            let_ctrl_c_through("torch")
             outcome = launch(typed(carry_settings(cfg, context.overrides)), run_dir, context)
         except LaunchError as err:
             outcome = Outcome(err.exit_code, error=str(err))

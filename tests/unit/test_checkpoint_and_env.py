@@ -252,6 +252,36 @@ def test_ctrl_c_while_the_launcher_imports_torch_is_held_back_to_the_end_of_the_
         signal.signal(signal.SIGINT, previous)
 
 
+def test_a_ctrl_c_held_while_launch_composes_is_raised_when_launch_takes_over():
+    """`launch` holds Ctrl-C from its first line (a library swallowing the interrupt meanwhile changes
+    nothing) and raises it where its own code takes over; that hand-over gives Ctrl-C back to Python even
+    when the import it does first fails."""
+    import os
+    import signal
+
+    import pytest
+
+    from launcher.lifetime import hold_ctrl_c, let_ctrl_c_through
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        hold_ctrl_c()
+        try:  # what Hydra's get_mode does around a compose
+            os.kill(os.getpid(), signal.SIGINT)
+        except Exception:  # noqa: BLE001, S110
+            pass
+        with pytest.raises(KeyboardInterrupt):
+            let_ctrl_c_through()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        let_ctrl_c_through()  # nothing held: nothing raised
+        hold_ctrl_c()
+        with pytest.raises(ModuleNotFoundError):
+            let_ctrl_c_through("not_a_module_anywhere")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_a_full_disk_at_the_runs_end_keeps_the_runs_own_error(tmp_path, monkeypatch):
     """outcome.json cannot be written on a full disk: the launch's exit code and message stay the run's."""
     from launcher.files import DiskFull
