@@ -21,6 +21,7 @@ class Outcome:
     results: dict[str, Any] | None = None  # rank 0's results.json, when this process has it
     error: str | None = None  # what to print, already formatted
     node_ranks: list[int] | None = None  # a node without rank 0 of a launch over several machines: its ranks
+    stopped: bool = False  # the launch itself was stopped by a signal (Ctrl-C, SIGTERM): not a run's failure
 
     def objective(self, key: str) -> float | None:
         """The value a sweeper optimizes (sweep.objective), when the run has it."""
@@ -44,6 +45,16 @@ def signal_name(exit_code: int) -> str | None:
 
     number = exit_code - 128
     return signal.Signals(number).name if number > 0 and number in signal.valid_signals() else None
+
+
+class SweepStopped(BaseException):  # noqa: N818 - not an Exception: Hydra records those and starts the next run
+    """Ctrl-C or SIGTERM stopped a sweep's run that ran in the `launch` process itself (Hydra's basic
+    launcher, which runs them one after another there): the whole sweep ends, as under launch's own
+    sweep launcher. (A RunFailed let the basic launcher start the next run.)"""
+
+    def __init__(self, exit_code: int):
+        super().__init__(f"the sweep was stopped by {signal_name(exit_code) or exit_code}")
+        self.exit_code = exit_code
 
 
 class RunFailed(Exception):

@@ -188,6 +188,15 @@ class RunDirClaim(Callback):
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         self._claim(config, "hydra.sweep.dir")
+        from omegaconf import OmegaConf
+
+        from launcher.host.compose import SWEEP_LAUNCHER
+        from launcher.lifetime import let_ctrl_c_through
+
+        if OmegaConf.select(config, "hydra.launcher._target_") != SWEEP_LAUNCHER:
+            # Another Hydra launcher (joblib, submitit) runs the sweep from here; `launch` held Ctrl-C
+            # until now (cli.main) and its own sweep launcher hands it back itself, after composing.
+            let_ctrl_c_through("torch")
 
     @staticmethod
     def _claim(config: Any, setting: str) -> None:

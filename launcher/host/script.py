@@ -78,7 +78,7 @@ def run_script(path: Path, argv: list[str], run_dir: Path, nprocs: int, worker_e
             return Outcome(1, error=f"{lost}; this node's ranks of {path.name} were stopped; their output is in {logs}")
         except SignalException as sig:
             return Outcome(128 + int(sig.sigval), error=f"stopped by signal {sig.sigval}: all ranks of {path.name} "
-                                                       f"ended; their output is in {logs}")
+                                                       f"ended; their output is in {logs}", stopped=True)
     return Outcome(0)
 
 

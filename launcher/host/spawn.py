@@ -274,7 +274,7 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
                 clear_console_line()
                 name = signal.Signals(sig.sigval).name
                 return Outcome(128 + int(sig.sigval), error=f"stopped by {name}: all {nprocs} worker"
-                               f"{'s' if nprocs > 1 else ''} ended; what was written is in {run_dir}")
+                               f"{'s' if nprocs > 1 else ''} ended; what was written is in {run_dir}", stopped=True)
         if 0 not in returns:  # another node holds rank 0: the run's results and files are there
             return Outcome(0, results=None, node_ranks=sorted(returns))
         return Outcome(0, results=returns.get(0))

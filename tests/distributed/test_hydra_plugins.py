@@ -71,3 +71,38 @@ def test_a_bad_run_fails_the_sweep_before_any_run_starts(launch):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "batch_size=63 is not valid" in lines[0] and "sweep run 1" in lines[0]
     assert not _results(result) and "started" not in result.stdout
+
+
+@pytest.mark.parametrize(("launcher", "sig"), [("basic", "SIGINT"), ("basic", "SIGTERM"), ("joblib", "SIGINT")])
+def test_ctrl_c_or_sigterm_stops_the_whole_sweep_under_another_launcher(tmp_path, launcher, sig):
+    """Hydra's basic launcher runs the sweep's runs one after another in the launch process: a Ctrl-C (or
+    SIGTERM) stopped the run it was in, and the next run started (the sweep went on for minutes). Under
+    joblib, launch held the Ctrl-C it had taken while composing until the whole sweep ended."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import clean_env, launch_command, stop_tree
+
+    proc = subprocess.Popen(launch_command("-m", f"hydra/launcher={launcher}", "gpus=[]", "epochs=100", "seed=1,2"),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env(), start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("multirun/*/*/0/metrics.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the first run is training
+        signum = getattr(signal, sig)
+        if sig == "SIGINT":
+            os.killpg(proc.pid, signum)  # a terminal's Ctrl-C: the whole foreground group
+        else:
+            os.kill(proc.pid, signum)  # a scheduler's or a user's `kill`: the launch process alone
+        out, err = proc.communicate(timeout=60)
+    finally:
+        stop_tree(proc.pid)
+    assert proc.returncode == 128 + signum, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err, err[-2000:]
+    assert not list(tmp_path.glob("multirun/*/*/1/results.json"))  # the second run did not run to its end
+    if launcher == "basic":
+        assert f"the sweep was stopped by {sig}; the runs after it were not started" in err, err[-2000:]
