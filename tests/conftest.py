@@ -130,6 +130,27 @@ def running(pids, marker: bytes) -> list[int]:
     return found
 
 
+def start_as_terminal_job(command: list[str], cwd, **popen) -> subprocess.Popen:
+    """`command` as a terminal's foreground job: a process group of its own (where a Ctrl-C,
+    `os.killpg(proc.pid, SIGINT)`, reaches every process), SIGINT at its default even where the tests run
+    with it ignored (a background job of a non-interactive shell inherits SIG_IGN)."""
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=clean_env(), start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL), **popen)
+
+
+def ctrl_c_after(command: list[str], cwd, after_s: float) -> tuple[int, str]:
+    """Start `command` as a terminal job, press Ctrl-C after `after_s`: its exit code and stderr."""
+    proc = start_as_terminal_job(command, cwd)
+    try:
+        time.sleep(after_s)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stop_tree(proc.pid)
+    return proc.returncode, err
+
+
 def stop_tree(pid: int) -> None:
     for p in descendants(pid) | {pid}:
         try:

@@ -80,15 +80,12 @@ def test_ctrl_c_or_sigterm_stops_the_whole_sweep_under_another_launcher(tmp_path
     joblib, launch held the Ctrl-C it had taken while composing until the whole sweep ended."""
     import os
     import signal
-    import subprocess
     import time
 
-    from tests.conftest import clean_env, launch_command, stop_tree
+    from tests.conftest import launch_command, start_as_terminal_job, stop_tree
 
-    proc = subprocess.Popen(launch_command("-m", f"hydra/launcher={launcher}", "gpus=[]", "epochs=100", "seed=1,2"),
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=clean_env(), start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = start_as_terminal_job(launch_command("-m", f"hydra/launcher={launcher}", "gpus=[]", "epochs=100",
+                                                "seed=1,2"), tmp_path)
     try:
         deadline = time.monotonic() + 120
         while not list(tmp_path.glob("multirun/*/*/0/metrics.jsonl")) and time.monotonic() < deadline:
