@@ -74,6 +74,17 @@ class ProcessGroupBackend(Choice):
     gloo = "gloo"
 
 
+class Decode(Choice):
+    auto = "auto"  # both at once where a GPU is there, else cpu (recipe=imagefolder says what it chose, and why)
+    cpu = "cpu"  # DataLoader worker processes decode (PIL)
+    gpu = "gpu"  # batched nvJPEG on the GPU, off the compute stream
+
+
+class OnBadFile(Choice):
+    error = "error"  # the run stops with one line naming the file
+    skip = "skip"  # the sample is left out of its batch and counted (epoch line, results.json)
+
+
 class Progress(Choice):
     auto = "auto"  # a live bar when stdout is a terminal, else a line per epoch
     bar = "bar"
@@ -425,10 +436,20 @@ class DataConfig(Schema):
     download: bool = True  # fetch a missing dataset (checksummed); offline, an error says where to put it
     synthetic: bool = False  # generate data of the real shape for timing runs; never used unless asked for
     placement: Placement = Placement.auto
-    prefetch_depth: int = 2  # placement=host: batches copied ahead of the step that uses them
+    prefetch_depth: int = 2  # batches copied to the device ahead of the step that uses them (side stream)
+    # A recipe that hands over Datasets (launcher/train/loader.py): DataLoader worker processes per rank
+    # (null: the cores this rank may use, less one for the training loop), and the batches each one
+    # keeps ready (DataLoader's prefetch_factor)
+    workers: int | None = None
+    worker_prefetch: int = 4
+    decode: Decode = Decode.auto  # image recipes that decode files (recipe=imagefolder): where
+    on_bad_file: OnBadFile = OnBadFile.error  # a file that cannot be read or decoded
 
     def check(self, at: str) -> None:
         check_int(f"{at}.prefetch_depth", self.prefetch_depth, 1, f"{at}.prefetch_depth=2", high=64)
+        if self.workers is not None:
+            check_int(f"{at}.workers", self.workers, 0, f"{at}.workers=8", high=1024)
+        check_int(f"{at}.worker_prefetch", self.worker_prefetch, 1, f"{at}.worker_prefetch=4", high=64)
 
 
 @dataclass

@@ -100,12 +100,66 @@ class Recipe:
         self.cfg = cfg  # the whole (frozen) config: data.root, seed, ...
         self.hp: Any = cfg.recipe  # this recipe's own section, an instance of `Config`
 
+    # What throughput counts for a recipe whose `load` hands over Datasets: `<unit>_per_s` per epoch.
+    unit: ClassVar[str] = "samples"
+
     def prepare(self) -> None:
         """In the launcher, once: download or check the data. Must not touch CUDA."""
 
-    def load(self) -> Splits | TokenSplits:
-        """In every worker: the whole dataset as uint8/int64 CPU tensors (Splits), or a token stream."""
+    def load(self) -> Splits | TokenSplits | tuple[Any, Any]:
+        """In every worker: the whole dataset as uint8/int64 CPU tensors (Splits), a token stream
+        (TokenSplits), or `(train, eval)`: any two torch Datasets (map-style, or IterableDataset), whose
+        samples are tensors, tuples, dicts or any nesting of them (launcher/train/loader.py batches them)."""
         raise NotImplementedError
+
+    # ---- the step: what a batch is trained and scored on (Lightning's names) ------------------------
+    def training_step(self, model: torch.nn.Module, batch: Any) -> Any:
+        """The training loss of one batch (as the data path delivers it, on the device: for Splits an
+        `(images, labels)` pair already augmented and normalized, for TokenSplits `(inputs, targets)`,
+        for Datasets what the collate made of the samples). Return the loss (a 0-dim tensor, a mean over
+        the batch), or `(loss, figures)`: figures are named tensors, each a 0-dim batch mean or one
+        value per sample (or per element), averaged over the epoch exactly; they appear as `train_NAME`.
+        No host sync here (.item(), printing a tensor): the step may be captured as a CUDA graph.
+        The default: cross-entropy of `model(inputs)` against the labels (`loss()`), and accuracy."""
+        x, y = batch[0], batch[1]
+        logits = model(x)
+        loss = self._loss_fn(logits, y)
+        return loss, {"acc": _correct(logits, y)}
+
+    def eval_step(self, model: torch.nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        """Named figures of one evaluation batch (the model in eval mode, no gradients): each a 0-dim
+        batch mean or one value per sample (or per element). The launcher averages each over the whole
+        evaluation set, every rank's shard counted once, so the figure is exact for any world size and
+        batch; they appear as `test_NAME` (epoch lines, metrics.jsonl, TensorBoard, results.json,
+        `launch eval`, and `sweep.objective=test_NAME`). Derive figures that are not means (an RMSE
+        from the MSE) in `report`. The default: cross-entropy and accuracy of `predict`."""
+        import torch.nn.functional as F
+
+        x, y = batch[0], batch[1]
+        logits = self.predict(model, x)
+        logits, y = logits.flatten(0, -2), y.flatten()  # (a window's tokens count as its samples)
+        return {"loss": F.cross_entropy(logits.float(), y, reduction="none"), "acc": logits.argmax(-1) == y}
+
+    def collate(self, samples: list[Any]) -> Any:
+        """A batch of a Dataset's samples (torch's default_collate unless overridden). A sample that
+        is None (the Dataset skipped it: a bad file, say) never gets here: the launcher leaves it out
+        and counts it."""
+        from torch.utils.data import default_collate
+
+        return default_collate(samples)
+
+    def on_after_batch_transfer(self, batch: Any, training: bool) -> Any:
+        """A Dataset's batch once it is on the device, before the step: GPU work on the batch (decoding,
+        cropping, normalizing) that should run off the compute stream. It runs on the side stream that
+        copied the batch, a few batches ahead of the step that uses it. `training`: a training batch,
+        else an evaluation one."""
+        return batch
+
+    def num_classes(self, train: Any) -> int | None:
+        """What a classifier's head needs (passed to `build_model` and to a config model that takes
+        `num_classes`): by default the Dataset's `classes` (torchvision's ImageFolder has them)."""
+        classes = getattr(train, "classes", None)
+        return len(classes) if classes is not None else None
 
     def build_model(self, num_classes: int) -> torch.nn.Module:
         """The network; `self.hp.model` picks among the recipe's models. `num_classes`: the classes, or
@@ -120,10 +174,17 @@ class Recipe:
         """Set the model up from data before training (`sample`: normalized training images)."""
 
     def loss(self) -> torch.nn.Module:
-        """The training loss of (logits, labels)."""
+        """The training loss of (logits, labels) that the default `training_step` uses."""
         import torch
 
         return torch.nn.CrossEntropyLoss()
+
+    @property
+    def _loss_fn(self) -> torch.nn.Module:
+        fn = self.__dict__.get("_loss_module")
+        if fn is None:
+            fn = self.__dict__["_loss_module"] = self.loss()
+        return fn
 
     def predict(self, net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The evaluation forward pass (e.g. with test-time augmentation)."""
@@ -137,6 +198,11 @@ class Recipe:
         say; written where `main`). Returns facts for results.json. Called on rank 0, and on every rank
         when the model is sharded (its forward then takes all of them)."""
         return {}
+
+
+def _correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Per target: whether the arg-max class is the label (labels of any shape: a window's tokens too)."""
+    return logits.argmax(-1) == labels
 
 
 def recipe_class(name: str) -> type[Recipe]:
