@@ -534,12 +534,31 @@ class FaultConfig(Schema):
             raise ConfigError(f"{at}.kind", self.kind, "choose one of " + ", ".join(FAULT_KINDS), f"{at}.kind=raise")
 
 
+class Direction(Choice):
+    auto = "auto"  # minimize a loss or an error (loss, mse, rmse, mae, error, bpb, ppl in its name), else maximize
+    minimize = "minimize"
+    maximize = "maximize"
+
+
+MINIMIZED_WORDS = ("loss", "mse", "rmse", "mae", "err", "bpb", "ppl", "perplexity", "nll", "distance")
+
+
+def minimized(name: str, direction: Direction | str = "auto") -> bool:
+    """Whether a smaller value of the figure `name` is better (sweep.direction, or its name when auto)."""
+    if str(direction) != "auto":
+        return str(direction) == "minimize"
+    return any(word in name.lower() for word in MINIMIZED_WORDS)
+
+
 @dataclass
 class SweepConfig(Schema):
     """`launch -m` (launcher/host/sweep.py)."""
 
     parallel: int = 0  # on this host, most runs at once; 0: as many as the GPUs allow (CPU runs one at a time)
-    objective: str = "test_acc"  # the results.json value each run returns to Hydra (e.g. for the Optuna sweeper)
+    # the results.json value each run returns to Hydra (e.g. for the Optuna sweeper): test_acc, or any figure
+    # a recipe's eval_step names, as test_NAME (test_rmse, test_loss)
+    objective: str = "test_acc"
+    direction: Direction = Direction.auto  # which way the objective is better: the summary's best run
 
     def check(self, at: str) -> None:
         check_int(f"{at}.parallel", self.parallel, 0, f"{at}.parallel=2")
@@ -579,6 +598,13 @@ class Config(Schema):
     rdzv_timeout_s: int = 300  # how long a node waits for all the others to join (and to rejoin after a restart)
     dry_run: bool = False  # print the plan, start nothing
     checkpoint: bool = True  # write checkpoints/last.pt every epoch (atomically)
+    # also every this many steps inside an epoch (0: at epoch ends only): a restart or resume then continues the
+    # epoch's global order from the next step, on any number of ranks
+    checkpoint_every_steps: int = 0
+    # The network from config instead of the recipe's: `model._target_=torchvision.models.resnet50`, its
+    # arguments as `+model.KEY=VALUE` (Hydra's instantiate, in each worker; launcher/models.py). Empty: the
+    # recipe's own (recipe.model).
+    model: dict[str, Any] = field(default_factory=lambda: {"_target_": None})
     profile: bool = False  # torch.profiler over the second epoch: profile.txt and trace.json in the run dir
     tensorboard: bool = True  # scalars every epoch into <run dir>/tensorboard
     progress: Progress = Progress.auto
@@ -596,6 +622,11 @@ class Config(Schema):
         check_float("lr", self.lr, "lr=0.1")
         check_int("seed", self.seed, 0, "seed=0")
         check_int("max_restarts", self.max_restarts, 0, "max_restarts=2", high=100)
+        check_int("checkpoint_every_steps", self.checkpoint_every_steps, 0, "checkpoint_every_steps=500")
+        extra = sorted(k for k in (self.model or {}) if k != "_target_")
+        if extra and not (self.model or {}).get("_target_"):
+            raise ConfigError(f"model.{extra[0]}", self.model[extra[0]], "sets an argument of a network from config, "
+                              "but model._target_ names none", "model._target_=torchvision.models.resnet18")
         self._check_nodes()
         if self.nprocs is not None:
             # (more ranks than cores run, slowly, as under torchrun: 4 per core at most, a typo's guard)
@@ -685,6 +716,13 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_plain(v) for v in obj]
     return obj
+
+
+def model_name(cfg: Config) -> str:
+    """The network a config trains, as results and logs name it: the config model's `_target_`, else the
+    recipe's model."""
+    target = (cfg.model or {}).get("_target_")
+    return str(target) if target else str(cfg.recipe.model)
 
 
 def choices(cfg: Config) -> dict[str, Any]:

@@ -68,14 +68,23 @@ def register(argv: list[str]) -> None:
 
 
 def user_recipes_named(argv: list[str]) -> list[str]:
-    """Module paths among the `recipe=` values of the command line (a sweep may name several)."""
+    """Module paths among the `recipe=` values of the command line (a sweep may name several): dotted
+    ones (`my_pkg.my_recipe`), and plain names that are no built-in option but a file in the directory
+    `launch` runs in (`recipe=my_recipe`: ./my_recipe.py)."""
     found: list[str] = []
     for arg in argv:
         key, _, value = arg.partition("=")
         if key.lstrip("+~") != "recipe":
             continue
-        found += [word for word in re.findall(r"[A-Za-z_][\w.]*", value) if "." in word and word not in found]
+        for word in re.findall(r"[A-Za-z_][\w.]*", value):
+            plain_file = "." not in word and not _builtin_option(word) and Path(f"{word}.py").is_file()
+            if ("." in word or plain_file) and word not in found:
+                found.append(word)
     return found
+
+
+def _builtin_option(name: str) -> bool:
+    return resources.files("launcher.conf").joinpath("recipe", f"{name}.yaml").is_file()
 
 
 def register_user_recipe(module_path: str, run_module: bool = True) -> None:
@@ -231,7 +240,8 @@ def _groups() -> str:
     lines = []
     for group in GROUPS:
         options = sorted(p.name[:-5] for p in conf.joinpath(group).iterdir() if p.name.endswith(".yaml"))
-        extra = ", or a module path (your recipe: e.g. recipe=my_pkg.my_recipe)" if group == "recipe" else ""
+        extra = (", or your own recipe: a file here (recipe=my_recipe for ./my_recipe.py) or a module path "
+                 "(recipe=my_pkg.my_recipe)") if group == "recipe" else ""
         lines.append(f"  {group}: {', '.join(options)}{extra}")
     return "\n".join(lines)
 

@@ -108,7 +108,10 @@ def describe_hydra_error(exc: BaseException) -> str:
         options = re.findall(r"^\t(\S+)$", text.split("Available options", 1)[-1], flags=re.M)
         if not options:
             return f"{group}={option} is not valid: see launch --help for the options of {group}"
-        return f"{group}={option} is not valid: choose one of {', '.join(options)} (e.g. launch {group}={options[0]})"
+        own = (f", or your own recipe: a file {option}.py in this directory, or a module path (my_pkg.my_recipe)"
+               if group == "recipe" else "")
+        return (f"{group}={option} is not valid: choose one of {', '.join(options)}{own} "
+                f"(e.g. launch {group}={options[0]})")
 
     m = re.search(r"full_key: (\S+)", text)
     full_key = m.group(1) if m else None

@@ -62,10 +62,14 @@ def check_runnable(cfg: Config) -> type[Recipe] | None:
     if cfg.script:
         script.script_path(cfg)
         return None
+    from launcher import models
     from launcher.recipes import check_model, recipe_class
 
     recipe = recipe_class(cfg.recipe.name)
-    check_model(recipe, cfg)
+    if models.configured(cfg.model):
+        models.check(cfg.model)  # (the recipe's own models are not built then)
+    else:
+        check_model(recipe, cfg)
     return recipe
 
 
@@ -248,7 +252,15 @@ def summarize(results: dict | None, run_dir: Path, elapsed: float) -> None:
     """The launch's last line: the result, and where everything is."""
     results = results or {}
     acc = results.get("test_acc")
+    final = results.get("final") or {}
+    figures = {k: v for k, v in final.items() if k.startswith("test_") and isinstance(v, (int, float))}
     acc_text = f"test accuracy {100 * acc:.2f}%" if isinstance(acc, float) else "no epochs trained"
+    if not isinstance(acc, float) and figures:  # a recipe's own figures: the objective first
+        objective = results.get("objective")
+        order = sorted(figures, key=lambda k: k != objective)
+        acc_text = ", ".join(f"{k} {figures[k]:.4g}" for k in order[:4])
+    elif not isinstance(acc, float) and final:
+        acc_text = f"training loss {final.get('loss', float('nan')):.4g} (no evaluation)"
     bpb = (results.get("final") or {}).get("test_bpb")
     if isinstance(bpb, float):  # a language model: bits per byte, and what predicting byte frequencies gives
         acc_text = f"held-out {bpb:.3f} bits/byte (unigram baseline {results.get('unigram_test_bpb', 0.0):.3f})"

@@ -38,6 +38,7 @@ from launcher.train.prefetch import CudaPrefetcher
 
 if TYPE_CHECKING:
     from launcher.recipes import Splits, TokenSplits
+    from launcher.train.loader import DatasetSplit
 
 AUTO_GPU_SHARE = 0.25  # `auto` keeps data on the GPU when it needs at most this share of free memory
 
@@ -107,13 +108,13 @@ class ResidentData:
     def __len__(self) -> int:
         return len(self.y)
 
-    def batches(self, rows: Iterable[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """(x, y, indices) per row of indices, all on the device."""
+    def batches(self, rows: Iterable[torch.Tensor]) -> Iterator[tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]]:
+        """((x, y), indices) per row of indices, all on the device."""
         if isinstance(rows, torch.Tensor):
             rows = to_device(rows, self.device)  # one copy per epoch, not one per step
         for idx in rows:
             idx = idx.to(self.device, non_blocking=True)
-            yield self.x[idx], self.y[idx], idx
+            yield (self.x[idx], self.y[idx]), idx
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -145,7 +146,8 @@ class HostData:
 
         gathered = _Gatherer(take, rows, depth=self.depth)
         try:
-            yield from CudaPrefetcher(gathered, self.device, depth=self.depth)
+            for x, y, idx in CudaPrefetcher(gathered, self.device, depth=self.depth):
+                yield (x, y), idx
         finally:
             gathered.stop()
 
@@ -236,11 +238,12 @@ class TokenWindows:
                 rows = to_device(rows, self.device)
             for idx in rows:
                 idx = idx.to(self.device, non_blocking=True)
-                yield (*self.take(idx), idx)
+                yield self.take(idx), idx
             return
         gathered = _Gatherer(lambda idx: self.take(idx, pin=True), list(rows), depth=self.depth)
         try:
-            yield from CudaPrefetcher(gathered, self.device, depth=self.depth)
+            for x, y, idx in CudaPrefetcher(gathered, self.device, depth=self.depth):
+                yield (x, y), idx
         finally:
             gathered.stop()
 
@@ -255,8 +258,8 @@ def make_data(x: torch.Tensor, y: torch.Tensor, device: torch.device, placement:
 class Data:
     """A run's data where it trains: both splits on their data path, and how a batch is normalized."""
 
-    train: ResidentData | HostData | TokenWindows
-    test: ResidentData | HostData | TokenWindows
+    train: ResidentData | HostData | TokenWindows | DatasetSplit
+    test: ResidentData | HostData | TokenWindows | DatasetSplit
     placement: str
     why: str  # why that placement
     megabytes: float
@@ -269,6 +272,10 @@ class Data:
     targets_per_sample: int = 1  # what a sample's loss averages over: 1 label, or a window's tokens
     unit: str = "img"  # what throughput counts: img (samples) or tokens
     drawn_per_epoch: int | None = None  # samples drawn at random per epoch (windows), else a permutation of all
+    # Splits and token streams: batch[0] goes through `normalize` (and the recipe's augmentation) in the
+    # step; a recipe's Datasets (launcher/train/loader.py) arrive as their collate and
+    # on_after_batch_transfer made them
+    in_memory: bool = True
 
     @classmethod
     def place_tokens(cls, splits: TokenSplits, options: DataConfig, device: torch.device) -> Data:
@@ -302,6 +309,11 @@ class Data:
                    torch.tensor(splits.mean, device=device).view(1, -1, 1, 1),
                    torch.tensor(splits.std, device=device).view(1, -1, 1, 1),
                    channels_last and device.type == "cuda" and splits.train_x.dim() == 4, splits.train_x)
+
+    @property
+    def skipped(self) -> int:
+        """Training samples the recipe's Dataset skipped (returned None) so far on this rank."""
+        return getattr(self.train, "skipped", 0)
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         if self.mean is None:  # token ids go to the model as they are

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from launcher.config import Config, Precision, to_plain
+from launcher.config import Config, Precision, minimized, model_name, to_plain
 from launcher.errors import ConfigError, ExplainedStop
 from launcher.files import CONFUSION, CURVES, EVAL, last_checkpoint, write_json
 from launcher.recipes import Recipe, TokenSplits, recipe_class
@@ -49,8 +49,9 @@ from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog, write_results
 from launcher.train.optim import Stepper
 from launcher.train.preemption import Preempted, PreemptionWatch
+from launcher.train.prefetch import batch_len
 from launcher.train.stall import Readback, StepClock, input_advice
-from launcher.train.step import TrainStep
+from launcher.train.step import Figures, TrainStep, eval_figures
 from launcher.train.timeline import StartupTimeline
 from launcher.world import WorldInfo
 
@@ -110,15 +111,15 @@ class Start:
     epoch: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     source: str | None = None
+    step: int = 0  # steps of `epoch` already done (a checkpoint written inside an epoch)
+    generator: torch.Tensor | None = None  # the augmentation generator's state there
 
 
 @dataclass
 class QueuedEvaluation:
     """An evaluation queued on the device: its sums stay there until read."""
 
-    loss_sum: torch.Tensor
-    correct: torch.Tensor
-    count: float  # this rank's test targets (examples, or tokens)
+    figures: Figures  # the recipe's eval_step figures: sums and counts
     clock: StepClock
     matrix: torch.Tensor | None = None  # the confusion matrix, flattened (`launch eval`)
 
@@ -132,11 +133,14 @@ class QueuedEpoch:
     row: dict[str, Any]  # what the host knew when it queued the epoch's end
     clock: StepClock
     started: float  # perf_counter() when the host began the epoch
-    examples: int  # this rank's training targets in the epoch (samples, or a window's tokens each)
-    figures: Readback  # loss sum, correct, finite steps (, the evaluation's loss sum and correct)
+    steps: int  # the steps this run took in the epoch (fewer than an epoch's when it resumed inside it)
+    names: list[str]  # the training figures' names (the loss first)
+    figures: Readback  # finite steps, each training figure's sum and count (, the evaluation's)
     evaluation: QueuedEvaluation | None
     memory_mb: list[float]  # this rank's peak allocated and reserved (-1 without a GPU)
     snapshot: checkpoint.HostSnapshot | None  # rank 0: the state after the epoch, being copied to host memory
+    skipped: int = 0  # training samples this rank's Dataset skipped in the epoch
+    first: int = 0  # the step of the epoch it started at
 
 
 @dataclass
@@ -182,6 +186,7 @@ class Trainer:
         self.generator = torch.Generator(device=device)
         self.eval_warm = False  # evaluation has had its warm-up (`_warm_up_eval`)
         self.advised = False  # the input-bound advice was logged (once per run)
+        self.said_sharded_steps = False  # checkpoint_every_steps under a sharded strategy was said (once)
         self.step_s: float | None = None  # the last epoch's seconds per step (the slowest rank's)
         self.stager: checkpoint.Stager | None = None  # rank 0 on a GPU: checkpoint copies staged on the device
         self.asides: list[_Aside] = []  # set-up work on threads, waited for at the first epoch's end
@@ -237,10 +242,10 @@ class Trainer:
         except (RuntimeError, ValueError) as exc:
             raise self._does_not_fit(source, state, exc) from None
         self.strategy.barrier()
-        row = self._evaluate(confusion=self.recipe.classifies)
+        row = self._evaluate(confusion=self._classifies)
         if not self.is_main:
             return None
-        if not self.recipe.classifies:
+        if not self._classifies:
             self.recipe.report(row, self.device, self.strategy.world_size)
             results = {"evaluated": source, "recipe": self.cfg.recipe.name, "model": str(self.cfg.recipe.model),
                        "trained_epochs": state.get("epoch"), "strategy": self.strategy.name,
@@ -269,12 +274,21 @@ class Trainer:
     def is_main(self) -> bool:
         return self.strategy.is_main
 
+    @property
+    def _classifies(self) -> bool:
+        """Built-in classification (the default eval_step on classes): `launch eval` adds accuracy per class
+        and the confusion matrix."""
+        return (self.recipe.classifies and type(self.recipe).eval_step is Recipe.eval_step
+                and self.data.num_classes > 0 and self.data.unit != "tokens")
+
     # ---- setup --------------------------------------------------------------------------------------
     def _load_data(self) -> Data:
         cfg = self.cfg
         splits = self.recipe.load()
         if isinstance(splits, TokenSplits):
             return self._place_tokens(splits)
+        if isinstance(splits, (tuple, list)):
+            return self._place_datasets(*splits) if len(splits) == 2 else self._place_datasets(splits, None)
         n = len(splits.train_y)
         if cfg.batch_size > n:
             raise ConfigError("batch_size", cfg.batch_size,
@@ -291,6 +305,35 @@ class Trainer:
         if self.is_main and self.device.type == "cuda":
             where = "on the GPU" if data.placement == "gpu" else "in pinned host memory, prefetched on a side stream"
             log.info("data: %s, %.0f MB, %s (%s)", cfg.recipe.name, data.megabytes, where, data.why)
+        self.steps_per_epoch = n // cfg.batch_size
+        return data
+
+    def _place_datasets(self, train: Any, test: Any) -> Data:
+        """A recipe's own (train, eval) Datasets, each streamed through a DataLoader (launcher/train/loader.py)."""
+        from launcher.train.loader import DatasetSplit, check_datasets
+
+        cfg, s = self.cfg, self.strategy
+        if test is None:
+            raise ConfigError("recipe", cfg.recipe.name, "load() must return (train, eval): two Datasets (the same "
+                              "one twice, or a random_split of it, if you have one)", f"recipe={cfg.recipe.name}")
+        check_datasets(train, test, cfg.recipe.name)
+        local = max(1, s.processes)
+        splits = [DatasetSplit(ds, self.recipe, cfg.data, self.device, training, s.world_size, s.rank, local, per_rank)
+                  for ds, training, per_rank in ((train, True, s.batch_per_process),
+                                                 (test, False, max(1, cfg.eval.batch_size // s.world_size)))]
+        n = len(splits[0])
+        if cfg.batch_size > n:
+            raise ConfigError("batch_size", cfg.batch_size, f"larger than the {n} training samples of "
+                              f"{cfg.recipe.name}", f"batch_size={max(1, n // 4)}")
+        workers = splits[0].workers
+        why = (f"{workers} DataLoader worker{'s' if workers != 1 else ''} per rank (data.workers)" if workers
+               else "loaded in the training process (data.workers=0)")
+        data = Data(splits[0], splits[1], "workers", why, 0.0, self.recipe.num_classes(train) or 0, False, None, None,
+                    cfg.perf.channels_last and self.device.type == "cuda", None, unit=self.recipe.unit,
+                    in_memory=False)
+        if self.is_main:
+            log.info("data: %s, %d training and %s evaluation samples, %s", cfg.recipe.name, n,
+                     len(splits[1]) if splits[1].length is not None else "a stream of", why)
         self.steps_per_epoch = n // cfg.batch_size
         return data
 
@@ -317,7 +360,7 @@ class Trainer:
     def _build_model(self) -> Nets:
         """The recipe's model on the device, set up from data, wrapped by the strategy, compiled if asked."""
         torch.manual_seed(self.cfg.seed)  # same initial weights on every rank (DDP also broadcasts them)
-        model = self.strategy.build_model(lambda: self.recipe.build_model(self.data.num_classes), self.device)
+        model = self.strategy.build_model(self._new_model, self.device)
         self.timeline.mark("model_on_device")
         if self.data.channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -335,6 +378,14 @@ class Trainer:
         captured = nets.grads is not None and self.device.type == "cuda"  # (a captured step compiles itself)
         return self._compiled_nets(nets) if self.compiled.compile and not captured else nets
 
+    def _new_model(self) -> torch.nn.Module:
+        """The network: the config's `model._target_` where given (launcher/models.py), else the recipe's."""
+        from launcher.models import configured, from_config
+
+        if configured(self.cfg.model):
+            return from_config(self.cfg.model, self.data.num_classes or None)
+        return self.recipe.build_model(self.data.num_classes)
+
     def _compiled_nets(self, nets: Nets) -> Nets:
         return self.strategy.compile(nets, compiling.compiled_mode(self.cfg.perf.compile_mode.value))
 
@@ -346,7 +397,8 @@ class Trainer:
         torch.backends.cudnn.benchmark = compiling.autotunes(self.cfg.perf.cudnn_benchmark_setting, self.compiled)
 
     def _build_step(self) -> TrainStep:
-        step = TrainStep(self.nets, self.steppers, self.recipe.loss(), self.data.normalize,
+        step = TrainStep(self.nets, self.steppers, self.recipe.training_step,
+                         self.data.normalize if self.data.in_memory else None,
                          self.recipe.augmentation(), self.autocast, self.device, self.faults.poison,
                          self.strategy.accumulate, lambda: self.strategy.no_sync(self.nets),
                          self.cfg.optim.clip_grad_norm)
@@ -395,8 +447,13 @@ class Trainer:
         except (RuntimeError, ValueError) as exc:
             raise self._does_not_fit(source, state, exc) from None
         epoch = int(state["epoch"])
-        optim.continue_with(self.steppers, settings, epoch * self.steps_per_epoch)
-        return Start(epoch, list(state.get("history", [])), source)
+        step = 0
+        if state.get("step_in_epoch"):  # (written inside an epoch: its position, in samples of the global order)
+            samples = int(state["step_in_epoch"]) * int(state.get("batch_size") or self.cfg.batch_size)
+            step = min(samples // self.cfg.batch_size, self.steps_per_epoch)
+        optim.continue_with(self.steppers, settings, epoch * self.steps_per_epoch + step)
+        generator = state.get("generator") if step else None
+        return Start(epoch, list(state.get("history", [])), source, step, generator)
 
     def _does_not_fit(self, source: str, state: dict[str, Any], exc: Exception) -> ConfigError:
         """The checkpoint's weights (or optimizer state) do not fit the network this config builds."""
@@ -446,13 +503,13 @@ class Trainer:
         if side is not None:
             side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            batch = None
-            for batch in self.data.train.batches(rows):
-                self.step(*batch, 0, generator)
+            batch = idx = None
+            for batch, idx in self.data.train.batches(rows):
+                self.step(batch, idx, 0, generator)
             if side is not None:
                 self._sync()
                 self.timeline.mark("warmup_steps")
-                self.step.capture(*batch, generator, stream=side)
+                self._capture(batch, idx, generator, side)
         if side is not None:
             torch.cuda.current_stream(self.device).wait_stream(side)
             self._sync()
@@ -469,6 +526,22 @@ class Trainer:
         if self.is_main:
             done = ["compiled"] * self.compiled.compile + ["captured the step as one CUDA graph"] * self.captures
             log.info("%s in %.1fs (not counted in the timings)", " and ".join(done), seconds)
+
+    def _capture(self, batch: Any, idx: torch.Tensor, generator: torch.Generator, side: torch.cuda.Stream) -> None:
+        """Capture the step as one CUDA graph; a recipe's step that cannot be captured (it reads a value
+        to the host, say) runs eagerly instead, said once."""
+        try:
+            self.step.capture(batch, idx, generator, stream=side)
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+            if isinstance(exc, torch.cuda.OutOfMemoryError):
+                raise
+            self.step.captured = None
+            self._sync()
+            if self.is_main:
+                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+                log.warning("perf.cuda_graph: %s's step cannot be captured as a CUDA graph (%s); it runs eagerly "
+                            "(no .item(), printing or other host reads in training_step lets it be captured; "
+                            "perf.cuda_graph=false says so up front)", self.cfg.recipe.name, first)
 
     # ---- epochs -------------------------------------------------------------------------------------
     def _epochs(self, start: Start) -> list[dict[str, Any]]:
@@ -490,9 +563,14 @@ class Trainer:
         for epoch in range(start.epoch, cfg.epochs):
             # Seeded per (seed, epoch, rank), so a resumed run augments exactly as an uninterrupted one.
             self.generator.manual_seed((cfg.seed * 100_003 + epoch) * 1_009 + self.strategy.rank)
+            first = start.step if epoch == start.epoch else 0
+            if first and start.generator is not None and self.strategy.world_size == 1:
+                self.generator.set_state(start.generator)  # (rank 0's, where it stopped: exact on one rank)
+            if first and self.is_main:
+                log.info("resuming epoch %d at step %d of %d", epoch + 1, first + 1, self.steps_per_epoch)
             profiling = cfg.profile and epoch == min(start.epoch + 1, cfg.epochs - 1) and self.is_main
             with profiled(self.run_dir) if profiling else contextlib.nullcontext():
-                queued = self._train_epoch(epoch, pending)
+                queued = self._train_epoch(epoch, pending, first)
             deciding = self.compiled.pending and epoch + 1 < cfg.epochs
             if epoch + 1 == cfg.epochs or deciding or not self.strategy.overlaps_epoch_ends:
                 self._conclude(queued)
@@ -505,18 +583,22 @@ class Trainer:
         return rank_order(len(self.data.train), self.cfg.batch_size, self.cfg.seed, epoch, self.strategy.world_size,
                           self.strategy.rank, drawn=self.data.drawn_per_epoch)
 
-    def _train_epoch(self, epoch: int, pending: QueuedEpoch | None) -> QueuedEpoch:
-        """Queue one epoch's steps (concluding `pending`, the epoch before, a few steps in) and its end."""
+    def _train_epoch(self, epoch: int, pending: QueuedEpoch | None, first: int = 0) -> QueuedEpoch:
+        """Queue one epoch's steps from step `first` (a resume in the middle of the epoch), concluding
+        `pending`, the epoch before, a few steps in, and its end."""
         strategy, sums = self.strategy, self.step.sums
         started = time.perf_counter()
         row: dict[str, Any] = {"epoch": epoch + 1, "started_unix": round(time.time(), 3)}
+        if first:
+            row["resumed_at_step"] = first  # (its figures cover the steps from there)
         self.nets.train.train()
-        order = self._order(epoch)
+        order = self._order(epoch)[first:]
         sums.zero()
+        skipped_before = self.data.skipped
         self.step.epoch.fill_(epoch)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        steps = self.steps_per_epoch
+        steps = len(order)
         # Where the epoch before is read: the same step on every rank (its reading is a collective); on
         # the CPU, where nothing runs ahead of the host, before this epoch's clock starts.
         conclude_at = 0
@@ -537,33 +619,57 @@ class Trainer:
         host_start = time.perf_counter()
         batches = self.bar.wrap(self.data.train.batches(order), epoch, steps,
                                 self.cfg.batch_size * self.data.targets_per_sample)
+        every = self.cfg.checkpoint_every_steps if self.cfg.checkpoint else 0
         with contextlib.closing(batches):
-            for step, (x, y, idx) in enumerate(batches):
+            for step, (batch, idx) in enumerate(batches):
                 if pending is not None and step == conclude_at:
                     self._conclude(pending, next_started=started)
                     pending = None
                 clock.batch_ready()
-                self.faults.at(epoch * steps + step)
-                self.step(x, y, idx, epoch, self.generator)
+                done = first + step  # steps of this epoch before this one, on every rank
+                self.faults.at(epoch * self.steps_per_epoch + done)
+                self.step(batch, idx, epoch, self.generator)
                 clock.step_end()
                 if self.timings.first_step_s is None:
                     self._first_step_done()
+                if every and (done + 1) % every == 0 and done + 1 < self.steps_per_epoch and pending is None:
+                    self._save_within_epoch(epoch, done + 1)
         # How long the host took to issue the epoch. Close to the device's span: the host is what limits
         # the speed (Python, launches), and CUDA graphs or a larger batch would help more than kernels.
         row["host_issue_s"] = round(time.perf_counter() - host_start, 4)
-        return self._queue_epoch_end(epoch, row, clock, started, order.numel() * self.data.targets_per_sample)
+        return self._queue_epoch_end(epoch, row, clock, started, steps, self.data.skipped - skipped_before, first)
 
-    def _queue_epoch_end(self, epoch: int, row: dict[str, Any], clock: StepClock, started: float,
-                         examples: int) -> QueuedEpoch:
+    def _save_within_epoch(self, epoch: int, done: int) -> None:
+        """`checkpoint_every_steps`: the state after `done` steps of `epoch`, with that position, so a
+        restart or a resume continues the epoch's order from the next step (on any number of ranks: the
+        order is global). Not under sharded strategies (their checkpoints are written at epoch ends)."""
+        if self.strategy.sharded:
+            if not self.said_sharded_steps and self.is_main:
+                log.warning("checkpoint_every_steps: strategy=%s writes its sharded checkpoints at epoch ends only",
+                            self.strategy.name)
+            self.said_sharded_steps = True
+            return
+        if not self.is_main:
+            return
+        if self.stager is None and self.device.type == "cuda":
+            self.stager = checkpoint.Stager(self.device)
+        snapshot = checkpoint.HostSnapshot(checkpoint.capture(self.strategy, self.nets, self.steppers, self.device),
+                                           self.stager)
+        snapshot.add(epoch=epoch, step_in_epoch=done, batch_size=self.cfg.batch_size,
+                     generator=self.generator.get_state(), history=list(self.history), config=to_plain(self.cfg))
+        self.writer.submit(snapshot, last_checkpoint(self.run_dir))
+
+    def _queue_epoch_end(self, epoch: int, row: dict[str, Any], clock: StepClock, started: float, steps: int,
+                         skipped: int, first: int = 0) -> QueuedEpoch:
         """The epoch's end as device work, queued behind its steps without waiting for them: buffers
         averaged, the evaluation, the sums and (rank 0) the checkpoint's tensors copied to host memory."""
         self._wait_asides()  # (TensorBoard's writer; the pinned memory the snapshot below takes)
         self.strategy.average_buffers(self.nets.module)
         evaluation = self._queue_evaluation() if self._evaluates_after(epoch) else None
         sums = self.step.sums
-        figures = [sums.loss, sums.correct, sums.finite_steps]
+        figures = [sums.finite_steps, *sums.figures.tensors()]
         if evaluation is not None:
-            figures += [evaluation.loss_sum, evaluation.correct]
+            figures += evaluation.figures.tensors()
         row["lr"] = self.steppers[0].scheduler.get_last_lr()[0]
         snapshot = None
         if self.is_main and self.cfg.checkpoint and not self.strategy.sharded:
@@ -572,8 +678,8 @@ class Trainer:
                 self.stager = checkpoint.Stager(self.device)
             snapshot = checkpoint.HostSnapshot(checkpoint.capture(self.strategy, self.nets, self.steppers,
                                                                   self.device), self.stager)
-        return QueuedEpoch(epoch, row, clock, started, examples, Readback(figures, self.device), evaluation,
-                           self._local_memory_mb(), snapshot)
+        return QueuedEpoch(epoch, row, clock, started, steps, sums.figures.names, Readback(figures, self.device),
+                           evaluation, self._local_memory_mb(), snapshot, skipped, first)
 
     def _conclude(self, queued: QueuedEpoch, next_started: float | None = None) -> None:
         """Read a queued epoch's figures (agreed by every rank), stop on a NaN loss, then record, log and
@@ -581,24 +687,31 @@ class Trainer:
         cfg, strategy, row, epoch = self.cfg, self.strategy, queued.row, queued.epoch
         local = queued.figures.values(strategy.collective_timeout())
         timing = queued.clock.finish()
-        steps = self.steps_per_epoch
-        loss_sum, correct, finite_steps = local[:3]
-        evaluated = [*local[3:5], queued.evaluation.count] if queued.evaluation is not None else [0.0, 0.0, 0.0]
-        # The preemption flag rides along, so every rank learns of a SIGUSR2 that reached any of them.
-        loss_sum, correct, count, stop, eval_loss, eval_correct, eval_count = strategy.reduce_host(
-            [loss_sum, correct, float(queued.examples), float(self.preemption.requested), *evaluated])
+        steps = queued.steps
+        finite_steps, sums = local[0], local[1:]
+        trained = 2 * len(queued.names)
+        # Sums and counts add up over the ranks (each figure exact over every rank's samples). The
+        # preemption flag rides along, so every rank learns of a SIGUSR2 that reached any of them.
+        *sums, stop, skipped = strategy.reduce_host([*sums, float(self.preemption.requested), float(queued.skipped)])
+        train = Figures.means(queued.names, sums[:trained])
         # The slowest rank sets the pace: its span and its input wait. The rank with the most
         # non-finite steps rides along, as it hit the first one earliest.
         span_s, stall, non_finite, alloc_mb, reserved_mb = strategy.reduce_host(
             [timing.span_s, timing.stall_fraction, steps - finite_steps, *queued.memory_mb], op="max")
-        row.update({"loss": loss_sum / count, "train_acc": correct / count, "train_s": span_s,
-                    f"{self.data.unit}_per_s": steps * cfg.batch_size * self.data.targets_per_sample / span_s,
-                    "input_stall": round(stall, 4)})
+        row["loss"] = train.pop("loss")
+        row.update({f"train_{name}": value for name, value in train.items()})
+        row.update({"train_s": span_s, f"{self.data.unit}_per_s":
+                    steps * cfg.batch_size * self.data.targets_per_sample / span_s, "input_stall": round(stall, 4)})
+        if skipped:
+            row["skipped"] = int(skipped)
         if non_finite > 0:
-            raise self._non_finite_loss(epoch, row["loss"], epoch * steps + steps - int(non_finite))
+            raise self._non_finite_loss(epoch, row["loss"],
+                                        epoch * self.steps_per_epoch + queued.first + steps - int(non_finite))
         if queued.evaluation is not None:
             eval_s = queued.evaluation.clock.finish().span_s
-            row.update({"test_loss": eval_loss / eval_count, "test_acc": eval_correct / eval_count, "eval_s": eval_s})
+            row.update({f"test_{k}": v for k, v in Figures.means(queued.evaluation.figures.names,
+                                                                 sums[trained:]).items()})
+            row["eval_s"] = eval_s
             self.timings.eval_s += eval_s
         self.timings.train_s += span_s
         self.step_s = span_s / steps
@@ -660,42 +773,56 @@ class Trainer:
 
     @torch.no_grad()
     def _queue_evaluation(self, confusion: bool = False) -> QueuedEvaluation:
-        """The test split's loss and correct predictions summed on the device (and the confusion
-        matrix), queued without waiting. With several ranks every one holds the same weights (buffers
-        are averaged first), so each scores a disjoint shard and the sums are added up when read."""
-        s = self.strategy
+        """The recipe's evaluation figures (`eval_step`) summed on the device with their counts (and the
+        confusion matrix), queued without waiting. With several ranks every one holds the same weights
+        (buffers are averaged first), so each scores a disjoint shard, and the sums and counts are added
+        up when read: each figure is exact over the whole evaluation set."""
         self.nets.eval.eval()
-        chunks = eval_chunks(len(self.data.test), max(1, self.cfg.eval.batch_size // s.world_size), s.world_size,
-                             s.rank, equal_counts=s.lockstep_eval)
+        chunks = self._eval_chunks()
         if not self.eval_warm:
             self._warm_up_eval(chunks)
-        loss_sum = torch.zeros((), device=self.device)
-        correct = torch.zeros((), device=self.device)
+        figures = Figures(self.device)
         classes = self.data.num_classes
         matrix = torch.zeros(classes * classes, device=self.device) if confusion else None
         clock = StepClock(self.device)
         clock.start()
-        for x, y, _ in self.data.test.batches(chunks):
+        for batch, _ in self.data.test.batches(chunks):
+            batch = self._eval_inputs(batch)
             with self.autocast():
-                logits = self.recipe.predict(self.nets.eval, self.data.normalize(x))
-            logits, y = logits.flatten(0, -2), y.flatten()  # (a window's tokens count as its samples)
-            loss_sum += torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum")
-            predicted = logits.argmax(-1)
-            correct += (predicted == y).sum()
-            if matrix is not None:  # rows: the true class, columns: the predicted one
-                matrix += torch.bincount(y * classes + predicted, minlength=classes * classes)
+                if matrix is None:
+                    scored = eval_figures(self.recipe.eval_step(self.nets.eval, batch))
+                else:  # (the built-in classifiers: the predictions also fill the confusion matrix)
+                    logits = self.recipe.predict(self.nets.eval, batch[0])
+                    logits, y = logits.flatten(0, -2), batch[1].flatten()
+                    predicted = logits.argmax(-1)
+                    scored = {"loss": torch.nn.functional.cross_entropy(logits.float(), y, reduction="none"),
+                              "acc": predicted == y}
+                    matrix += torch.bincount(y * classes + predicted, minlength=classes * classes)
+            n = batch_len(batch)
+            for name, value in scored.items():
+                figures.add(name, value, n)
         clock.step_end()
-        count = float(sum(len(c) for c in chunks) * self.data.targets_per_sample)
-        return QueuedEvaluation(loss_sum, correct, count, clock, matrix)
+        return QueuedEvaluation(figures, clock, matrix)
+
+    def _eval_chunks(self) -> list[torch.Tensor]:
+        s = self.strategy
+        return eval_chunks(len(self.data.test), max(1, self.cfg.eval.batch_size // s.world_size), s.world_size,
+                           s.rank, equal_counts=s.lockstep_eval)
+
+    def _eval_inputs(self, batch: Any) -> Any:
+        """An evaluation batch as eval_step takes it: in-memory images normalized (no augmentation)."""
+        if not self.data.in_memory:
+            return batch
+        return (self.data.normalize(batch[0]), *batch[1:])
 
     def _evaluate(self, confusion: bool = False) -> dict[str, Any]:
         """An evaluation read at once (`launch eval`)."""
         s = self.strategy
         queued = self._queue_evaluation(confusion)
-        loss_total, correct_total, count = s.all_reduce(
-            torch.stack([queued.loss_sum, queued.correct, torch.tensor(queued.count, device=self.device)])).tolist()
-        row: dict[str, Any] = {"test_loss": loss_total / count, "test_acc": correct_total / count,
-                               "eval_s": queued.clock.finish().span_s}
+        names = queued.figures.names
+        values = s.all_reduce(torch.stack(queued.figures.tensors())).tolist() if names else []
+        row: dict[str, Any] = {f"test_{k}": v for k, v in Figures.means(names, values).items()}
+        row["eval_s"] = queued.clock.finish().span_s
         if queued.matrix is not None:
             classes = self.data.num_classes
             row["confusion"] = [[int(v) for v in r]
@@ -709,13 +836,13 @@ class Trainer:
         compiled) stays out of eval_s as it did out of the training clock. Deferred from `_warm_up` to
         here so that the first training step does not wait for it. Eval-mode forwards change no state."""
         self.eval_warm = True
-        if not (self.compiled.compile or self.captures):
+        if not (self.compiled.compile or self.captures) or not self.data.in_memory:
             return
         start = time.perf_counter()
         one_of_each = {len(c): c for c in chunks}.values()
-        for x, _, _ in self.data.test.batches(list(one_of_each)):
+        for batch, _ in self.data.test.batches(list(one_of_each)):
             with self.autocast():
-                self.recipe.predict(self.nets.eval, self.data.normalize(x))
+                self.recipe.eval_step(self.nets.eval, self._eval_inputs(batch))
         self._sync()
         self.timings.warmup_s = (self.timings.warmup_s or 0.0) + time.perf_counter() - start
 
@@ -765,12 +892,28 @@ class Trainer:
     # ---- reporting ----------------------------------------------------------------------------------
     def _log_epoch(self, row: dict[str, Any]) -> None:
         epochs = self.cfg.epochs
-        test = f"{100 * row['test_acc']:.2f}%" if "test_acc" in row else "-"
         unit = self.data.unit
-        extra = "".join(f"  {k} {row[k]:.3f}" for k in ("test_bpb", "mfu") if k in row)
-        log.info("epoch %*d/%d  loss %.4f  train %.2f%%  test %s%s  %s %s/s  input wait %.1f%%  %.2fs",
-                 len(str(epochs)), row["epoch"], epochs, row["loss"], 100 * row["train_acc"], test, extra,
-                 f"{row[f'{unit}_per_s']:,.0f}", unit, 100 * row["input_stall"], row["epoch_s"])
+        parts = [f"epoch {row['epoch']:{len(str(epochs))}d}/{epochs}", f"loss {row['loss']:.4f}"]
+        if "train_acc" in row:
+            parts.append(f"train {100 * row['train_acc']:.2f}%")
+        if "test_acc" in row:
+            parts.append(f"test {100 * row['test_acc']:.2f}%")
+        elif "train_acc" in row:
+            parts.append("test -")
+        shown = {"train_acc", "test_acc"}
+        # the recipe's own figures (train_NAME, test_NAME), the held-out loss where no accuracy says it,
+        # and what its report adds
+        for key, value in row.items():
+            named = key.startswith(("train_", "test_")) and key not in ("train_s",)
+            if (named or key in ("test_bpb", "mfu")) and key not in shown and isinstance(value, (int, float)):
+                if key == "test_loss" and "test_acc" in row:
+                    continue
+                parts.append(f"{key} {value:.4g}" if key != "test_bpb" else f"{key} {value:.3f}")
+        parts.append(f"{row[f'{unit}_per_s']:,.0f} {unit}/s")
+        if row.get("skipped"):
+            parts.append(f"skipped {row['skipped']}")
+        parts += [f"input wait {100 * row['input_stall']:.1f}%", f"{row['epoch_s']:.2f}s"]
+        log.info("%s", "  ".join(parts))
 
     def _advise(self, row: dict[str, Any], epoch: int) -> bool:
         """Say once per run when training was input-bound (not judged on a first epoch that has more)."""
@@ -797,12 +940,15 @@ class Trainer:
         final = history[-1] if history else {}
         scored = [r["test_acc"] for r in history if "test_acc" in r]
         stalls = [r["input_stall"] for r in history]
+        objective = cfg.sweep.objective
+        ranked = [r[objective] for r in history if isinstance(r.get(objective), (int, float))]
+        best = ((min if minimized(objective, cfg.sweep.direction) else max)(ranked) if ranked else None)
         timed = {"train_s": t.train_s, "eval_s": t.eval_s, "train_eval_s": t.train_s + t.eval_s,
                  "clock": "cuda events" if self.device.type == "cuda" else "host clock",
                  "compile_warmup_s": t.warmup_s}
         results = {
             "recipe": cfg.recipe.name,
-            "model": str(cfg.recipe.model),
+            "model": model_name(cfg),
             "strategy": s.name,
             "world_size": s.world_size,
             "device_type": self.device.type,
@@ -822,6 +968,11 @@ class Trainer:
             "final": final,
             "test_acc": final.get("test_acc"),
             "best_test_acc": max(scored, default=None),
+            # every figure of the last epoch, by name (what sweep.objective may name), and the objective's best
+            **{k: v for k, v in final.items() if k.startswith("test_") and k != "test_acc"},
+            "objective": objective,
+            f"best_{objective}": best,
+            "skipped_samples": sum(int(r.get("skipped", 0)) for r in history),
             "train_s": t.train_s,
             "timed": timed,
             "input_stall": round(sum(stalls) / len(stalls), 4) if stalls else None,

@@ -28,6 +28,14 @@ SCALARS = {
 }
 
 
+def figure_tag(key: str) -> str | None:
+    """A recipe's own figure (train_NAME, test_NAME) as TensorBoard's tag: train/NAME, test/NAME."""
+    for prefix in ("train_", "test_"):
+        if key.startswith(prefix) and key != "train_s":
+            return f"{prefix[:-1]}/{key[len(prefix):]}"
+    return None
+
+
 class TensorBoardLog:
     def __init__(self, run_dir: Path, enabled: bool):
         self.folder = Path(run_dir) / TENSORBOARD
@@ -50,9 +58,9 @@ class TensorBoardLog:
         self.open()
         if not self.enabled:
             return
-        for key, tag in SCALARS.items():
-            value = row.get(key)
-            if isinstance(value, (int, float)) and math.isfinite(value):
+        for key, value in row.items():
+            tag = SCALARS.get(key) or figure_tag(key)
+            if tag and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 self._writer.add_scalar(tag, value, global_step=row["epoch"])
         self._writer.flush()
 
@@ -74,16 +82,26 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path | None:
     epochs = [r["epoch"] for r in history]
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     ax_loss.plot(epochs, [r["loss"] for r in history], "o-", label="train")
-    ax_acc.plot(epochs, [100 * r["train_acc"] for r in history], "o-", label="train")
-    tested = [r for r in history if "test_acc" in r]
+    tested = [r for r in history if "test_loss" in r]
     if tested:
         ax_loss.plot([r["epoch"] for r in tested], [r["test_loss"] for r in tested], "s-", label="test")
-        ax_acc.plot([r["epoch"] for r in tested], [100 * r["test_acc"] for r in tested], "s-", label="test")
-    for ax, title in ((ax_loss, "loss"), (ax_acc, "accuracy (%)")):
-        ax.set_title(title)
+    # the right panel: accuracy where the recipe has it, else the recipe's own figures
+    if any("train_acc" in r or "test_acc" in r for r in history):
+        figures, title = {"train_acc": "train", "test_acc": "test"}, "accuracy (%)"
+        scale = 100.0
+    else:
+        names = [k for k in history[-1] if k.startswith(("train_", "test_")) and k not in ("train_s", "test_loss")]
+        figures, title, scale = {k: k for k in names}, "figures", 1.0
+    for key, label in figures.items():
+        have = [r for r in history if isinstance(r.get(key), (int, float))]
+        if have:
+            ax_acc.plot([r["epoch"] for r in have], [scale * r[key] for r in have], "o-", label=label)
+    for ax, name in ((ax_loss, "loss"), (ax_acc, title)):
+        ax.set_title(name)
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from launcher.train.optim import capturable
+from launcher.train.prefetch import batch_len
 
 if TYPE_CHECKING:
     from launcher.strategies import Nets
@@ -132,24 +134,31 @@ def _dense(t: torch.Tensor) -> bool:
 class CapturedStep:
     """A step body captured once, replayed per batch.
 
-    `body(x, y, idx)` must do only device work with static shapes (no .item(), no host sync).
-    `capture` is called once, after eager warm-up steps on the same shapes (cuDNN has picked its
-    algorithms, lazily created state such as optimizer buffers exists); `run` copies a batch into
-    the static inputs and replays.
+    `body(batch, idx)` must do only device work with static shapes (no .item(), no host sync); `batch`
+    is any nesting of tensors (a recipe's batch). `capture` is called once, after eager warm-up steps on
+    the same shapes (cuDNN has picked its algorithms, lazily created state such as optimizer buffers
+    exists); `run` copies a batch into the static inputs and replays. `fits` says whether a batch has
+    the captured shapes (a batch that lost samples, or a last short one, runs eagerly instead).
     """
 
-    def __init__(self, body: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None],
-                 generators: Iterable[torch.Generator] = ()):
+    def __init__(self, body: Callable[[Any, torch.Tensor], None], generators: Iterable[torch.Generator] = ()):
         self.body = body
         self.generators = list(generators)
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.static: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.static: Any = None
+        self.layout: list[tuple] | None = None
 
-    def capture(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor,
-                stream: torch.cuda.Stream | None = None) -> None:
-        """Capture on `stream` (the side stream the warm-up ran on), with (x, y, idx) as the example batch."""
-        self.static = (x.clone(), y.clone(), idx.clone())
-        if any(s.stride() != t.stride() for s, t in zip(self.static, (x, y, idx), strict=True)):
+    @staticmethod
+    def _layout(batch: Any, idx: torch.Tensor) -> list[tuple]:
+        leaves, spec = tree_flatten((batch, idx))
+        return [spec, *((t.shape, t.dtype, t.device) if isinstance(t, torch.Tensor) else t for t in leaves)]
+
+    def capture(self, batch: Any, idx: torch.Tensor, stream: torch.cuda.Stream | None = None) -> None:
+        """Capture on `stream` (the side stream the warm-up ran on), with (batch, idx) as the example."""
+        self.static = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, (batch, idx))
+        self.layout = self._layout(batch, idx)
+        pairs = zip(tree_leaves(self.static), tree_leaves((batch, idx)), strict=True)
+        if any(isinstance(s, torch.Tensor) and s.stride() != t.stride() for s, t in pairs):
             # The warm-up's batches were views with gaps (recipe=text's windows[:, :-1]); the static
             # copies are dense. Compiled code guards on strides and would recompile inside the capture,
             # where compiling cannot run (it reads values to the host): run once on the static layout first.
@@ -164,44 +173,143 @@ class CapturedStep:
             self.body(*self.static)
         self.graph = graph
 
-    def run(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> None:
+    def fits(self, batch: Any, idx: torch.Tensor) -> bool:
+        return self.layout == self._layout(batch, idx)
+
+    def run(self, batch: Any, idx: torch.Tensor) -> None:
         assert self.graph is not None and self.static is not None, "capture() first"
-        for static, new in zip(self.static, (x, y, idx), strict=True):
-            static.copy_(new, non_blocking=True)
+        for static, new in zip(tree_leaves(self.static), tree_leaves((batch, idx)), strict=True):
+            if isinstance(static, torch.Tensor):
+                static.copy_(new, non_blocking=True)
         self.graph.replay()
 
 
+class Figures:
+    """Named figures summed on the device, each with its count: read once per epoch (no host sync per
+    step), reduced over the ranks as sums and counts, so each mean is exact over every sample of every
+    rank (a short last batch or an uneven shard weighs what it holds).
+
+    A value is a 0-dim tensor (a batch mean, weighing the batch's `n` samples) or a tensor of one value
+    per sample or element (each weighing one). Sums are float64: an epoch of tokens overflows float32's
+    exact integers."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.sums: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def add(self, name: str, value: torch.Tensor, n: int) -> None:
+        value = value.detach()
+        pair = self.sums.get(name)
+        if pair is None:
+            pair = self.sums[name] = (torch.zeros((), dtype=torch.float64, device=self.device),
+                                      torch.zeros((), dtype=torch.float64, device=self.device))
+        if value.dim() == 0:
+            pair[0].add_(value.double() * n)
+            pair[1].add_(n)
+        else:
+            pair[0].add_(value.double().sum())
+            pair[1].add_(value.numel())
+
+    def zero(self) -> None:
+        for total, count in self.sums.values():
+            total.zero_()
+            count.zero_()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.sums)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every figure's sum and count, in `names` order: what the epoch's end reads back."""
+        return [t for pair in self.sums.values() for t in pair]
+
+    @staticmethod
+    def means(names: list[str], values: list[float]) -> dict[str, float]:
+        """Each figure's mean from `tensors()`' values (reduced over the ranks)."""
+        return {name: values[2 * i] / values[2 * i + 1] if values[2 * i + 1] else float("nan")
+                for i, name in enumerate(names)}
+
+
 class EpochSums:
-    """The epoch's loss, correct predictions and finite steps, summed on the device, read once per epoch.
+    """The epoch's training figures (the loss, and what training_step names) and finite steps, summed
+    on the device, read once per epoch.
 
     A non-finite loss poisons the weights, so every later step is non-finite too: the count of finite
     steps is the index of the first bad step within the epoch (found without a per-step host sync).
     """
 
     def __init__(self, device: torch.device):
-        self.loss = torch.zeros((), device=device)
-        self.correct = torch.zeros((), dtype=torch.long, device=device)
+        self.figures = Figures(device)
         self.finite_steps = torch.zeros((), dtype=torch.long, device=device)
 
+    def add(self, loss: torch.Tensor, figures: dict[str, torch.Tensor], n: int) -> None:
+        self.figures.add("loss", loss, n)
+        for name, value in figures.items():
+            self.figures.add(name, value, n)
+
     def zero(self) -> None:
-        for tensor in (self.loss, self.correct, self.finite_steps):
-            tensor.zero_()
+        self.figures.zero()
+        self.finite_steps.zero_()
+
+
+def loss_and_figures(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A training_step's result as (loss, figures): a loss tensor, `(loss, {name: tensor})`, or a dict with
+    `loss` (Lightning's form)."""
+    if isinstance(out, torch.Tensor):
+        loss, figures = out, {}
+    elif isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[1], dict):
+        loss, figures = out
+    elif isinstance(out, dict) and "loss" in out:
+        loss, figures = out["loss"], {k: v for k, v in out.items() if k != "loss"}
+    else:
+        raise TypeError(f"training_step returned {type(out).__name__}; return the loss (a 0-dim tensor), "
+                        "(loss, {name: tensor}) or {'loss': loss, name: tensor}")
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise TypeError(f"training_step's loss must be a 0-dim tensor (a mean over the batch), not {shape}")
+    if "loss" in figures:
+        raise TypeError("training_step's figures may not be named 'loss' (the loss itself is reported as loss)")
+    for name, value in figures.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"training_step's figure {name!r} is a {type(value).__name__}; figures are tensors "
+                            "(a 0-dim batch mean, or one value per sample), kept on the device")
+    return loss, figures
+
+
+def eval_figures(out: Any) -> dict[str, torch.Tensor]:
+    """An eval_step's result, checked: named tensors (0-dim batch means, or one value per sample)."""
+    if not isinstance(out, dict) or not all(isinstance(v, torch.Tensor) for v in out.values()):
+        raise TypeError(f"eval_step returned {type(out).__name__}; return {{name: tensor}}: each a 0-dim batch "
+                        "mean or one value per sample, kept on the device (e.g. {'mse': ((pred - y) ** 2).mean(1)})")
+    return out
+
+
+def micro_batches(batch: Any, parts: int) -> list[Any]:
+    """`batch` cut into `parts` along its samples (every tensor with the batch's leading size), the rest
+    of it shared."""
+    if parts == 1:
+        return [batch]
+    n = batch_len(batch)
+    leaves, spec = tree_flatten(batch)
+    cut = [list(t.chunk(parts)) if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == n else [t] * parts
+           for t in leaves]
+    return [tree_unflatten([c[i] for c in cut], spec) for i in range(parts)]
 
 
 class TrainStep:
     """A training step: its device work up to the gradients (`body`, what a CUDA graph captures) and
     the optimizers after it. Built once per run; `capture` turns the body into a replayed graph."""
 
-    def __init__(self, nets: Nets, steppers: list[Stepper], loss_fn: torch.nn.Module,
-                 normalize: Callable[[torch.Tensor], torch.Tensor], augment: Callable | None,
+    def __init__(self, nets: Nets, steppers: list[Stepper], training_step: Callable[[Any, Any], Any],
+                 normalize: Callable[[torch.Tensor], torch.Tensor] | None, augment: Callable | None,
                  autocast: Callable, device: torch.device, poison: torch.Tensor | None = None, accumulate: int = 1,
                  no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
                  clip_grad_norm: float = 0.0):
         self.nets = nets
         self.clip_grad_norm = clip_grad_norm  # optim.clip_grad_norm: 0 never
         self.steppers = steppers
-        self.loss_fn = loss_fn
-        self.normalize = normalize
+        self.training_step = training_step  # the recipe's: (model, batch) -> loss, or (loss, figures)
+        self.normalize = normalize  # in-memory images and tokens: batch[0] as the network takes it; else None
         self.augment = augment
         self.autocast = autocast
         self.poison = poison  # fault.kind=nan: added to the loss (a tensor, so a graph sees it change)
@@ -213,22 +321,22 @@ class TrainStep:
         self.compiled_inputs: Callable | None = None  # augmentation + normalization, compiled (`compile_captured`)
         self.optimizers_in_graph = False  # the captured graph also steps the optimizers (`capture`)
         self.lr_slots: list[list[torch.Tensor]] = []  # each param group's learning rate, as the graph reads it
+        self.eager_steps = 0  # steps whose batch did not fit the captured graph's shapes (run eagerly)
 
-    def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The network and the loss on a normalized batch: the logits and the loss."""
-        with self.autocast():
-            logits = self.nets.train(x)
-            return logits, self.loss_fn(logits, y)
-
-    def inputs(self, x: torch.Tensor, idx: torch.Tensor, epoch: int | torch.Tensor,
-               generator: torch.Generator) -> torch.Tensor:
-        """The batch augmented and normalized, as the network takes it: one compiled function where
-        `compile_captured` made one (the random numbers drawn before it), else eager operations."""
+    def inputs(self, batch: Any, idx: torch.Tensor, epoch: int | torch.Tensor, generator: torch.Generator) -> Any:
+        """The batch as training_step takes it: for in-memory images, its images augmented and normalized
+        (one compiled function where `compile_captured` made one, the random numbers drawn before it);
+        a Dataset's batch as the recipe made it."""
+        if self.normalize is None:
+            return batch
+        x = batch[0]
         if self.compiled_inputs is not None:
-            return self.compiled_inputs(x, self.augment.draw(x, generator), idx, epoch)
-        if self.augment is not None:  # (the whole batch at once: augmented as without accumulation)
-            x = self.augment(x, generator, indices=idx, epoch=epoch)
-        return self.normalize(x)
+            x = self.compiled_inputs(x, self.augment.draw(x, generator), idx, epoch)
+        else:
+            if self.augment is not None:  # (the whole batch at once: augmented as without accumulation)
+                x = self.augment(x, generator, indices=idx, epoch=epoch)
+            x = self.normalize(x)
+        return (x, *batch[1:])
 
     def compile_captured(self, mode: str | None) -> None:
         """For a captured step: compile the network's training forward as one graph
@@ -241,7 +349,7 @@ class TrainStep:
         from launcher.train.compiling import compile_for_training, compiled
 
         compile_for_training(self.nets.module, mode)
-        if isinstance(self.augment, ImageAugmentation):
+        if isinstance(self.augment, ImageAugmentation) and self.normalize is not None:
             augment, normalize = self.augment, self.normalize
 
             def prepare(x: torch.Tensor, draws: tuple, idx: torch.Tensor, epoch: torch.Tensor) -> torch.Tensor:
@@ -249,8 +357,7 @@ class TrainStep:
 
             self.compiled_inputs = compiled(prepare, mode)
 
-    def body(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int | torch.Tensor,
-             generator: torch.Generator) -> None:
+    def body(self, batch: Any, idx: torch.Tensor, epoch: int | torch.Tensor, generator: torch.Generator) -> None:
         """The step's device work up to the gradients, and the epoch's sums. No host sync."""
         grads = self.nets.grads
         if grads is not None:
@@ -258,17 +365,18 @@ class TrainStep:
             grads.start_backward()
         else:
             self.nets.module.zero_grad(set_to_none=True)
-        x = self.inputs(x, idx, epoch, generator)
+        batch = self.inputs(batch, idx, epoch, generator)
         parts = self.accumulate
         finite = None
-        for i, (xs, ys) in enumerate(zip(x.chunk(parts), y.chunk(parts), strict=True)):
+        for i, micro in enumerate(micro_batches(batch, parts)):
             with self.no_sync() if i < parts - 1 else contextlib.nullcontext():
-                logits, loss = self.forward_loss(xs, ys)
+                with self.autocast():
+                    out = self.training_step(self.nets.train, micro)
+                loss, figures = loss_and_figures(out)
                 if self.poison is not None:
                     loss = loss + self.poison
                 (loss / parts if parts > 1 else loss).backward()
-            self.sums.loss += loss.detach().float() * ys.numel()  # (a window's targets are each a sample's)
-            self.sums.correct += (logits.argmax(-1) == ys).sum()
+            self.sums.add(loss.detach().float(), figures, batch_len(micro))
             ok = torch.isfinite(loss.detach())
             finite = ok if finite is None else finite & ok
         if grads is not None:
@@ -277,37 +385,37 @@ class TrainStep:
             clip_gradients(self.nets.module, self.clip_grad_norm)
         self.sums.finite_steps += finite
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, epoch: int,
-                 generator: torch.Generator) -> None:
-        if self.captured is not None:
+    def __call__(self, batch: Any, idx: torch.Tensor, epoch: int, generator: torch.Generator) -> None:
+        if self.captured is not None and self.captured.fits(batch, idx):
             if self.optimizers_in_graph:
                 self._fill_lr_slots()
-                self.captured.run(x, y, idx)
+                self.captured.run(batch, idx)
                 for stepper in self.steppers:
                     stepper.scheduler.step()
                 return
-            self.captured.run(x, y, idx)
+            self.captured.run(batch, idx)
         else:  # with flat gradients the epoch is the tensor a graph would read, so both paths agree
-            self.body(x, y, idx, self.epoch if self.nets.grads is not None else epoch, generator)
+            self.eager_steps += self.captured is not None
+            self.body(batch, idx, self.epoch if self.nets.grads is not None else epoch, generator)
         for stepper in self.steppers:
             stepper.step()
 
-    def capture(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor, generator: torch.Generator,
-                stream: torch.cuda.Stream) -> None:
+    def capture(self, batch: Any, idx: torch.Tensor, generator: torch.Generator, stream: torch.cuda.Stream) -> None:
         """Capture the body, and the optimizers' steps after it where all of them can be captured. Called
         after eager warm-up steps (the optimizers' state exists: nothing is created during capture)."""
         with_optimizers = all(capturable(s.optimizer) for s in self.steppers)
+        device = self.epoch.device
         if with_optimizers and not self.lr_slots:
-            self.lr_slots = [[torch.tensor(float(g["lr"]), device=x.device) for g in s.optimizer.param_groups]
+            self.lr_slots = [[torch.tensor(float(g["lr"]), device=device) for g in s.optimizer.param_groups]
                              for s in self.steppers]
 
-        def body(x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> None:
-            self.body(x, y, idx, self.epoch, generator)
+        def body(batch: Any, idx: torch.Tensor) -> None:
+            self.body(batch, idx, self.epoch, generator)
             if with_optimizers:
                 self._step_optimizers_on_slots()
 
         step = CapturedStep(body, generators=[generator])
-        step.capture(x, y, idx, stream=stream)
+        step.capture(batch, idx, stream=stream)
         self.captured = step
         self.optimizers_in_graph = with_optimizers
 

@@ -34,7 +34,7 @@ def test_host_gatherer_yields_each_steps_rows_in_order():
     host = HostData(x, y, CPU, depth=2)
     got = list(host.batches(order))
     assert len(got) == len(order) == 5
-    for (bx, by, idx), rows in zip(got, order, strict=True):
+    for ((bx, by), idx), rows in zip(got, order, strict=True):
         assert torch.equal(idx, rows) and torch.equal(by, y[rows]) and torch.equal(bx, x[rows])
 
 
@@ -62,7 +62,7 @@ def test_on_cpu_the_data_stays_where_it_is_and_gathers_match():
     data = make_data(x, y, CPU, "host", 2)
     assert isinstance(data, ResidentData) and data.placement == "host"
     assert choose_placement("auto", CPU, 10**12) == ("host", "the device is the CPU")
-    bx, by, idx = next(data.batches(torch.tensor([[3, 7]])))
+    (bx, by), idx = next(data.batches(torch.tensor([[3, 7]])))
     assert torch.equal(by, torch.tensor([3, 7])) and bx[1, 0, 0, 0] == 7
 
 

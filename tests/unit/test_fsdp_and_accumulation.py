@@ -112,6 +112,11 @@ def test_accumulate_splits_each_ranks_share_or_says_how():
         config_of("accumulate=0")
 
 
+def cross_entropy_step(model, batch):
+    x, y = batch
+    return nn.CrossEntropyLoss()(model(x), y)
+
+
 def test_only_the_last_micro_batch_synchronizes():
     torch.manual_seed(0)
     model = nn.Linear(3, 2)
@@ -126,16 +131,18 @@ def test_only_the_last_micro_batch_synchronizes():
         module = train = eval = model
         grads = None
 
-    step = TrainStep(Nets(), [], nn.CrossEntropyLoss(), lambda x: x, None, contextlib.nullcontext,
+    step = TrainStep(Nets(), [], cross_entropy_step, lambda x: x, None, contextlib.nullcontext,
                      torch.device("cpu"), accumulate=4, no_sync=no_sync)
     x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
-    step.body(x, y, torch.arange(8), 0, torch.Generator())
+    step.body((x, y), torch.arange(8), 0, torch.Generator())
     assert calls == ["no_sync"] * 3
     accumulated = model.weight.grad.clone()
     model.zero_grad()
     nn.CrossEntropyLoss()(model(x), y).backward()
     assert torch.allclose(accumulated, model.weight.grad, atol=1e-6)  # the whole batch's mean gradient
-    assert step.sums.loss.item() == pytest.approx(nn.CrossEntropyLoss()(model(x), y).item() * 8, rel=1e-5)
+    loss_sum, count = step.sums.figures.sums["loss"]
+    assert count.item() == 8
+    assert loss_sum.item() == pytest.approx(nn.CrossEntropyLoss()(model(x), y).item() * 8, rel=1e-5)
 
 
 @pytest.mark.parametrize("n, chunk, world", [(10, 3, 3), (1001, 256, 2), (7, 1, 2), (5, 100, 4)])
@@ -202,9 +209,9 @@ def test_optim_clip_grad_norm_scales_the_whole_step_s_gradients_down_to_it(accum
     x, y = torch.randn(8, 3) * 100, torch.randint(0, 2, (8,))
 
     def gradients(clip):
-        step = TrainStep(Nets(), [], nn.CrossEntropyLoss(), lambda x: x, None, contextlib.nullcontext,
+        step = TrainStep(Nets(), [], cross_entropy_step, lambda x: x, None, contextlib.nullcontext,
                          torch.device("cpu"), accumulate=accumulate, clip_grad_norm=clip)
-        step.body(x, y, torch.arange(8), 0, torch.Generator())
+        step.body((x, y), torch.arange(8), 0, torch.Generator())
         return torch.cat([p.grad.flatten() for p in model.parameters()])
 
     free = gradients(0.0)

@@ -131,7 +131,7 @@ def _data(n_train=1000, n_test=200, context=8) -> Data:
 def test_a_window_predicts_the_next_byte_and_stays_inside_the_stream():
     data = _data()
     assert len(data.train) == 1000 - 8  # every start whose targets fit
-    x, y, idx = next(data.train.batches([torch.tensor([0, 991, 500])]))
+    (x, y), idx = next(data.train.batches([torch.tensor([0, 991, 500])]))
     assert x.dtype == torch.long and x.shape == y.shape == (3, 8)
     assert torch.equal(x[:, 1:], y[:, :-1]) and y[1, -1].item() == 999 % 251
     assert data.targets_per_sample == 8 and data.unit == "tokens" and data.drawn_per_epoch == 999 // 8
@@ -140,7 +140,7 @@ def test_a_window_predicts_the_next_byte_and_stays_inside_the_stream():
 def test_held_out_windows_tile_the_stream_without_overlap():
     data = _data(n_test=200)
     windows = len(data.test)
-    x, y, _ = next(data.test.batches([torch.arange(windows)]))
+    (x, y), _ = next(data.test.batches([torch.arange(windows)]))
     starts = x[:, 0].tolist()
     assert starts == [8 * i for i in range(windows)] and windows == (200 - 1) // 8
 

@@ -1,0 +1,94 @@
+"""Networks from config: `model._target_=torchvision.models.resnet50 +model.KEY=VALUE`, as Hydra instantiates.
+
+    launch recipe=imagefolder model._target_=torchvision.models.resnet50
+    launch recipe=cifar10 model._target_=timm.create_model +model.model_name=resnet18 +model.pretrained=false
+
+The `model` section of the config, when it names a `_target_`, replaces the recipe's own network
+(`recipe.model`): Hydra's `instantiate` calls it with the section's other keys as arguments, in each
+worker (the launcher process never builds a network). Where the recipe knows its classes (or a token
+stream its vocabulary) and the callable takes `num_classes` (torchvision's and timm's constructors do),
+that is passed too, unless the section gives it. A Hugging Face model is built the same way from its
+class or a factory (`transformers.AutoModelForImageClassification.from_config` with a config object is
+beyond the command line: write a recipe for it).
+
+`check(spec)` runs in the launcher before any worker starts: the target must import and be callable
+(one line otherwise). It imports the target's module, and so torch; this module itself imports neither.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from launcher.errors import ConfigError
+
+EXAMPLE = "model._target_=torchvision.models.resnet18"
+
+
+def _target(spec: dict[str, Any]) -> str:
+    target = spec.get("_target_")
+    if not target or not isinstance(target, str):
+        keys = ", ".join(sorted(spec)) or "none"
+        raise ConfigError("model._target_", target, f"the model section needs the dotted path of a class or "
+                          f"function that builds the network (it has: {keys})", EXAMPLE)
+    return target
+
+
+def locate(spec: dict[str, Any]) -> Any:
+    """The callable `model._target_` names, or a ConfigError saying what is wrong with it."""
+    from hydra.utils import get_method
+
+    target = _target(spec)
+    try:
+        found = get_method(target)
+    except Exception as exc:  # noqa: BLE001 - Hydra wraps import errors and missing attributes alike
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        module = target.rpartition(".")[0] or target
+        raise ConfigError("model._target_", target, f"cannot be imported ({reason[:200]}); give the dotted path of a "
+                          f"class or function in an installed package (is {module.split('.')[0]} installed?)",
+                          EXAMPLE) from None
+    return found
+
+
+def configured(spec: dict[str, Any] | None) -> bool:
+    """Whether the config names a network (`model._target_`); else the recipe builds its own."""
+    return bool((spec or {}).get("_target_"))
+
+
+def check(spec: dict[str, Any] | None) -> None:
+    """In the launcher, before any worker: `model._target_` imports and is callable."""
+    if configured(spec):
+        locate(spec)
+
+
+def takes(fn: Any, name: str) -> bool:
+    """Whether `fn` accepts a keyword argument `name` (or any keyword)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def from_config(spec: dict[str, Any], num_classes: int | None) -> Any:
+    """The network `spec` describes (Hydra's instantiate), with `num_classes` where the callable takes it and
+    the section does not give it."""
+    from hydra.utils import instantiate
+
+    fn = locate(spec)
+    extra: dict[str, Any] = {}
+    if num_classes and "num_classes" not in spec and takes(fn, "num_classes"):
+        extra["num_classes"] = num_classes
+    try:
+        model = instantiate(dict(spec), **extra)
+    except Exception as exc:  # noqa: BLE001 - the constructor's own error, as one line
+        cause = exc.__cause__ or exc
+        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        raise ConfigError("model._target_", spec["_target_"], f"building it failed: {type(cause).__name__}: "
+                          f"{reason[:300]}", EXAMPLE) from None
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError("model._target_", spec["_target_"], f"returned a {type(model).__name__}, not a "
+                          "torch.nn.Module", EXAMPLE)
+    return model

@@ -1,0 +1,193 @@
+"""A recipe's own Datasets as a data path: the launcher's order, torch's DataLoader, the side-stream copy.
+
+A recipe whose `load` returns `(train, eval)` Datasets gets the same seam as the in-memory splits
+(launcher/train/data.py): the loop asks a split for its length and for `batches(rows)`, where `rows`
+is this rank's share of the epoch's global order (`rank_order`: one permutation per (seed, epoch),
+the same for any number of ranks, so a resume on another world size, or in the middle of an epoch,
+continues it). Here those rows become a DataLoader's batch sampler:
+
+    rows (this rank's indices, step by step)
+      -> DataLoader(dataset, batch_sampler=rows, num_workers=data.workers, pin_memory, persistent
+                    workers, prefetch_factor=data.worker_prefetch, collate=recipe.collate)
+      -> CudaPrefetcher: every tensor of the batch copied to the GPU on a side stream,
+         data.prefetch_depth batches ahead, then recipe.on_after_batch_transfer on that stream
+      -> (batch, indices) for the step
+
+A sample the Dataset returns as None (a bad file it chose to skip) is left out of its batch and
+counted (`skipped`, on the host: no device sync). An IterableDataset has no indices to order: each
+rank takes every world_size-th sample of the stream (split again among its workers), and a training
+stream must say its length (`__len__`: samples per epoch) so every rank runs the same number of steps.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from launcher.config import DataConfig
+from launcher.errors import ConfigError
+from launcher.train.prefetch import CudaPrefetcher, batch_len
+
+if TYPE_CHECKING:
+    from launcher.recipes import Recipe
+
+
+def default_workers(local_ranks: int) -> int:
+    """DataLoader workers per rank when `data.workers` is not set: the cores this process may use,
+    shared by the ranks on this machine, less one for the training loop itself."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(0, cores // max(1, local_ranks) - 1)
+
+
+class _Rows:
+    """A batch sampler whose batches are set per epoch (`rows`): persistent workers keep the DataLoader,
+    which asks its batch sampler afresh at every iteration."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+class _Collate:
+    """The recipe's collate over the samples that are not None; returns (batch, how many were None)."""
+
+    def __init__(self, collate: Callable[[list[Any]], Any]):
+        self.collate = collate
+
+    def __call__(self, samples: list[Any]) -> tuple[Any, int]:
+        kept = [s for s in samples if s is not None]
+        if not kept:
+            return None, len(samples)
+        return self.collate(kept), len(samples) - len(kept)
+
+
+class _RankShard(IterableDataset):
+    """An IterableDataset's share for one rank and one of its DataLoader workers: every
+    (world_size x workers)-th sample, so the ranks' shards are disjoint and together the whole stream."""
+
+    def __init__(self, dataset: Iterable[Any], world_size: int, rank: int):
+        self.dataset, self.world_size, self.rank = dataset, world_size, rank
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        stride, offset = self.world_size * workers, self.rank * workers + worker
+        for i, sample in enumerate(self.dataset):
+            if i % stride == offset:
+                yield sample
+
+
+class DatasetSplit:
+    """One split of a recipe's Datasets, streamed through a DataLoader to the device."""
+
+    placement = "workers"
+
+    def __init__(self, dataset: Any, recipe: Recipe, options: DataConfig, device: torch.device, training: bool,
+                 world_size: int, rank: int, local_ranks: int, per_rank_batch: int):
+        self.dataset = dataset
+        self.recipe = recipe
+        self.device = device
+        self.training = training
+        self.depth = options.prefetch_depth
+        self.iterable = isinstance(dataset, IterableDataset)
+        self.workers = options.workers if options.workers is not None else default_workers(local_ranks)
+        self.skipped = 0  # samples the Dataset returned as None, since `skipped` was last reset
+        pin = device.type == "cuda"
+        common: dict[str, Any] = {"num_workers": self.workers, "pin_memory": pin,
+                                  "collate_fn": _Collate(recipe.collate), "persistent_workers": self.workers > 0}
+        if self.workers > 0:
+            common["prefetch_factor"] = options.worker_prefetch
+        if self.iterable:
+            self.length = _length(dataset)
+            self.loader = DataLoader(_RankShard(dataset, world_size, rank), batch_size=max(1, per_rank_batch),
+                                     **common)
+        else:
+            self.length = len(dataset)
+            self.rows = _Rows()
+            self.loader = DataLoader(dataset, batch_sampler=self.rows, **common)
+
+    def __len__(self) -> int:
+        return self.length or 0
+
+    def batches(self, rows: Iterable[torch.Tensor] | torch.Tensor) -> Iterator[tuple[Any, torch.Tensor]]:
+        """(batch on the device, its sample indices on the host) for each row of indices (map-style); for a
+        stream, as many of its batches as there are rows (`rows` only counts the steps then)."""
+        rows = [r.tolist() if isinstance(r, torch.Tensor) else list(r) for r in rows]
+        if not rows and not (self.iterable and not self.training):
+            return
+        if self.iterable:  # (evaluation: the whole of this rank's share of the stream)
+            source = self._stream(len(rows) if self.training else None, len(rows[0]) if rows else 0)
+        else:
+            self.rows.rows = rows
+            source = zip(self._counted(iter(self.loader)), rows, strict=False)
+        after = None
+        if type(self.recipe).on_after_batch_transfer is not _base_after():
+            def after(item: tuple[Any, Any]) -> tuple[Any, Any]:
+                return self.recipe.on_after_batch_transfer(item[0], self.training), item[1]
+        for batch, idx in CudaPrefetcher(((b, torch.as_tensor(i)) for b, i in source), self.device,
+                                         depth=self.depth, after=after):
+            yield batch, idx
+
+    def _counted(self, batches: Iterator[tuple[Any, int]]) -> Iterator[Any]:
+        for batch, skipped in batches:
+            self.skipped += skipped
+            if batch is None:
+                raise ValueError(f"every sample of a batch was skipped (the Dataset returned None for all "
+                                 f"{skipped}); check the data, or lower data.on_bad_file's tolerance")
+            yield batch
+
+    def _stream(self, steps: int | None, per_rank: int) -> Iterator[tuple[Any, list[int]]]:
+        """A stream's batches for `steps` steps (None: to its end); a training stream that ends first on
+        this rank is an error (the other ranks would wait for it at their next collective)."""
+        got = seen = 0
+        for got, batch in enumerate(self._counted(iter(self.loader)), start=1):
+            n = batch_len(batch)
+            yield batch, list(range(seen, seen + n))
+            seen += n
+            if got == steps:
+                return
+        if self.training:
+            raise ValueError(f"the training IterableDataset ended after {got} batches on this rank, where its "
+                             f"__len__ ({self.length} samples) promised {steps} steps of the epoch; make __len__ "
+                             "the samples it yields per epoch")
+
+
+def _base_after() -> Callable:
+    from launcher.recipes import Recipe
+
+    return Recipe.on_after_batch_transfer
+
+
+def _length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def check_datasets(train: Any, test: Any, recipe_name: str) -> None:
+    """What the loop needs of a recipe's (train, eval) Datasets, as one line each."""
+    from torch.utils.data import Dataset
+
+    for what, ds in (("train", train), ("eval", test)):
+        if not isinstance(ds, (Dataset, IterableDataset)) and not (hasattr(ds, "__getitem__")
+                                                                   and hasattr(ds, "__len__")):
+            raise ConfigError("recipe", recipe_name, f"load() returned a {type(ds).__name__} as the {what} split; "
+                              "return (train, eval) as torch Datasets (map-style: __getitem__ and __len__, or "
+                              "an IterableDataset)", f"recipe={recipe_name}")
+    if isinstance(train, IterableDataset) and _length(train) is None:
+        raise ConfigError("recipe", recipe_name, "the training IterableDataset has no __len__: every rank must "
+                          "know how many steps an epoch has; give it __len__ (samples per epoch)",
+                          f"recipe={recipe_name}")
