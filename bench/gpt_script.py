@@ -71,8 +71,12 @@ def main() -> None:
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     vocab = args.vocab_size or (50257 if args.shards else 256)
     b, t = args.batch_per_gpu, args.context
+    mask = None
     if args.shards:
         stream, first, ends, bases = shards_on(args.shards, t, device)
+        if cuda and stream.dtype in (torch.uint16, torch.uint32):  # CUDA indexes no unsigned 16/32-bit tensors
+            mask = (1 << 8 * stream.element_size()) - 1
+            stream = stream.view(torch.int16 if stream.dtype == torch.uint16 else torch.int32)
     else:
         stream = torch.from_numpy(np.array(np.memmap(args.stream, dtype=np.uint8, mode="r"))).to(device)
     torch.manual_seed(0)
@@ -96,6 +100,8 @@ def main() -> None:
         else:
             starts = torch.randint(0, len(stream) - t - 1, (b,), device=device, generator=g)
         w = stream[starts[:, None] + offsets].long()
+        if mask is not None:
+            w &= mask
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
             logits = net(w[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), w[:, 1:].flatten())

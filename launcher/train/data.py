@@ -223,8 +223,9 @@ class TokenWindows:
         self.placement = "gpu" if placement == "gpu" and device.type == "cuda" else "host"
         self.shards: list[torch.Tensor] | None = None  # shards kept apart (on the host)
         self.bases: torch.Tensor | None = None  # where each shard starts in self.stream (on the device)
+        self.mask: int | None = None  # uint16/uint32 on the GPU: held as int16/int32, gathered ids masked back
         if isinstance(stream, torch.Tensor):
-            self.stream = stream.to(device) if self.placement == "gpu" else stream
+            self.stream = self._signed(stream.to(device)) if self.placement == "gpu" else stream
             self.offsets = torch.arange(context + 1, device=self.stream.device)
             self.windows = (len(stream) - context - 1) // stride + 1  # each with its targets inside the stream
             return
@@ -247,6 +248,15 @@ class TokenWindows:
             self.stream[bases[-1]:bases[-1] + len(shard)].copy_(shard)
             bases.append(bases[-1] + len(shard))
         self.bases = torch.tensor(bases[:-1], dtype=torch.long, device=device)
+        self.stream = self._signed(self.stream)
+
+    def _signed(self, stream: torch.Tensor) -> torch.Tensor:
+        """CUDA cannot index uint16 or uint32 tensors (torch 2.11-2.13: "index_cuda" not implemented), so
+        such a stream is viewed as int16/int32 (the same bits, no copy) and `take` masks the ids back."""
+        if stream.dtype in (torch.uint16, torch.uint32):
+            self.mask = (1 << 8 * stream.element_size()) - 1
+            return stream.view(torch.int16 if stream.dtype == torch.uint16 else torch.int32)
+        return stream
 
     def __len__(self) -> int:
         return self.windows
@@ -268,6 +278,8 @@ class TokenWindows:
                     rows = (shard == k).nonzero().squeeze(1)
                     windows[rows] = self.shards[k][start[rows, None] + self.offsets].long()
                 return windows[:, :-1], windows[:, 1:]
+        if self.mask is not None:
+            windows &= self.mask
         if pin:
             windows = windows.pin_memory()
         return windows[:, :-1], windows[:, 1:]

@@ -235,3 +235,16 @@ def test_one_stream_still_takes_its_windows_as_before():
     assert windows.shards is None and windows.bases is None and len(windows) == 92
     x, y = windows.take(torch.tensor([0, 91]))
     assert x[1].tolist() == list(range(91, 99)) and y[1, -1].item() == 99
+
+
+def test_unsigned_ids_held_signed_for_cuda_are_masked_back():
+    """CUDA cannot index uint16/uint32, so on the GPU a stream is held as int16/int32 and `take` masks the
+    ids back (checked on an H100 against the host path; here the same view and mask on the CPU)."""
+    ids = torch.tensor([0, 1, 40000, 50256, 65535] * 4, dtype=torch.uint16)
+    windows = TokenWindows([ids], 4, 1, torch.device("cpu"), "host")
+    signed = windows._signed(ids)
+    assert signed.dtype == torch.int16 and windows.mask == 0xFFFF and int(signed[2]) < 0
+    one = TokenWindows(signed, 4, 1, torch.device("cpu"), "host")
+    one.mask = windows.mask
+    x, y = one.take(torch.tensor([0, 2]))
+    assert x[1].tolist() == [40000, 50256, 65535, 0] and y[0].tolist() == [1, 40000, 50256, 65535]
