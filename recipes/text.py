@@ -1,4 +1,5 @@
-"""text: next-byte prediction (a byte-level language model) on a text corpus that is on every machine offline.
+"""text: next-token prediction: a byte-level language model on a text corpus that is on every machine
+offline (the default), or a GPT on token shards that nanoGPT or llm.c wrote.
 
 The corpus (`recipe.corpus`):
 - `stdlib` (the default): the Python standard library's own source files, `*.py` under this
@@ -8,7 +9,18 @@ The corpus (`recipe.corpus`):
   so the version is part of the corpus's name.
 - the path of a text file (its last 5% held out) or of a folder (every file under it, sorted; the held-out
   files chosen by a hash of their relative paths, ~5%).
-Bytes are the tokens (vocabulary 256): no tokenizer, nothing to download. The streams are built once
+- a glob of text files (quoted: recipe.corpus='/data/books/*.txt'), as a folder's.
+- token shards, told by their suffixes (.bin, .npy; a mixture with other files is one line): one file, a
+  folder or a glob of nanoGPT's raw uint16 .bin, llm.c's .bin (a 256-int32 header: magic 20240520,
+  version 1 uint16 or 2 uint32, the count, checked against the file's size) or 1-D uint16/uint32 .npy
+  (recipes/token_shards.py). They are memory-mapped read-only and never copied or concatenated on the
+  host; nothing is written beside them. Held out: the shards whose names say `val` (val.bin,
+  *_val_*.bin), else the last 1/20 of the last shard. A shard shorter than context + 1 tokens is left
+  out with a warning; windows never cross from one shard into the next. `recipe.vocab_size` must be
+  given (GPT-2: 50257); `prepare` reads every shard once, in chunks, for its largest token id (one line
+  naming the shard if it is >= vocab_size) and remembers it under <data.root>/text/token-ids by path,
+  size and mtime. The model's embedding and output layer are padded to a multiple of 64 (50304).
+For text, bytes are the tokens (vocabulary 256): no tokenizer, nothing to download. The streams are built once
 into `<data.root>/text/<corpus key>/{train,val}.bin` (uint8, written under a temporary name and renamed)
 and then memory-mapped, so a corpus larger than host memory is read only where windows are sampled
 (launcher/train/data.py `TokenWindows`). `data.synthetic=true` generates a stream from a fixed random
@@ -20,11 +32,15 @@ Models (`recipe.model`), sized by recipe.layers / width / heads / context:
   token embedding; GPT-2's initialization (residual projections scaled by 1/sqrt(2 x layers)).
 - lstm, gru: an embedding, torch's multi-layer LSTM or GRU, the output layer tied to the embedding.
 
-Reported per epoch (besides loss and next-byte accuracy): bits per byte (train and held-out: the loss in
-nats / ln 2), tokens/s, and on GPUs with a known bf16 peak, MFU from the model FLOPs per token stated
-in `flops_per_token`. results.json adds the parameter count, the FLOPs per token, the unigram baseline
-(the held-out loss of the training split's byte frequencies: a model must beat it to have learned
-anything beyond them) and the sample rank 0 generates after training (also in sample.txt).
+Reported per epoch (besides loss and next-token accuracy): bits per byte for text (train and held-out:
+the loss in nats / ln 2), perplexity for token shards (`ppl`, `test_ppl`: bits per byte would need the
+bytes per token, which only the tokenizer knows), tokens/s, and on GPUs with a known bf16 peak, MFU from
+the model FLOPs per token stated in `flops_per_token`. results.json adds the parameter count, the FLOPs
+per token, `vocab_size` and `padded_vocab_size`, the unigram baseline (the held-out loss of the training
+split's token frequencies, counted on a bounded prefix: a model must beat it to have learned anything
+beyond them) and the sample rank 0 generates after training (also in sample.txt): text after
+recipe.sample_prompt, or for token shards (no tokenizer offline) recipe.sample_bytes token ids after the
+held-out stream's first 8, space-separated (`sample_ids` in results.json; decode with the tokenizer).
 Hyper-parameters: TextConfig in launcher/config.py; values: conf/recipe/text.yaml.
 """
 
