@@ -210,16 +210,23 @@ class TextModel(Choice):
     gru = "gru"
 
 
+MAX_VOCAB = 1 << 22  # recipe.vocab_size: beyond any tokenizer's (GPT-2 50257, Llama 3 128256, Gemma 262144)
+
+
 @dataclass
 class TextConfig(RecipeConfig):
-    """Next-byte prediction on a text corpus (recipes/text.py): byte-level, so no tokenizer to download."""
+    """Next-token prediction (recipes/text.py): on bytes of text (no tokenizer to download), or on token
+    shards written by nanoGPT or llm.c (.bin, .npy)."""
 
     name: str = "text"
     model: TextModel = TextModel.gpt
     # stdlib: this Python's own standard library sources (PSF licence, on every machine with Python);
-    # or the path of a text file or a folder of text files
+    # or the path of a text file, a folder or a glob of text files (bytes); or of token shards (.bin, .npy)
     corpus: str = "stdlib"
-    max_bytes: int = 0  # use only the corpus's first this many bytes (0: all of it)
+    max_bytes: int = 0  # use only the corpus's first this many bytes (0: all of it; byte corpora only)
+    # the tokens' vocabulary: 0 = 256 (bytes); token shards need their tokenizer's (GPT-2: 50257). The
+    # model's embedding and output layer are padded to a multiple of 64 (50257 -> 50304).
+    vocab_size: int = 0
     context: int = 256  # bytes a sample sees (and predicts)
     layers: int = 6
     width: int = 384  # the embedding (gpt) or hidden state (lstm, gru)
@@ -232,6 +239,10 @@ class TextConfig(RecipeConfig):
     def check(self, at: str) -> None:
         check_int(f"{at}.max_bytes", self.max_bytes, 0, f"{at}.max_bytes=1000000", high=2**62)
         check_int(f"{at}.context", self.context, 2, f"{at}.context=256", high=65536)
+        check_int(f"{at}.vocab_size", self.vocab_size, 0, f"{at}.vocab_size=50257", high=MAX_VOCAB)
+        if self.vocab_size == 1:
+            raise ConfigError(f"{at}.vocab_size", 1, "a vocabulary needs at least 2 tokens (0: 256, for bytes)",
+                              f"{at}.vocab_size=50257")
         check_int(f"{at}.layers", self.layers, 1, f"{at}.layers=6", high=1024)
         check_int(f"{at}.width", self.width, 1, f"{at}.width=384", high=65536)
         check_int(f"{at}.heads", self.heads, 1, f"{at}.heads=6", high=1024)

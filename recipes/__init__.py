@@ -74,11 +74,12 @@ class Splits:
 @dataclass
 class TokenSplits:
     """A token stream for next-token prediction: 1-D integer arrays (memory-mapped files, say, so a corpus
-    larger than host memory is read only where sampled). A training sample is a window of `context`
+    larger than host memory is read only where sampled), or a list of them (shards: token files read in
+    place; no window crosses from one into the next). A training sample is a window of `context`
     tokens starting anywhere in `train`, its targets the same window one token on; the held-out windows
     of `test` do not overlap."""
 
-    train: Any  # numpy array (or np.memmap) of token ids
+    train: Any  # numpy array (or np.memmap) of token ids, or a list of them (shards)
     test: Any
     vocab_size: int
     context: int

@@ -1,4 +1,5 @@
-"""text: next-byte prediction (a byte-level language model) on a text corpus that is on every machine offline.
+"""text: next-token prediction: a byte-level language model on a text corpus that is on every machine
+offline (the default), or a GPT on token shards that nanoGPT or llm.c wrote.
 
 The corpus (`recipe.corpus`):
 - `stdlib` (the default): the Python standard library's own source files, `*.py` under this
@@ -8,7 +9,18 @@ The corpus (`recipe.corpus`):
   so the version is part of the corpus's name.
 - the path of a text file (its last 5% held out) or of a folder (every file under it, sorted; the held-out
   files chosen by a hash of their relative paths, ~5%).
-Bytes are the tokens (vocabulary 256): no tokenizer, nothing to download. The streams are built once
+- a glob of text files (quoted: recipe.corpus='/data/books/*.txt'), as a folder's.
+- token shards, told by their suffixes (.bin, .npy; a mixture with other files is one line): one file, a
+  folder or a glob of nanoGPT's raw uint16 .bin, llm.c's .bin (a 256-int32 header: magic 20240520,
+  version 1 uint16 or 2 uint32, the count, checked against the file's size) or 1-D uint16/uint32 .npy
+  (recipes/token_shards.py). They are memory-mapped read-only and never copied or concatenated on the
+  host; nothing is written beside them. Held out: the shards whose names say `val` (val.bin,
+  *_val_*.bin), else the last 1/20 of the last shard. A shard shorter than context + 1 tokens is left
+  out with a warning; windows never cross from one shard into the next. `recipe.vocab_size` must be
+  given (GPT-2: 50257); `prepare` reads every shard once, in chunks, for its largest token id (one line
+  naming the shard if it is >= vocab_size) and remembers it under <data.root>/text/token-ids by path,
+  size and mtime. The model's embedding and output layer are padded to a multiple of 64 (50304).
+For text, bytes are the tokens (vocabulary 256): no tokenizer, nothing to download. The streams are built once
 into `<data.root>/text/<corpus key>/{train,val}.bin` (uint8, written under a temporary name and renamed)
 and then memory-mapped, so a corpus larger than host memory is read only where windows are sampled
 (launcher/train/data.py `TokenWindows`). `data.synthetic=true` generates a stream from a fixed random
@@ -20,16 +32,21 @@ Models (`recipe.model`), sized by recipe.layers / width / heads / context:
   token embedding; GPT-2's initialization (residual projections scaled by 1/sqrt(2 x layers)).
 - lstm, gru: an embedding, torch's multi-layer LSTM or GRU, the output layer tied to the embedding.
 
-Reported per epoch (besides loss and next-byte accuracy): bits per byte (train and held-out: the loss in
-nats / ln 2), tokens/s, and on GPUs with a known bf16 peak, MFU from the model FLOPs per token stated
-in `flops_per_token`. results.json adds the parameter count, the FLOPs per token, the unigram baseline
-(the held-out loss of the training split's byte frequencies: a model must beat it to have learned
-anything beyond them) and the sample rank 0 generates after training (also in sample.txt).
+Reported per epoch (besides loss and next-token accuracy): bits per byte for text (train and held-out:
+the loss in nats / ln 2), perplexity for token shards (`ppl`, `test_ppl`: bits per byte would need the
+bytes per token, which only the tokenizer knows), tokens/s, and on GPUs with a known bf16 peak, MFU from
+the model FLOPs per token stated in `flops_per_token`. results.json adds the parameter count, the FLOPs
+per token, `vocab_size` and `padded_vocab_size`, the unigram baseline (the held-out loss of the training
+split's token frequencies, counted on a bounded prefix: a model must beat it to have learned anything
+beyond them) and the sample rank 0 generates after training (also in sample.txt): text after
+recipe.sample_prompt, or for token shards (no tokenizer offline) recipe.sample_bytes token ids after the
+held-out stream's first 8, space-separated (`sample_ids` in results.json; decode with the tokenizer).
 Hyper-parameters: TextConfig in launcher/config.py; values: conf/recipe/text.yaml.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import logging
@@ -50,12 +67,21 @@ from torch import nn
 from launcher.config import TextConfig
 from launcher.errors import ConfigError, LaunchError
 from launcher.recipes import Recipe, TokenSplits
+from launcher.recipes.token_shards import (
+    TokenCorpus,
+    check_token_ids,
+    is_glob,
+    names_tokens,
+    padded_vocab,
+    token_unigram_loss,
+)
 
 log = logging.getLogger("launcher.train")
 
 VOCAB = 256  # bytes
 HELD_OUT = 20  # one file in this many (by a hash of its path), or the last 1/HELD_OUT of a single file
 SAMPLE_FILE = "sample.txt"
+SAMPLE_PROMPT_TOKENS = 8  # token shards: the sample continues the held-out stream's first tokens
 LICENCES = {"stdlib": "PSF License Agreement (Python Software Foundation License Version 2)"}
 # Dense bf16 peak FLOP/s per GPU, for MFU (vendor data sheets; SXM parts).
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
@@ -90,6 +116,8 @@ class Corpus:
     def __init__(self, spec: str, data_root: Path, synthetic: bool):
         self.spec = spec
         self.synthetic = synthetic
+        self.tokens = False  # token shards (.bin, .npy: read in place by TokenCorpus), not text
+        self.checked = data_root / "text" / "token-ids"  # what a token scan found, per shard
         if synthetic:
             self.name, self.files, self.root = "synthetic", [], None
         elif spec == "stdlib":
@@ -101,12 +129,22 @@ class Corpus:
                                     "file or folder instead: recipe.corpus=/path/to/text")
         else:
             path = Path(os.path.expanduser(spec))
-            if not path.exists():
-                raise TextDataError(f"recipe.corpus={spec} does not exist; give stdlib, a text file or a folder of "
-                                    "text files: recipe.corpus=stdlib")
-            self.root = path if path.is_dir() else path.parent
-            self.files = corpus_files(path) if path.is_dir() else [path] if _regular(path) else []
-            if not self.files or sum(p.stat().st_size for p in self.files) < 2:
+            if is_glob(spec) and not path.exists():
+                fixed = next(i for i, part in enumerate(path.parts) if is_glob(part))
+                self.root = Path(*path.parts[:fixed]) if fixed else Path(".")
+                self.files = sorted(p for p in map(Path, glob.glob(str(path), recursive=True))
+                                    if _regular(p) and not p.name.startswith("."))
+                if not self.files:
+                    raise TextDataError(f"recipe.corpus={spec} matches no file; give a glob that names files (quote "
+                                        "it: recipe.corpus='/data/fineweb10B/fineweb_*.bin'), a file or a folder")
+            elif not path.exists():
+                raise TextDataError(f"recipe.corpus={spec} does not exist; give stdlib, a text file, a folder or a "
+                                    "glob of text or token files: recipe.corpus=stdlib")
+            else:
+                self.root = path if path.is_dir() else path.parent
+                self.files = corpus_files(path) if path.is_dir() else [path] if _regular(path) else []
+            self.tokens = names_tokens(self.files, spec)
+            if not self.tokens and (not self.files or sum(p.stat().st_size for p in self.files) < 2):
                 raise TextDataError(f"recipe.corpus={spec} holds no text (no regular file with bytes in it); give "
                                     "a file or folder with some, or recipe.corpus=stdlib")
             self.name = "".join(c if c.isalnum() or c in "-_." else "_" for c in path.name)[:40] or "corpus"
@@ -384,18 +422,25 @@ class NextTokenLoss(nn.Module):
 
 
 @torch.no_grad()
-def generate(model: nn.Module, prompt: bytes, n: int, context: int, temperature: float, device: torch.device,
-             seed: int = 0) -> bytes:
-    """`n` bytes sampled after `prompt`, each from the model's distribution at `temperature`."""
+def generate_ids(model: nn.Module, prompt: list[int], n: int, context: int, temperature: float,
+                 device: torch.device, seed: int = 0, vocab: int | None = None) -> list[int]:
+    """`prompt` and `n` token ids sampled after it, each from the model's distribution at `temperature`
+    over the first `vocab` outputs (the padding beyond the vocabulary is never a token)."""
     was_training = model.training
     model.eval()
     generator = torch.Generator(device=device).manual_seed(seed)
-    ids = torch.tensor(list(prompt), dtype=torch.long, device=device)[None]
+    ids = torch.tensor(prompt, dtype=torch.long, device=device)[None]
     for _ in range(n):
-        logits = model(ids[:, -context:])[:, -1].float() / temperature
+        logits = model(ids[:, -context:])[:, -1, :vocab].float() / temperature
         ids = torch.cat([ids, torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)], dim=1)
     model.train(was_training)
-    return bytes(ids[0].tolist())
+    return ids[0].tolist()
+
+
+def generate(model: nn.Module, prompt: bytes, n: int, context: int, temperature: float, device: torch.device,
+             seed: int = 0) -> bytes:
+    """`n` bytes sampled after `prompt`, each from the model's distribution at `temperature`."""
+    return bytes(generate_ids(model, list(prompt), n, context, temperature, device, seed, vocab=VOCAB))
 
 
 def peak_flops(device: torch.device) -> float | None:
@@ -412,6 +457,7 @@ class Text(Recipe):
     Config = TextConfig
     hp: TextConfig
     classifies = False
+    tokens = False  # set by load: token shards (loss and perplexity), not bytes (bits per byte)
 
     def _corpus(self) -> Corpus:
         root = Path(os.path.expanduser(str(self.cfg.data.root)))
@@ -419,8 +465,16 @@ class Text(Recipe):
 
     def prepare(self) -> None:
         """In the launcher, once: build the corpus's streams (workers then only map them), and check that
-        they hold a batch of windows, before any worker starts."""
+        they hold a batch of windows, before any worker starts. Token shards are not built: their headers,
+        lengths and token ids are checked instead (the ids once per shard, remembered under data.root)."""
         corpus = self._corpus()
+        if corpus.tokens:
+            self._prepare_shards(corpus)
+            return
+        vocab = self.hp.vocab_size
+        if vocab and vocab < VOCAB:
+            raise ConfigError("recipe.vocab_size", vocab, f"a byte corpus (recipe.corpus={self.hp.corpus}) has 256 "
+                              "tokens; 0 takes that", "recipe.vocab_size=0")
         try:
             folder = corpus.ensure()
         except OSError as exc:
@@ -442,6 +496,28 @@ class Text(Recipe):
             raise ConfigError("recipe.context", context, f"longer than the held-out stream ({len(val)} bytes)",
                               f"recipe.context={max(2, len(val) // 4)}")
 
+    def _prepare_shards(self, corpus: Corpus) -> None:
+        """Token shards, checked in the launcher: a vocabulary given, every header and length sound, every
+        token id inside the vocabulary, a batch of windows in the training shards and one held out."""
+        hp, spec = self.hp, self.hp.corpus
+        if not hp.vocab_size:
+            raise ConfigError("recipe.vocab_size", 0, f"recipe.corpus={spec} holds token ids, so give their "
+                              "tokenizer's vocabulary size (0 means 256, for bytes; GPT-2's is 50257)",
+                              "recipe.vocab_size=50257")
+        if hp.max_bytes:
+            raise ConfigError("recipe.max_bytes", hp.max_bytes, "applies to text (bytes) only; with token shards "
+                              "name fewer of them instead", "recipe.max_bytes=0")
+        shards = TokenCorpus.read(spec, corpus.files, hp.context)
+        for piece in shards.skipped:
+            print(f"launch: warning: {piece} holds {piece.tokens} tokens, fewer than a window of recipe.context="
+                  f"{hp.context} + 1; it is left out", file=sys.stderr, flush=True)
+        check_token_ids(shards, hp.vocab_size, corpus.checked)
+        windows = sum(p.tokens - 1 for p in shards.train) // hp.context
+        if self.cfg.batch_size > windows:
+            raise ConfigError("batch_size", self.cfg.batch_size, f"larger than the {windows} windows of {hp.context} "
+                              f"tokens in the training shards of recipe.corpus={spec}",
+                              f"batch_size={max(1, windows // 4)}")
+
     def _streams(self, folder: Path) -> tuple[np.ndarray, np.ndarray]:
         # copy-on-write maps: nothing is read until sampled, and nothing is ever written back
         train = np.memmap(folder / "train.bin", dtype=np.uint8, mode="c")
@@ -452,10 +528,19 @@ class Text(Recipe):
         return train, val
 
     def load(self) -> TokenSplits:
-        folder = self._corpus().ensure()  # (built by prepare; a worker on another node builds its own)
+        corpus = self._corpus()
+        if corpus.tokens:  # (checked by prepare; read in place, one memory map per shard)
+            self.tokens, self.vocab = True, self.hp.vocab_size
+            shards = TokenCorpus.read(corpus.spec, corpus.files, self.hp.context)
+            train, val = shards.opened()
+            self.prompt = [int(t) for t in val[0][:SAMPLE_PROMPT_TOKENS]]
+            self.baseline = token_unigram_loss(train, val, self.vocab, BASELINE_BYTES)
+            return TokenSplits(train, val, padded_vocab(self.vocab), self.hp.context)
+        folder = corpus.ensure()  # (built by prepare; a worker on another node builds its own)
         train, val = self._streams(folder)
+        self.vocab = VOCAB
         self.baseline = unigram_loss(train, val)
-        return TokenSplits(train, val, VOCAB, self.hp.context, synthetic=self.cfg.data.synthetic)
+        return TokenSplits(train, val, padded_vocab(VOCAB), self.hp.context, synthetic=self.cfg.data.synthetic)
 
     def build_model(self, num_classes: int) -> nn.Module:
         hp = self.hp
@@ -471,24 +556,41 @@ class Text(Recipe):
         return NextTokenLoss()
 
     def report(self, row: dict[str, Any], device: torch.device, world_size: int) -> None:
-        for key, bpb in (("loss", "bpb"), ("test_loss", "test_bpb")):
-            if key in row:
+        """Bits per byte for bytes; perplexity for token shards (bits per byte would need the bytes each
+        token stands for, which only the tokenizer knows)."""
+        for key, bpb, ppl in (("loss", "bpb", "ppl"), ("test_loss", "test_bpb", "test_ppl")):
+            if key in row and self.tokens:
+                row[ppl] = math.exp(min(row[key], 700.0))
+            elif key in row:
                 row[bpb] = row[key] / math.log(2)
         peak = peak_flops(device)
         if peak and "tokens_per_s" in row and self.cfg.perf.precision.value != "fp32":
             row["mfu"] = row["tokens_per_s"] * self.flops_per_token / (peak * world_size)
 
     def finish(self, model: nn.Module, run_dir: Path, device: torch.device, main: bool) -> dict[str, Any]:
+        """Facts for results.json, and a sample: text after recipe.sample_prompt for bytes; for token shards
+        (no tokenizer offline) recipe.sample_bytes token ids after the held-out stream's first ones, written
+        to sample.txt as space-separated ids (decode them with the shards' tokenizer)."""
         facts: dict[str, Any] = {"parameters": self.parameter_count, "flops_per_token": self.flops_per_token,
-                                 "unigram_test_loss": self.baseline,
-                                 "unigram_test_bpb": self.baseline / math.log(2)}
-        if self.hp.sample_bytes:
+                                 "vocab_size": self.vocab, "padded_vocab_size": padded_vocab(self.vocab),
+                                 "unigram_test_loss": self.baseline}
+        if self.tokens:
+            facts["unigram_test_ppl"] = math.exp(min(self.baseline, 700.0))
+        else:
+            facts["unigram_test_bpb"] = self.baseline / math.log(2)
+        if not self.hp.sample_bytes:
+            return facts
+        if self.tokens:
+            ids = generate_ids(model, self.prompt, self.hp.sample_bytes, self.hp.context, self.hp.temperature,
+                               device, self.cfg.seed, vocab=self.vocab)
+            text = " ".join(map(str, ids))
+            facts.update(sample_ids=ids, sample_prompt_ids=len(self.prompt))
+        else:
             prompt = self.hp.sample_prompt.encode()
             text = generate(model, prompt, self.hp.sample_bytes, self.hp.context, self.hp.temperature, device,
                             self.cfg.seed).decode("utf-8", errors="replace")
-            if main:
-                (run_dir / SAMPLE_FILE).write_text(text + "\n")
-                log.info("a sample (%s):\n%s", run_dir / SAMPLE_FILE, text)
             facts["sample"] = text
+        if main:
+            (run_dir / SAMPLE_FILE).write_text(text + "\n")
+            log.info("a sample (%s):\n%s", run_dir / SAMPLE_FILE, text)
         return facts
-

@@ -264,6 +264,10 @@ def summarize(results: dict | None, run_dir: Path, elapsed: float) -> None:
     bpb = (results.get("final") or {}).get("test_bpb")
     if isinstance(bpb, float):  # a language model: bits per byte, and what predicting byte frequencies gives
         acc_text = f"held-out {bpb:.3f} bits/byte (unigram baseline {results.get('unigram_test_bpb', 0.0):.3f})"
+    ppl = (results.get("final") or {}).get("test_ppl")
+    if isinstance(ppl, float):  # one on token shards: perplexity (bits per byte would need the tokenizer)
+        acc_text = (f"held-out loss {results['final'].get('test_loss', 0.0):.3f}, perplexity {ppl:.1f} (unigram "
+                    f"baseline {results.get('unigram_test_ppl', 0.0):.1f})")
     timed = results.get("timed") or {}
     if timed.get("train_eval_s"):
         acc_text += f", training + evaluation {timed['train_eval_s']:.2f}s ({timed['clock']})"

@@ -211,23 +211,77 @@ class TokenWindows:
     """Windows of a token stream: sample i is the `context` tokens from i * stride, its targets the same
     window one token on. The stream stays on the device (placement gpu, or a CPU device) or in host
     memory (a memory map: only the pages sampled are read), windows gathered into pinned memory on the
-    background thread and copied on the side stream."""
+    background thread and copied on the side stream.
 
-    def __init__(self, stream: torch.Tensor, context: int, stride: int, device: torch.device, placement: str,
-                 depth: int = 2):
+    `stream` may also be a list of shards (1-D tensors: memory-mapped token files). Windows never cross a
+    shard's end: window i is the j-th of shard k, found from the cumulative window counts (searchsorted),
+    and a shard shorter than a window gives none. On the device the shards lie end to end in one tensor
+    (each copied once, straight into its place) and a window starts at its shard's base + j * stride, so
+    a step stays one gather; on the host the shards stay separate maps, each window gathered from its own."""
+
+    def __init__(self, stream: torch.Tensor | Sequence[torch.Tensor], context: int, stride: int,
+                 device: torch.device, placement: str, depth: int = 2):
         self.context, self.stride, self.device, self.depth = context, stride, device, depth
         self.placement = "gpu" if placement == "gpu" and device.type == "cuda" else "host"
-        self.stream = stream.to(device) if self.placement == "gpu" else stream
-        self.offsets = torch.arange(context + 1, device=self.stream.device)
-        self.windows = (len(stream) - context - 1) // stride + 1  # each with its targets inside the stream
+        self.shards: list[torch.Tensor] | None = None  # shards kept apart (on the host)
+        self.bases: torch.Tensor | None = None  # where each shard starts in self.stream (on the device)
+        self.mask: int | None = None  # uint16/uint32 on the GPU: held as int16/int32, gathered ids masked back
+        if isinstance(stream, torch.Tensor):
+            self.stream = self._signed(stream.to(device)) if self.placement == "gpu" else stream
+            self.offsets = torch.arange(context + 1, device=self.stream.device)
+            self.windows = (len(stream) - context - 1) // stride + 1  # each with its targets inside the stream
+            return
+        on = device if self.placement == "gpu" else torch.device("cpu")
+        self.offsets = torch.arange(context + 1, device=on)
+        counts = [max(0, (len(s) - context - 1) // stride + 1) for s in stream]
+        shards = [s for s, n in zip(stream, counts, strict=True) if n > 0]
+        counts = [n for n in counts if n > 0]
+        self.windows = sum(counts)
+        ends = torch.tensor(counts, dtype=torch.long).cumsum(0)
+        self.window_ends = ends.to(on)  # window i lies in shard searchsorted(window_ends, i, right=True)
+        self.first_window = (ends - torch.tensor(counts, dtype=torch.long)).to(on)
+        if self.placement == "host":
+            self.shards = shards
+            return
+        self.stream = torch.empty(sum(len(s) for s in shards), dtype=shards[0].dtype if shards else torch.uint8,
+                                  device=device)
+        bases = [0]
+        for shard in shards:
+            self.stream[bases[-1]:bases[-1] + len(shard)].copy_(shard)
+            bases.append(bases[-1] + len(shard))
+        self.bases = torch.tensor(bases[:-1], dtype=torch.long, device=device)
+        self.stream = self._signed(self.stream)
+
+    def _signed(self, stream: torch.Tensor) -> torch.Tensor:
+        """CUDA cannot index uint16 or uint32 tensors (torch 2.11-2.13: "index_cuda" not implemented), so
+        such a stream is viewed as int16/int32 (the same bits, no copy) and `take` masks the ids back."""
+        if stream.dtype in (torch.uint16, torch.uint32):
+            self.mask = (1 << 8 * stream.element_size()) - 1
+            return stream.view(torch.int16 if stream.dtype == torch.uint16 else torch.int32)
+        return stream
 
     def __len__(self) -> int:
         return self.windows
 
     def take(self, idx: torch.Tensor, pin: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) as int64, (len(idx), context) each, where the stream is."""
-        starts = idx.to(self.stream.device, non_blocking=True) * self.stride
-        windows = self.stream[starts[:, None] + self.offsets].long()
+        if self.shards is None and self.bases is None:  # one stream
+            starts = idx.to(self.stream.device, non_blocking=True) * self.stride
+            windows = self.stream[starts[:, None] + self.offsets].long()
+        else:
+            idx = idx.to(self.offsets.device, non_blocking=True)
+            shard = torch.searchsorted(self.window_ends, idx, right=True)
+            start = (idx - self.first_window[shard]) * self.stride  # in its shard
+            if self.bases is not None:  # shards end to end on the device: one gather
+                windows = self.stream[(self.bases[shard] + start)[:, None] + self.offsets].long()
+            else:  # separate maps on the host: each shard's windows gathered from it
+                windows = torch.empty((len(idx), self.context + 1), dtype=torch.long, pin_memory=pin)
+                for k in shard.unique().tolist():
+                    rows = (shard == k).nonzero().squeeze(1)
+                    windows[rows] = self.shards[k][start[rows, None] + self.offsets].long()
+                return windows[:, :-1], windows[:, 1:]
+        if self.mask is not None:
+            windows &= self.mask
         if pin:
             windows = windows.pin_memory()
         return windows[:, :-1], windows[:, 1:]
@@ -288,14 +342,19 @@ class Data:
                 warnings.simplefilter("ignore", UserWarning)
                 return torch.from_numpy(np.asarray(a))
 
-        train, test = as_tensor(splits.train), as_tensor(splits.test)
-        nbytes = train.numel() * train.element_size() + test.numel() * test.element_size()
+        def as_tensors(a) -> torch.Tensor | list[torch.Tensor]:  # one stream, or a list of shards
+            return [as_tensor(s) for s in a] if isinstance(a, (list, tuple)) else as_tensor(a)
+
+        train, test = as_tensors(splits.train), as_tensors(splits.test)
+        streams = [t for split in (train, test) for t in (split if isinstance(split, list) else [split])]
+        nbytes = sum(t.numel() * t.element_size() for t in streams)
         placement, why = choose_placement(options.placement, device, nbytes)
         depth, context = options.prefetch_depth, splits.context
+        targets = sum(len(t) - 1 for t in (train if isinstance(train, list) else [train]))
         return cls(TokenWindows(train, context, 1, device, placement, depth),
                    TokenWindows(test, context, context, device, placement, depth), placement, why, nbytes / 2**20,
                    splits.vocab_size, splits.synthetic, None, None, False, None, targets_per_sample=context,
-                   unit="tokens", drawn_per_epoch=(len(train) - 1) // context)
+                   unit="tokens", drawn_per_epoch=targets // context)
 
     @classmethod
     def place(cls, splits: Splits, options: DataConfig, device: torch.device, channels_last: bool) -> Data:
