@@ -332,7 +332,9 @@ class ImageFolderSplit(torch.utils.data.Dataset):
         # a worker gets them as two buffers (1.3M ImageNet paths: ~40 MB, pickled in a blink) instead of a
         # list of 1.3M tuples, which every worker would copy and whose refcounts a forked worker would write.
         paths = [p for p, _ in folder.samples]
-        self._dir = os.path.commonpath(paths) if len(paths) > 1 else os.path.dirname(paths[0]) if paths else ""
+        self._dir = os.path.commonpath([paths[0], paths[-1]]) if paths else ""  # (sorted: shared by all between)
+        if len(paths) == 1 or any(not p.startswith(self._dir + os.sep) for p in paths[:: max(1, len(paths) // 64)]):
+            self._dir = os.path.commonpath([os.path.dirname(p) for p in paths]) if paths else ""
         start = len(self._dir) + 1 if self._dir else 0
         self._paths = np.array([p[start:].encode("utf-8", "surrogateescape") for p in paths], dtype=np.bytes_)
         self._labels = np.array([label for _, label in folder.samples], dtype=np.int64)
