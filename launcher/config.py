@@ -204,6 +204,57 @@ class Cifar10Config(ImageRecipeConfig):
         check_int(f"{at}.tta", self.tta, 0, f"recipe=cifar10 {at}.tta=2", high=2)
 
 
+@dataclass
+class ImageFolderConfig(RecipeConfig):
+    """A folder of images in the ImageNet layout (recipes/imagefolder.py): `data.root` holds
+    train/<class>/* and val/<class>/*, decoded per sample (data.decode: cpu workers, the GPU, or both)."""
+
+    name: str = "imagefolder"
+    model: str = "resnet50"  # any torchvision classification model (torchvision.models.list_models()), untrained
+    image_size: int = 224  # the side of the square crops trained and evaluated on
+    eval_resize: int = 0  # evaluation: shorter side resized to this, then center-cropped (0: image_size*256/224)
+    label_smoothing: float = 0.0
+    min_scale: float = 0.08  # RandomResizedCrop's smallest share of the image's area
+
+    @property
+    def eval_side(self) -> int:
+        """The shorter side evaluation images are resized to before their center crop."""
+        return self.eval_resize or round(self.image_size * 256 / 224)
+
+    def check(self, at: str) -> None:
+        check_int(f"{at}.image_size", self.image_size, 8, f"{at}.image_size=224", high=4096)
+        check_int(f"{at}.eval_resize", self.eval_resize, 0, f"{at}.eval_resize=256", high=8192)
+        if self.eval_resize and self.eval_resize < self.image_size:
+            raise ConfigError(f"{at}.eval_resize", self.eval_resize, f"must be 0 (image_size*256/224) or at least "
+                              f"{at}.image_size ({self.image_size}): the center crop is taken from the resized image",
+                              f"{at}.eval_resize=0")
+        check_float(f"{at}.label_smoothing", self.label_smoothing, f"{at}.label_smoothing=0.1", positive=False,
+                    high=1.0)
+        check_float(f"{at}.min_scale", self.min_scale, f"{at}.min_scale=0.08", high=1.0)
+        check_torchvision_model(f"{at}.model", self.model)
+
+
+def check_torchvision_model(key: str, name: Any) -> None:
+    """`name` is one of torchvision's classification models. Imports torchvision (and torch) when called:
+    the recipe that takes it is imported on the host right after the config is checked anyway."""
+    from launcher.lifetime import sigint_deferred
+
+    try:
+        with sigint_deferred():
+            import torchvision.models
+    except ImportError:
+        raise ConfigError(key, name, "recipe=imagefolder builds torchvision's models and torchvision is not "
+                          "installed here: pip install torchvision (the build matching your torch)") from None
+    known = torchvision.models.list_models(module=torchvision.models)
+    if str(name) not in known:
+        close = [m for m in known if str(name).lower().replace("-", "_") in m][:4]
+        few = close or ["resnet50", "resnet18", "convnext_tiny", "vit_b_16", "efficientnet_b0"]
+        raise ConfigError(key, name, f"a torchvision classification model, e.g. {', '.join(few)} (all "
+                          f"{len(known)}: python -c \"import torchvision; "
+                          "print(torchvision.models.list_models(module=torchvision.models))\")",
+                          "recipe=imagefolder recipe.model=resnet50")
+
+
 class TextModel(Choice):
     gpt = "gpt"  # decoder-only Transformer: pre-norm, scaled_dot_product_attention, tied embeddings
     lstm = "lstm"
@@ -687,6 +738,7 @@ SCHEMAS: dict[tuple[str, str], type[Schema]] = {
     ("recipe", "digits"): DigitsConfig,
     ("recipe", "cifar10"): Cifar10Config,
     ("recipe", "text"): TextConfig,
+    ("recipe", "imagefolder"): ImageFolderConfig,
     ("optim", "sgd"): SGDConfig,
     ("optim", "adamw"): AdamWConfig,
     ("optim", "muon"): MuonConfig,

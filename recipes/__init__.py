@@ -50,7 +50,8 @@ from launcher.lifetime import sigint_deferred
 if TYPE_CHECKING:
     import torch
 
-BUILTIN = {"digits": "launcher.recipes.digits", "cifar10": "launcher.recipes.cifar10", "text": "launcher.recipes.text"}
+BUILTIN = {"digits": "launcher.recipes.digits", "cifar10": "launcher.recipes.cifar10", "text": "launcher.recipes.text",
+           "imagefolder": "launcher.recipes.imagefolder"}
 
 # augment(x, generator, *, indices, epoch) -> x: a batch's augmentation on its own device; `indices` are
 # the batch's rows in the training set (same device), `epoch` a Python int or a 0-dim tensor.

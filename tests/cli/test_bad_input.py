@@ -55,7 +55,7 @@ CASES = [
     ("recipe.translate=20", "recipe.translate=20 is not valid: must be an integer from 0 to 7"),  # digits: 8 px
     ("recipe.translate=8", "recipe.translate=8 is not valid: must be an integer from 0 to 7"),  # was a traceback
     ("recipe=nowhere.my_recipe", "recipe=nowhere.my_recipe is not valid: choose one of cifar10, cifar10_fast, digits, "
-     "text, or a module"),
+     "imagefolder, text, or a module"),
 ]
 
 

@@ -1,0 +1,649 @@
+"""imagefolder: image classification on a folder in the ImageNet layout, any torchvision model (untrained).
+
+    data.root/train/<class>/<image>      (subfolders of a class folder count too, as in torchvision)
+    data.root/val/<class>/<image>
+
+Images are the files ending .jpg .jpeg .png .bmp .webp (any case); other files and hidden ones (a name
+starting with a dot: .DS_Store, ._x.jpg, .ipynb_checkpoints/) are ignored. Classes are the class folders'
+names, sorted; samples are sorted like torchvision's ImageFolder, so indices and labels match it.
+
+`prepare` (in the launcher, once, before any worker) checks the layout with os.scandir only, no image is
+opened: each problem is one line and exit 2. `load` returns the two Datasets; the launcher's DataLoader
+workers call them. Where the images are decoded is `data.decode`:
+
+  cpu   the worker decodes with PIL (JPEGs at reduced size via `draft` when the crop allows), converts any
+        mode to RGB, crops (training: RandomResizedCrop(image_size, scale=(min_scale, 1)) + a random
+        horizontal flip; evaluation: the shorter side resized to eval_resize, then a center crop), and
+        hands over uint8 CHW crops. The GPU only normalizes them.
+  gpu   the worker reads the file's bytes and the JPEG's header (its size) and draws the crop box;
+        `on_after_batch_transfer` (on the launcher's side stream) decodes the batch's JPEGs with one
+        batched nvJPEG call (torchvision.io.decode_jpeg on the device), then crops and resizes every
+        image with one roi_align (its adaptive sampling averages the source pixels: an antialiased
+        downscale), flips and normalizes. Files nvJPEG cannot or should not take (PNG, BMP, WebP, grey,
+        CMYK and progressive JPEGs, a JPEG without its end marker) are decoded by the worker as for cpu;
+        the batch carries both kinds.
+  auto  on CUDA both at once: a fixed share of each batch is decoded by the CPU workers, the rest on the GPU
+        (the share follows from the worker count and the rates measured in MEASURED.md; one log line says
+        it). Without CUDA: cpu. data.decode=gpu without CUDA says so in one line and decodes on the CPU.
+
+Augmentation is drawn per sample from (seed, epoch, sample index), so a resumed run repeats it: the
+launcher tells the dataset the epoch with `set_epoch(epoch)` before each epoch's batches (a shared value, so
+persistent workers see it too). Until it does, the draw mixes in the DataLoader's per-epoch base seed
+instead of the epoch (new crops every epoch, repeated on resume only as far as that seed is).
+
+A file that cannot be read or decoded stops the run with one line naming it (data.on_bad_file=error), or
+is left out of its batch and counted by the launcher (skip: the Dataset returns None for it).
+
+Hyper-parameters: ImageFolderConfig in launcher/config.py; values: conf/recipe/imagefolder.yaml.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+import random
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from launcher.config import ImageFolderConfig
+from launcher.errors import ConfigError, LaunchError
+from launcher.recipes import Recipe
+
+log = logging.getLogger("launcher.train")
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+SPLITS = ("train", "val")
+# ImageNet's per-channel mean and std, in 0..255 pixel units
+MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+# data.decode=auto's split (MEASURED.md, one H100 host): a worker decodes and crops ~190 img/s with PIL
+# (14 workers: 2,632 img/s); nvJPEG decodes 12,000 img/s alone, of which we count on a quarter beside training.
+CPU_RATE_PER_WORKER = 190.0
+GPU_DECODE_RATE_BESIDE_TRAINING = 3000.0
+EXAMPLE = "recipe=imagefolder data.root=/data/imagenet"
+
+
+class BadImageError(LaunchError):
+    """An image that cannot be read or decoded (data.on_bad_file=error). One line naming the file, also
+    when a DataLoader worker raised it (the loader re-raises it with the worker's traceback in the message;
+    this class keeps only the last line of it)."""
+
+    def __init__(self, message: str):
+        text = str(message)
+        if "Traceback" in text:  # torch.utils.data's ExceptionWrapper.reraise: "Caught ... Original Traceback"
+            last = [line for line in text.strip().splitlines() if line.strip()][-1]
+            prefix = f"{type(self).__name__}: "
+            text = last.split(prefix, 1)[1] if prefix in last else last
+        super().__init__(text)
+
+
+def bad_file(path: str, exc: BaseException) -> BadImageError:
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return BadImageError(f"{path} cannot be decoded as an image ({type(exc).__name__}: {reason}): remove or replace "
+                         "it, or data.on_bad_file=skip to leave such files out (counted in the epoch line)")
+
+
+# ---- the folder ---------------------------------------------------------------------------------------------
+
+
+def data_root(cfg) -> Path:
+    return Path(os.path.expanduser(str(cfg.data.root)))
+
+
+def _is_image(name: str) -> bool:
+    return not name.startswith(".") and name.lower().endswith(IMAGE_SUFFIXES)
+
+
+def _class_folders(split: Path) -> list[str]:
+    with os.scandir(split) as entries:
+        return sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+
+
+def _images_under(folder: str) -> list[str]:
+    """The image files under `folder` (recursively, links followed), sorted as torchvision's ImageFolder sorts
+    them: folder by folder in sorted order of the folders' paths, each folder's files sorted by name."""
+    found: list[tuple[str, list[str]]] = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        found.append((dirpath, sorted(f for f in filenames if _is_image(f))))
+    return [os.path.join(dirpath, f) for dirpath, files in sorted(found) for f in files]
+
+
+def _listing(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" (and {len(names) - limit} more)" if len(names) > limit else "")
+
+
+@dataclass
+class Folder:
+    """One split: its classes (sorted folder names) and samples (path, class index), in ImageFolder's order."""
+
+    classes: list[str]
+    samples: list[tuple[str, int]]
+
+
+def scan(root: Path) -> dict[str, Folder]:
+    """Both splits of `root`, checked: a ConfigError naming data.root and the problem, one line each. Reads
+    directory entries only (os.scandir; no image is opened): ~2.5 s per 10^6 files on a local disk."""
+    key = "data.root"
+    if not root.is_dir():
+        what = "is a file, not a folder" if root.exists() else "no such folder"
+        raise ConfigError(key, root, f"{what}: recipe=imagefolder reads DIR/train/<class>/<image> and "
+                          "DIR/val/<class>/<image> (the ImageNet layout)", EXAMPLE)
+    for split in SPLITS:
+        if not (root / split).is_dir():
+            with os.scandir(root) as entries:
+                there = sorted(e.name + ("/" if e.is_dir() else "") for e in entries if not e.name.startswith("."))
+            held = f"it holds {_listing(there)}" if there else "it is empty"
+            hint = " (torchvision's ImageNet val/ comes flat: sort it into val/<class>/ folders first)" \
+                if split == "val" else ""
+            raise ConfigError(key, root, f"has no {split}/ folder ({held}); recipe=imagefolder needs train/<class>/"
+                              f"<image> and val/<class>/<image>{hint}", EXAMPLE)
+    folders: dict[str, Folder] = {}
+    for split in SPLITS:
+        classes = _class_folders(root / split)
+        if not classes:
+            with os.scandir(root / split) as entries:
+                loose = any(e.is_file() and _is_image(e.name) for e in entries)
+            what = "holds images but no class folders: put each class's images in" if loose else \
+                "holds no class folders: put each class's images in"
+            raise ConfigError(key, root, f"{split}/ {what} {split}/<class>/", EXAMPLE)
+        samples: list[tuple[str, int]] = []
+        for index, name in enumerate(classes):
+            files = _images_under(str(root / split / name))
+            if not files:
+                raise ConfigError(key, root, f"{split}/{name}/ holds no images (files ending "
+                                  f"{' '.join(IMAGE_SUFFIXES)}, any case): add some or remove the folder", EXAMPLE)
+            samples.extend((f, index) for f in files)
+        folders[split] = Folder(classes, samples)
+    train, val = folders["train"].classes, folders["val"].classes
+    if train != val:
+        only_train = sorted(set(train) - set(val))
+        only_val = sorted(set(val) - set(train))
+        parts = ([f"only in train/: {_listing(only_train)}"] if only_train else []) + \
+            ([f"only in val/: {_listing(only_val)}"] if only_val else [])
+        raise ConfigError(key, root, "train/ and val/ must hold the same class folders (a class's index is its "
+                          f"place in their sorted names); {'; '.join(parts)}", EXAMPLE)
+    return folders
+
+
+# ---- drawing crops ------------------------------------------------------------------------------------------
+
+
+def _mix(*values: int) -> int:
+    """A 64-bit hash of integers (splitmix64 steps), to seed a sample's own random draws."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = (h ^ (v & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        h = (h ^ (h >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 29
+    return h
+
+
+def random_resized_crop_box(rng: random.Random, width: int, height: int, scale: tuple[float, float],
+                            ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """torchvision's RandomResizedCrop.get_params (same algorithm: 10 tries, then the central crop of the
+    nearest aspect ratio), drawn from `rng`. Returns (left, top, width, height) in pixels."""
+    area = width * height
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rng.uniform(scale[0], scale[1])
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return rng.randint(0, width - w), rng.randint(0, height - h), w, h
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (width - w) // 2, (height - h) // 2, w, h
+
+
+def eval_geometry(width: int, height: int, resize: int, size: int) -> tuple[int, int, int, int]:
+    """torchvision's Resize(resize) then CenterCrop(size): the resized (width, height) and the crop's
+    (left, top) in the resized image."""
+    if width <= height:
+        new_w, new_h = resize, int(resize * height / width)
+    else:
+        new_w, new_h = int(resize * width / height), resize
+    return new_w, new_h, int(round((new_w - size) / 2.0)), int(round((new_h - size) / 2.0))
+
+
+# ---- decoding on the CPU -----------------------------------------------------------------------------------
+
+GREY_BACKGROUND = tuple(int(round(m)) for m in MEAN)  # transparent pixels become the mean: 0 once normalized
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Any PIL mode as 8-bit RGB: 16-bit grey scaled (not clipped) to 8 bits, transparency composited over
+    the dataset's mean colour (what normalizes to 0), CMYK, palette and the rest converted by PIL."""
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode.startswith("I"):  # I, I;16, I;16B...: PNG's 16-bit grey (PIL's convert would clip at 255)
+        a = np.asarray(img).astype(np.int64)
+        a = np.clip(a >> 8 if a.max(initial=0) > 255 else a, 0, 255).astype(np.uint8)
+        return Image.fromarray(a, "L").convert("RGB")
+    if mode == "F":
+        return Image.fromarray(np.clip(np.asarray(img), 0, 255).astype(np.uint8), "L").convert("RGB")
+    if mode == "P" and "transparency" in img.info or mode in ("RGBA", "LA", "PA", "RGBa", "La"):
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (*GREY_BACKGROUND, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def _draft(img: Image.Image, need_w: float, need_h: float) -> float:
+    """Let a JPEG decode at 1/2, 1/4 or 1/8 of its size when the result still holds `need_w` x `need_h`
+    pixels of the original's extent (DCT scaling: far less work). Returns the scale applied (1: none)."""
+    if img.format != "JPEG":
+        return 1.0
+    width = img.size[0]
+    img.draft("RGB", (max(1, math.ceil(need_w)), max(1, math.ceil(need_h))))
+    return img.size[0] / width
+
+
+def decode_train_crop(img: Image.Image, box: tuple[int, int, int, int], size: int, flip: bool,
+                      draft: bool = True) -> np.ndarray:
+    """The crop `box` (left, top, width, height, in the original's pixels) of `img`, resized to size x size
+    (bilinear, antialiased as PIL does), flipped if asked: uint8 HWC."""
+    left, top, w, h = box
+    width, height = img.size
+    if draft:
+        _draft(img, width * size / w, height * size / h)
+    img = to_rgb(img)
+    sx, sy = img.size[0] / width, img.size[1] / height
+    out = img.resize((size, size), Image.Resampling.BILINEAR, box=(left * sx, top * sy, (left + w) * sx,
+                                                                   (top + h) * sy), reducing_gap=None)
+    if flip:
+        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return np.array(out)
+
+
+def decode_eval_crop(img: Image.Image, resize: int, size: int, draft: bool = True) -> np.ndarray:
+    """Resize(resize) + CenterCrop(size), as torchvision does them on PIL images: uint8 HWC."""
+    width, height = img.size
+    new_w, new_h, left, top = eval_geometry(width, height, resize, size)
+    if draft:
+        _draft(img, new_w, new_h)
+    img = to_rgb(img)
+    resized = img.resize((new_w, new_h), Image.Resampling.BILINEAR, reducing_gap=None)
+    return np.array(resized.crop((left, top, left + size, top + size)))
+
+
+# ---- what a worker hands over for the GPU ------------------------------------------------------------------
+
+
+@dataclass
+class Encoded:
+    """A JPEG for the GPU: its bytes (uint8, 1-D), the crop box (x0, y0, x1, y1, in the original's pixels,
+    edges), whether to flip, and its path (for an error that names it)."""
+
+    data: torch.Tensor
+    box: tuple[float, float, float, float]
+    flip: bool
+    path: str
+
+
+class HostJpegs:
+    """A batch's JPEGs, kept on the host: nvJPEG reads its input from host memory
+    (torchvision.io.decode_jpeg takes CPU tensors whatever its device). Deliberately not a tensor, a
+    sequence or a mapping, so the DataLoader's pinning and the launcher's copy to the device leave it as
+    it is. `rows`: the batch rows they fill."""
+
+    def __init__(self, data: torch.Tensor, offsets: list[int], boxes: torch.Tensor, flips: torch.Tensor,
+                 rows: torch.Tensor, paths: list[str]):
+        self.data, self.offsets, self.paths = data, offsets, paths
+        self.boxes, self.flips, self.rows = boxes, flips, rows
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.data[a:b] for a, b in zip(self.offsets[:-1], self.offsets[1:], strict=True)]
+
+
+# ---- the datasets -----------------------------------------------------------------------------------------
+
+
+class ImageFolderSplit(torch.utils.data.Dataset):
+    """One split of the folder. A sample is `(image, label)`: image a uint8 CHW crop (decode cpu), or for
+    the GPU an `Encoded` JPEG (decode gpu/auto, where the file suits nvJPEG); None when the file is bad and
+    on_bad_file is skip. `classes`, `samples` and `targets` as torchvision's ImageFolder has them."""
+
+    def __init__(self, folder: Folder, *, train: bool, image_size: int, eval_resize: int, min_scale: float = 0.08,
+                 seed: int = 0, gpu_share: float = 0.0, skip_bad: bool = False, draft: bool = True):
+        self.classes = list(folder.classes)
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        # Paths as one fixed-width byte array (relative to their common folder) and labels as one int array:
+        # a worker gets them as two buffers (1.3M ImageNet paths: ~40 MB, pickled in a blink) instead of a
+        # list of 1.3M tuples, which every worker would copy and whose refcounts a forked worker would write.
+        paths = [p for p, _ in folder.samples]
+        self._dir = os.path.commonpath([paths[0], paths[-1]]) if paths else ""  # (sorted: shared by all between)
+        if len(paths) == 1 or any(not p.startswith(self._dir + os.sep) for p in paths[:: max(1, len(paths) // 64)]):
+            self._dir = os.path.commonpath([os.path.dirname(p) for p in paths]) if paths else ""
+        start = len(self._dir) + 1 if self._dir else 0
+        self._paths = np.array([p[start:].encode("utf-8", "surrogateescape") for p in paths], dtype=np.bytes_)
+        self._labels = np.array([label for _, label in folder.samples], dtype=np.int64)
+        self.train, self.image_size, self.eval_resize, self.min_scale = train, image_size, eval_resize, min_scale
+        self.seed, self.gpu_share, self.skip_bad, self.draft = seed, gpu_share, skip_bad, draft
+        self._epoch = torch.full((1,), -1, dtype=torch.int64).share_memory_()
+        self._visits: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def path(self, index: int) -> str:
+        return os.path.join(self._dir, self._paths[index].decode("utf-8", "surrogateescape"))
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """(path, class index) per sample, in torchvision ImageFolder's order (built when asked)."""
+        return [(self.path(i), int(label)) for i, label in enumerate(self._labels)]
+
+    @property
+    def targets(self) -> list[int]:
+        return self._labels.tolist()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next batches belong to (a shared value: workers already started see it)."""
+        self._epoch[0] = int(epoch)
+
+    def _rng(self, index: int) -> random.Random:
+        """The sample's own random draws, from (seed, epoch, index)."""
+        epoch = int(self._epoch[0])
+        if epoch < 0:  # set_epoch not called: the DataLoader's base seed, new each epoch
+            info = torch.utils.data.get_worker_info()
+            if info is not None:
+                epoch = (info.seed - info.id) + (1 << 40)
+            else:  # no worker processes: this process's visits of the sample
+                epoch = self._visits.get(index, 0) + (1 << 41)
+                self._visits[index] = epoch - (1 << 41) + 1
+        return random.Random(_mix(self.seed, epoch, index))
+
+    def _on_gpu(self, index: int) -> bool:
+        """Whether the sample is meant for the GPU decoder (a fixed split per sample index under auto)."""
+        if self.gpu_share <= 0.0 or self.gpu_share >= 1.0:
+            return self.gpu_share >= 1.0
+        return _mix(0x5EED, index) % 10_000 < self.gpu_share * 10_000
+
+    def __getitem__(self, index: int) -> Any:
+        path, label = self.path(index), int(self._labels[index])
+        rng = self._rng(index) if self.train else None
+        try:
+            if self._on_gpu(index):
+                encoded = self._encoded(path, rng)
+                if encoded is not None:
+                    return encoded, label
+            return self._decoded(path, rng), label
+        except BadImageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure to read or decode the file is the file's
+            if self.skip_bad:
+                return None
+            raise bad_file(path, exc) from None
+
+    def _decoded(self, path: str, rng: random.Random | None) -> torch.Tensor:
+        with Image.open(path) as img:
+            if rng is not None:
+                box = random_resized_crop_box(rng, *img.size, (self.min_scale, 1.0))
+                flip = rng.random() < 0.5
+                hwc = decode_train_crop(img, box, self.image_size, flip, self.draft)
+            else:
+                hwc = decode_eval_crop(img, self.eval_resize, self.image_size, self.draft)
+        return torch.from_numpy(hwc).permute(2, 0, 1)
+
+    def _encoded(self, path: str, rng: random.Random | None) -> Encoded | None:
+        """The file's bytes and crop box for nvJPEG, or None when the file is for the CPU decoder. The
+        random draws are the same as the CPU path's (the same box from the same header size)."""
+        with open(path, "rb") as f:
+            data = f.read()
+        with Image.open(io.BytesIO(data)) as img:  # the header only
+            fmt, mode, (width, height) = img.format, img.mode, img.size
+            progressive = bool(img.info.get("progressive") or img.info.get("progression"))
+        if fmt != "JPEG" or mode != "RGB" or progressive or not data.rstrip(b"\0").endswith(b"\xff\xd9"):
+            return None  # (a JPEG without its end marker is likely truncated: the CPU decoder names it)
+        if rng is not None:
+            left, top, w, h = random_resized_crop_box(rng, width, height, (self.min_scale, 1.0))
+            flip = rng.random() < 0.5
+            box = (float(left), float(top), float(left + w), float(top + h))
+        else:
+            new_w, new_h, left, top = eval_geometry(width, height, self.eval_resize, self.image_size)
+            sx, sy = width / new_w, height / new_h
+            box = (left * sx, top * sy, (left + self.image_size) * sx, (top + self.image_size) * sy)
+            flip = False
+        return Encoded(torch.frombuffer(bytearray(data), dtype=torch.uint8), box, flip, path)
+
+
+# ---- batches ----------------------------------------------------------------------------------------------
+
+
+def collate(samples: list[tuple[Any, int]]) -> tuple[Any, ...]:
+    """(images uint8 NCHW, labels int64) when every sample was decoded by a worker; else
+    (decoded crops uint8 (m, C, S, S), labels (N,), their rows (m,), HostJpegs): the GPU decodes the rest."""
+    labels = torch.tensor([label for _, label in samples], dtype=torch.int64)
+    decoded = [(row, img) for row, (img, _) in enumerate(samples) if isinstance(img, torch.Tensor)]
+    if len(decoded) == len(samples):
+        return torch.stack([img for _, img in decoded]), labels
+    jpegs = [(row, s) for row, (s, _) in enumerate(samples) if isinstance(s, Encoded)]
+    offsets = [0]
+    for _, e in jpegs:
+        offsets.append(offsets[-1] + e.data.numel())
+    host = HostJpegs(torch.cat([e.data for _, e in jpegs]), offsets,
+                     torch.tensor([e.box for _, e in jpegs], dtype=torch.float32),
+                     torch.tensor([e.flip for _, e in jpegs], dtype=torch.bool),
+                     torch.tensor([row for row, _ in jpegs], dtype=torch.int64), [e.path for _, e in jpegs])
+    if decoded:
+        pixels = torch.stack([img for _, img in decoded])
+    else:
+        side = 0  # (no decoded crop in this batch: an empty block)
+        pixels = torch.empty((0, 3, side, side), dtype=torch.uint8)
+    return pixels, labels, torch.tensor([row for row, _ in decoded], dtype=torch.int64), host
+
+
+def decode_jpegs(jpegs: HostJpegs, device: torch.device, skip_bad: bool) -> tuple[list[torch.Tensor], list[int]]:
+    """The batch's JPEGs decoded on `device` (one batched call), as uint8 CHW RGB; and the indices of the
+    ones that could not be (only when skip_bad; else a BadImageError names the first)."""
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    tensors = jpegs.tensors()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torchvision 0.29 deprecates its decoders in favour of TorchCodec)
+        try:
+            return list(decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device)), []
+        except RuntimeError:  # one bad file fails the batched call: find it
+            images, bad = [], []
+            for i, t in enumerate(tensors):
+                try:
+                    images.append(decode_jpeg(t, mode=ImageReadMode.RGB, device=device))
+                except RuntimeError as exc:
+                    if not skip_bad:
+                        raise bad_file(jpegs.paths[i], exc) from None
+                    bad.append(i)
+            return images, bad
+
+
+def crop_resize(images: list[torch.Tensor], boxes: torch.Tensor, size: int,
+                max_elements: int = 1 << 26) -> torch.Tensor:
+    """Each image's box (x0, y0, x1, y1, pixel edges) resized to size x size, for the whole batch in a few
+    roi_align calls: the images are stacked one under the other on a canvas (as wide as the widest), in
+    chunks of at most `max_elements` canvas values. roi_align's adaptive sampling averages ceil(box/size)^2
+    bilinear samples per output pixel: an antialiased downscale. Returns float (N, C, size, size), 0..255."""
+    from torchvision.ops import roi_align
+
+    device = images[0].device
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    out = torch.empty((len(images), 3, size, size), dtype=torch.float32, device=device)
+    boxes = boxes.to(device=device, dtype=torch.float32)
+    start = 0
+    while start < len(images):  # each image's slot: the image, then a copy of its last row and column
+        end, rows, width = start, 0, 0  # (roi_align reads up to half a pixel past a box's edge)
+        while end < len(images):
+            h, w = images[end].shape[-2:]
+            if end > start and (rows + h + 1) * max(width, w + 1) * 3 > max_elements:
+                break
+            rows, width, end = rows + h + 1, max(width, w + 1), end + 1
+        canvas = torch.zeros((1, 3, rows, width), dtype=dtype, device=device)
+        tops, y = [], 0
+        for img in images[start:end]:
+            tops.append(y)
+            y += img.shape[-2] + 1
+        dst, src = [], []
+        for t, img in zip(tops, images[start:end], strict=True):
+            h, w = img.shape[-2:]
+            slot = canvas[0, :, t:t + h + 1, :w + 1]
+            dst += [slot[:, :h, :w], slot[:, h, :w], slot[:, :h, w], slot[:, h, w]]
+            src += [img, img[:, h - 1], img[:, :, w - 1], img[:, h - 1, w - 1]]
+        torch._foreach_copy_(dst, src)
+        shift = torch.tensor(tops, dtype=torch.float32, device=device)
+        chunk = boxes[start:end].clone()
+        chunk[:, 1] += shift
+        chunk[:, 3] += shift
+        rois = torch.cat([torch.zeros((end - start, 1), dtype=torch.float32, device=device), chunk], dim=1)
+        out[start:end] = roi_align(canvas, rois.to(dtype), (size, size), spatial_scale=1.0, sampling_ratio=0,
+                                   aligned=True).float()
+        start = end
+    return out
+
+
+class Normalizer:
+    """uint8 or 0..255 float NCHW on the device -> float, ImageNet-normalized (channels_last if asked)."""
+
+    def __init__(self, channels_last: bool):
+        self.channels_last = channels_last
+        self._cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device not in self._cache:
+            mean = torch.tensor(MEAN, device=x.device).view(1, 3, 1, 1)
+            self._cache[x.device] = (mean, 1.0 / torch.tensor(STD, device=x.device).view(1, 3, 1, 1))
+        mean, inv_std = self._cache[x.device]
+        x = (x.float() - mean) * inv_std
+        if self.channels_last and x.device.type == "cuda":
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x
+
+
+def gpu_batch(batch: tuple[Any, ...], size: int, skip_bad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A mixed batch (see `collate`) as one 0..255 float NCHW batch on the labels' device, and its labels."""
+    pixels, labels, pixel_rows, jpegs = batch
+    device = labels.device
+    out = torch.empty((len(labels), 3, size, size), dtype=torch.float32, device=device)
+    keep = torch.ones(len(labels), dtype=torch.bool, device=device)
+    if len(pixel_rows):
+        out[pixel_rows.to(device)] = pixels.to(device).float()
+    images, bad = decode_jpegs(jpegs, device, skip_bad)
+    rows, boxes, flips = jpegs.rows.to(device), jpegs.boxes, jpegs.flips.to(device)
+    if bad:
+        good = [i for i in range(len(jpegs)) if i not in set(bad)]
+        log.warning("left out %d JPEG(s) nvJPEG could not decode (data.on_bad_file=skip): %s", len(bad),
+                    ", ".join(jpegs.paths[i] for i in bad))
+        keep[rows[bad]] = False
+        rows, boxes, flips = rows[good], boxes[good], flips[good]
+    if images:
+        crops = crop_resize(images, boxes, size)
+        crops = torch.where(flips.view(-1, 1, 1, 1), crops.flip(-1), crops)
+        out[rows] = crops
+    if bad:
+        return out[keep], labels[keep]
+    return out, labels
+
+
+# ---- the recipe -------------------------------------------------------------------------------------------
+
+
+def cpu_share(workers: int) -> float:
+    """data.decode=auto: the share of each batch the CPU workers decode, so that they and the GPU's decoder
+    (beside training) finish together at the rates measured (MEASURED.md)."""
+    cpu = workers * CPU_RATE_PER_WORKER
+    return cpu / (cpu + GPU_DECODE_RATE_BESIDE_TRAINING)
+
+
+def default_workers(cfg) -> int:
+    """data.workers, or as the launcher counts them when null: the cores this process may use, less one."""
+    if cfg.data.workers is not None:
+        return int(cfg.data.workers)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
+class ImageFolder(Recipe):
+    Config = ImageFolderConfig
+    hp: ImageFolderConfig
+    unit = "images"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.decode = "cpu"  # where this worker's batches are decoded (decided in load)
+        self._normalize = Normalizer(bool(cfg.perf.channels_last))
+
+    def prepare(self) -> None:
+        """Check the folder's layout (in the launcher, once; no image is opened)."""
+        scan(data_root(self.cfg))
+
+    def decode_plan(self, cuda: bool) -> tuple[str, float]:
+        """(cpu | gpu | auto, the share of samples meant for the GPU decoder), said in one log line."""
+        asked = str(self.cfg.data.decode)
+        if asked == "cpu" or not cuda:
+            if asked == "gpu":
+                log.warning("data.decode=gpu: no CUDA device here; the DataLoader workers decode the images "
+                            "instead (as data.decode=cpu)")
+            elif asked == "auto":
+                log.info("data.decode=auto: no CUDA device, so the DataLoader workers decode (PIL)")
+            return "cpu", 0.0
+        if asked == "gpu":
+            log.info("data.decode=gpu: JPEGs decoded by nvJPEG on the GPU in batches, off the compute stream; "
+                     "other files (PNG, grey, CMYK, progressive) by the DataLoader workers")
+            return "gpu", 1.0
+        workers = default_workers(self.cfg)
+        share = cpu_share(workers) if workers > 0 else 0.0
+        log.info("data.decode=auto: %d%% of each batch decoded by the %d DataLoader workers (PIL), %d%% by nvJPEG "
+                 "on the GPU (a fixed split from measured rates: %.0f img/s per worker, %.0f img/s of GPU decoding "
+                 "beside training); data.decode=cpu or gpu picks one", round(100 * share), workers,
+                 round(100 * (1 - share)), CPU_RATE_PER_WORKER, GPU_DECODE_RATE_BESIDE_TRAINING)
+        return "auto", 1.0 - share
+
+    def load(self) -> tuple[ImageFolderSplit, ImageFolderSplit]:
+        folders = scan(data_root(self.cfg))
+        self.decode, gpu_share = self.decode_plan(torch.cuda.is_available())
+        common = dict(image_size=self.hp.image_size, eval_resize=self.hp.eval_side, min_scale=self.hp.min_scale,
+                      seed=self.cfg.seed, gpu_share=gpu_share, skip_bad=str(self.cfg.data.on_bad_file) == "skip")
+        return (ImageFolderSplit(folders["train"], train=True, **common),
+                ImageFolderSplit(folders["val"], train=False, **common))
+
+    def collate(self, samples: list[Any]) -> Any:
+        return collate(samples)
+
+    def on_after_batch_transfer(self, batch: Any, training: bool) -> Any:
+        if len(batch) == 4:  # some samples still to decode (see collate)
+            x, labels = gpu_batch(batch, self.hp.image_size, str(self.cfg.data.on_bad_file) == "skip")
+            return self._normalize(x), labels
+        x, labels = batch
+        return self._normalize(x), labels
+
+    def loss(self) -> nn.Module:
+        return nn.CrossEntropyLoss(label_smoothing=self.hp.label_smoothing)
+
+    def build_model(self, num_classes: int) -> nn.Module:
+        import torchvision
+
+        kwargs: dict[str, Any] = {"weights": None, "num_classes": num_classes}
+        name = self.hp.model
+        if name in ("googlenet", "inception_v3"):  # their auxiliary heads would make the output a tuple
+            kwargs.update(aux_logits=False, init_weights=True)
+        if name.startswith("vit_"):
+            kwargs["image_size"] = self.hp.image_size
+        return torchvision.models.get_model(name, **kwargs)

@@ -1,0 +1,58 @@
+"""recipe=imagefolder end to end: a small ImageNet-layout folder (tests/imagefolders.py) trained by `launch` on the
+CPU, on one rank and on two gloo ranks, through the launcher's Dataset path (DataLoader workers, collate,
+on_after_batch_transfer). Skipped until that path (launcher/train/loader.py) lands."""
+
+import pytest
+
+from tests.imagefolders import write_image_folder
+
+pytestmark = [pytest.mark.distributed, pytest.mark.skip(reason="needs the Dataset seam")]
+
+TINY = ("recipe=imagefolder", "recipe.model=resnet18", "recipe.image_size=32", "gpus=[]", "epochs=2", "batch_size=8",
+        "data.workers=1")
+
+
+@pytest.fixture
+def folder(tmp_path_factory):
+    return write_image_folder(tmp_path_factory.mktemp("imagenet"))
+
+
+def test_it_trains_on_one_rank_and_counts_images(launch, folder):
+    result = launch(*TINY, f"data.root={folder}")
+    assert result.returncode == 0, result.output
+    r = result.results()
+    assert r["recipe"] == "imagefolder" and r["model"] == "resnet18"
+    assert 0.0 <= r["test_acc"] <= 1.0 and "images_per_s" in result.run_dir().joinpath("metrics.jsonl").read_text()
+
+
+def test_it_trains_on_two_gloo_ranks_that_agree(launch, folder):
+    result = launch(*TINY, f"data.root={folder}", "strategy=ddp", "nprocs=2")
+    assert result.returncode == 0, result.output
+    assert result.results()["ranks_agree"]
+
+
+def test_decode_gpu_on_the_cpu_says_so_and_trains(launch, folder):
+    result = launch(*TINY, f"data.root={folder}", "data.decode=gpu", "epochs=1")
+    assert result.returncode == 0, result.output
+    assert "data.decode=gpu: no CUDA device here" in result.output
+
+
+def test_a_bad_file_is_one_line_or_skipped_and_counted(launch, folder):
+    bad = folder / "train" / "ant" / "ant_003.JPEG"
+    bad.write_bytes(bad.read_bytes()[:200])
+    stopped = launch(*TINY, f"data.root={folder}", "epochs=1")
+    assert stopped.returncode == 2 and "ant_003.JPEG cannot be decoded" in stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    skipped = launch(*TINY, f"data.root={folder}", "epochs=1", "data.on_bad_file=skip")
+    assert skipped.returncode == 0, skipped.output
+    assert skipped.results().get("skipped") == 1
+
+
+def test_a_folder_without_val_is_refused_before_any_worker(launch, tmp_path):
+    root = write_image_folder(tmp_path / "data", 2, 1, odd_files=False)
+    import shutil
+
+    shutil.rmtree(root / "val")
+    result = launch(*TINY, f"data.root={root}", timeout=60)
+    assert result.returncode == 2 and "has no val/ folder" in result.stderr
+    assert not list((tmp_path).glob("outputs/**/train.log"))

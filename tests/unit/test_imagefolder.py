@@ -1,0 +1,295 @@
+"""recipe=imagefolder without a launch: the folder's checks (one line each), the datasets' crops (shapes,
+dtypes, determinism, evaluation geometry, any image mode), bad files, and the GPU path's code run on the CPU
+(batched decode_jpeg, crops by one roi_align) against the CPU path."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from launcher.errors import LaunchError
+from launcher.recipes.imagefolder import (
+    BadImageError,
+    HostJpegs,
+    ImageFolder,
+    ImageFolderSplit,
+    collate,
+    cpu_share,
+    decode_eval_crop,
+    eval_geometry,
+    gpu_batch,
+    scan,
+)
+from tests.conftest import config_of
+from tests.imagefolders import CLASSES, write_image_folder
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return write_image_folder(tmp_path_factory.mktemp("imagenet"))
+
+
+def refusal(root: Path) -> str:
+    with pytest.raises(LaunchError) as err:
+        scan(root)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(f"data.root={root} is not valid: ")
+    assert err.value.exit_code == 2
+    return text
+
+
+# ---- the folder --------------------------------------------------------------------------------------------
+
+
+def test_the_folder_reads_like_torchvisions_imagefolder(folder):
+    from torchvision.datasets import ImageFolder as Reference
+
+    splits = scan(folder)
+    for split in ("train", "val"):
+        ref = Reference(str(folder / split), allow_empty=False)
+        assert splits[split].classes == ref.classes == list(CLASSES)
+        assert splits[split].samples == [(p, label) for p, label in ref.samples if not p.endswith(".txt")]
+    names = {Path(p).name for p, _ in splits["train"].samples}
+    assert "notes.txt" not in names and {"grey.jpg", "cmyk.jpg", "palette.png", "deep16.png", "alpha.PNG"} <= names
+    assert len(splits["train"].samples) == 3 * 8 + 6 and len(splits["val"].samples) == 3 * 4
+
+
+def test_each_layout_problem_is_one_line_naming_it(tmp_path):
+    assert "no such folder" in refusal(tmp_path / "nowhere")
+    (tmp_path / "a_file").write_text("x")
+    assert "is a file, not a folder" in refusal(tmp_path / "a_file")
+
+    root = tmp_path / "data"
+    (root / "images").mkdir(parents=True)
+    assert "has no train/ folder (it holds images/)" in refusal(root)
+    write_image_folder(root, 2, 1, odd_files=False)
+    shutil.rmtree(root / "val")
+    assert "has no val/ folder" in refusal(root) and "sort it into val/<class>/" in refusal(root)
+
+    write_image_folder(root, 2, 1, odd_files=False)
+    (root / "val" / "dog").mkdir()
+    Image.new("RGB", (8, 8)).save(root / "val" / "dog" / "d.jpg")
+    assert "only in val/: dog" in refusal(root)
+    shutil.rmtree(root / "val" / "dog")
+    shutil.rmtree(root / "val" / "bee")
+    assert "only in train/: bee" in refusal(root)
+
+    write_image_folder(root, 2, 1, odd_files=False)
+    for f in (root / "train" / "cat").iterdir():
+        f.unlink()
+    (root / "train" / "cat" / "readme.txt").write_text("no images here")
+    assert "train/cat/ holds no images (files ending .jpg .jpeg .png .bmp .webp" in refusal(root)
+
+    flat = tmp_path / "flat"
+    (flat / "val" / "x").mkdir(parents=True)
+    (flat / "train").mkdir()
+    Image.new("RGB", (8, 8)).save(flat / "train" / "a.jpg")
+    assert "train/ holds images but no class folders" in refusal(flat)
+
+
+def test_hidden_files_and_folders_are_no_classes_or_images(tmp_path):
+    root = write_image_folder(tmp_path, 2, 1, odd_files=False)
+    (root / "train" / ".ipynb_checkpoints").mkdir()
+    (root / "train" / "ant" / "._ant_000.JPEG").write_bytes(b"\0\5AppleDouble")
+    splits = scan(root)
+    assert splits["train"].classes == list(CLASSES)
+    assert all(not Path(p).name.startswith(".") for p, _ in splits["train"].samples)
+
+
+def test_prepare_refuses_before_any_worker_and_writes_nothing_beside_the_data(folder, tmp_path):
+    before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+    recipe = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "gpus=[]"))
+    recipe.prepare()
+    assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+    with pytest.raises(LaunchError, match="no such folder"):
+        ImageFolder(config_of("recipe=imagefolder", f"data.root={tmp_path / 'none'}", "gpus=[]")).prepare()
+
+
+def test_config_checks_the_model_and_sizes():
+    with pytest.raises(LaunchError, match=r"recipe.model=resnet5 is not valid: a torchvision classification model, "
+                                          r"e\.g\. .*resnet50.*list_models"):
+        config_of("recipe=imagefolder", "recipe.model=resnet5")
+    with pytest.raises(LaunchError, match="recipe.eval_resize=100 is not valid: must be 0"):
+        config_of("recipe=imagefolder", "recipe.eval_resize=100")
+    with pytest.raises(LaunchError, match="recipe.min_scale=0.0 is not valid"):
+        config_of("recipe=imagefolder", "recipe.min_scale=0")
+    cfg = config_of("recipe=imagefolder", "recipe.model=resnet18")
+    assert cfg.recipe.eval_side == 256 and cfg.batch_size == 256 and cfg.perf.channels_last
+
+
+# ---- the datasets -----------------------------------------------------------------------------------------
+
+
+def split(folder, train=True, **kw) -> ImageFolderSplit:
+    folders = scan(folder)
+    ds = ImageFolderSplit(folders["train" if train else "val"], train=train, image_size=kw.pop("size", 32),
+                          eval_resize=kw.pop("resize", 37), **kw)
+    ds.set_epoch(kw.get("epoch", 0))
+    return ds
+
+
+def test_every_image_mode_becomes_an_rgb_uint8_crop(folder):
+    ds = split(folder)
+    for i in range(len(ds)):
+        x, y = ds[i]
+        assert x.shape == (3, 32, 32) and x.dtype == torch.uint8 and y == ds.targets[i]
+    by_name = {Path(p).name: i for i, (p, _) in enumerate(ds.samples)}
+    deep = ds[by_name["deep16.png"]][0]  # 16-bit grey: scaled to 8 bits, not clipped to white
+    assert 20 < deep.float().mean() < 235 and torch.equal(deep[0], deep[1])
+    assert torch.equal(ds[by_name["grey.jpg"]][0][0], ds[by_name["grey.jpg"]][0][2])
+
+
+def test_augmentation_repeats_for_the_same_seed_epoch_and_index_and_changes_with_them(folder):
+    a, b = split(folder, seed=1), split(folder, seed=1)
+    assert all(torch.equal(a[i][0], b[i][0]) for i in range(len(a)))
+    b.set_epoch(1)
+    assert sum(not torch.equal(a[i][0], b[i][0]) for i in range(len(a))) > len(a) // 2
+    c = split(folder, seed=2)
+    assert sum(not torch.equal(a[i][0], c[i][0]) for i in range(len(a))) > len(a) // 2
+
+
+def test_without_set_epoch_each_pass_still_draws_new_crops(folder):
+    ds = ImageFolderSplit(scan(folder)["train"], train=True, image_size=32, eval_resize=37)
+    first = [ds[i][0] for i in range(6)]
+    assert any(not torch.equal(first[i], ds[i][0]) for i in range(6))
+
+
+def test_the_workers_of_a_dataloader_draw_the_same_crops_as_the_main_process(folder):
+    ds = split(folder)
+    loader = torch.utils.data.DataLoader(ds, batch_size=5, num_workers=2, collate_fn=collate,
+                                         multiprocessing_context="fork")
+    x = torch.cat([b[0] for b in loader])
+    assert torch.equal(x, torch.stack([ds[i][0] for i in range(len(ds))]))
+
+
+def test_evaluation_is_resize_then_center_crop_as_torchvision_does_it(folder):
+    from torchvision.transforms import v2
+
+    ds = split(folder, train=False, size=32, resize=40, draft=False)
+    reference = v2.Compose([v2.Resize(40), v2.CenterCrop(32), v2.PILToTensor()])
+    for i in range(len(ds)):
+        with Image.open(ds.samples[i][0]) as img:
+            ref = reference(img.convert("RGB"))
+        assert (ds[i][0].int() - ref.int()).abs().max() <= 1
+    assert eval_geometry(300, 200, 256, 224) == (384, 256, 80, 16)
+    assert split(folder, train=False)[0][0].shape == (3, 32, 32)
+
+
+def test_jpeg_draft_decoding_changes_pixels_little(tmp_path):
+    from tests.imagefolders import smooth_image
+
+    rng = __import__("numpy").random.default_rng(0)
+    path = tmp_path / "big.jpg"
+    Image.fromarray(smooth_image(rng, 480, 360, 0)).save(path, quality=90)
+    with Image.open(path) as a, Image.open(path) as b:
+        drafted, full = decode_eval_crop(a, 64, 56, draft=True), decode_eval_crop(b, 64, 56, draft=False)
+        assert a.size == (120, 90)  # decoded at 1/4 scale, still larger than the 85x64 it is resized to
+    diff = abs(drafted.astype(int) - full.astype(int))
+    assert drafted.shape == full.shape == (56, 56, 3) and diff.mean() < 2.0
+
+
+# ---- bad files ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def broken(tmp_path) -> Path:
+    root = write_image_folder(tmp_path, 3, 1, odd_files=False)
+    good = (root / "train" / "ant" / "ant_000.JPEG").read_bytes()
+    (root / "train" / "ant" / "ant_001.JPEG").write_bytes(good[: len(good) // 2])  # truncated
+    (root / "train" / "bee" / "bee_001.JPEG").write_bytes(b"not a jpeg at all")
+    return root
+
+
+@pytest.mark.parametrize("gpu_share", [0.0, 1.0])
+def test_a_bad_file_stops_with_one_line_naming_it_or_is_skipped(broken, gpu_share):
+    stops = split(broken, gpu_share=gpu_share)
+    by_name = {Path(p).name: i for i, (p, _) in enumerate(stops.samples)}
+    for name in ("ant_001.JPEG", "bee_001.JPEG"):
+        with pytest.raises(BadImageError) as err:
+            stops[by_name[name]]
+        assert name in str(err.value) and "data.on_bad_file=skip" in str(err.value) and "\n" not in str(err.value)
+    skips = split(broken, gpu_share=gpu_share, skip_bad=True)
+    got = [skips[i] for i in range(len(skips))]
+    assert [i for i, s in enumerate(got) if s is None] == sorted(by_name[n] for n in ("ant_001.JPEG", "bee_001.JPEG"))
+
+
+def test_a_bad_file_raised_in_a_dataloader_worker_is_still_one_line(broken):
+    loader = torch.utils.data.DataLoader(split(broken), batch_size=4, num_workers=1, collate_fn=collate,
+                                         multiprocessing_context="fork")
+    with pytest.raises(BadImageError) as err:
+        list(loader)
+    assert "\n" not in str(err.value) and "ant_001.JPEG cannot be decoded" in str(err.value)
+
+
+def test_the_gpu_path_names_a_jpeg_nvjpeg_cannot_decode(broken, tmp_path):
+    path = broken / "train" / "cat" / "cat_001.JPEG"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3: len(data) // 3 + 400] = b"\xff" * 400  # corrupt scan data, end marker kept
+    path.write_bytes(bytes(data))
+    ds = split(broken, gpu_share=1.0)
+    rows = [i for i, (p, _) in enumerate(ds.samples) if "cat_00" in p]
+    batch = collate([ds[i] for i in rows])
+    assert isinstance(batch[-1], HostJpegs)
+    try:
+        x, y = gpu_batch(batch, 32, skip_bad=True)
+    except BadImageError:
+        pytest.fail("skip must not raise")
+    assert len(x) in (len(rows), len(rows) - 1)  # (a decoder may also decode the damaged scan to noise)
+
+
+# ---- the GPU path's code, on the CPU ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_batched_decode_and_roi_align_crops_match_the_cpu_path(folder, train):
+    cpu = split(folder, train=train, draft=False)
+    gpu = split(folder, train=train, gpu_share=1.0)
+    batch = collate([gpu[i] for i in range(len(gpu))])
+    pixels, labels, rows, jpegs = batch
+    assert len(jpegs) >= len(gpu) - 6 and len(rows) + len(jpegs) == len(gpu)
+    names = {Path(p).name for p in jpegs.paths}
+    assert not names & {"grey.jpg", "cmyk.jpg", "palette.png", "deep16.png", "progressive.jpg", "alpha.PNG"}
+    x, y = gpu_batch(batch, 32, skip_bad=False)
+    ref = torch.stack([cpu[i][0] for i in range(len(cpu))]).float()
+    assert x.shape == ref.shape and x.dtype == torch.float32 and torch.equal(y, torch.tensor(cpu.targets))
+    diff = (x - ref).abs()
+    assert diff.mean() < 1.5 and diff.mean(dim=(1, 2, 3)).max() < 3.0  # (of 255)
+
+
+def test_on_after_batch_transfer_normalizes_both_kinds_of_batch(folder):
+    recipe = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "gpus=[]", "recipe.image_size=32"))
+    train, _ = recipe.load()
+    assert recipe.decode == "cpu" and recipe.num_classes(train) == 3
+    plain = recipe.collate([train[i] for i in range(8)])
+    x, y = recipe.on_after_batch_transfer(plain, training=True)
+    assert x.shape == (8, 3, 32, 32) and x.dtype == torch.float32 and -3 < x.mean() < 3 and y.dtype == torch.int64
+    gpu = split(folder, gpu_share=1.0)
+    mixed = recipe.collate([gpu[i] for i in range(len(gpu))])
+    x2, y2 = recipe.on_after_batch_transfer(mixed, training=True)
+    assert x2.shape == (len(gpu), 3, 32, 32) and -3 < x2.mean() < 3
+
+
+def test_decode_gpu_without_cuda_says_so_and_decodes_on_the_cpu(folder, caplog):
+    recipe = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "gpus=[]", "data.decode=gpu"))
+    with caplog.at_level("INFO", logger="launcher.train"):
+        assert recipe.decode_plan(cuda=False) == ("cpu", 0.0)
+        assert recipe.decode_plan(cuda=True) == ("gpu", 1.0)
+    assert "no CUDA device here" in caplog.text
+    auto = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "data.decode=auto", "data.workers=15"))
+    with caplog.at_level("INFO", logger="launcher.train"):
+        mode, share = auto.decode_plan(cuda=True)
+    assert mode == "auto" and share == pytest.approx(1 - cpu_share(15)) and "49% of each batch" in caplog.text
+    ds = split(folder, gpu_share=share)
+    on_gpu = sum(ds._on_gpu(i) for i in range(1000))
+    assert abs(on_gpu / 1000 - share) < 0.06
+
+
+def test_the_model_is_torchvisions_untrained(folder):
+    recipe = ImageFolder(config_of("recipe=imagefolder", "recipe.model=resnet18", "gpus=[]"))
+    model = recipe.build_model(3)
+    assert model.fc.out_features == 3
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 3)
