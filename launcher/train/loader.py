@@ -46,6 +46,12 @@ def default_workers(local_ranks: int) -> int:
     return max(0, cores // max(1, local_ranks) - 1)
 
 
+def _tied_to_rank(worker_id: int) -> None:
+    from launcher.lifetime import die_with_parent
+
+    die_with_parent()
+
+
 class _Rows:
     """A batch sampler whose batches are set per epoch (`rows`): persistent workers keep the DataLoader,
     which asks its batch sampler afresh at every iteration."""
@@ -108,7 +114,10 @@ class DatasetSplit:
         common: dict[str, Any] = {"num_workers": self.workers, "pin_memory": pin,
                                   "collate_fn": _Collate(recipe.collate), "persistent_workers": self.workers > 0}
         if self.workers > 0:
-            common["prefetch_factor"] = options.worker_prefetch
+            # Forked from this rank (not from launch's forkserver, the process-wide default here): they
+            # are its children, and die with it (parent-death signal) however it ends.
+            common.update(prefetch_factor=options.worker_prefetch, multiprocessing_context="fork",
+                          worker_init_fn=_tied_to_rank)
         if self.iterable:
             self.length = _length(dataset)
             self.loader = DataLoader(_RankShard(dataset, world_size, rank), batch_size=max(1, per_rank_batch),
@@ -120,6 +129,12 @@ class DatasetSplit:
 
     def __len__(self) -> int:
         return self.length or 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Tell the Dataset which epoch its samples are drawn for, where it asks (`set_epoch`, as for
+        DistributedSampler): augmentation drawn per (seed, epoch, sample) repeats on a resume."""
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
 
     def batches(self, rows: Iterable[torch.Tensor] | torch.Tensor) -> Iterator[tuple[Any, torch.Tensor]]:
         """(batch on the device, its sample indices on the host) for each row of indices (map-style); for a

@@ -593,6 +593,8 @@ class Trainer:
             row["resumed_at_step"] = first  # (its figures cover the steps from there)
         self.nets.train.train()
         order = self._order(epoch)[first:]
+        if hasattr(self.data.train, "set_epoch"):
+            self.data.train.set_epoch(epoch)
         sums.zero()
         skipped_before = self.data.skipped
         self.step.epoch.fill_(epoch)

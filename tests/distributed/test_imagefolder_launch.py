@@ -6,7 +6,7 @@ import pytest
 
 from tests.imagefolders import write_image_folder
 
-pytestmark = [pytest.mark.distributed, pytest.mark.skip(reason="needs the Dataset seam")]
+pytestmark = [pytest.mark.distributed]
 
 TINY = ("recipe=imagefolder", "recipe.model=resnet18", "recipe.image_size=32", "gpus=[]", "epochs=2", "batch_size=8",
         "data.workers=1")
@@ -45,7 +45,7 @@ def test_a_bad_file_is_one_line_or_skipped_and_counted(launch, folder):
     assert "Traceback" not in stopped.stderr
     skipped = launch(*TINY, f"data.root={folder}", "epochs=1", "data.on_bad_file=skip")
     assert skipped.returncode == 0, skipped.output
-    assert skipped.results().get("skipped") == 1
+    assert skipped.results().get("skipped_samples") == 1
 
 
 def test_a_folder_without_val_is_refused_before_any_worker(launch, tmp_path):

@@ -1,0 +1,154 @@
+"""A user's own work: a Dataset recipe in a plain file, its own loss and figures, a network from config, and
+the launcher's global order kept by a resume in the middle of an epoch, on another number of ranks too."""
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+OWN = Path(__file__).parent / "data" / "own"
+
+
+def _run_dir(result) -> Path:
+    return Path(re.search(r"run dir: (\S+)", result.output).group(1))
+
+
+def _results(result) -> dict:
+    return json.loads((_run_dir(result) / "results.json").read_text())
+
+
+@pytest.fixture
+def project(tmp_path):
+    for f in OWN.glob("*.py"):
+        shutil.copy(f, tmp_path / f.name)  # the user's project dir: recipe files beside them
+    return tmp_path
+
+
+def test_a_regression_dataset_in_a_plain_file_trains_and_its_rmse_falls(launch, project):
+    result = launch("recipe=regression", "gpus=[]", "epochs=3", "batch_size=128", "optim=adamw", "lr=0.01",
+                    "sweep.objective=test_rmse", "data.workers=1")
+    assert result.returncode == 0, result.output
+    rows = [json.loads(line) for line in (result.run_dir() / "metrics.jsonl").read_text().splitlines()]
+    rmse = [r["test_rmse"] for r in rows]
+    assert rmse[-1] < rmse[0] and all(math.isclose(r["test_rmse"], math.sqrt(r["test_mse"])) for r in rows)
+    r = result.results()
+    assert r["test_rmse"] == rmse[-1] and r["best_test_rmse"] == min(rmse)  # minimized: an error
+    assert "samples_per_s" in rows[0] and "train_acc" not in rows[0]
+    assert re.search(r"epoch 3/3  loss \S+  test_mse \S+  test_rmse \S+", result.output)
+    assert "done in" in result.output and "test_rmse" in result.output.splitlines()[-1]
+    assert (result.run_dir() / "curves.png").is_file()
+    # launch eval reports the same figures
+    trained = result.run_dir()
+    evaluated = launch("eval", str(trained), "gpus=[]")
+    assert evaluated.returncode == 0, evaluated.output
+    eval_json = json.loads(next(project.glob("outputs/**/eval.json")).read_text())
+    assert math.isclose(eval_json["test_rmse"], rmse[-1], rel_tol=1e-5)
+
+
+def test_evaluation_figures_are_exact_over_uneven_shards_on_two_ranks(launch, project):
+    """819 evaluation samples: an uneven last shard. One rank and two score the same set the same way, and
+    (the same global batch, the same order) train the same: the figures agree, not a mean of rank means."""
+    common = ("recipe=regression", "gpus=[]", "epochs=2", "batch_size=64", "eval.batch_size=100", "optim=adamw",
+              "lr=0.01", "data.workers=0")
+    one = launch(*common)
+    two = launch(*common, "strategy=ddp", "nprocs=2")
+    assert one.returncode == 0 and two.returncode == 0, two.output
+    assert _results(two)["ranks_agree"]
+    assert math.isclose(_results(one)["test_mse"], _results(two)["test_mse"], rel_tol=1e-4)
+
+
+def _steps(run_cwd: Path, ranks: int) -> list[list[int]]:
+    """Each global step's samples, every rank's share together, in the order trained."""
+    per_rank = [[json.loads(line) for line in (run_cwd / f"indices-{r}.jsonl").read_text().splitlines()]
+                for r in range(ranks)]
+    return [sorted(i for share in step for i in share) for step in zip(*per_rank, strict=True)]
+
+
+def test_a_restart_inside_an_epoch_continues_the_global_order(launch, project, tmp_path_factory):
+    common = ("recipe=indexed", "gpus=[]", "epochs=2", "batch_size=8", "optim=adamw", "data.workers=1",
+              "strategy=ddp", "nprocs=2")
+    whole = launch(*common)
+    assert whole.returncode == 0, whole.output
+    uninterrupted = _steps(project, 2)
+    assert len(uninterrupted) == 24 and sorted(sum(uninterrupted[:12], [])) == list(range(96))
+    assert whole.results()["final"]["train_abs_err"] >= 0 and "test_count" in whole.results()["final"]
+    # the same run failing at step 17 (epoch 2, step 6), saved every 4 steps, restarted once
+    elsewhere = tmp_path_factory.mktemp("restarted")
+    for f in OWN.glob("*.py"):
+        shutil.copy(f, elsewhere / f.name)
+    from tests.conftest import launch_command
+
+    import subprocess
+
+    proc = subprocess.run(launch_command(*common, "checkpoint_every_steps=4", "fault.rank=1", "fault.step=17",
+                                         "max_restarts=1"), cwd=elsewhere, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resuming epoch 2 at step 5 of 12" in proc.stdout + proc.stderr
+    # each rank's shares: before the failure steps 0-16 as in the uninterrupted run (rank 1 failed at step 17
+    # before training it; rank 0 may have begun it), then after the restart steps 16-23 (the checkpoint was
+    # 4 steps into epoch 2), again as in the uninterrupted run
+    for rank in range(2):
+        mine = [json.loads(x) for x in (elsewhere / f"indices-{rank}.jsonl").read_text().splitlines()]
+        whole_rank = [json.loads(x) for x in (project / f"indices-{rank}.jsonl").read_text().splitlines()]
+        assert mine[:17] == whole_rank[:17] and mine[-8:] == whole_rank[16:]
+
+
+def test_a_checkpoint_inside_an_epoch_resumes_on_one_rank_in_the_same_order(launch, project, tmp_path_factory):
+    two = launch("recipe=indexed", "gpus=[]", "epochs=2", "batch_size=8", "strategy=ddp", "nprocs=2",
+                 "checkpoint_every_steps=3", "fault.rank=0", "fault.step=8", "data.workers=0")
+    assert two.returncode == 1
+    import torch
+
+    state = torch.load(_run_dir(two) / "checkpoints" / "last.pt", weights_only=True)
+    assert (state["epoch"], state["step_in_epoch"]) == (0, 6)
+    before = [json.loads(x) for x in (project / "indices-1.jsonl").read_text().splitlines()]
+    before = [sorted(a + b) for a, b in zip((json.loads(x) for x in (project / "indices-0.jsonl").read_text()
+                                             .splitlines()), before, strict=False)]
+    for f in project.glob("indices-*.jsonl"):
+        f.unlink()
+    one = launch("recipe=indexed", f"resume={_run_dir(two)}", "gpus=[]", "data.workers=0")
+    assert one.returncode == 0, one.output
+    after = [sorted(s) for s in (json.loads(line) for line in (project / "indices-0.jsonl").read_text().splitlines())]
+    whole_dir = tmp_path_factory.mktemp("whole")
+    for f in OWN.glob("*.py"):
+        shutil.copy(f, whole_dir / f.name)
+    from tests.conftest import launch_command
+
+    import subprocess
+
+    proc = subprocess.run(launch_command("recipe=indexed", "gpus=[]", "epochs=2", "batch_size=8", "data.workers=0"),
+                          cwd=whole_dir, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    uninterrupted = _steps(whole_dir, 1)
+    assert before[:6] == uninterrupted[:6]
+    assert after == uninterrupted[6:]
+
+
+def test_a_network_from_config_with_its_arguments(launch, project):
+    result = launch("model._target_=nets.TinyNet", "+model.hidden=8", "gpus=[]", "epochs=3")
+    assert result.returncode == 0, result.output
+    assert _results(result)["model"] == "nets.TinyNet" and _results(result)["test_acc"] > 0.25
+    import torch
+
+    state = torch.load(_run_dir(result) / "checkpoints" / "last.pt", weights_only=True)
+    assert tuple(state["net_state_dict"]["3.weight"].shape) == (10, 8)  # num_classes passed by launch
+    bad = launch("model._target_=torchvision.models.no_such_net", "gpus=[]", timeout=60)
+    assert bad.returncode == 2 and "model._target_=torchvision.models.no_such_net is not valid" in bad.stderr
+    assert "Traceback" not in bad.output and not list(project.glob("outputs/**/train.log"))[1:]
+    stray = launch("+model.hidden=8", "gpus=[]", timeout=60)
+    assert stray.returncode == 2 and "model._target_ names none" in stray.stderr
+
+
+def test_a_users_step_that_raises_shows_the_users_frame(launch, project):
+    (project / "broken.py").write_text((OWN / "regression.py").read_text().replace(
+        "        x, y = batch\n        return nn.functional.mse_loss(model(x).float(), y)",
+        "        x, y = batch\n        return undefined_name(model(x), y)"))
+    result = launch("recipe=broken", "gpus=[]", "epochs=1", "data.workers=0")
+    assert result.returncode == 1
+    assert "NameError" in result.output and "broken.py" in result.output
