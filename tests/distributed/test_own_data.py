@@ -81,9 +81,9 @@ def test_a_restart_inside_an_epoch_continues_the_global_order(launch, project, t
     elsewhere = tmp_path_factory.mktemp("restarted")
     for f in OWN.glob("*.py"):
         shutil.copy(f, elsewhere / f.name)
-    from tests.conftest import launch_command
-
     import subprocess
+
+    from tests.conftest import launch_command
 
     proc = subprocess.run(launch_command(*common, "checkpoint_every_steps=4", "fault.rank=1", "fault.step=17",
                                          "max_restarts=1"), cwd=elsewhere, capture_output=True, text=True,
@@ -118,9 +118,9 @@ def test_a_checkpoint_inside_an_epoch_resumes_on_one_rank_in_the_same_order(laun
     whole_dir = tmp_path_factory.mktemp("whole")
     for f in OWN.glob("*.py"):
         shutil.copy(f, whole_dir / f.name)
-    from tests.conftest import launch_command
-
     import subprocess
+
+    from tests.conftest import launch_command
 
     proc = subprocess.run(launch_command("recipe=indexed", "gpus=[]", "epochs=2", "batch_size=8", "data.workers=0"),
                           cwd=whole_dir, capture_output=True, text=True, timeout=240)
