@@ -2,6 +2,8 @@
 
     python bench/gpt.py compare                  # GPT-2-small shape (12 x 768, 12 heads, context 1024), 1 and 2 GPUs
     python bench/gpt.py compare --gpus 1         # one GPU only
+    python bench/gpt.py compare --gpus 1 --shards '/tmp/shards/*.bin'   # GPT-2 tokens (vocabulary 50257 -> 50304):
+                                                 # bench/make_token_shards.py writes such shards
     python bench/gpt.py memory                   # 2 GPUs: peak memory per GPU, ddp vs fsdp, same model and batch
     python bench/gpt.py memory --layers 42 --width 4096 --heads 32 --context 512 --batch-per-gpu 1 --meta-init
                                                  # ~8.5B parameters: fsdp trains, ddp runs out of memory
@@ -48,8 +50,12 @@ def launch_gpt(a: argparse.Namespace, gpus: int, strategy: str, root: Path, extr
     steps = a.steps
     batch = a.batch_per_gpu * gpus
     max_bytes = steps * batch * a.context * 20 // 19 + 4 * a.context * 20  # steps per epoch, and a held-out part
+    if a.shards:  # (an epoch is the shards' windows: steps are what they hold)
+        data = [f"recipe.corpus={a.shards}", f"recipe.vocab_size={a.vocab_size}"]
+    else:
+        data = [f"recipe.max_bytes={max_bytes}"]
     run = run_launch("recipe=text", f"gpus=[{','.join(map(str, range(gpus)))}]", f"strategy={strategy}",
-                     *model_args(a), f"batch_size={batch}", f"recipe.max_bytes={max_bytes}", f"epochs={a.epochs}",
+                     *model_args(a), f"batch_size={batch}", *data, f"epochs={a.epochs}",
                      "recipe.sample_bytes=0", "eval.every=0", f"data.root={root}", "progress=lines", *extra)
     record = {"what": "launch", "strategy": strategy, "gpus": gpus, "args": list(extra), "exit_code": run.exit_code,
               "wall_s": run.wall_s}
@@ -68,7 +74,8 @@ def launch_gpt(a: argparse.Namespace, gpus: int, strategy: str, root: Path, extr
 
 def script_gpt(a: argparse.Namespace, gpus: int, stream: Path) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-               str(HERE / "gpt_script.py"), "--stream", str(stream), "--layers", str(a.layers), "--width",
+               str(HERE / "gpt_script.py"), *(["--shards", a.shards, "--vocab-size", str(a.vocab_size)] if a.shards
+                                              else ["--stream", str(stream)]), "--layers", str(a.layers), "--width",
                str(a.width), "--heads", str(a.heads), "--context", str(a.context), "--batch-per-gpu",
                str(a.batch_per_gpu), "--steps", str(a.steps), "--epochs", str(a.epochs)]
     start = time.perf_counter()
@@ -98,6 +105,8 @@ def main() -> None:
     parser.add_argument("--launch-args", nargs="*", default=[], help="more KEY=VALUE overrides for the launch runs")
     parser.add_argument("--no-script", action="store_true", help="compare: run launch only")
     parser.add_argument("--strategy", default=None, help="compare: launch's strategy (default: single on 1 GPU, ddp)")
+    parser.add_argument("--shards", default=None, help="a glob of token shards instead of the stdlib bytes")
+    parser.add_argument("--vocab-size", type=int, default=50257)
     a = parser.parse_args()
     root = Path(a.root or tempfile.mkdtemp(prefix="bench-gpt-"))
     stream = corpus(root)
