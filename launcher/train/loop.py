@@ -565,7 +565,7 @@ class Trainer:
             self.generator.manual_seed((cfg.seed * 100_003 + epoch) * 1_009 + self.strategy.rank)
             first = start.step if epoch == start.epoch else 0
             if first and start.generator is not None and self.strategy.world_size == 1:
-                self.generator.set_state(start.generator)  # (rank 0's, where it stopped: exact on one rank)
+                self.generator.set_state(start.generator.cpu())  # (rank 0's, where it stopped: exact on one rank)
             if first and self.is_main:
                 log.info("resuming epoch %d at step %d of %d", epoch + 1, first + 1, self.steps_per_epoch)
             profiling = cfg.profile and epoch == min(start.epoch + 1, cfg.epochs - 1) and self.is_main
