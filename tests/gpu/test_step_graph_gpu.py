@@ -10,6 +10,13 @@ import shutil
 
 import pytest
 
+
+def cross_entropy_step(model, batch):
+    """The built-in classifiers' training_step: cross-entropy of the batch's images against its labels."""
+    import torch
+
+    return torch.nn.functional.cross_entropy(model(batch[0]), batch[1])
+
 two_gpus = pytest.mark.two_gpus
 
 COMMON = ("recipe=cifar10", "data.synthetic=true", "epochs=3", "batch_size=1024", "seed=3", "checkpoint=false")
@@ -102,7 +109,7 @@ def test_optimizers_captured_in_the_graph_step_like_eager_ones(optimizer):
         steppers = optim.build(options[optimizer], 0.24 if optimizer != "adamw" else 1e-3, 2, model, 4,
                                fused=True, graphed=captured)
         nets = Nets(model, model, model, FlatGradients(model.parameters()))
-        step = TrainStep(nets, steppers, torch.nn.CrossEntropyLoss(), lambda x: x, None,
+        step = TrainStep(nets, steppers, cross_entropy_step, lambda x: x, None,
                          contextlib.nullcontext, device)
         return model, steppers, step
 
@@ -113,15 +120,15 @@ def test_optimizers_captured_in_the_graph_step_like_eager_ones(optimizer):
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         for i in range(2):
-            graphed(xs[i], ys[i], idx, 0, gen)
-        graphed.capture(xs[0], ys[0], idx, gen, stream=side)
+            graphed((xs[i], ys[i]), idx, 0, gen)
+        graphed.capture((xs[0], ys[0]), idx, gen, stream=side)
     torch.cuda.current_stream(device).wait_stream(side)
     checkpoint.restore(saved, None, graphed.nets, steppers_c, device, local=True)
     graphed.zero_grads()
     assert graphed.optimizers_in_graph
     for i in range(8):
-        eager(xs[i], ys[i], idx, 0, gen)
-        graphed(xs[i], ys[i], idx, 0, gen)
+        eager((xs[i], ys[i]), idx, 0, gen)
+        graphed((xs[i], ys[i]), idx, 0, gen)
     torch.cuda.synchronize()
     assert steppers_c[0].optimizer.param_groups[0]["lr"] == steppers_e[0].optimizer.param_groups[0]["lr"]
     for (name, a), b in zip(model_e.state_dict().items(), model_c.state_dict().values(), strict=True):
@@ -151,14 +158,14 @@ def test_compiled_augmentation_and_normalization_give_the_eager_batch(flip):
         return ((x.float() - mean) / std).contiguous(memory_format=torch.channels_last)
 
     model = AirbenchNet().to(device)
-    step = TrainStep(Nets(model, model, model), [], torch.nn.CrossEntropyLoss(), normalize,
+    step = TrainStep(Nets(model, model, model), [], cross_entropy_step, normalize,
                      ImageAugmentation(flip, 2, seed=1), contextlib.nullcontext, device)
     x = torch.randint(0, 256, (256, 3, 32, 32), dtype=torch.uint8, device=device)
     idx = torch.arange(256, device=device)
     epoch = torch.ones((), dtype=torch.long, device=device)
-    eager = step.inputs(x, idx, epoch, torch.Generator(device=device).manual_seed(7))
+    eager = step.inputs((x,), idx, epoch, torch.Generator(device=device).manual_seed(7))[0]
     step.compile_captured(None)
     assert step.compiled_inputs is not None
-    fused = step.inputs(x, idx, epoch, torch.Generator(device=device).manual_seed(7))
+    fused = step.inputs((x,), idx, epoch, torch.Generator(device=device).manual_seed(7))[0]
     assert fused.is_contiguous(memory_format=torch.channels_last)
     assert torch.allclose(eager, fused, atol=1e-5), (eager - fused).abs().max()
