@@ -128,6 +128,10 @@ def input_advice(fraction: float, placement: str, data_mb: float, compiled: bool
     if fraction <= INPUT_BOUND:
         return None
     share = f"training waited for input {100 * fraction:.0f}% of the epoch"
+    if placement == "workers":  # (a recipe's Datasets, through DataLoader workers)
+        return (f"input-bound: {share}: the DataLoader workers do not keep up; raise data.workers (if cores are "
+                "free) or data.worker_prefetch, make the Dataset's __getitem__ cheaper, or move decoding and "
+                "cropping to the GPU (recipe.on_after_batch_transfer; recipe=imagefolder: data.decode=gpu)")
     if placement == "host":
         return (f"input-bound: {share}; data.placement=gpu keeps the {data_mb:,.0f} MB dataset on the GPU, "
                 "or raise data.prefetch_depth")
