@@ -4,6 +4,8 @@ on_after_batch_transfer). Skipped until that path (launcher/train/loader.py) lan
 
 import pytest
 
+pytest.importorskip("torchvision", reason="recipe=imagefolder needs torchvision (pip install torchvision)")
+
 from tests.imagefolders import write_image_folder
 
 pytestmark = [pytest.mark.distributed]

@@ -8,6 +8,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("torchvision", reason="recipe=imagefolder needs torchvision (pip install torchvision)")
 import torch
 from PIL import Image
 
