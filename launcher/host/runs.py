@@ -53,6 +53,10 @@ def describe(run_dir: Path) -> dict[str, Any]:
                 continue
     accs = [r["test_acc"] for r in rows if isinstance(r.get("test_acc"), (int, float))]
     best = results.get("best_test_acc") or results.get("test_acc") or (max(accs) if accs else None)
+    # a recipe's own figure where it has no accuracy: its sweep.objective's best (minimized where an error)
+    objective = results.get("objective") if isinstance(results.get("objective"), str) else None
+    figure = results.get(f"best_{objective}") if objective and objective != "test_acc" else None
+    best_figure = {"name": objective, "value": figure} if isinstance(figure, (int, float)) else None
     if claim and pid_alive(claim.get("pid"), claim.get("host")):
         state = "running"
     elif results or ended.get("exit_code") == 0:
@@ -82,6 +86,7 @@ def describe(run_dir: Path) -> dict[str, Any]:
         "epochs": f"{len(rows)}/{values.get('epochs')}" if values.get("epochs") and not (run_dir / EVAL).exists()
         and not values.get("script") else None,  # (a script's epochs are its own business)
         "best_test_acc": best,
+        "best_figure": best_figure,
         "state": state,
         "failed_ranks": sorted({p.name for p in (run_dir / FAILURES).glob("*.json")}) if state == "failed" else [],
         "exit_code": ended.get("exit_code"),
@@ -104,11 +109,18 @@ def find(root: Path) -> list[Path]:
     return sorted(found)
 
 
+def _best(run: dict[str, Any]) -> str:
+    """The best accuracy, or the recipe's own objective figure (test_rmse 0.4354)."""
+    if isinstance(run.get("best_test_acc"), (int, float)):
+        return f"{100 * run['best_test_acc']:.2f}%"
+    figure = run.get("best_figure")
+    return f"{figure['name']} {figure['value']:.4g}" if figure else "-"
+
+
 def table(runs: list[dict[str, Any]]) -> str:
-    heads = ("started", "recipe", "strategy", "devices", "epochs", "best acc", "state", "dir")
+    heads = ("started", "recipe", "strategy", "devices", "epochs", "best", "state", "dir")
     cells = [[r["started"], r["recipe"] or "-", r["strategy"] or "-", r["devices"] or "-", r["epochs"] or "-",
-              f"{100 * r['best_test_acc']:.2f}%" if isinstance(r["best_test_acc"], (int, float)) else "-",
-              r["state"], r["dir"]] for r in runs]
+              _best(r), r["state"], r["dir"]] for r in runs]
     widths = [max(len(str(x)) for x in col) for col in zip(heads, *cells, strict=False)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
              for row in (heads, *cells)]

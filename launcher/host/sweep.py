@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config
+from launcher.config import Config, minimized
 from launcher.files import RESULTS, read_json
 from launcher.host.outcome import RunFailed, objective_of
 
@@ -78,7 +78,9 @@ def summary_row(job: SweepJob) -> dict[str, Any]:
             "test_acc": results.get("test_acc"), "best_test_acc": results.get("best_test_acc"),
             "loss": final.get("loss"), "img_per_s": final.get("img_per_s"),
             "tokens_per_s": final.get("tokens_per_s"), "epochs": final.get("epoch"),
-            "seconds": round(seconds, 1), "run_dir": str(job.run_dir)}
+            "seconds": round(seconds, 1), "run_dir": str(job.run_dir),
+            "samples_per_s": final.get("samples_per_s"), "objective": job.cfg.sweep.objective,
+            "objective_value": objective_of(results, job.cfg.sweep.objective)}
 
 
 def swept_keys(jobs: list[SweepJob]) -> list[str]:
@@ -95,15 +97,26 @@ def write_summary(jobs: list[SweepJob], sweep_dir: Path) -> str:
     """summary.csv, summary.md and summary.png in the sweep dir; returns the Markdown table."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     rows = [summary_row(j) for j in sorted(jobs, key=lambda j: j.num)]
+    objective = rows[0]["objective"] if rows else "test_acc"
+    if objective != "test_acc":  # (a recipe's own figure: its column, by name)
+        for row in rows:
+            row[objective] = row["objective_value"]
     with open(sweep_dir / "summary.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=[*COLUMNS, *([objective] if objective != "test_acc" else [])],
+                               extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     rate = throughput_key(rows)
-    shown = ("job", "overrides", "exit_code", "test_acc", "loss", rate, "seconds")
+    shown = ("job", "overrides", "exit_code", "test_acc" if objective == "test_acc" else objective, "loss", rate,
+             "seconds")
     lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     for row in rows:
-        lines.append("| " + " | ".join(_cell(k, row[k]) for k in shown) + " |")
+        lines.append("| " + " | ".join(_cell(k, row.get(k)) for k in shown) + " |")
+    scored = [r for r in rows if isinstance(r["objective_value"], (int, float))]
+    if len(scored) > 1:
+        pick = min if minimized(objective, getattr(jobs[0].cfg.sweep, "direction", "auto")) else max
+        best = pick(scored, key=lambda r: r["objective_value"])
+        lines.append(f"\nbest: job {best['job']} ({best['overrides']}), {objective} {best['objective_value']:.4g}")
     table = "\n".join(lines) + "\n"
     (sweep_dir / "summary.md").write_text(table)
     _plot(rows, swept_keys(jobs), sweep_dir / "summary.png", rate)
@@ -120,7 +133,8 @@ def report(jobs: list[SweepJob], sweep_dir: Path) -> None:
 def throughput_key(rows: list[dict[str, Any]]) -> str:
     """img_per_s, or tokens_per_s for sweeps of language models."""
     tokens = any(r.get("tokens_per_s") for r in rows) and not any(r.get("img_per_s") for r in rows)
-    return "tokens_per_s" if tokens else "img_per_s"
+    samples = any(r.get("samples_per_s") for r in rows) and not any(r.get("img_per_s") for r in rows)
+    return "tokens_per_s" if tokens else "samples_per_s" if samples else "img_per_s"
 
 
 def _cell(key: str, value: Any) -> str:
@@ -128,9 +142,9 @@ def _cell(key: str, value: Any) -> str:
         return "-"
     if key == "test_acc":
         return f"{100 * value:.2f}%"
-    if key in ("img_per_s", "tokens_per_s"):
+    if key in ("img_per_s", "tokens_per_s", "samples_per_s"):
         return f"{value:,.0f}"
-    if key == "loss":
+    if key == "loss" or (key.startswith("test_") and isinstance(value, float)):
         return f"{value:.4f}"
     return str(value).replace("|", "\\|")
 

@@ -152,3 +152,17 @@ def test_a_users_step_that_raises_shows_the_users_frame(launch, project):
     result = launch("recipe=broken", "gpus=[]", "epochs=1", "data.workers=0")
     assert result.returncode == 1
     assert "NameError" in result.output and "broken.py" in result.output
+
+
+def test_a_sweep_minimizes_the_recipes_own_figure(launch, project):
+    result = launch("-m", "recipe=regression", "recipe.hidden=8,64", "gpus=[]", "epochs=2", "batch_size=128",
+                    "optim=adamw", "lr=0.01", "sweep.objective=test_rmse", "data.workers=0", timeout=300)
+    assert result.returncode == 0, result.output
+    summary = next(project.glob("multirun/**/summary.md")).read_text()
+    assert "| test_rmse |" in summary and "samples_per_s" in summary
+    values = {int(m.group(1)): float(m.group(2)) for m in re.finditer(r"^\| (\d) \|.*?\| 0 \| ([\d.]+) \|", summary,
+                                                                       re.M)}
+    best = min(values, key=values.get)
+    assert f"best: job {best} " in summary
+    runs = launch("runs", timeout=60)
+    assert runs.returncode == 0 and "test_rmse" in runs.stdout
