@@ -36,17 +36,40 @@ def _target(spec: dict[str, Any]) -> str:
 
 def locate(spec: dict[str, Any]) -> Any:
     """The callable `model._target_` names, or a ConfigError saying what is wrong with it."""
-    from hydra.utils import get_method
+    import importlib
 
     target = _target(spec)
-    try:
-        found = get_method(target)
-    except Exception as exc:  # noqa: BLE001 - Hydra wraps import errors and missing attributes alike
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        module = target.rpartition(".")[0] or target
-        raise ConfigError("model._target_", target, f"cannot be imported ({reason[:200]}); give the dotted path of a "
-                          f"class or function in an installed package (is {module.split('.')[0]} installed?)",
-                          EXAMPLE) from None
+    parts = target.split(".")
+    found: Any = None
+    reason = f"{target} names no module"
+    # the longest importable module prefix, then attributes (as Hydra's own lookup does; it also logs its
+    # failures, which would put more lines before launch's one)
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as exc:
+            if exc.name and not ".".join(parts[:cut]).startswith(exc.name):
+                reason = f"importing {'.'.join(parts[:cut])} failed: {exc}"  # (its own import is missing)
+                break
+            reason = str(exc)
+            continue
+        except Exception as exc:  # noqa: BLE001 - the module itself failed while imported
+            reason = f"importing {'.'.join(parts[:cut])} failed: {type(exc).__name__}: {exc}"
+            found = None
+            break
+        for i, name in enumerate(parts[cut:]):
+            if not hasattr(found, name):
+                reason = f"{'.'.join(parts[:cut + i])} has no attribute {name}"
+                found = None
+                break
+            found = getattr(found, name)
+        break
+    if found is None or not callable(found):
+        if found is not None:
+            reason = f"{target} is a {type(found).__name__}, not a class or function"
+        first = reason.strip().splitlines()[0][:200] if reason.strip() else "not found"
+        raise ConfigError("model._target_", target, f"cannot be used ({first}); give the dotted path of a class or "
+                          f"function in an installed package (is {parts[0]} installed?)", EXAMPLE)
     return found
 
 
