@@ -59,6 +59,7 @@ class Flip(Choice):
 class Precision(Choice):
     auto = "auto"  # bf16 autocast on GPUs, fp32 on the CPU
     bf16 = "bf16"
+    fp16 = "fp16"  # autocast to float16 with a gradient scaler (GPUs without bf16); steps that overflow are skipped
     fp32 = "fp32"
 
 

@@ -80,6 +80,15 @@ def _accumulating(perf: PerfConfig, accumulate: int, note: str | None) -> tuple[
     return perf, note
 
 
+def _fp16(perf: PerfConfig, note: str | None) -> tuple[PerfConfig, str | None]:
+    """fp16's gradient scaler decides on the host, after each step, whether the step overflowed: the
+    step runs eagerly."""
+    if str(perf.precision) == "fp16" and perf.cuda_graph:
+        said = "perf.cuda_graph is off with perf.precision=fp16 (the gradient scaler steps outside a graph)"
+        return derive(perf, cuda_graph=False), "; ".join(n for n in (note, said) if n)
+    return perf, note
+
+
 def _captured(cls: type[Strategy], perf: PerfConfig) -> tuple[type[Strategy], bool]:
     """perf.cuda_graph needs gradients that stay in place: DDP then averages them itself."""
     if perf.cuda_graph and cls is DDP:
@@ -102,8 +111,13 @@ def choose(options: StrategyConfig, devices: Devices, *, nprocs: int | None, glo
     if nodes > 1 and not cls.multi_node:
         raise ConfigError(nodes_key, nodes, f"strategy={cls.name} runs one process; several nodes need ddp or fsdp",
                           f"strategy=ddp {nodes_key}={nodes}")
+    if cls.sharded and str(perf.precision) == "fp16":
+        raise ConfigError("perf.precision", "fp16", f"strategy={cls.name} shards its own mixed precision (bf16 "
+                          "compute, fp32 gradient reduction: strategy.mixed_precision); fp16's gradient scaler is "
+                          "for the other strategies", f"strategy={cls.name} perf.precision=auto")
     perf, note = cls.adjust_perf(perf)
     perf, note = _accumulating(perf, accumulate, note)
+    perf, note = _fp16(perf, note)
     cls, static = _captured(cls, perf)
     strategy = cls(options, devices, processes, global_batch, world_size=processes * nodes, static_gradients=static,
                    accumulate=accumulate)
@@ -122,6 +136,7 @@ def for_world(options: StrategyConfig, world: WorldInfo, devices: Devices, *, gl
         cls = requested
     perf, note = cls.adjust_perf(perf)
     perf, note = _accumulating(perf, accumulate, note)
+    perf, note = _fp16(perf, note)
     cls, static = _captured(cls, perf)
     strategy = cls(options, devices, world.local_world_size, global_batch, world_size=world.world_size,
                    static_gradients=static, accumulate=accumulate)

@@ -182,6 +182,7 @@ class Trainer:
         self.faults = Faults(self.cfg.fault, world, device)
         precision = self.cfg.perf.precision
         self.bf16 = precision is Precision.bf16 or (precision is Precision.auto and device.type == "cuda")
+        self.fp16 = precision is Precision.fp16
         # The augmentation's generator, on the device: seeded per (seed, epoch, rank) at each epoch.
         self.generator = torch.Generator(device=device)
         self.eval_warm = False  # evaluation has had its warm-up (`_warm_up_eval`)
@@ -401,13 +402,16 @@ class Trainer:
                          self.data.normalize if self.data.in_memory else None,
                          self.recipe.augmentation(), self.autocast, self.device, self.faults.poison,
                          self.strategy.accumulate, lambda: self.strategy.no_sync(self.nets),
-                         self.cfg.optim.clip_grad_norm)
+                         self.cfg.optim.clip_grad_norm,
+                         scaler=torch.amp.GradScaler(self.device.type) if self.fp16 else None)
         if self.compiled.compile and self.captures:
             step.compile_captured(compiling.compiled_mode(self.cfg.perf.compile_mode.value))
         return step
 
     def autocast(self) -> torch.autocast:
         """bf16 autocast on GPUs (perf.precision=auto), as perf.precision says otherwise."""
+        if self.fp16:
+            return torch.autocast(self.device.type, dtype=torch.float16)
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     @property
@@ -669,7 +673,7 @@ class Trainer:
         self.strategy.average_buffers(self.nets.module)
         evaluation = self._queue_evaluation() if self._evaluates_after(epoch) else None
         sums = self.step.sums
-        figures = [sums.finite_steps, *sums.figures.tensors()]
+        figures = [sums.finite_steps, sums.overflowed, *sums.figures.tensors()]
         if evaluation is not None:
             figures += evaluation.figures.tensors()
         row["lr"] = self.steppers[0].scheduler.get_last_lr()[0]
@@ -690,7 +694,7 @@ class Trainer:
         local = queued.figures.values(strategy.collective_timeout())
         timing = queued.clock.finish()
         steps = queued.steps
-        finite_steps, sums = local[0], local[1:]
+        finite_steps, overflowed, sums = local[0], local[1], local[2:]
         trained = 2 * len(queued.names)
         # Sums and counts add up over the ranks (each figure exact over every rank's samples). The
         # preemption flag rides along, so every rank learns of a SIGUSR2 that reached any of them.
@@ -706,6 +710,8 @@ class Trainer:
                     steps * cfg.batch_size * self.data.targets_per_sample / span_s, "input_stall": round(stall, 4)})
         if skipped:
             row["skipped"] = int(skipped)
+        if self.fp16:  # (every rank skips the same steps: their gradients were averaged first)
+            row["overflow_steps"] = int(overflowed)
         if non_finite > 0:
             raise self._non_finite_loss(epoch, row["loss"],
                                         epoch * self.steps_per_epoch + queued.first + steps - int(non_finite))
@@ -914,6 +920,8 @@ class Trainer:
         parts.append(f"{row[f'{unit}_per_s']:,.0f} {unit}/s")
         if row.get("skipped"):
             parts.append(f"skipped {row['skipped']}")
+        if row.get("overflow_steps"):
+            parts.append(f"fp16 overflow {row['overflow_steps']} steps (skipped)")
         parts += [f"input wait {100 * row['input_stall']:.1f}%", f"{row['epoch_s']:.2f}s"]
         log.info("%s", "  ".join(parts))
 
@@ -975,6 +983,7 @@ class Trainer:
             "objective": objective,
             f"best_{objective}": best,
             "skipped_samples": sum(int(r.get("skipped", 0)) for r in history),
+            **({"overflow_steps": sum(int(r.get("overflow_steps", 0)) for r in history)} if self.fp16 else {}),
             "train_s": t.train_s,
             "timed": timed,
             "input_stall": round(sum(stalls) / len(stalls), 4) if stalls else None,

@@ -241,6 +241,7 @@ class EpochSums:
     def __init__(self, device: torch.device):
         self.figures = Figures(device)
         self.finite_steps = torch.zeros((), dtype=torch.long, device=device)
+        self.overflowed = torch.zeros((), dtype=torch.long, device=device)  # fp16: steps the scaler skipped
 
     def add(self, loss: torch.Tensor, figures: dict[str, torch.Tensor], n: int) -> None:
         self.figures.add("loss", loss, n)
@@ -250,6 +251,7 @@ class EpochSums:
     def zero(self) -> None:
         self.figures.zero()
         self.finite_steps.zero_()
+        self.overflowed.zero_()
 
 
 def loss_and_figures(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -304,8 +306,9 @@ class TrainStep:
                  normalize: Callable[[torch.Tensor], torch.Tensor] | None, augment: Callable | None,
                  autocast: Callable, device: torch.device, poison: torch.Tensor | None = None, accumulate: int = 1,
                  no_sync: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                 clip_grad_norm: float = 0.0):
+                 clip_grad_norm: float = 0.0, scaler: torch.amp.GradScaler | None = None):
         self.nets = nets
+        self.scaler = scaler  # perf.precision=fp16: losses scaled up, steps that overflow skipped
         self.clip_grad_norm = clip_grad_norm  # optim.clip_grad_norm: 0 never
         self.steppers = steppers
         self.training_step = training_step  # the recipe's: (model, batch) -> loss, or (loss, figures)
@@ -375,13 +378,17 @@ class TrainStep:
                 loss, figures = loss_and_figures(out)
                 if self.poison is not None:
                     loss = loss + self.poison
-                (loss / parts if parts > 1 else loss).backward()
+                scaled = loss / parts if parts > 1 else loss
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             self.sums.add(loss.detach().float(), figures, batch_len(micro))
             ok = torch.isfinite(loss.detach())
             finite = ok if finite is None else finite & ok
         if grads is not None:
             grads.finish_backward()  # ddp: every bucket's all-reduce issued and waited for
         if self.clip_grad_norm > 0:
+            if self.scaler is not None:  # (the norm of the true gradients)
+                for stepper in self.steppers:
+                    self.scaler.unscale_(stepper.optimizer)
             clip_gradients(self.nets.module, self.clip_grad_norm)
         self.sums.finite_steps += finite
 
@@ -397,8 +404,22 @@ class TrainStep:
         else:  # with flat gradients the epoch is the tensor a graph would read, so both paths agree
             self.eager_steps += self.captured is not None
             self.body(batch, idx, self.epoch if self.nets.grads is not None else epoch, generator)
+        if self.scaler is not None:
+            self._scaled_step()
+            return
         for stepper in self.steppers:
             stepper.step()
+
+    def _scaled_step(self) -> None:
+        """fp16: each optimizer steps unless its gradients overflowed (the scaler then lowers the scale);
+        the schedules step either way. Skipped steps are counted on the device: the scale went down."""
+        before = self.scaler.get_scale() if self.scaler._scale is None else self.scaler._scale.clone()
+        for stepper in self.steppers:
+            self.scaler.step(stepper.optimizer)
+            stepper.scheduler.step()
+        self.scaler.update()
+        if isinstance(before, torch.Tensor):
+            self.sums.overflowed += (self.scaler._scale < before).long()
 
     def capture(self, batch: Any, idx: torch.Tensor, generator: torch.Generator, stream: torch.cuda.Stream) -> None:
         """Capture the body, and the optimizers' steps after it where all of them can be captured. Called

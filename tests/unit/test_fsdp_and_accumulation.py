@@ -221,3 +221,44 @@ def test_optim_clip_grad_norm_scales_the_whole_step_s_gradients_down_to_it(accum
     assert torch.allclose(clipped, free / free.norm(), atol=1e-5)
     assert torch.equal(gradients(float(free.norm()) * 2), free)  # under the limit: untouched
     assert config_of("recipe=text").optim.clip_grad_norm == 1.0 and config_of().optim.clip_grad_norm == 0.0
+
+
+def test_fp16_skips_and_counts_a_step_whose_gradients_overflow():
+    from launcher.train.optim import Stepper
+
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+
+    class Nets:
+        module = train = eval = model
+        grads = None
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    stepper = Stepper(optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0))
+    scale = torch.tensor(float("inf"))
+
+    def step(model, batch):  # an overflowing loss on the second call
+        x, y = batch
+        return nn.CrossEntropyLoss()(model(x), y) * scale
+
+    train = TrainStep(Nets(), [stepper], step, lambda x: x, None, contextlib.nullcontext, torch.device("cpu"),
+                      scaler=torch.amp.GradScaler("cpu"))
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+    before = model.weight.detach().clone()
+    train((x, y), torch.arange(8), 0, torch.Generator())
+    assert torch.equal(model.weight, before) and train.sums.overflowed.item() == 1  # skipped, counted
+    scale.fill_(1.0)
+    train((x, y), torch.arange(8), 0, torch.Generator())
+    assert not torch.equal(model.weight, before) and train.sums.overflowed.item() == 1  # stepped
+    assert config_of("perf.precision=fp16", "recipe=cifar10").perf.precision.value == "fp16"
+
+
+def test_fp16_runs_its_step_eagerly_and_is_refused_under_fsdp():
+    from launcher.config import FSDPConfig, Precision
+
+    chosen = strategies.choose(DDPConfig(), Devices((0, 1)), nprocs=None, global_batch=64,
+                               perf=PerfConfig(cuda_graph=True, precision=Precision.fp16), gpus_text="2")
+    assert chosen.perf.cuda_graph is False and "perf.precision=fp16" in chosen.note
+    with pytest.raises(ConfigError, match=r"perf.precision=fp16 is not valid: strategy=fsdp"):
+        strategies.choose(FSDPConfig(), Devices((0, 1)), nprocs=None, global_batch=64,
+                          perf=PerfConfig(precision=Precision.fp16), gpus_text="2")
