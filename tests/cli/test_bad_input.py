@@ -43,7 +43,7 @@ CASES = [
     ("script=train.py args.lr=0.1", "args.* keys are your own; add a new one with a leading + (e.g. launch +args.lr="),
     ("nodes=2", "nodes=2 is not valid: several machines meet at a rendezvous: add rdzv=HOST:PORT"),
     ("strategy=ddp strategy.bucket_cap=5", "did you mean strategy.bucket_cap_mb?"),
-    ("perf.precision=fp8", "perf.precision=fp8 is not valid: choose one of auto, bf16, fp32"),
+    ("perf.precision=fp8", "perf.precision=fp8 is not valid: choose one of auto, bf16, fp16, fp32"),
     ("gpus=ALL", "gpus=ALL is not valid: no GPU is visible"),
     ("gpus=cpu strategy=dp", "DataParallel needs GPUs"),
     ("fault.kind=explode", "fault.kind=explode is not valid: choose one of raise, exit, hang, kill, nan, oom"),
