@@ -113,7 +113,7 @@ def write_summary(jobs: list[SweepJob], sweep_dir: Path) -> str:
     for row in rows:
         lines.append("| " + " | ".join(_cell(k, row.get(k)) for k in shown) + " |")
     scored = [r for r in rows if isinstance(r["objective_value"], (int, float))]
-    if len(scored) > 1:
+    if len(scored) > 1 and objective != "test_acc":  # (a recipe's own figure: which way is better is said)
         pick = min if minimized(objective, getattr(jobs[0].cfg.sweep, "direction", "auto")) else max
         best = pick(scored, key=lambda r: r["objective_value"])
         lines.append(f"\nbest: job {best['job']} ({best['overrides']}), {objective} {best['objective_value']:.4g}")

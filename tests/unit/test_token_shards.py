@@ -223,9 +223,9 @@ def test_token_splits_of_shards_place_as_windows_per_shard():
                              torch.device("cpu"))
     assert len(data.train) == 32 + 92 and len(data.test) == 4  # held-out windows tile without overlap
     assert data.drawn_per_epoch == (39 + 99) // 8 and data.megabytes == pytest.approx(173 * 2 / 2**20)
-    x, y, _ = next(data.train.batches([torch.tensor([31, 32, 123])]))
+    (x, y), _ = next(data.train.batches([torch.tensor([31, 32, 123])]))
     assert x[:, 0].tolist() == [31, 1000, 1091] and y[2, -1].item() == 1099
-    x, _, _ = next(data.test.batches([torch.arange(4)]))
+    (x, _), _ = next(data.test.batches([torch.arange(4)]))
     assert x[:, 0].tolist() == [2000, 2008, 2016, 2024]
 
 
