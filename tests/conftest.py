@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +44,10 @@ class Launch:
         return sorted(p.parent for p in self.cwd.glob("outputs/**/.hydra"))
 
     def run_dir(self) -> Path:
+        """This launch's run dir: the one its output names, else the only one under its directory."""
+        named = re.findall(r"^launch: run dir: (.+)$", self.stdout, re.MULTILINE)
+        if len(named) == 1 and Path(named[0]).is_dir():
+            return Path(named[0])
         dirs = self.run_dirs()
         assert len(dirs) == 1, f"expected one run dir, found {dirs}\n{self.output}"
         return dirs[0]
