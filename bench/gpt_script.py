@@ -49,6 +49,9 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=1.0,
                         help="gradient-norm clipping, as nanoGPT and recipe=text (optim.clip_grad_norm); 0: none")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--loss", choices=["inside", "outside"], default="inside",
+                        help="inside: the cross-entropy in the compiled module's forward (nanoGPT's model returns "
+                             "its loss); outside: the logits returned, the loss eager after them")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     args = parser.parse_args()
 
@@ -83,6 +86,18 @@ def main() -> None:
     model = GPT(padded_vocab(vocab), args.context, args.layers, args.width, args.heads, 0.0).to(device)
     flops_per_token = model.flops_per_token()
     net: torch.nn.Module = model
+
+    class WithLoss(torch.nn.Module):  # nanoGPT's forward(idx, targets): logits, then the loss, one graph
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, idx, targets):
+            logits = self.model(idx)
+            return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    if args.loss == "inside":
+        net = WithLoss(model)
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None,
                                                         gradient_as_bucket_view=True)
@@ -103,8 +118,12 @@ def main() -> None:
         if mask is not None:
             w &= mask
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
-            logits = net(w[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), w[:, 1:].flatten())
+            if args.loss == "inside":
+                loss = net(w[:, :-1], w[:, 1:])
+            else:
+                logits = net(w[:, :-1])
+        if args.loss == "outside":
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), w[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if args.clip > 0:  # (no host sync: the norm stays on the device)
@@ -153,6 +172,7 @@ def main() -> None:
         print(json.dumps({
             "what": "gpt_script", "world_size": world, "layers": args.layers, "width": args.width,
             "heads": args.heads, "context": t, "batch_per_gpu": b, "compiled": not args.no_compile,
+            "loss_where": args.loss,
             "data": "shards" if args.shards else "stream", "data_tokens": len(stream), "vocab_size": vocab,
             "padded_vocab_size": padded_vocab(vocab),
             "parameters": sum(p.numel() for p in model.parameters()), "flops_per_token": flops_per_token,

@@ -215,20 +215,29 @@ def baseline(args, device: torch.device):
 
 def recipe_path(args, mode: str, device: torch.device):
     """recipe=imagefolder's train Dataset for data.decode=mode, its collate and its on_after_batch_transfer.
-    On the CPU (--device cpu) gpu and auto still run the GPU path's code (nvJPEG's place taken by the CPU decoder)."""
+    mode gpu/auto: the GPU decoder the recipe picks (nvImageCodec's hardware decoder where installed);
+    gpu-nvjpeg/auto-nvjpeg: torchvision's nvJPEG whatever is installed. On the CPU (--device cpu) gpu and auto
+    still run the GPU path's code (nvJPEG's place taken by the CPU decoder)."""
     from launcher.host.compose import config_for
+    from launcher.recipes import imagefolder
     from launcher.recipes.imagefolder import ImageFolder, ImageFolderSplit, cpu_share, scan
 
+    decode, _, decoder = mode.partition("-")
+    imagefolder._hardware.clear()
+    if decoder == "nvjpeg":
+        imagefolder._hardware[device] = None
+    hardware = imagefolder.hardware_decoder(device) is not None
     cfg = config_for("recipe=imagefolder", f"data.root={args.root}", f"recipe.model={args.model}",
-                     f"recipe.image_size={args.size}", f"data.decode={mode}", f"data.workers={args.workers}",
+                     f"recipe.image_size={args.size}", f"data.decode={decode}", f"data.workers={args.workers}",
                      f"perf.channels_last={device.type == 'cuda'}")
     recipe = ImageFolder(cfg)
-    share = {"cpu": 0.0, "gpu": 1.0, "auto": 1.0 - cpu_share(args.workers)}[mode]
+    share = {"cpu": 0.0, "gpu": 1.0, "auto": 1.0 - cpu_share(args.workers, hardware)}[decode]
     folders = scan(Path(args.root))
     ds = ImageFolderSplit(folders["train"], train=True, image_size=args.size, eval_resize=cfg.recipe.eval_side,
                           min_scale=cfg.recipe.min_scale, gpu_share=share)
     ds.set_epoch(0)
-    return loader_for(ds, args, recipe.collate, device), lambda b: recipe.on_after_batch_transfer(b, True), share
+    return (loader_for(ds, args, recipe.collate, device), lambda b: recipe.on_after_batch_transfer(b, True), share,
+            "nvimgcodec" if hardware and decode != "cpu" else "nvjpeg" if decode != "cpu" else "pil")
 
 
 # ---- main -------------------------------------------------------------------------------------------------
@@ -248,7 +257,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compiling happens there)")
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--no-feed", dest="feed", action="store_false", help="skip the data paths measured alone")
-    p.add_argument("--only", default="limit,baseline,cpu,gpu,auto", help="which rows, comma-separated")
+    p.add_argument("--only", default="limit,baseline,cpu,gpu,auto,gpu-nvjpeg,auto-nvjpeg",
+                   help="which rows, comma-separated (gpu/auto: nvImageCodec where installed; *-nvjpeg: torchvision's)")
     args = p.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda":
@@ -272,16 +282,14 @@ def main() -> None:
     if "baseline" in only:
         loader, transfer = baseline(args, device)
         emit(measure_loader("baseline", loader, transfer, step, args, device))
-    for mode in ("cpu", "gpu", "auto"):
-        if mode not in only:
-            continue
-        loader, transfer, share = recipe_path(args, mode, device)
+    for mode in [m for m in only if m.split("-")[0] in ("cpu", "gpu", "auto")]:
+        loader, transfer, share, decoder = recipe_path(args, mode, device)
         row = measure_loader(f"decode={mode}", loader, transfer, step, args, device)
-        emit({**row, "gpu_share": round(share, 3)})
+        emit({**row, "gpu_share": round(share, 3), "decoder": decoder})
         if args.feed:
-            loader, transfer, share = recipe_path(args, mode, device)
+            loader, transfer, share, decoder = recipe_path(args, mode, device)
             emit({**measure_loader(f"decode={mode}-feed", loader, transfer, None, args, device),
-                  "gpu_share": round(share, 3)})
+                  "gpu_share": round(share, 3), "decoder": decoder})
     if args.feed and "baseline" in only:
         loader, transfer = baseline(args, device)
         emit(measure_loader("baseline-feed", loader, transfer, None, args, device))

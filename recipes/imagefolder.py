@@ -45,6 +45,7 @@ import math
 import os
 import random
 import warnings
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,9 @@ STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 # (14 workers: 2,632 img/s); nvJPEG decodes 12,000 img/s alone, of which we count on a quarter beside training.
 CPU_RATE_PER_WORKER = 190.0
 GPU_DECODE_RATE_BESIDE_TRAINING = 3000.0
+# nvImageCodec on the GPU's hardware JPEG engines decodes ~10,000 img/s alone (MEASURED.md) without the SMs:
+# beside training it is counted on for nearly that.
+HW_DECODE_RATE_BESIDE_TRAINING = 8000.0
 EXAMPLE = "recipe=imagefolder data.root=/data/imagenet"
 
 
@@ -454,12 +458,79 @@ def collate(samples: list[tuple[Any, int]]) -> tuple[Any, ...]:
     return pixels, labels, torch.tensor([row for row, _ in decoded], dtype=torch.int64), host
 
 
+class HardwareDecoder:
+    """nvImageCodec's batched JPEG decoder (the `nvidia-nvimgcodec-cu12`/`-cu13` package, with its nvjpeg
+    extra), on the GPU's hardware JPEG engines where it has them (A100, H100, H200: NVJPG, beside the SMs,
+    so decoding takes nothing from training), else on its CUDA decoder. Decodes on the current stream;
+    the decoded images' memory belongs to nvImageCodec, so each batch's images (and its bytes) are kept
+    until an event after their last use (`release_after`) has passed."""
+
+    def __init__(self, device: torch.device):
+        from nvidia import nvimgcodec
+
+        self.nv = nvimgcodec
+        self.device = device
+        self.decoder = nvimgcodec.Decoder(device_id=device.index if device.index is not None else 0,
+                                          backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY),
+                                                    nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY)])
+        self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB,
+                                              sample_format=nvimgcodec.SampleFormat.I_RGB)
+        self._held: deque[tuple[torch.cuda.Event, list[Any]]] = deque()
+        self._pending: list[Any] = []
+
+    def __call__(self, jpegs: HostJpegs) -> list[torch.Tensor | None]:
+        while self._held and self._held[0][0].query():
+            self._held.popleft()
+        arrays = [t.numpy() for t in jpegs.tensors()]
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        images = self.decoder.decode([self.nv.CodeStream(a) for a in arrays], params=self.params, cuda_stream=stream)
+        self._pending = [arrays, images]
+        # (HWC views of nvImageCodec's buffers; the tensors keep the Image objects alive too)
+        return [None if img is None else torch.as_tensor(img, device=self.device).permute(2, 0, 1) for img in images]
+
+    def release_after(self) -> None:
+        """The last use of the images decoded last is queued on the current stream: free them once it ran."""
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self.device))
+        self._held.append((done, self._pending))
+        self._pending = []
+
+
+_hardware: dict[torch.device, HardwareDecoder | None] = {}
+
+
+def hardware_decoder(device: torch.device) -> HardwareDecoder | None:
+    """nvImageCodec's decoder for `device` where the package is installed and works there, else None
+    (torchvision's nvJPEG decodes); made once per device."""
+    if device not in _hardware:
+        try:
+            _hardware[device] = HardwareDecoder(device) if device.type == "cuda" else None
+        except Exception:  # noqa: BLE001 - not installed, or no decoder for this GPU: torchvision's instead
+            _hardware[device] = None
+    return _hardware[device]
+
+
 def decode_jpegs(jpegs: HostJpegs, device: torch.device, skip_bad: bool) -> tuple[list[torch.Tensor], list[int]]:
-    """The batch's JPEGs decoded on `device` (one batched call), as uint8 CHW RGB; and the indices of the
-    ones that could not be (only when skip_bad; else a BadImageError names the first)."""
+    """The batch's JPEGs decoded on `device` (one batched call: nvImageCodec's hardware decoder where
+    installed, else torchvision's nvJPEG), as uint8 CHW RGB; and the indices of the ones that could not
+    be (only when skip_bad; else a BadImageError names the first)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     tensors = jpegs.tensors()
+    hardware = hardware_decoder(device)
+    if hardware is not None:
+        images, bad = hardware(jpegs), []
+        for i, img in enumerate(images):
+            if img is None:  # not decodable there: nvJPEG says why, or decodes it
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        images[i] = decode_jpeg(tensors[i], mode=ImageReadMode.RGB, device=device)
+                except RuntimeError as exc:
+                    if not skip_bad:
+                        raise bad_file(jpegs.paths[i], exc) from None
+                    bad.append(i)
+        return [img for img in images if img is not None], bad
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (torchvision 0.29 deprecates its decoders in favour of TorchCodec)
         try:
@@ -557,6 +628,9 @@ def gpu_batch(batch: tuple[Any, ...], size: int, skip_bad: bool) -> tuple[torch.
         crops = crop_resize(images, boxes, size)
         crops = torch.where(flips.view(-1, 1, 1, 1), crops.flip(-1), crops)
         out[rows] = crops
+    hardware = hardware_decoder(device)
+    if hardware is not None:
+        hardware.release_after()
     if bad:
         return out[keep], labels[keep]
     return out, labels
@@ -565,11 +639,12 @@ def gpu_batch(batch: tuple[Any, ...], size: int, skip_bad: bool) -> tuple[torch.
 # ---- the recipe -------------------------------------------------------------------------------------------
 
 
-def cpu_share(workers: int) -> float:
+def cpu_share(workers: int, hardware: bool = False) -> float:
     """data.decode=auto: the share of each batch the CPU workers decode, so that they and the GPU's decoder
-    (beside training) finish together at the rates measured (MEASURED.md)."""
+    (beside training) finish together at the rates measured (MEASURED.md); `hardware`: nvImageCodec on the
+    GPU's JPEG engines decodes."""
     cpu = workers * CPU_RATE_PER_WORKER
-    return cpu / (cpu + GPU_DECODE_RATE_BESIDE_TRAINING)
+    return cpu / (cpu + (HW_DECODE_RATE_BESIDE_TRAINING if hardware else GPU_DECODE_RATE_BESIDE_TRAINING))
 
 
 def default_workers(cfg) -> int:
@@ -604,16 +679,22 @@ class ImageFolder(Recipe):
             elif asked == "auto":
                 log.info("data.decode=auto: no CUDA device, so the DataLoader workers decode (PIL)")
             return "cpu", 0.0
+        hardware = (torch.cuda.is_available()
+                    and hardware_decoder(torch.device("cuda", torch.cuda.current_device())) is not None)
+        decoder = ("nvImageCodec (the GPU's hardware JPEG decoders where it has them)" if hardware else
+                   "torchvision's nvJPEG (pip install nvidia-nvimgcodec-cu13[nvjpeg] -- or -cu12 -- decodes on the "
+                   "GPU's hardware JPEG decoders instead, leaving the SMs to training)")
         if asked == "gpu":
-            log.info("data.decode=gpu: JPEGs decoded by nvJPEG on the GPU in batches, off the compute stream; "
-                     "other files (PNG, grey, CMYK, progressive) by the DataLoader workers")
+            log.info("data.decode=gpu: JPEGs decoded in batches on the GPU by %s, off the compute stream; other "
+                     "files (PNG, grey, CMYK, progressive) by the DataLoader workers", decoder)
             return "gpu", 1.0
         workers = default_workers(self.cfg)
-        share = cpu_share(workers) if workers > 0 else 0.0
-        log.info("data.decode=auto: %d%% of each batch decoded by the %d DataLoader workers (PIL), %d%% by nvJPEG "
-                 "on the GPU (a fixed split from measured rates: %.0f img/s per worker, %.0f img/s of GPU decoding "
-                 "beside training); data.decode=cpu or gpu picks one", round(100 * share), workers,
-                 round(100 * (1 - share)), CPU_RATE_PER_WORKER, GPU_DECODE_RATE_BESIDE_TRAINING)
+        share = cpu_share(workers, hardware) if workers > 0 else 0.0
+        gpu_rate = HW_DECODE_RATE_BESIDE_TRAINING if hardware else GPU_DECODE_RATE_BESIDE_TRAINING
+        log.info("data.decode=auto: %d%% of each batch decoded by the %d DataLoader workers (PIL), %d%% on the GPU "
+                 "by %s (a fixed split from measured rates: %.0f img/s per worker, %.0f img/s of GPU decoding beside "
+                 "training); data.decode=cpu or gpu picks one", round(100 * share), workers, round(100 * (1 - share)),
+                 decoder, CPU_RATE_PER_WORKER, gpu_rate)
         return "auto", 1.0 - share
 
     def load(self) -> tuple[ImageFolderSplit, ImageFolderSplit]:

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 33's one-GPU figures in one device call (BENCHMARKS.md "Your own data"): recipe=imagefolder against the
+# model's limit and torchvision's DataLoader, `launch recipe=imagefolder` itself, and GPT-2 124M on token
+# shards through launch against the nanoGPT-style script (its loss inside and outside its compiled forward).
+# Run from the repository root on the device machine, .device-wheels carried, and .whl holding nvImageCodec's
+# wheels (nvidia-nvimgcodec-cu13, nvidia-nvjpeg) where the hardware decoder is to be measured.
+# Raw output: $OUT/own-data-<commit>.*
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+commit=${COMMIT:-unknown}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-wheels/*.whl || exit 1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 1
+python3 -c "from nvidia import nvimgcodec; print('nvimgcodec', nvimgcodec.__version__)" 2>&1 | tail -1
+what=${1:-all}
+if [ "$what" = all ] || [ "$what" = imagefolder ]; then
+    timeout 300 python3 bench/imagefolder.py --root /tmp/imagenet-gen --n 20000 --no-feed \
+        --only "${ONLY:-limit,baseline,gpu,auto,gpu-nvjpeg}" 2>&1 | tee "$OUT/own-data-imagefolder-$commit.jsonl"
+    (cd /tmp && timeout 200 launch recipe=imagefolder data.root=/tmp/imagenet-gen gpus=[0] epochs=2 \
+        perf.compile=true eval.every=0 ${LAUNCH_ARGS:-}) 2>&1 | grep -v Warning \
+        | tee "$OUT/own-data-launch-imagefolder-$commit.txt"
+fi
+if [ "$what" = all ] || [ "$what" = gpt ]; then
+    python3 bench/make_token_shards.py /tmp/shards --shards 2 --tokens-per-shard 327680 --val-tokens 65536 >/dev/null
+    timeout 300 python3 bench/gpt.py compare --gpus 1 --shards '/tmp/shards/*.bin' --epochs "${EPOCHS:-2}" \
+        --steps 40 2>&1 | tee "$OUT/own-data-gpt-$commit.jsonl"
+fi
