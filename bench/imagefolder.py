@@ -12,8 +12,9 @@
       baseline   torchvision's ImageFolder + DataLoader (--workers workers, pin_memory): PIL RandomResizedCrop +
                  flip + ToTensor + Normalize in the workers, the same step
       cpu/gpu/auto   recipe=imagefolder's datasets with data.decode=cpu, gpu and auto, fed as the launcher feeds
-                 them: a DataLoader with the recipe's collate, the batch copied on a side stream and
-                 on_after_batch_transfer run there, the step on the default stream
+                 them: a DataLoader with the recipe's collate, then the launcher's CudaPrefetcher (the batch
+                 copied on a side stream and on_after_batch_transfer run there, both issued from a thread of
+                 its own), the step on the default stream
     and, unless --no-feed, each data path alone (`*-feed`: no step), which says what it could deliver.
     Data paths are timed after their first 2 x workers batches (the ones prefetched before the clock starts).
 """
@@ -164,10 +165,17 @@ def fed(loader, transfer, device: torch.device, depth: int = 2):
         yield out
 
 
-def measure_loader(what: str, loader, transfer, step: Step | None, args, device: torch.device) -> dict:
+def measure_loader(what: str, loader, transfer, step: Step | None, args, device: torch.device,
+                   launchers: bool = False) -> dict:
+    """img/s of `step` fed by `loader`; `launchers`: through the launcher's own CudaPrefetcher, which issues
+    the copies and `transfer` (the recipe's on_after_batch_transfer) from a thread of its own, as a run does."""
+    from launcher.train.prefetch import CudaPrefetcher
+
     skip = max(2 * args.workers, args.warmup)
     done, images, start = 0, 0, None
-    for x, y in fed(loader, transfer, device):
+    batches = (CudaPrefetcher(loader, device, depth=2, after=transfer, threaded=True) if launchers
+               else fed(loader, transfer, device))
+    for x, y in batches:
         if step is not None:
             step(x, y)
         elif device.type == "cuda":
@@ -284,11 +292,11 @@ def main() -> None:
         emit(measure_loader("baseline", loader, transfer, step, args, device))
     for mode in [m for m in only if m.split("-")[0] in ("cpu", "gpu", "auto")]:
         loader, transfer, share, decoder = recipe_path(args, mode, device)
-        row = measure_loader(f"decode={mode}", loader, transfer, step, args, device)
+        row = measure_loader(f"decode={mode}", loader, transfer, step, args, device, launchers=True)
         emit({**row, "gpu_share": round(share, 3), "decoder": decoder})
         if args.feed:
             loader, transfer, share, decoder = recipe_path(args, mode, device)
-            emit({**measure_loader(f"decode={mode}-feed", loader, transfer, None, args, device),
+            emit({**measure_loader(f"decode={mode}-feed", loader, transfer, None, args, device, launchers=True),
                   "gpu_share": round(share, 3), "decoder": decoder})
     if args.feed and "baseline" in only:
         loader, transfer = baseline(args, device)

@@ -10,7 +10,9 @@ continues it). Here those rows become a DataLoader's batch sampler:
       -> DataLoader(dataset, batch_sampler=rows, num_workers=data.workers, pin_memory, persistent
                     workers, prefetch_factor=data.worker_prefetch, collate=recipe.collate)
       -> CudaPrefetcher: every tensor of the batch copied to the GPU on a side stream,
-         data.prefetch_depth batches ahead, then recipe.on_after_batch_transfer on that stream
+         data.prefetch_depth batches ahead, then recipe.on_after_batch_transfer on that stream (issued
+         from a thread of its own when the recipe has one: GPU decoding that blocks its thread never
+         holds up the training step's launches)
       -> (batch, indices) for the step
 
 A sample the Dataset returns as None (a bad file it chose to skip) is left out of its batch and
@@ -151,8 +153,9 @@ class DatasetSplit:
         if type(self.recipe).on_after_batch_transfer is not _base_after():
             def after(item: tuple[Any, Any]) -> tuple[Any, Any]:
                 return self.recipe.on_after_batch_transfer(item[0], self.training), item[1]
+        # (a recipe's GPU work on its batches, decoding say, is issued from a thread of its own: see prefetch.py)
         for batch, idx in CudaPrefetcher(((b, torch.as_tensor(i)) for b, i in source), self.device,
-                                         depth=self.depth, after=after):
+                                         depth=self.depth, after=after, threaded=after is not None):
             yield batch, idx
 
     def _counted(self, batches: Iterator[tuple[Any, int]]) -> Iterator[Any]:

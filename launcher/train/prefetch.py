@@ -14,11 +14,23 @@ would also wait for the copies queued behind it and shrink the overlap), and eac
 marked with `record_stream` so the caching allocator does not hand its memory to a later copy while the
 compute stream may still be reading it.
 
-On a CPU device the batches pass through unchanged (`after` still applies).
+With `threaded=True` the copies and `after` are issued by a thread of their own, `depth` batches ahead:
+the training loop's thread never waits for them. That matters when `after` blocks its thread (a GPU
+image decoder that returns only once its images are decoded): in the loop's thread the GPU would idle
+meanwhile, and a step would cost the decode plus the training (measured with ResNet-50 on an H100:
+training at 5,600 img/s and decoding alone at 7,400 gave 3,000 img/s together). The thread's batches
+come out in order; an exception raised there (a bad file, the recipe's own error) is raised in the loop's
+thread with its traceback; leaving the loop early stops the thread and waits for it, so the next epoch
+can use the same DataLoader.
+
+On a CPU device the batches pass through unchanged (`after` still applies, in the thread when threaded).
 """
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -31,15 +43,19 @@ Batch = Any
 
 class CudaPrefetcher:
     def __init__(self, batches: Iterable[Batch], device: torch.device, depth: int = 2,
-                 after: Callable[[Batch], Batch] | None = None):
+                 after: Callable[[Batch], Batch] | None = None, threaded: bool = False):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.batches = batches
         self.device = torch.device(device)
         self.depth = depth
         self.after = after
+        self.threaded = threaded
 
     def __iter__(self) -> Iterator[Batch]:
+        if self.threaded:
+            yield from self._threaded()
+            return
         if self.device.type != "cuda":
             if self.after is None:
                 yield from self.batches
@@ -48,6 +64,63 @@ class CudaPrefetcher:
                     yield self.after(batch)
             return
         yield from self._prefetch()
+
+    def _threaded(self) -> Iterator[Batch]:
+        cuda = self.device.type == "cuda"
+        copy_stream = torch.cuda.Stream(self.device) if cuda else None
+        compute_stream = torch.cuda.current_stream(self.device) if cuda else None
+        ready: queue.Queue = queue.Queue(maxsize=self.depth)
+        stop = threading.Event()
+
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def produce() -> None:
+            try:
+                if cuda:
+                    torch.cuda.set_device(self.device)
+                with torch.cuda.stream(copy_stream) if cuda else contextlib.nullcontext():
+                    for host in self.batches:
+                        on_device = to_device(host, self.device) if cuda else host
+                        if self.after is not None:
+                            on_device = self.after(on_device)
+                        copied = None
+                        if cuda:
+                            copied = torch.cuda.Event()
+                            copied.record(copy_stream)
+                        if not put((on_device, copied)):
+                            return
+            except BaseException as exc:  # noqa: BLE001 - handed to the loop's thread, raised there
+                put((_Failed(exc), None))
+                return
+            put((_END, None))
+
+        thread = threading.Thread(target=produce, name="launch-prefetch", daemon=True)
+        thread.start()
+        try:
+            while True:
+                batch, copied = ready.get()
+                if batch is _END:
+                    return
+                if isinstance(batch, _Failed):
+                    raise batch.exc
+                if not cuda:
+                    yield batch
+                    continue
+                compute_stream.wait_event(copied)
+                for tensor in tree_leaves(batch):
+                    if isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda":
+                        tensor.record_stream(compute_stream)
+                yield batch
+        finally:
+            stop.set()
+            thread.join()
 
     def _prefetch(self) -> Iterator[Batch]:
         copy_stream = torch.cuda.Stream(self.device)
@@ -80,6 +153,14 @@ class CudaPrefetcher:
                     tensor.record_stream(compute_stream)
             issue_next()
             yield batch
+
+
+class _Failed:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+_END = object()
 
 
 def batch_len(batch: Batch) -> int:

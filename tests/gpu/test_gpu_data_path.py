@@ -13,17 +13,32 @@ two_gpus = pytest.mark.two_gpus
 FAST = ("recipe=cifar10_fast", "data.synthetic=true")
 
 
-@pytest.mark.parametrize("pinned", [True, False], ids=["pinned-source", "pageable-source"])
-def test_prefetched_batches_equal_the_source_while_compute_is_busy(pinned):
+def _blocking_after(batch):
+    """GPU work on the side stream that blocks its thread until done (as a GPU image decoder does)."""
+    x, y = batch
+    out = (x.float() + 1.0, y * 2.0)
+    torch.cuda.current_stream().synchronize()
+    return out
+
+
+@pytest.mark.parametrize("pinned,threaded", [(True, False), (False, False), (True, True)],
+                         ids=["pinned-source", "pageable-source", "threaded-blocking-after"])
+def test_prefetched_batches_equal_the_source_while_compute_is_busy(pinned, threaded):
     device = torch.device("cuda", 0)
     g = torch.Generator().manual_seed(0)
     source = [(torch.randint(0, 256, (512, 3, 32, 32), dtype=torch.uint8, generator=g),
                torch.randn(512, 17, generator=g)) for _ in range(60)]
     if pinned:
         source = [(x.pin_memory(), y.pin_memory()) for x, y in source]
+    if threaded:
+        expected = [(x.float() + 1.0, y * 2.0) for x, y in source]
+    else:
+        expected = source
     busy = torch.randn(4096, 4096, device=device)
     copies = []
-    for x, y in CudaPrefetcher(iter(source), device, depth=3):
+    for x, y in CudaPrefetcher(iter(source), device, depth=3, after=_blocking_after if threaded else None,
+                               threaded=threaded):
+        assert x.is_cuda and y.is_cuda
         for _ in range(3):  # keep the compute stream well behind the copies
             busy = torch.tanh(busy @ busy * 1e-4)
         # Read the batch on the compute stream (as a model would), after the copies queued behind it.
@@ -31,7 +46,7 @@ def test_prefetched_batches_equal_the_source_while_compute_is_busy(pinned):
         del x, y  # the allocator may reuse their memory: record_stream must keep it until the reads ran
     torch.cuda.synchronize()
     assert len(copies) == len(source)
-    for (x, y), (hx, hy) in zip(copies, source, strict=True):
+    for (x, y), (hx, hy) in zip(copies, expected, strict=True):
         assert torch.equal(x.cpu(), hx) and torch.equal(y.cpu(), hy)
 
 

@@ -18,6 +18,31 @@ def test_prefetcher_passes_batches_through_unchanged_on_cpu():
     assert out == batches and all(o is b for o, b in zip(out, batches, strict=True))  # the same tuples
 
 
+def test_threaded_prefetcher_keeps_the_order_applies_after_and_raises_its_errors_here():
+    import threading
+
+    batches = [(torch.full((2,), float(i)), i) for i in range(7)]
+    out = list(CudaPrefetcher(iter(batches), CPU, depth=2, after=lambda b: (b[0] * 10, b[1]), threaded=True))
+    assert [i for _, i in out] == list(range(7)) and all(torch.equal(x, torch.full((2,), 10.0 * i)) for x, i in out)
+
+    def recipes_own_hook(batch):
+        if batch[1] == 3:
+            raise KeyError("bad sample 3")
+        return batch
+
+    seen = []
+    with pytest.raises(KeyError, match="bad sample 3") as raised:
+        for _, i in CudaPrefetcher(iter(batches), CPU, depth=2, after=recipes_own_hook, threaded=True):
+            seen.append(i)
+    assert seen == [0, 1, 2]
+    assert any(frame.name == "recipes_own_hook" for frame in raised.traceback)  # the user's frame is shown
+    # leaving early stops the thread and waits for it (the next epoch may use the same DataLoader)
+    for _, i in CudaPrefetcher(iter(batches), CPU, depth=2, threaded=True):
+        if i == 1:
+            break
+    assert not [t for t in threading.enumerate() if t.name == "launch-prefetch"]
+
+
 def test_prefetcher_rejects_a_depth_below_one():
     with pytest.raises(ValueError, match="depth"):
         CudaPrefetcher([], CPU, depth=0)
