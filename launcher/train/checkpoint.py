@@ -32,24 +32,33 @@ if TYPE_CHECKING:
 
 
 def capture(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: torch.device,
-            clone: bool = False, local: bool = False) -> dict[str, Any]:
+            clone: bool = False, local: bool = False, scaler: torch.amp.GradScaler | None = None) -> dict[str, Any]:
     """The training state now. `clone`: copies that later steps cannot change (the tensors are
     otherwise the live ones, as a checkpoint snapshot copies them itself). `local`: the weights as this
     rank holds them (its shards under fsdp, not the whole model gathered), for `restore(local=True)`
-    on the same rank of the same run."""
+    on the same rank of the same run. `scaler`: perf.precision=fp16's gradient scaler, whose scale and
+    growth count are kept as device tensors (its state_dict would wait for the device)."""
     state = {
         "net_state_dict": nets.module.state_dict() if local else strategy.state_dict(nets),
         "optimizer_state_dicts": [s.optimizer.state_dict() for s in steppers],
         "scheduler_state_dicts": [s.scheduler.state_dict() for s in steppers],
         "rng": rng_state(device),
     }
+    if scaler is not None and scaler._scale is not None:  # (None until its first step)
+        state["grad_scaler"] = {"scale": scaler._scale, "growth_tracker": scaler._growth_tracker}
     return _cloned(state) if clone else state
 
 
 def restore(state: dict[str, Any], strategy: Strategy, nets: Nets, steppers: list[Stepper],
-            device: torch.device, local: bool = False) -> None:
+            device: torch.device, local: bool = False, scaler: torch.amp.GradScaler | None = None) -> None:
     """Put a captured (or loaded) state back. The weights are copied into the live tensors, which a
-    captured step and flat gradients hold by address."""
+    captured step and flat gradients hold by address. `scaler`: fp16's gradient scaler takes the
+    checkpoint's scale (a checkpoint without one, from another precision, leaves it as it is)."""
+    saved = state.get("grad_scaler")
+    if scaler is not None and saved is not None:
+        scaler.load_state_dict({"scale": float(saved["scale"]), "_growth_tracker": int(saved["growth_tracker"]),
+                                "growth_factor": scaler._growth_factor, "backoff_factor": scaler._backoff_factor,
+                                "growth_interval": scaler._growth_interval})
     if local:
         nets.module.load_state_dict(state["net_state_dict"])
     else:

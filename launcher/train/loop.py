@@ -447,7 +447,8 @@ class Trainer:
             if "sharded" in state:
                 checkpoint.restore_sharded(state, Path(source), self.nets, self.steppers, self.device)
             else:
-                checkpoint.restore(state, self.strategy, self.nets, self.steppers, self.device)
+                checkpoint.restore(state, self.strategy, self.nets, self.steppers, self.device,
+                                   scaler=self.step.scaler)
         except (RuntimeError, ValueError) as exc:
             raise self._does_not_fit(source, state, exc) from None
         epoch = int(state["epoch"])
@@ -497,7 +498,8 @@ class Trainer:
             return
         start = time.perf_counter()
         # (each rank's own shards under fsdp: nothing gathered, every rank puts back its own)
-        saved = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device, clone=True, local=True)
+        saved = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device, clone=True, local=True,
+                                   scaler=self.step.scaler)
         self.nets.train.train()
         generator = self.generator
         generator.manual_seed(0)
@@ -520,7 +522,8 @@ class Trainer:
             self.timeline.mark("captured")
         # Evaluation warms up later, at the first evaluation (`_warm_up_eval`): not before the first step.
         self.eval_warm = False
-        checkpoint.restore(saved, self.strategy, self.nets, self.steppers, self.device, local=True)
+        checkpoint.restore(saved, self.strategy, self.nets, self.steppers, self.device, local=True,
+                           scaler=self.step.scaler)
         self.step.zero_grads()
         self._sync()
         seconds = time.perf_counter() - start
@@ -659,8 +662,8 @@ class Trainer:
             return
         if self.stager is None and self.device.type == "cuda":
             self.stager = checkpoint.Stager(self.device)
-        snapshot = checkpoint.HostSnapshot(checkpoint.capture(self.strategy, self.nets, self.steppers, self.device),
-                                           self.stager)
+        snapshot = checkpoint.HostSnapshot(checkpoint.capture(self.strategy, self.nets, self.steppers, self.device,
+                                                              scaler=self.step.scaler), self.stager)
         snapshot.add(epoch=epoch, step_in_epoch=done, batch_size=self.cfg.batch_size,
                      generator=self.generator.get_state(), history=list(self.history), config=to_plain(self.cfg))
         self.writer.submit(snapshot, last_checkpoint(self.run_dir))
@@ -683,7 +686,7 @@ class Trainer:
             if self.stager is None and self.device.type == "cuda":
                 self.stager = checkpoint.Stager(self.device)
             snapshot = checkpoint.HostSnapshot(checkpoint.capture(self.strategy, self.nets, self.steppers,
-                                                                  self.device), self.stager)
+                                                                  self.device, scaler=self.step.scaler), self.stager)
         return QueuedEpoch(epoch, row, clock, started, steps, sums.figures.names, Readback(figures, self.device),
                            evaluation, self._local_memory_mb(), snapshot, skipped, first)
 
