@@ -177,11 +177,39 @@ def typed(cfg: DictConfig) -> Config:
         raise LaunchError(describe_hydra_error(exc)) from None
     if not isinstance(obj, Config):
         raise LaunchError("the composed config is not launch's (it lacks `launch_schema` in its defaults list)")
+    unknown = appended_unknown_key(cfg)
+    if unknown is not None:
+        raise LaunchError(unknown)
     for group in GROUPS:
         if not isinstance(getattr(obj, group), Schema):
             raise LaunchError(f"{group}: the chosen option's YAML names no schema in its defaults list "
                               f"(e.g. `- /{SCHEMA_GROUP}/{group}/<option>@_here_`); see launcher/config.py")
     return freeze(obj)
+
+
+def appended_unknown_key(cfg: DictConfig, at: str = "") -> str | None:
+    """A key added with a leading + (`+epoch=3`) where a schema has no such field: Hydra takes it and the
+    typed config would drop it, so the run would go on as if it had not been typed. One line saying so,
+    as for a key typed without + (free-form sections, `args` or `model`'s arguments, take any key)."""
+    import dataclasses
+    import difflib
+
+    kind = OmegaConf.get_type(cfg)
+    fields = [f.name for f in dataclasses.fields(kind)] if dataclasses.is_dataclass(kind) else None
+    for key in cfg.keys():
+        full = f"{at}{key}"
+        if fields is not None and key not in fields:
+            guess = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f"did you mean {at}{guess[0]}? " if guess else ""
+            return (f"+{full}=... is not valid: there is no key {full} to add ({hint}known keys: "
+                    f"{', '.join(at + f for f in fields)}); a leading + adds keys only to sections that take keys "
+                    f"of your own (args, model's arguments)")
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig) and not node._is_none() and not node._is_missing():
+            found = appended_unknown_key(node, f"{full}.")
+            if found is not None:
+                return found
+    return None
 
 
 def compose(overrides: list[str]) -> DictConfig:

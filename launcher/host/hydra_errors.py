@@ -61,7 +61,7 @@ def _known_keys(full_key: str, schema_name: str | None) -> list[str] | None:
     return [f.name for f in dataclasses.fields(node)]
 
 
-def _unknown_key(full_key: str, schema_name: str | None) -> str:
+def unknown_key(full_key: str, schema_name: str | None) -> str:
     known = _known_keys(full_key, schema_name)
     leaf = full_key.split(".")[-1]
     if known is None:  # a key of the user's own in a dict section: Hydra adds new keys with a leading +
@@ -121,7 +121,7 @@ def describe_hydra_error(exc: BaseException) -> str:
         key = overridden.group(1) if overridden else full_key or (missing.group(1) if missing else None)
         schema = re.search(r"not in '(\w+)'", text)
         if key:
-            return _unknown_key(key, schema.group(1) if schema else None)
+            return unknown_key(key, schema.group(1) if schema else None)
     if full_key and "ValidationError" in names:
         choice = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", text)
         if choice:

@@ -97,6 +97,13 @@ def resolve(value: str, search_root: Path = Path("outputs"), setting: str = "res
     return path
 
 
+def _pickle_start(path: Path) -> bool:
+    """Whether the file starts as a pickle of protocol 2 or later does (torch.save's old format)."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+    return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
 def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
     """A launch checkpoint read with weights_only=True (tensors memory-mapped, not read), or one line
     saying what the file is instead."""
@@ -112,9 +119,12 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
         raise refuse("the file is empty")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, zipfile.BadZipFile, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever torch's unpickler raises on a file that is not one
+        # (UnpicklingError, RuntimeError, EOFError, ValueError, BadZipFile; torch 2.13's IndexError on text)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "central directory" in first or isinstance(exc, EOFError):
+        if not zipfile.is_zipfile(path) and not _pickle_start(path):
+            what = "not written by torch.save: neither the zip archive nor the pickle it writes"
+        elif "central directory" in first or "zip archive" in first or isinstance(exc, EOFError):
             what = "truncated, or not written by torch.save"
         elif isinstance(exc, pickle.UnpicklingError):
             what = "not written by torch.save, or it holds objects that weights_only=True does not load"

@@ -7,6 +7,9 @@ CASES = [
     ("epochs=0", "epochs=0 is not valid: must be an integer >= 1"),
     ("epochs=abc", "epochs=abc is not valid: must be an integer"),
     ("epoch=3", "unknown key 'epoch': did you mean epochs?"),
+    # a leading + on a key no schema has: Hydra takes it, the typed config would drop it and train the defaults
+    ("+epoch=3", "+epoch=... is not valid: there is no key epoch to add (did you mean epochs?"),
+    ("+recipe.hiden=3", "there is no key recipe.hiden to add (known keys: recipe.name"),
     ("recipe.modle=cnn", "did you mean recipe.model?"),
     ("recipe=imagenet", "recipe=imagenet is not valid: choose one of cifar10, cifar10_fast, digits"),
     ("strategy=fast", "strategy=fast is not valid: choose one of auto, ddp, dp, fsdp, single"),

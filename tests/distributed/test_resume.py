@@ -146,6 +146,8 @@ def _write_bad_files(where: Path, good: Path) -> dict[str, str]:
     (where / "empty.pt").write_bytes(b"")
     (where / "truncated.pt").write_bytes(good.read_bytes()[:2000])
     (where / "random.pt").write_bytes(bytes(range(256)) * 20)
+    (where / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\ndaemon:x:1:1::/usr/sbin:/bin/false\n")
+    (where / "pickled.pt").write_bytes(b"\x80\x04K\x01.")  # (a pickle, not a zip: torch 2.13+ raises IndexError)
     torch.save(state["net_state_dict"], where / "weights.pt")
     torch.save(torch.ones(3), where / "tensor.pt")
     torch.save({**state, "epoch": "2"}, where / "epoch-text.pt")  # (edited by hand, or not by launch)
@@ -153,6 +155,7 @@ def _write_bad_files(where: Path, good: Path) -> dict[str, str]:
     hostile = {**state["config"], "recipe": {**state["config"]["recipe"], "name": "digits hydra.run.dir=/"}}
     torch.save({**state, "config": hostile}, where / "recipe-override.pt")  # (would be added to the command line)
     return {"empty.pt": "the file is empty", "truncated.pt": "truncated", "random.pt": "not written by torch.save",
+            "passwd": "not written by torch.save", "pickled.pt": "does not load with weights_only=True",
             "weights.pt": "a plain state_dict", "tensor.pt": "a single tensor",
             "epoch-text.pt": "its epoch is '2', not a count of epochs",
             "config-flat.pt": "its config is not the settings a launch writes",
