@@ -9,6 +9,7 @@ RUN_DIR/model.pt; OUT a folder: OUT/model.pt. An existing file is never overwrit
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -43,26 +44,33 @@ def export(value: str, out: str | None = None) -> Path:
     target = Path(out).expanduser() if out else path.parent.parent / "model.pt"
     if out and (target.is_dir() or out.endswith("/")):  # a folder: the file goes in it, as cp would put it
         target = target / "model.pt"
-    if target.exists():
-        raise LaunchError(f"export is not valid: {target} exists and is not overwritten; give another file (e.g. "
-                          f"{USAGE.replace('RUN_DIR', value).split(' [')[0]} {target.with_name('model-2.pt')})")
+    def exists() -> LaunchError:
+        return LaunchError(f"export is not valid: {target} exists and is not overwritten; give another file (e.g. "
+                           f"{USAGE.replace('RUN_DIR', value).split(' [')[0]} {target.with_name('model-2.pt')})")
+
+    if os.path.lexists(target):  # (a symbolic link too, even one pointing nowhere)
+        raise exists()
     model = weights(path, state)
-    if target.suffix == ".safetensors":
-        try:
-            from safetensors.torch import save_file
-        except ImportError:
-            raise LaunchError(f"export to {target.name} is not valid: the safetensors package is not installed "
-                              f"(pip install safetensors), or give a .pt file: {target.with_suffix('.pt')}") from None
-        # (tied weights are one tensor under two names, which safetensors stores as two)
-        tmp = target.with_name(f".{target.name}.tmp")
-        save_file({k: v.clone() for k, v in model.items()}, str(tmp))
-        tmp.replace(target)
-    else:
-        import torch
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        if target.suffix == ".safetensors":
+            try:
+                from safetensors.torch import save_file
+            except ImportError:
+                raise LaunchError(f"export to {target.name} is not valid: the safetensors package is not "
+                                  f"installed (pip install safetensors), or give a .pt file: "
+                                  f"{target.with_suffix('.pt')}") from None
+            # (tied weights are one tensor under two names, which safetensors stores as two)
+            save_file({k: v.clone() for k, v in model.items()}, str(tmp))
+        else:
+            import torch
 
-        from launcher.files import write_atomic
-
-        write_atomic(target, lambda f: torch.save(model, f), durable=True)
+            with open(tmp, "xb") as f:
+                torch.save(model, f)
+        if not place_new(tmp, target):
+            raise exists()
+    finally:
+        tmp.unlink(missing_ok=True)
     config = state.get("config") or {}
     recipe = config.get("recipe") or {}
     values = sum(v.numel() for v in model.values())
@@ -70,6 +78,34 @@ def export(value: str, out: str | None = None) -> Path:
           f"recipe.model={recipe.get('model')} after epoch {state.get('epoch')} to {target}; "
           f"load it with model.load_state_dict(torch.load('{target}')) (a plain state_dict)")
     return target
+
+
+def place_new(written: Path, target: Path) -> bool:
+    """`written` (a finished file beside `target`) becomes `target` only if nothing is there, whatever
+    appeared since it was checked (a file, a link): a hard link, which fails rather than replace; where the
+    file system has none, an exclusive create and a copy. Flushed to disk. False: `target` exists."""
+    import shutil
+
+    with open(written, "rb") as f:
+        os.fsync(f.fileno())
+    try:
+        os.link(written, target)
+    except FileExistsError:
+        return False
+    except OSError:  # (no hard links on this file system)
+        try:
+            with open(target, "xb") as out, open(written, "rb") as src:
+                shutil.copyfileobj(src, out)
+                out.flush()
+                os.fsync(out.fileno())
+        except FileExistsError:
+            return False
+    folder = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+    return True
 
 
 def main(argv: list[str]) -> int:

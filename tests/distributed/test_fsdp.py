@@ -121,6 +121,9 @@ def test_export_writes_weights_that_load_without_the_launcher(fsdp_run, tmp_path
     assert export_main([str(fsdp_run / "ddp"), str(tmp_path / "folder")]) == 0  # into it, as cp puts a file
     assert torch.load(tmp_path / "folder" / "model.pt").keys() == torch.load(tmp_path / "ddp.pt").keys()
     assert export_main([str(fsdp_run / "ddp"), str(tmp_path / "folder")]) == 2  # its model.pt is not overwritten
+    (tmp_path / "dangling.pt").symlink_to(tmp_path / "nowhere.pt")  # a link pointing nowhere is not replaced either
+    assert export_main([str(fsdp_run / "ddp"), str(tmp_path / "dangling.pt")]) == 2
+    assert (tmp_path / "dangling.pt").is_symlink() and not (tmp_path / "nowhere.pt").exists()
     sharded, whole = torch.load(tmp_path / "fsdp.pt"), torch.load(tmp_path / "ddp.pt")
     assert sharded.keys() == whole.keys() and "blocks.1.qkv.weight" in sharded
     assert all(torch.allclose(sharded[k], whole[k], atol=1e-5) for k in whole)

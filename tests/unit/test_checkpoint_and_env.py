@@ -294,3 +294,19 @@ def test_a_full_disk_at_the_runs_end_keeps_the_runs_own_error(tmp_path, monkeypa
     monkeypatch.setattr(run_here, "write_json", full)
     run_here._record_outcome(tmp_path, Outcome(1, error="No space left on device: writing checkpoints/last.pt"))
     assert not (tmp_path / "outcome.json").exists()
+
+
+def test_an_export_never_replaces_a_file_that_appeared_after_the_check(tmp_path):
+    """launch export checks that its output does not exist, writes the weights beside it, then places them
+    only if still nothing is there (a file or a link made meanwhile is the user's)."""
+    from launcher.host.export import place_new
+
+    written, target = tmp_path / ".model.pt.tmp", tmp_path / "model.pt"
+    written.write_bytes(b"weights")
+    target.write_bytes(b"the user's")  # (appeared between the check and the placing)
+    assert not place_new(written, target) and target.read_bytes() == b"the user's"
+    link = tmp_path / "link.pt"
+    link.symlink_to(tmp_path / "nowhere")
+    assert not place_new(written, link) and link.is_symlink() and not (tmp_path / "nowhere").exists()
+    fresh = tmp_path / "fresh.pt"
+    assert place_new(written, fresh) and fresh.read_bytes() == b"weights"
