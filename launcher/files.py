@@ -124,10 +124,13 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def read_json(path: Path) -> dict:
-    """A JSON object a run wrote, or {} when it is missing, torn or not an object (a writer killed mid-way)."""
+    """A JSON object a run wrote, or {} when it is missing, torn or not an object (a writer killed mid-way),
+    or not a regular file (a FIFO would block the reader forever; a folder cannot be read)."""
     import json
 
     try:
+        if not Path(path).is_file():
+            return {}
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}

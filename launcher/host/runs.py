@@ -31,6 +31,8 @@ def _config_values(run_dir: Path) -> dict[str, Any]:
     try:
         from omegaconf import OmegaConf
 
+        if not (run_dir / CONFIG).is_file():  # (a FIFO would block)
+            return {}
         cfg = OmegaConf.load(run_dir / CONFIG)
         return {"recipe": OmegaConf.select(cfg, "recipe.name"), "model": OmegaConf.select(cfg, "recipe.model"),
                 "epochs": OmegaConf.select(cfg, "epochs"), "script": OmegaConf.select(cfg, "script")}
@@ -45,12 +47,14 @@ def describe(run_dir: Path) -> dict[str, Any]:
     ended = read_json(run_dir / OUTCOME)
     values = _config_values(run_dir)
     rows = []
-    if (run_dir / METRICS).exists():
+    if (run_dir / METRICS).is_file():  # (a FIFO would block; a folder, or no permission, raises: unreadable)
         for line in (run_dir / METRICS).read_text(errors="replace").splitlines():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(row, dict):
+                rows.append(row)
     accs = [r["test_acc"] for r in rows if isinstance(r.get("test_acc"), (int, float))]
     best = results.get("best_test_acc") or results.get("test_acc") or (max(accs) if accs else None)
     # a recipe's own figure where it has no accuracy: its sweep.objective's best (minimized where an error)
@@ -95,6 +99,33 @@ def describe(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def unreadable(run_dir: Path, exc: Exception) -> dict[str, Any]:
+    """The row of a run whose files cannot be read as launch wrote them (edited by hand, damaged)."""
+    try:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run_dir.stat().st_mtime))
+    except OSError:
+        started = "?"
+    why = f"{type(exc).__name__}: {exc}".splitlines()[0][:120]
+    return {"started": started, "recipe": None, "strategy": None, "devices": None, "epochs": None,
+            "best_test_acc": None, "best_figure": None, "state": "unreadable", "failed_ranks": [],
+            "exit_code": None, "error": why, "dir": str(run_dir)}
+
+
+def describe_or_say(run_dir: Path) -> dict[str, Any]:
+    """`describe`, or an `unreadable` row: one bad run never stops the listing."""
+    try:
+        return describe(run_dir)
+    except Exception as exc:  # noqa: BLE001 - any file of the run may be anything
+        return unreadable(run_dir, exc)
+
+
+def printable(value: Any) -> str:
+    """A cell as text with control characters (terminal escape sequences in a name) shown escaped."""
+    text = str(value)
+    return text if text.isprintable() else "".join(c if c.isprintable() else c.encode("unicode_escape").decode()
+                                                   for c in text)
+
+
 def find(root: Path) -> list[Path]:
     """Run dirs under outputs/ and multirun/ (a dir launch claimed or wrote a plan into)."""
     found = set()
@@ -117,13 +148,52 @@ def _best(run: dict[str, Any]) -> str:
     return f"{figure['name']} {figure['value']:.4g}" if figure else "-"
 
 
-def table(runs: list[dict[str, Any]]) -> str:
-    heads = ("started", "recipe", "strategy", "devices", "epochs", "best", "state", "dir")
-    cells = [[r["started"], r["recipe"] or "-", r["strategy"] or "-", r["devices"] or "-", r["epochs"] or "-",
-              _best(r), r["state"], r["dir"]] for r in runs]
-    widths = [max(len(str(x)) for x in col) for col in zip(heads, *cells, strict=False)]
-    lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths, strict=True)).rstrip()
-             for row in (heads, *cells)]
+# Columns left out, in this order, while the table is wider than the terminal; then the dir is cut from the left.
+DROPPED_FIRST = ("strategy", "devices", "started", "epochs", "recipe")
+
+
+def table(runs: list[dict[str, Any]], columns: int | None = None) -> str:
+    """The runs as aligned columns, fitting `columns` characters where it can: COLUMNS, else the terminal's
+    width when printing to one (piped to another program, the rows are whole)."""
+    import os
+    import shutil
+
+    if columns is None and (os.environ.get("COLUMNS", "").isdigit() or sys.stdout.isatty()):
+        columns = shutil.get_terminal_size((120, 24)).columns
+    columns = columns or 1 << 30
+    heads = ["started", "recipe", "strategy", "devices", "epochs", "best", "state", "dir"]
+    cells = [[printable(x) for x in (r["started"], r["recipe"] or "-", r["strategy"] or "-", r["devices"] or "-",
+                                     r["epochs"] or "-", _best(r), r["state"], r["dir"])] for r in runs]
+
+    def width(heads: list[str], cells: list[list[str]]) -> list[int]:
+        return [max(len(x) for x in col) for col in zip(heads, *cells, strict=False)]
+
+    def fits() -> bool:
+        return sum(width(heads, cells)) + 2 * (len(heads) - 1) <= columns
+
+    def drop(name: str) -> None:
+        at = heads.index(name)
+        heads.pop(at)
+        for row in cells:
+            row.pop(at)
+
+    def cut_dir() -> None:  # the dir's tail, which names the run
+        keep = max(columns - (sum(width(heads, cells)[:-1]) + 2 * (len(heads) - 1)), 16)
+        for row in cells:
+            row[-1] = row[-1] if len(row[-1]) <= keep else "..." + row[-1][-(keep - 3):]
+
+    for name in DROPPED_FIRST:
+        if fits():
+            break
+        if name == "recipe":  # (before the recipe goes, the dir is shortened)
+            cut_dir()
+            if fits():
+                break
+        drop(name)
+    if not fits():
+        cut_dir()
+    widths = width(heads, cells)
+    lines = ["  ".join(x.ljust(w) for x, w in zip(row, widths, strict=True)).rstrip() for row in (heads, *cells)]
     return "\n".join(lines)
 
 
@@ -142,7 +212,8 @@ def main(argv: list[str], root: Path | None = None) -> int:
             print(f"launch: runs does not take {arg!r}: {USAGE}", file=sys.stderr)
             return 2
     root = Path.cwd() if root is None else root
-    runs = sorted((describe(d) for d in find(root)), key=lambda r: (r["started"], r["dir"]), reverse=True)
+    runs = sorted((describe_or_say(d) for d in find(root)), key=lambda r: (str(r["started"]), r["dir"]),
+                  reverse=True)
     runs = runs[:limit] if limit else runs
     if as_json:
         print(json.dumps(runs, indent=2))

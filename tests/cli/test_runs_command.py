@@ -74,3 +74,34 @@ def test_a_run_stopped_by_a_signal_reads_stopped_and_a_script_that_ended_well_fi
 def test_runs_with_a_wrong_argument_is_one_line(launch):
     result = launch("runs", "--everything", timeout=60)
     assert result.returncode == 2 and result.stderr.startswith("launch: runs does not take '--everything'")
+
+
+def test_runs_shows_damaged_runs_as_unreadable_escapes_names_and_fits_the_terminal(tmp_path):
+    """One bad run never stops the listing: a metrics line that is not an object, metrics.jsonl a folder,
+    results.json a FIFO (reading it would block forever), a hand-edited plan with wrong types; a name
+    holding a terminal escape sequence is printed escaped; rows fit COLUMNS."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+
+    def run(name: str) -> Path:
+        return _fake_run(tmp_path, name, dead.pid, "2026-11-01 09:00:00", {})
+
+    (run("a-lines") / "metrics.jsonl").write_text('[1, 2]\n"text"\n{"epoch": 1, "test_acc": 0.25}\n')
+    folder = run("b-folder")
+    (folder / "metrics.jsonl").unlink()
+    (folder / "metrics.jsonl").mkdir()
+    os.mkfifo(run("c-fifo") / "results.json")
+    (run("d-plan") / "plan.json").write_text(json.dumps({"strategy": ["x"], "gpu_ids": 5, "nprocs": "two"}))
+    run("e-\x1b[31mred")
+    env = {**clean_env(), "COLUMNS": "60"}
+    proc = subprocess.run([sys.executable, "-m", "launcher", "runs", "--all"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 6 and all(len(line) <= 60 for line in lines), proc.stdout
+    assert "\x1b" not in proc.stdout and "\\x1b[31mred" in proc.stdout
+    assert "25.00%" in proc.stdout  # the one good metrics line of a-lines
+    listed = json.loads(subprocess.run([sys.executable, "-m", "launcher", "runs", "--all", "--json"], cwd=tmp_path,
+                                       capture_output=True, text=True, timeout=60, env=env).stdout)
+    assert {Path(r["dir"]).name[:1] for r in listed} == {"a", "b", "c", "d", "e"}
+    assert next(r for r in listed if Path(r["dir"]).name == "d-plan")["state"] == "unreadable"
