@@ -125,3 +125,45 @@ if __name__ == "__main__":  # python -m launcher.lifetime -- PROGRAM ARGS...
     if not args:
         sys.exit("usage: python -m launcher.lifetime -- PROGRAM [ARGS...]")
     exec_tied_to_parent(args)
+
+
+def private_temp_dir() -> str | None:
+    """Give this process's temporary files (multiprocessing's pymp-* folders with the forkserver's socket,
+    elastic's torchelastic_* logs) a folder of its own, /tmp/launch-<uid>/<pid>, removed when the process
+    exits; one left by a launch that was killed outright (kill -9: no exit handler runs) is removed by the
+    next launch, once its pid is gone. Before, each such kill left its folders in /tmp for good. Only this
+    process's `tempfile` default changes: workers and a user's code keep theirs (TMPDIR is not touched)."""
+    import shutil
+    import tempfile
+    from multiprocessing import util
+
+    base = os.path.join(tempfile.gettempdir(), f"launch-{os.getuid()}")
+    try:
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        if os.stat(base).st_uid != os.getuid():  # (someone else's folder of that name: keep the default)
+            return None
+        for name in os.listdir(base):
+            if name.isdigit() and not _alive(int(name)):
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        mine = os.path.join(base, str(os.getpid()))
+        os.makedirs(mine, mode=0o700, exist_ok=True)
+    except OSError:  # (a read-only or full /tmp: the default it is)
+        return None
+    tempfile.tempdir = mine
+    # at exit, after multiprocessing has removed its own folders in it (they are finalized at priority -100)
+    util.Finalize(None, shutil.rmtree, args=(mine,), kwargs={"ignore_errors": True}, exitpriority=-101)
+    return mine
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError, IndexError):
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    return True

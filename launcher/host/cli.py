@@ -223,7 +223,9 @@ def _main(argv: list[str] | None) -> None:
     allow_imports_from_cwd()  # before the worker interpreter starts: it inherits the path
     if _will_spawn_workers(argv):
         from launcher.host.spawn import prestart_worker_interpreter
+        from launcher.lifetime import private_temp_dir
 
+        private_temp_dir()  # (before the forkserver's socket folder is made)
         prestart_worker_interpreter()  # imports torch in the background while Hydra composes
     from launcher.host.resume import is_resume
 

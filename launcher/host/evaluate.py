@@ -54,6 +54,11 @@ def command_line(argv: list[str]) -> list[str]:
                           "older launch); evaluate it with launch eval.checkpoint=PATH recipe=NAME")
     mine = [f"eval.checkpoint={_hydra_value(str(path.resolve()))}", f"recipe={recipe['name']}"]
     given = {o.partition("=")[0].lstrip("+~") for o in overrides}
+    asked = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+~") == "recipe"]
+    if asked and asked[-1] != recipe["name"]:  # (its recipe.* keys would be another recipe's: a wrong key named)
+        raise LaunchError(f"recipe={asked[-1]} is not valid with launch eval {where}: the checkpoint was trained "
+                          f"with recipe={recipe['name']}, which evaluates it (e.g. launch eval {where}, without "
+                          "recipe=)")
     mine += [f"recipe.{k}={_hydra_value(v)}" for k, v in recipe.items() if k != "name" and f"recipe.{k}" not in given]
     synthetic = ((state.get("config") or {}).get("data") or {}).get("synthetic")
     if synthetic and "data.synthetic" not in given:  # the data it was trained on (generated: say so again)

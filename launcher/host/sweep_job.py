@@ -21,7 +21,9 @@ def main(argv: list[str]) -> int:
 
     keep_bytecode()  # the launcher already said so, if it applies
     from launcher.host.spawn import prestart_worker_interpreter
+    from launcher.lifetime import private_temp_dir
 
+    private_temp_dir()
     prestart_worker_interpreter()  # imports torch for the workers while this process unpickles the run
     import cloudpickle
     from hydra.core.utils import JobStatus

@@ -40,6 +40,12 @@ def test_eval_takes_the_recipe_values_the_checkpoint_was_trained_with(launch, tm
     assert result.returncode == 0, result.output
     [report] = [json.loads(p.read_text()) for p in tmp_path.glob("outputs/*/*/eval.json")]
     assert report["recipe"] == "my_pkg.my_recipe" and report["classes"] == ["0", "1"]
+    # another recipe named: that, in one line (it used to be refused for a recipe.* key of the checkpoint's)
+    other = launch("eval", "narrow", "recipe=digits", "gpus=[]", timeout=120)
+    lines = [x for x in other.stderr.splitlines() if x.strip()]
+    assert other.returncode == 2 and len(lines) == 1, other.output
+    assert "recipe=digits is not valid with launch eval narrow: the checkpoint was trained with " \
+           "recipe=my_pkg.my_recipe" in lines[0]
 
 
 @pytest.mark.parametrize(("args", "expected"), [

@@ -2,6 +2,8 @@
 
 import os
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -66,8 +68,16 @@ def test_launcher_killed_in_a_background_job_of_a_script_leaves_no_worker(tmp_pa
             (tmp_path / "out.txt").read_text()
         before = tagged(tag)
         assert len(before - {launcher}) >= 2, before  # the workers (and the forkserver) are running
+        own = Path(tempfile.gettempdir()) / f"launch-{os.getuid()}" / str(launcher)
+        assert list(own.glob("pymp-*")), list(own.iterdir())  # (multiprocessing's socket folder: in launch's own)
         os.kill(launcher, 9)
         assert wait_for(lambda: not tagged(tag), 10), f"left running: {tagged(tag)}"
+        # what kill -9 left in /tmp is launch's folder, which the next launch removes (its pid is gone)
+        assert own.is_dir()
+        nxt = subprocess.run([sys.executable, "-c", "from launcher.lifetime import private_temp_dir as p; print(p())"],
+                             capture_output=True, text=True, timeout=60, env=clean_env())
+        assert nxt.returncode == 0 and nxt.stderr == "", nxt.stderr
+        assert not own.exists() and not Path(nxt.stdout.strip()).exists()  # (and its own, at its exit)
     finally:
         kill_tagged(tag)
 
