@@ -89,7 +89,8 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     trainer = None
     try:
         # (a world over several machines: rank 0's run dir, and whether every rank sees it)
-        dirs = nodes.meet(world, Path(spec.run_dir), strategy.sharded, cfg.checkpoint and not spec.evaluate)
+        dirs = nodes.meet(world, Path(spec.run_dir), strategy.sharded, cfg.checkpoint and not spec.evaluate,
+                          settings=to_plain(cfg))
         trainer = Trainer(spec, world, device, timeline, dirs)
         results = trainer.evaluate(spec.evaluate) if spec.evaluate else trainer.run()
         # Let go of the nets and a captured step before teardown: destroying NCCL's communicator while

@@ -48,8 +48,50 @@ def spans_nodes(world: WorldInfo) -> bool:
     return world.world_size > world.local_world_size
 
 
-def meet(world: WorldInfo, run_dir: Path, sharded: bool, checkpoints: bool) -> RunDirs:
-    """Rank 0's run dir and whether every rank sees it (a collective: every rank calls it)."""
+# Settings each node may set for itself: where its data and devices are, how many loader processes it
+# runs, how it shows progress. Every other setting must be the same on every node (`meet` checks).
+PER_NODE = ("node_rank", "gpus", "nprocs", "rdzv_timeout_s", "data.root", "data.workers", "data.worker_prefetch",
+            "progress", "dry_run")
+
+
+def flat(settings: Any, at: str = "") -> dict[str, Any]:
+    """A config as plain data (launcher.config.to_plain) flattened to dotted keys."""
+    if isinstance(settings, dict):
+        out: dict[str, Any] = {}
+        for key, value in settings.items():
+            out.update(flat(value, f"{at}{key}."))
+        return out
+    return {at[:-1]: settings}
+
+
+def differences(answers: list[tuple[Any, ...]]) -> str | None:
+    """Where the nodes' settings (the last item of each rank's answer, with its host) differ from rank 0's,
+    and their ranks per node: one line naming each key and both values, or None when they agree."""
+    first_settings, first_host, first_local = answers[0][-1], answers[0][2], answers[0][3]
+    said: list[str] = []
+    for rank, _, host, local, settings in answers[1:]:
+        if local != first_local and "processes per node" not in " ".join(said):
+            said.append(f"processes per node (nprocs): {first_local} on {first_host} (rank 0's node), {local} on "
+                        f"{host}")
+        for key in sorted(set(first_settings) | set(settings)):
+            if any(key == own or key.startswith(own + ".") for own in PER_NODE):
+                continue
+            mine, theirs = first_settings.get(key), settings.get(key)
+            if mine != theirs and not any(line.startswith(f"{key}=") for line in said):
+                said.append(f"{key}={mine} on {first_host} (rank 0's node) but {key}={theirs} on {host} "
+                            f"(rank {rank})")
+    if not said:
+        return None
+    return ("the nodes were launched with different settings: " + "; ".join(said[:6])
+            + ("; ..." if len(said) > 6 else "") + ". Give every node the same command: only node_rank, gpus, "
+            "data.root and data.workers may differ")
+
+
+def meet(world: WorldInfo, run_dir: Path, sharded: bool, checkpoints: bool,
+         settings: dict[str, Any] | None = None) -> RunDirs:
+    """Rank 0's run dir and whether every rank sees it (a collective: every rank calls it). `settings`: this
+    node's resolved config (plain data): where a node's differs from rank 0's (but for PER_NODE keys), every
+    rank raises the same one line (exit 2), before training."""
     global _met
     run_dir = Path(run_dir)
     if not spans_nodes(world) or not dist.is_initialized():
@@ -65,8 +107,12 @@ def meet(world: WorldInfo, run_dir: Path, sharded: bool, checkpoints: bool) -> R
     except OSError:
         sees = False
     answers: list[Any] = [None] * world.world_size
-    dist.all_gather_object(answers, (world.rank, sees, socket.gethostname()))
-    blind = [(rank, host) for rank, ok, host in answers if not ok]
+    mine = flat(settings or {}) if world.local_rank == 0 else None  # (one per node is enough)
+    dist.all_gather_object(answers, (world.rank, sees, socket.gethostname(), world.local_world_size, mine))
+    differ = differences([a for a in answers if a[-1] is not None])
+    if differ:
+        raise LaunchError(differ)
+    blind = [(rank, host) for rank, ok, host, _, _ in answers if not ok]
     dirs = RunDirs(run_dir, main, not blind)
     if world.local_rank == 0 and world.rank != 0:
         record = {"ranks": [world.rank, world.rank + world.local_world_size - 1], "main_run_dir": str(main),
