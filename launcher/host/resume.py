@@ -104,6 +104,38 @@ def _pickle_start(path: Path) -> bool:
     return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
 
 
+def sharded_damage(path: Path, folder_name: Any) -> str | None:
+    """What is wrong with the torch.distributed.checkpoint folder a sharded last.pt names, read without
+    loading a tensor: the folder, its .metadata (read as DCP reads it), and every byte range the metadata
+    places in a shard file (a missing or truncated file). None: whole, as far as sizes tell."""
+    if not isinstance(folder_name, str) or not folder_name or "/" in folder_name or folder_name in (".", ".."):
+        return f"it names its shards' folder as {str(folder_name)[:80]!r}, not a folder beside it"
+    folder = path.parent / folder_name
+    if not folder.is_dir():
+        return f"its shards' folder {folder} is missing"
+    if not (folder / ".metadata").is_file():
+        return f"{folder} has no .metadata (the index torch.distributed.checkpoint writes last)"
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        metadata = FileSystemReader(str(folder)).read_metadata()
+        placed = dict(metadata.storage_data or {})
+    except Exception as exc:  # noqa: BLE001 - whatever the unpickler raises on a damaged index
+        return f"{folder / '.metadata'} is damaged ({type(exc).__name__})"
+    ends: dict[str, int] = {}
+    for where in placed.values():
+        name = str(getattr(where, "relative_path", ""))
+        end = int(getattr(where, "offset", 0)) + int(getattr(where, "length", 0))
+        ends[name] = max(ends.get(name, 0), end)
+    for name, end in sorted(ends.items()):
+        shard = folder / name
+        if not shard.is_file():
+            return f"its shard file {shard} is missing"
+        if shard.stat().st_size < end:
+            return f"its shard file {shard} is truncated ({shard.stat().st_size} bytes; its index places {end})"
+    return None
+
+
 def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
     """A launch checkpoint read with weights_only=True (tensors memory-mapped, not read), or one line
     saying what the file is instead."""
@@ -142,6 +174,11 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
         raise refuse(what)
     if not isinstance(state["epoch"], int) or isinstance(state["epoch"], bool) or state["epoch"] < 0:
         raise refuse(f"its epoch is {state['epoch']!r}, not a count of epochs")
+    if "sharded" in state:
+        damaged = sharded_damage(path, state["sharded"])
+        if damaged:
+            raise LaunchError(f"{setting} is not valid: the sharded checkpoint {path} cannot be read whole: {damaged}; "
+                              f"give an earlier run's checkpoint, or train afresh")
     config = state.get("config")
     if config is not None and not (isinstance(config, dict) and all(
             isinstance(config.get(section), (dict, type(None))) for section in ("recipe", "optim"))):

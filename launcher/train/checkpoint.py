@@ -233,6 +233,19 @@ def load_sharded_weights(state: dict[str, Any], source: Path, nets: Nets) -> Non
     set_model_state_dict(nets.module, target["model"])
 
 
+def misfit(exc: BaseException) -> BaseException | None:
+    """Why loading a checkpoint into this run's network failed, where it is the checkpoint's shapes or names
+    (what a plain load_state_dict or torch.distributed.checkpoint raise: RuntimeError, ValueError,
+    AssertionError, KeyError; DCP wraps each rank's in a CheckpointException, a BaseException); None for
+    anything else (an interrupt, running out of memory), which is not the checkpoint's fault."""
+    if type(exc).__name__ == "CheckpointException" and getattr(exc, "failures", None):
+        first = next(iter(exc.failures.values()))  # type: ignore[attr-defined]
+        return first[0] if isinstance(first, tuple) and first else exc
+    if isinstance(exc, torch.OutOfMemoryError):
+        return None
+    return exc if isinstance(exc, (RuntimeError, ValueError, AssertionError, KeyError)) else None
+
+
 def save_atomic(state: dict[str, Any], path: Path) -> None:
     """torch.save to a temporary file beside `path`, fsync, rename: a crash never leaves half a checkpoint."""
     write_atomic(path, lambda f: torch.save(state, f), durable=True)

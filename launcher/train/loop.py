@@ -241,8 +241,11 @@ class Trainer:
                 checkpoint.load_sharded_weights(state, Path(source), self.nets)
             else:
                 self.strategy.load_state_dict(self.nets, state["net_state_dict"])
-        except (RuntimeError, ValueError) as exc:
-            raise self._does_not_fit(source, state, exc) from None
+        except BaseException as exc:  # noqa: BLE001 - (DCP's CheckpointException is a BaseException)
+            misfit = checkpoint.misfit(exc)
+            if misfit is None:
+                raise
+            raise self._does_not_fit(source, state, misfit) from None
         self.strategy.barrier()
         row = self._evaluate(confusion=self._classifies)
         if not self.is_main:
@@ -450,8 +453,11 @@ class Trainer:
             else:
                 checkpoint.restore(state, self.strategy, self.nets, self.steppers, self.device,
                                    scaler=self.step.scaler)
-        except (RuntimeError, ValueError) as exc:
-            raise self._does_not_fit(source, state, exc) from None
+        except BaseException as exc:  # noqa: BLE001 - (DCP's CheckpointException is a BaseException)
+            misfit = checkpoint.misfit(exc)
+            if misfit is None:
+                raise
+            raise self._does_not_fit(source, state, misfit) from None
         epoch = int(state["epoch"])
         step = 0
         if state.get("step_in_epoch"):  # (written inside an epoch: its position, in samples of the global order)
@@ -461,7 +467,7 @@ class Trainer:
         generator = state.get("generator") if step else None
         return Start(epoch, list(state.get("history", [])), source, step, generator)
 
-    def _does_not_fit(self, source: str, state: dict[str, Any], exc: Exception) -> ConfigError:
+    def _does_not_fit(self, source: str, state: dict[str, Any], exc: BaseException) -> ConfigError:
         """The checkpoint's weights (or optimizer state) do not fit the network this config builds."""
         saved = (state.get("config") or {}).get("recipe") or {}
         mine = to_plain(self.cfg.recipe)

@@ -177,3 +177,41 @@ def test_clipping_under_fsdp_uses_the_whole_models_gradient_norm(launch, tmp_pat
     for a, b in zip(rows["fsdp"], rows["single"], strict=True):
         for key in ("loss", "test_loss"):
             assert a[key] == pytest.approx(b[key], rel=1e-4), (key, a, b)
+
+
+def test_a_damaged_sharded_checkpoint_is_one_line_before_any_worker(launch, fsdp_run, text_root, tmp_path):
+    """Its folder without .metadata, a shard cut short, a folder gone: one line naming what, exit 2, no
+    worker started (before, tracebacks from torch.distributed.checkpoint after the workers started)."""
+    import shutil
+
+    from launcher.errors import LaunchError
+    from launcher.host.resume import load_checkpoint
+
+    def damaged(name, harm):
+        run = tmp_path / name
+        shutil.copytree(fsdp_run / "fsdp", run)
+        harm(run / "checkpoints" / "epoch-2.dcp")
+        return run
+
+    def cut(folder):
+        shard = max(folder.glob("*.distcp"), key=lambda p: p.stat().st_size)
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+    cases = {"no-index": (lambda f: (f / ".metadata").unlink(), "has no .metadata"),
+             "cut": (cut, "is truncated"),
+             "gone": (shutil.rmtree, "its shards' folder")}
+    for name, (harm, why) in cases.items():
+        run = damaged(name, harm)
+        with pytest.raises(LaunchError, match=why):
+            load_checkpoint(run / "checkpoints" / "last.pt", f"resume={run}")
+    result = launch(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=3",
+                    f"resume={tmp_path / 'cut'}", timeout=120)
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "is truncated" in lines[0], result.output
+    assert "Traceback" not in result.output
+    # a whole checkpoint of another shape (recipe.width): one line as under ddp, not DCP's CheckpointException
+    wider = launch(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=3", "recipe.width=64",
+                   f"resume={fsdp_run / 'fsdp'}", timeout=180)
+    assert wider.returncode == 2 and "the checkpoint does not fit the network this config builds (it was trained " \
+        "with recipe.width=32" in wider.stderr, wider.output
+    assert "CheckpointException" not in wider.stderr
