@@ -769,6 +769,16 @@ def derive(obj: S, **changes: Any) -> S:
     return freeze(dataclasses.replace(obj, **changes))  # type: ignore[type-var]
 
 
+def flat_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Plain nested data (`to_plain`'s) as {dotted.key: value}."""
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(flat_keys(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
 def to_plain(obj: Any) -> Any:
     """Plain Python data (dicts, lists, str for choices), e.g. for JSON or a checkpoint's `config`."""
     if isinstance(obj, Schema):

@@ -143,7 +143,7 @@ def private_temp_dir() -> str | None:
         if os.stat(base).st_uid != os.getuid():  # (someone else's folder of that name: keep the default)
             return None
         for name in os.listdir(base):
-            if name.isdigit() and not _alive(int(name)):
+            if name.isdigit() and not process_alive(int(name)):
                 shutil.rmtree(os.path.join(base, name), ignore_errors=True)
         mine = os.path.join(base, str(os.getpid()))
         os.makedirs(mine, mode=0o700, exist_ok=True)
@@ -155,7 +155,7 @@ def private_temp_dir() -> str | None:
     return mine
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie, killed and not yet reaped, does not)."""
     try:
         os.kill(pid, 0)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.config import Config, choices, saved_choices, to_plain
+from launcher.config import Config, choices, flat_keys, saved_choices, to_plain
 from launcher.errors import LaunchError
 from launcher.files import CHECKPOINTS, LAST_CHECKPOINT, last_checkpoint
 
@@ -211,17 +211,8 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
         raise LaunchError(f"epochs={cfg.epochs} is not valid with resume={value}: the checkpoint has trained {epoch} "
                           f"epoch{'s' if epoch != 1 else ''} already; give more (e.g. launch resume={value} "
                           f"epochs={epoch + max(1, epoch)}), or evaluate it: launch eval {value}")
-    changed = _differences(_flat(config), _flat(to_plain(cfg)))
+    changed = _differences(flat_keys(config), flat_keys(to_plain(cfg)))
     return Resume(path, epoch, changed)
-
-
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for key, value in tree.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree}
 
 
 def _differences(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -341,7 +332,7 @@ def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
     value = OmegaConf.select(cfg, "resume")
     if value is None or not _single_value(str(value)):
         return cfg
-    saved = _flat(checkpoint_facts(str(value))[1])
+    saved = flat_keys(checkpoint_facts(str(value))[1])
     typed = typed_keys(overrides)
     absent = object()
     cfg = copy.deepcopy(cfg)

@@ -18,7 +18,6 @@ Inside torchrun/srun only rank 0 claims: every rank runs `launch` with the same 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -54,17 +53,11 @@ def read_claim(run_dir: Path) -> dict[str, Any] | None:
 
 def pid_alive(pid: Any, host: Any) -> bool:
     """Whether the process that wrote a claim still runs (only answerable on the host that wrote it)."""
+    from launcher.lifetime import process_alive
+
     if host != socket.gethostname() or not isinstance(pid, int):
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):  # a zombie has exited
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
+    return process_alive(pid)
 
 
 def _why_taken(path: Path, setting: str) -> str | None:

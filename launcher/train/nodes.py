@@ -28,6 +28,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from launcher.config import flat_keys
 from launcher.errors import LaunchError
 from launcher.failures import span
 from launcher.files import NODE, WORLD_TOKEN, write_text_atomic
@@ -52,16 +53,6 @@ def spans_nodes(world: WorldInfo) -> bool:
 # runs, how it shows progress. Every other setting must be the same on every node (`meet` checks).
 PER_NODE = ("node_rank", "gpus", "nprocs", "rdzv_timeout_s", "data.root", "data.workers", "data.worker_prefetch",
             "progress", "dry_run")
-
-
-def flat(settings: Any, at: str = "") -> dict[str, Any]:
-    """A config as plain data (launcher.config.to_plain) flattened to dotted keys."""
-    if isinstance(settings, dict):
-        out: dict[str, Any] = {}
-        for key, value in settings.items():
-            out.update(flat(value, f"{at}{key}."))
-        return out
-    return {at[:-1]: settings}
 
 
 def differences(answers: list[tuple[Any, ...]]) -> str | None:
@@ -107,7 +98,7 @@ def meet(world: WorldInfo, run_dir: Path, sharded: bool, checkpoints: bool,
     except OSError:
         sees = False
     answers: list[Any] = [None] * world.world_size
-    mine = flat(settings or {}) if world.local_rank == 0 else None  # (one per node is enough)
+    mine = flat_keys(settings or {}) if world.local_rank == 0 else None  # (one per node is enough)
     dist.all_gather_object(answers, (world.rank, sees, socket.gethostname(), world.local_world_size, mine))
     differ = differences([a for a in answers if a[-1] is not None])
     if differ:
