@@ -381,8 +381,8 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> Any:
         """The logits (B, T, V); with `targets` (B, T), instead the mean cross-entropy and the fraction of
-        arg-max hits, computed from the last hidden states chunk by chunk (`linear_cross_entropy`): the
-        (B x T) x V logits are never held whole, nor in float32."""
+        arg-max hits, as nanoGPT's model returns its loss: computed inside the forward, so that compiled,
+        inductor fuses the float32 upcast, the log-sum-exp and the arg-max into the head's output."""
         t = idx.shape[1]
         x = self.drop(self.tokens(idx) + self.positions(torch.arange(t, device=idx.device)))
         for block in self.blocks:
@@ -390,7 +390,9 @@ class GPT(nn.Module):
         x = self.norm(x)
         if targets is None:
             return self.head(x)
-        return linear_cross_entropy(x.flatten(0, 1), self.head.weight, targets.flatten())
+        logits = self.head(x).flatten(0, 1).float()
+        targets = targets.flatten()
+        return F.cross_entropy(logits, targets), (logits.argmax(-1) == targets).float().mean()
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token (forward and backward), PaLM's convention (Chowdhery et al. 2022,
@@ -418,63 +420,6 @@ class Recurrent(nn.Module):
         multiply-add per token forward, two more backward; the embedding lookup is not a matmul but its
         weight is the output layer's, counted once."""
         return 6.0 * sum(p.numel() for p in self.parameters())
-
-
-# Rows of hidden states per chunk of `linear_cross_entropy`: a chunk's logits are CHUNK_ELEMENTS values at most
-# (GPT-2's 50,304 tokens: 5,336 rows, 0.5 GB in bf16), whatever the batch.
-CHUNK_ELEMENTS = 1 << 28
-
-
-class _LinearCrossEntropy(torch.autograd.Function):
-    """mean cross-entropy of `hidden @ weight.T` against `targets`, and the arg-max hits, made chunk by chunk of
-    rows. Each chunk's logits are made (the autocast dtype: bf16), reduced to their log-sum-exp, and turned at
-    once into their gradient, softmax - one-hot, which two matmuls take to the hidden states' and the weight's
-    gradients; the logits are then dropped. So the forward pass does the backward's work too (backward only
-    scales the stored gradients), nothing of size rows x vocabulary is kept for backward or made in float32,
-    and compiled, the log-sum-exp, the arg-max, the target's logit and the gradient are two passes over each
-    chunk's logits (the eager loss upcasts all logits to float32 and reads and writes them several times)."""
-
-    @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor):
-        rows, vocab = hidden.shape[0], weight.shape[0]
-        chunk = max(1, min(rows, CHUNK_ELEMENTS // vocab))
-        grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        hits = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for start in range(0, rows, chunk):
-            h, y = hidden[start:start + chunk], targets[start:start + chunk]
-            logits = (h @ weight.t()).float()
-            lse = torch.logsumexp(logits, dim=-1)
-            loss = loss + (lse - logits.gather(1, y[:, None]).squeeze(1)).sum()
-            hits = hits + (logits.argmax(-1) == y).sum()
-            grad = torch.exp(logits - lse[:, None])
-            grad = grad.scatter_add(1, y[:, None], torch.full_like(lse[:, None], -1.0))
-            grad = (grad / rows).to(hidden.dtype)
-            grad_hidden[start:start + chunk] = grad @ weight
-            grad_weight += (grad.t() @ h).float()
-        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
-        return loss / rows, hits / rows
-
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor, grad_hits: torch.Tensor):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight * grad_loss.to(grad_weight.dtype), None
-
-
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
-                         targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean cross-entropy of hidden @ weight.T against targets, the share of rows whose arg-max is the
-    target). hidden (N, C), weight (V, C), targets (N,) int. Under autocast both take its dtype, as a Linear
-    would; without gradients (evaluation) the plain logits and F.cross_entropy do it."""
-    device = hidden.device.type
-    if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        hidden, weight = hidden.to(dtype), weight.to(dtype)
-    if not (torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)):
-        logits = (hidden @ weight.t()).float()
-        return F.cross_entropy(logits, targets), (logits.argmax(-1) == targets).float().mean()
-    return _LinearCrossEntropy.apply(hidden, weight, targets)
 
 
 class NextTokenLoss(nn.Module):
@@ -521,6 +466,7 @@ class Text(Recipe):
     hp: TextConfig
     classifies = False
     tokens = False  # set by load: token shards (loss and perplexity), not bytes (bits per byte)
+    loss_in_forward = False  # set by build_model: the GPT returns its own loss (training_step)
 
     def _corpus(self) -> Corpus:
         root = Path(os.path.expanduser(str(self.cfg.data.root)))
@@ -613,14 +559,14 @@ class Text(Recipe):
             model = Recurrent(hp.model.value, num_classes, hp.layers, hp.width, hp.dropout)
         self.parameter_count = sum(p.numel() for p in model.parameters())
         self.flops_per_token = model.flops_per_token()
-        self.fused_loss = isinstance(model, GPT)
+        self.loss_in_forward = isinstance(model, GPT)
         return model
 
     def training_step(self, model: nn.Module, batch: Any) -> Any:
-        """The GPT computes its own loss from its last hidden states inside its (compiled) forward
-        (`linear_cross_entropy`). At GPT-2's vocabulary the logits and the loss are a quarter of the step:
-        returning logits and taking an eager float32 loss after them ran at 0.78x (BENCHMARKS.md)."""
-        if not getattr(self, "fused_loss", False):
+        """The GPT computes its own loss inside its (compiled) forward. At GPT-2's vocabulary the logits and
+        the loss are a quarter of the step: returning logits and taking an eager float32 loss after them ran
+        at 0.78x (BENCHMARKS.md)."""
+        if not self.loss_in_forward:
             return super().training_step(model, batch)
         x, y = batch[0], batch[1]
         loss, hits = model(x, y)
