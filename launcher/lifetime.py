@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import sys
 from collections.abc import Iterator
 
@@ -118,15 +119,6 @@ def exec_tied_to_parent(argv: list[str]) -> None:
     os.execvp(argv[0], argv)
 
 
-if __name__ == "__main__":  # python -m launcher.lifetime -- PROGRAM ARGS...
-    args = sys.argv[1:]
-    if args[:1] == ["--"]:
-        args = args[1:]
-    if not args:
-        sys.exit("usage: python -m launcher.lifetime -- PROGRAM [ARGS...]")
-    exec_tied_to_parent(args)
-
-
 def private_temp_dir() -> str | None:
     """Give this process's temporary files (multiprocessing's pymp-* folders with the forkserver's socket,
     elastic's torchelastic_* logs) a folder of its own, /tmp/launch-<uid>/<pid>, removed when the process
@@ -138,15 +130,24 @@ def private_temp_dir() -> str | None:
     from multiprocessing import util
 
     base = os.path.join(tempfile.gettempdir(), f"launch-{os.getuid()}")
+    namespace = _pid_namespace()
     try:
         os.makedirs(base, mode=0o700, exist_ok=True)
-        if os.stat(base).st_uid != os.getuid():  # (someone else's folder of that name: keep the default)
+        found = os.lstat(base)
+        # Only a real folder of ours, closed to others: never one that a link (made by anyone, in a shared
+        # /tmp) points elsewhere, whose pid-named entries would then be removed.
+        if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or found.st_mode & 0o077:
             return None
         for name in os.listdir(base):
-            if name.isdigit() and not process_alive(int(name)):
-                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            # (a pid means a process only in its own pid namespace: a folder made in another, a container
+            # sharing this /tmp, is left alone)
+            old = os.path.join(base, name)
+            if name.isdigit() and not process_alive(int(name)) and _read(os.path.join(old, NAMESPACE)) == namespace:
+                shutil.rmtree(old, ignore_errors=True)
         mine = os.path.join(base, str(os.getpid()))
         os.makedirs(mine, mode=0o700, exist_ok=True)
+        with open(os.path.join(mine, NAMESPACE), "w") as f:
+            f.write(namespace)
     except OSError:  # (a read-only or full /tmp: the default it is)
         return None
     tempfile.tempdir = mine
@@ -167,3 +168,30 @@ def process_alive(pid: int) -> bool:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     return True
+
+
+NAMESPACE = ".pid-namespace"  # in each of private_temp_dir's folders: the pid namespace its pid belongs to
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "unknown"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+if __name__ == "__main__":  # python -m launcher.lifetime -- PROGRAM ARGS...
+    args = sys.argv[1:]
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        sys.exit("usage: python -m launcher.lifetime -- PROGRAM [ARGS...]")
+    exec_tied_to_parent(args)

@@ -71,7 +71,7 @@ STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 CPU_RATE_PER_WORKER = 190.0
 GPU_DECODE_RATE_BESIDE_TRAINING = 3000.0
 # nvImageCodec on the GPU's hardware JPEG engines decodes ~10,000 img/s alone (MEASURED.md) without the SMs:
-# beside training it is counted on for nearly that.
+# beside training it is counted on for nearly that (an estimate: not measured beside a training step).
 HW_DECODE_RATE_BESIDE_TRAINING = 8000.0
 EXAMPLE = "recipe=imagefolder data.root=/data/imagenet"
 
@@ -505,7 +505,11 @@ def hardware_decoder(device: torch.device) -> HardwareDecoder | None:
     if device not in _hardware:
         try:
             _hardware[device] = HardwareDecoder(device) if device.type == "cuda" else None
-        except Exception:  # noqa: BLE001 - not installed, or no decoder for this GPU: torchvision's instead
+        except ImportError:  # (not installed: torchvision's nvJPEG, as the decode plan says)
+            _hardware[device] = None
+        except Exception as exc:  # noqa: BLE001 - installed but not working here: said, then torchvision's
+            log.warning("nvImageCodec is installed but its decoder does not start on %s (%s: %s): torchvision's "
+                        "nvJPEG decodes instead", device, type(exc).__name__, exc)
             _hardware[device] = None
     return _hardware[device]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import LaunchError
+from launcher.files import disk_full
 from launcher.host.resume import load_checkpoint, resolve
 
 USAGE = "launch export RUN_DIR [OUT.pt | OUT.safetensors]"
@@ -50,25 +51,41 @@ def export(value: str, out: str | None = None) -> Path:
 
     if os.path.lexists(target):  # (a symbolic link too, even one pointing nowhere)
         raise exists()
+    folder = target.parent
+    if not folder.is_dir():
+        raise LaunchError(f"export is not valid: {folder} is not a folder; create it first (mkdir -p {folder}) or "
+                          f"give a file in an existing folder")
     model = weights(path, state)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    if target.suffix == ".safetensors":
+        try:
+            from safetensors.torch import save as safetensors_bytes
+        except ImportError:
+            raise LaunchError(f"export to {target.name} is not valid: the safetensors package is not "
+                              f"installed (pip install safetensors), or give a .pt file: "
+                              f"{target.with_suffix('.pt')}") from None
     try:
-        if target.suffix == ".safetensors":
-            try:
-                from safetensors.torch import save_file
-            except ImportError:
-                raise LaunchError(f"export to {target.name} is not valid: the safetensors package is not "
-                                  f"installed (pip install safetensors), or give a .pt file: "
-                                  f"{target.with_suffix('.pt')}") from None
-            # (tied weights are one tensor under two names, which safetensors stores as two)
-            save_file({k: v.clone() for k, v in model.items()}, str(tmp))
-        else:
-            import torch
+        # Written under a name nobody can guess or plant a link at beforehand, then placed at `target`.
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise LaunchError(f"export could not write in {folder}: {exc.strerror}; give a file in a folder you "
+                          f"can write (e.g. {USAGE.split(' [')[0].replace('RUN_DIR', value)} ~/model.pt)") from None
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if target.suffix == ".safetensors":
+                # (tied weights are one tensor under two names, which safetensors stores as two)
+                f.write(safetensors_bytes({k: v.clone() for k, v in model.items()}))
+            else:
+                import torch
 
-            with open(tmp, "xb") as f:
                 torch.save(model, f)
         if not place_new(tmp, target):
             raise exists()
+    except (OSError, RuntimeError) as exc:  # (torch.save's zip writer does not always say ENOSPC)
+        if disk_full(folder, exc):  # (asked while the partial file still holds its space)
+            raise LaunchError(f"export failed: no space left on the device of {folder} ({target} was not written); "
+                              "free some space or give a file on another disk") from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     config = state.get("config") or {}
@@ -94,12 +111,17 @@ def place_new(written: Path, target: Path) -> bool:
         return False
     except OSError:  # (no hard links on this file system)
         try:
-            with open(target, "xb") as out, open(written, "rb") as src:
+            out = open(target, "xb")
+        except FileExistsError:
+            return False
+        try:
+            with out, open(written, "rb") as src:
                 shutil.copyfileobj(src, out)
                 out.flush()
                 os.fsync(out.fileno())
-        except FileExistsError:
-            return False
+        except BaseException:  # (a full disk, an interrupt: no partial file is left under the new name)
+            target.unlink(missing_ok=True)
+            raise
     folder = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(folder)
@@ -116,5 +138,5 @@ def main(argv: list[str]) -> int:
         export(argv[0], argv[1] if len(argv) > 1 else None)
     except LaunchError as err:
         print(f"launch: {err}", file=sys.stderr)
-        return 2
+        return err.exit_code
     return 0

@@ -44,8 +44,9 @@ def capture(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: tor
         "scheduler_state_dicts": [s.scheduler.state_dict() for s in steppers],
         "rng": rng_state(device),
     }
-    if scaler is not None and scaler._scale is not None:  # (None until its first step)
-        state["grad_scaler"] = {"scale": scaler._scale, "growth_tracker": scaler._growth_tracker}
+    if scaler is not None:  # (before its first step it has no tensors yet: its initial scale, a number)
+        state["grad_scaler"] = ({"scale": scaler._scale, "growth_tracker": scaler._growth_tracker}
+                                if scaler._scale is not None else {"scale": scaler.get_scale(), "growth_tracker": 0})
     return _cloned(state) if clone else state
 
 
@@ -55,10 +56,9 @@ def restore(state: dict[str, Any], strategy: Strategy, nets: Nets, steppers: lis
     captured step and flat gradients hold by address. `scaler`: fp16's gradient scaler takes the
     checkpoint's scale (a checkpoint without one, from another precision, leaves it as it is)."""
     saved = state.get("grad_scaler")
-    if scaler is not None and saved is not None:
-        scaler.load_state_dict({"scale": float(saved["scale"]), "_growth_tracker": int(saved["growth_tracker"]),
-                                "growth_factor": scaler._growth_factor, "backoff_factor": scaler._backoff_factor,
-                                "growth_interval": scaler._growth_interval})
+    if scaler is not None and saved is not None:  # (its own factors and interval, the checkpoint's scale)
+        scaler.load_state_dict({**scaler.state_dict(), "scale": float(saved["scale"]),
+                                "_growth_tracker": int(saved["growth_tracker"])})
     if local:
         nets.module.load_state_dict(state["net_state_dict"])
     else:
@@ -238,8 +238,10 @@ def misfit(exc: BaseException) -> BaseException | None:
     (what a plain load_state_dict or torch.distributed.checkpoint raise: RuntimeError, ValueError,
     AssertionError, KeyError; DCP wraps each rank's in a CheckpointException, a BaseException); None for
     anything else (an interrupt, running out of memory), which is not the checkpoint's fault."""
-    if type(exc).__name__ == "CheckpointException" and getattr(exc, "failures", None):
-        first = next(iter(exc.failures.values()))  # type: ignore[attr-defined]
+    from torch.distributed.checkpoint.api import CheckpointException  # (here only: a failure's path)
+
+    if isinstance(exc, CheckpointException) and exc.failures:
+        first = next(iter(exc.failures.values()))
         return first[0] if isinstance(first, tuple) and first else exc
     if isinstance(exc, torch.OutOfMemoryError):
         return None

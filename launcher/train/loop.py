@@ -30,7 +30,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,16 +236,11 @@ class Trainer:
         self.timeline.mark("data_loaded")
         self.nets = self._build_model()
         state = checkpoint.load(source, map_location=self.device)
-        try:
+        with self._fitting(source, state):
             if "sharded" in state:
                 checkpoint.load_sharded_weights(state, Path(source), self.nets)
             else:
                 self.strategy.load_state_dict(self.nets, state["net_state_dict"])
-        except BaseException as exc:  # noqa: BLE001 - (DCP's CheckpointException is a BaseException)
-            misfit = checkpoint.misfit(exc)
-            if misfit is None:
-                raise
-            raise self._does_not_fit(source, state, misfit) from None
         self.strategy.barrier()
         row = self._evaluate(confusion=self._classifies)
         if not self.is_main:
@@ -447,17 +442,12 @@ class Trainer:
             raise ConfigError("resume", self.spec.resume_from or source, f"a checkpoint of an unsharded run resumes "
                               f"under the strategy that wrote it, not strategy={self.strategy.name} (sharded runs' "
                               "checkpoints resume under any)", f"strategy=ddp resume={self.spec.resume_from or source}")
-        try:
+        with self._fitting(source, state):
             if "sharded" in state:
                 checkpoint.restore_sharded(state, Path(source), self.nets, self.steppers, self.device)
             else:
                 checkpoint.restore(state, self.strategy, self.nets, self.steppers, self.device,
                                    scaler=self.step.scaler)
-        except BaseException as exc:  # noqa: BLE001 - (DCP's CheckpointException is a BaseException)
-            misfit = checkpoint.misfit(exc)
-            if misfit is None:
-                raise
-            raise self._does_not_fit(source, state, misfit) from None
         epoch = int(state["epoch"])
         step = 0
         if state.get("step_in_epoch"):  # (written inside an epoch: its position, in samples of the global order)
@@ -466,6 +456,17 @@ class Trainer:
         optim.continue_with(self.steppers, settings, epoch * self.steps_per_epoch + step)
         generator = state.get("generator") if step else None
         return Start(epoch, list(state.get("history", [])), source, step, generator)
+
+    @contextlib.contextmanager
+    def _fitting(self, source: str, state: dict[str, Any]) -> Iterator[None]:
+        """Loading `state` into this run's network: where it does not fit (shapes, names), one line."""
+        try:
+            yield
+        except BaseException as exc:  # noqa: BLE001 - (DCP's CheckpointException is a BaseException)
+            misfit = checkpoint.misfit(exc)
+            if misfit is None:
+                raise
+            raise self._does_not_fit(source, state, misfit) from None
 
     def _does_not_fit(self, source: str, state: dict[str, Any], exc: BaseException) -> ConfigError:
         """The checkpoint's weights (or optimizer state) do not fit the network this config builds."""

@@ -55,27 +55,29 @@ PER_NODE = ("node_rank", "gpus", "nprocs", "rdzv_timeout_s", "data.root", "data.
             "progress", "dry_run")
 
 
+def _per_node(key: str) -> bool:
+    return any(key == own or key.startswith(own + ".") for own in PER_NODE)
+
+
 def differences(answers: list[tuple[Any, ...]]) -> str | None:
-    """Where the nodes' settings (the last item of each rank's answer, with its host) differ from rank 0's,
-    and their ranks per node: one line naming each key and both values, or None when they agree."""
-    first_settings, first_host, first_local = answers[0][-1], answers[0][2], answers[0][3]
-    said: list[str] = []
+    """Where each node's settings differ from rank 0's node: one line naming each key (its first
+    difference) with both values and where, or None when they agree. `answers`: one per node, (rank,
+    sees, host, processes on the node, flat settings), rank 0's first."""
+    _, _, first_host, first_local, first = answers[0]
+    said: dict[str, str] = {}
     for rank, _, host, local, settings in answers[1:]:
-        if local != first_local and "processes per node" not in " ".join(said):
-            said.append(f"processes per node (nprocs): {first_local} on {first_host} (rank 0's node), {local} on "
-                        f"{host}")
-        for key in sorted(set(first_settings) | set(settings)):
-            if any(key == own or key.startswith(own + ".") for own in PER_NODE):
-                continue
-            mine, theirs = first_settings.get(key), settings.get(key)
-            if mine != theirs and not any(line.startswith(f"{key}=") for line in said):
-                said.append(f"{key}={mine} on {first_host} (rank 0's node) but {key}={theirs} on {host} "
-                            f"(rank {rank})")
+        where = f"on {first_host} (rank 0's node) but {{}} on {host} (rank {rank})"
+        if local != first_local:
+            said.setdefault("", f"processes per node {first_local} " + where.format(local))
+        for key in sorted(first.keys() | settings.keys()):
+            if not _per_node(key) and first.get(key) != settings.get(key):
+                said.setdefault(key, f"{key}={first.get(key)} " + where.format(f"{key}={settings.get(key)}"))
     if not said:
         return None
-    return ("the nodes were launched with different settings: " + "; ".join(said[:6])
-            + ("; ..." if len(said) > 6 else "") + ". Give every node the same command: only node_rank, gpus, "
-            "data.root and data.workers may differ")
+    lines = list(said.values())
+    return ("the nodes were launched with different settings: " + "; ".join(lines[:6])
+            + ("; ..." if len(lines) > 6 else "") + f". Give every node the same command: only "
+            f"{', '.join(PER_NODE)} may differ (nprocs in how it is written, not in the processes it makes)")
 
 
 def meet(world: WorldInfo, run_dir: Path, sharded: bool, checkpoints: bool,

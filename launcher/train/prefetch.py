@@ -28,7 +28,6 @@ On a CPU device the batches pass through unchanged (`after` still applies, in th
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from collections import deque
@@ -65,6 +64,29 @@ class CudaPrefetcher:
             return
         yield from self._prefetch()
 
+    def _issue(self, host: Batch, copy_stream: torch.cuda.Stream | None) -> tuple[Batch, torch.cuda.Event | None]:
+        """One batch copied (on `copy_stream`, a CUDA device) and `after` applied; the event its copy and
+        `after` recorded (None on the CPU)."""
+        if copy_stream is None:
+            return (self.after(host) if self.after is not None else host), None
+        with torch.cuda.stream(copy_stream):
+            on_device = to_device(host, self.device)
+            if self.after is not None:
+                on_device = self.after(on_device)
+            copied = torch.cuda.Event()
+            copied.record(copy_stream)
+        return on_device, copied
+
+    @staticmethod
+    def _hand_over(batch: Batch, copied: torch.cuda.Event | None, compute_stream: torch.cuda.Stream | None) -> Batch:
+        """The compute stream waits for this batch's copy; its tensors are marked as used there."""
+        if copied is not None:
+            compute_stream.wait_event(copied)
+            for tensor in tree_leaves(batch):
+                if isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda":
+                    tensor.record_stream(compute_stream)
+        return batch
+
     def _threaded(self) -> Iterator[Batch]:
         cuda = self.device.type == "cuda"
         copy_stream = torch.cuda.Stream(self.device) if cuda else None
@@ -85,17 +107,9 @@ class CudaPrefetcher:
             try:
                 if cuda:
                     torch.cuda.set_device(self.device)
-                with torch.cuda.stream(copy_stream) if cuda else contextlib.nullcontext():
-                    for host in self.batches:
-                        on_device = to_device(host, self.device) if cuda else host
-                        if self.after is not None:
-                            on_device = self.after(on_device)
-                        copied = None
-                        if cuda:
-                            copied = torch.cuda.Event()
-                            copied.record(copy_stream)
-                        if not put((on_device, copied)):
-                            return
+                for host in self.batches:
+                    if not put(self._issue(host, copy_stream)):
+                        return
             except BaseException as exc:  # noqa: BLE001 - handed to the loop's thread, raised there
                 put((_Failed(exc), None))
                 return
@@ -103,43 +117,38 @@ class CudaPrefetcher:
 
         thread = threading.Thread(target=produce, name="launch-prefetch", daemon=True)
         thread.start()
+        finished = False
         try:
             while True:
                 batch, copied = ready.get()
                 if batch is _END:
+                    finished = True
                     return
                 if isinstance(batch, _Failed):
                     raise batch.exc
-                if not cuda:
-                    yield batch
-                    continue
-                compute_stream.wait_event(copied)
-                for tensor in tree_leaves(batch):
-                    if isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda":
-                        tensor.record_stream(compute_stream)
-                yield batch
+                try:
+                    yield self._hand_over(batch, copied, compute_stream)
+                except GeneratorExit:  # the loop left early: the next epoch may use the same DataLoader
+                    finished = True
+                    raise
         finally:
             stop.set()
-            thread.join()
+            # On the way out of a failed or interrupted run (Ctrl-C), the thread may be waiting on a
+            # DataLoader worker that is gone too: it is a daemon, so waiting a little is enough.
+            thread.join(None if finished else 5.0)
 
     def _prefetch(self) -> Iterator[Batch]:
         copy_stream = torch.cuda.Stream(self.device)
         compute_stream = torch.cuda.current_stream(self.device)
         source = iter(self.batches)
-        in_flight: deque[tuple[Batch, torch.cuda.Event]] = deque()
+        in_flight: deque[tuple[Batch, torch.cuda.Event | None]] = deque()
 
         def issue_next() -> bool:
             try:
                 host = next(source)
             except StopIteration:
                 return False
-            with torch.cuda.stream(copy_stream):
-                on_device = to_device(host, self.device)
-                if self.after is not None:
-                    on_device = self.after(on_device)
-                copied = torch.cuda.Event()
-                copied.record(copy_stream)
-            in_flight.append((on_device, copied))
+            in_flight.append(self._issue(host, copy_stream))
             return True
 
         for _ in range(self.depth):
@@ -147,10 +156,7 @@ class CudaPrefetcher:
                 break
         while in_flight:
             batch, copied = in_flight.popleft()
-            compute_stream.wait_event(copied)
-            for tensor in tree_leaves(batch):
-                if isinstance(tensor, torch.Tensor) and tensor.device.type == "cuda":
-                    tensor.record_stream(compute_stream)
+            batch = self._hand_over(batch, copied, compute_stream)
             issue_next()
             yield batch
 

@@ -413,13 +413,12 @@ class TrainStep:
     def _scaled_step(self) -> None:
         """fp16: each optimizer steps unless its gradients overflowed (the scaler then lowers the scale);
         the schedules step either way. Skipped steps are counted on the device: the scale went down."""
-        before = self.scaler.get_scale() if self.scaler._scale is None else self.scaler._scale.clone()
+        before = self.scaler._scale.clone()  # (made by scale() in the body; a device tensor: no sync)
         for stepper in self.steppers:
             self.scaler.step(stepper.optimizer)
             stepper.scheduler.step()
         self.scaler.update()
-        if isinstance(before, torch.Tensor):
-            self.sums.overflowed += (self.scaler._scale < before).long()
+        self.sums.overflowed += (self.scaler._scale < before).long()
 
     def capture(self, batch: Any, idx: torch.Tensor, generator: torch.Generator, stream: torch.cuda.Stream) -> None:
         """Capture the body, and the optimizers' steps after it where all of them can be captured. Called

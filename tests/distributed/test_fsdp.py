@@ -134,6 +134,32 @@ def test_export_writes_weights_that_load_without_the_launcher(fsdp_run, tmp_path
     assert fresh.stdout.strip() == str(len(whole)), fresh.stderr
 
 
+def test_export_that_cannot_write_says_so_in_one_line_and_leaves_nothing(fsdp_run, tmp_path, capsys, monkeypatch):
+    """A missing output folder, or a disk that fills while the weights are written: one line each, no
+    traceback, and no partial or temporary file left behind."""
+    import errno
+
+    import torch
+
+    from launcher.host.export import main as export_main
+
+    assert export_main([str(fsdp_run / "ddp"), str(tmp_path / "no" / "such" / "model.pt")]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "is not a folder" in said[0] and "mkdir -p" in said[0], said
+    assert not (tmp_path / "no").exists()
+
+    def fills_the_disk(obj, f, *args, **kwargs):
+        f.write(b"x" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", fills_the_disk)
+    (tmp_path / "out").mkdir()
+    assert export_main([str(fsdp_run / "ddp"), str(tmp_path / "out" / "model.pt")]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "no space left" in said[0] and "was not written" in said[0], said
+    assert list((tmp_path / "out").iterdir()) == []  # neither the model nor its temporary file
+
+
 def test_resnet18_trains_under_fsdp_as_under_ddp(launch, tmp_path_factory):
     """The image recipes keep working under fsdp (BatchNorm buffers stay per rank, averaged each epoch)."""
     from launcher.recipes.cifar10 import FOLDER, synthetic_splits, write_official_format

@@ -310,3 +310,30 @@ def test_an_export_never_replaces_a_file_that_appeared_after_the_check(tmp_path)
     assert not place_new(written, link) and link.is_symlink() and not (tmp_path / "nowhere").exists()
     fresh = tmp_path / "fresh.pt"
     assert place_new(written, fresh) and fresh.read_bytes() == b"weights"
+
+
+def test_an_export_copied_where_there_are_no_hard_links_leaves_no_partial_file(tmp_path, monkeypatch):
+    """Where the file system has no hard links the weights are copied into an exclusively created file; a
+    copy that fails (a full disk) removes that file, so no truncated model.pt is left for a user to load."""
+    import shutil
+
+    from launcher.host import export
+
+    written, target = tmp_path / ".model.pt.tmp", tmp_path / "model.pt"
+    written.write_bytes(b"weights" * 100)
+
+    def no_links(src, dst):
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    assert export.place_new(written, target) and target.read_bytes() == written.read_bytes()  # copied
+
+    def fails_midway(src, dst, *args):
+        dst.write(b"wei")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfileobj", fails_midway)
+    with pytest.raises(OSError):
+        export.place_new(written, tmp_path / "second.pt")
+    assert not (tmp_path / "second.pt").exists()
+
