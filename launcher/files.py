@@ -35,6 +35,7 @@ CONFUSION = "confusion.png"
 OUTCOME = "outcome.json"  # how the launch of this run ended: exit code and its one line (host/run_here.py)
 CLAIM = ".launch-claim.json"  # which launch owns the dir: pid, host, start, command (host/rundir.py)
 NODE = "node.json"  # a launch over several machines: this node's rank, and where rank 0's run dir is
+RUN_ID = ".launch-run-id"  # the run's random name, which its checkpoints carry in their seal (integrity.py)
 WORLD_TOKEN = ".launch-world"  # rank 0's mark, by which the other nodes tell whether they see its run dir
 
 

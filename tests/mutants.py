@@ -1,4 +1,5 @@
-"""A small mutation check over the modules where a wrong answer loses work or time: checkpoint, resume,
+"""A small mutation check over the modules where a wrong answer loses work or time: checkpoint (and its
+seal), resume,
 failures, gpus, strategy, preemption, run dirs, process lifetime, binding, exit codes, the compile
 decision and the decoded-data cache.
 
@@ -48,7 +49,7 @@ MUTANTS = [
            "source = str(own) if restarted and own.exists() else None",
            ("tests/distributed/test_resume.py::test_a_resume_trains_with_the_new_settings_and_records_them",)),
     Mutant("resume keeps the checkpoint's hyper-parameters", "launcher/train/loop.py",
-           "optim.continue_with(self.steppers, settings, epoch * self.steps_per_epoch)", "pass",
+           "optim.continue_with(self.steppers, settings, epoch * self.steps_per_epoch + step)", "pass",
            ("tests/distributed/test_resume.py::test_a_resume_trains_with_the_new_settings_and_records_them",)),
     Mutant("resume allows epochs already trained", "launcher/host/resume.py",
            "if cfg.epochs <= epoch:", "if cfg.epochs < epoch:",
@@ -85,11 +86,24 @@ MUTANTS = [
            ("tests/distributed/test_lifetime_and_binding.py::test_launcher_killed_in_a_background_job_of_a_script"
             "_leaves_no_worker",)),
     Mutant("the workers' store listens on every interface", "launcher/host/rendezvous.py",
-           "    handler._create_tcp_store_server = lambda addr, port: store", "    pass",
+           "    handler._create_tcp_store_server = lambda addr, port: store\n    return handler", "    return handler",
            ("tests/distributed/test_lifetime_and_binding.py::test_a_local_launch_listens_on_loopback_only",)),
     Mutant("a bad checkpoint reaches the workers", "launcher/host/resume.py",
-           "    if \"net_state_dict\" not in state or \"epoch\" not in state:", "    if False:",
+           "    if (\"net_state_dict\" not in state and \"sharded\" not in state) or \"epoch\" not in state:",
+           "    if False:",
            ("tests/distributed/test_resume.py::test_a_file_that_is_not_a_launch_checkpoint_is_named_for_what_it_is",)),
+    Mutant("checkpoints written without their seal", "launcher/train/checkpoint.py",
+           "    integrity.seal(state, run, folder)", "    pass", (UNIT_CKPT,)),
+    Mutant("a checkpoint's changed bytes pass its seal", "launcher/integrity.py",
+           "    if state_digest(state) != mark[\"sha256\"]:", "    if False:", (UNIT_CKPT,)),
+    Mutant("the seal leaves out the tensors' bytes", "launcher/integrity.py",
+           "                h.update(memoryview(flat.view(torch.uint8).numpy()))", "                pass",
+           (UNIT_CKPT,)),
+    Mutant("another run's checkpoint passes as this run's", "launcher/integrity.py",
+           "        if here is not None and mark.get(\"run\") not in (None, here):", "        if False:", (UNIT_CKPT,)),
+    Mutant("a changed shard file passes its seal", "launcher/integrity.py",
+           "            if file_digest(file) != digest:", "            if False:",
+           ("tests/distributed/test_fsdp.py::test_a_damaged_sharded_checkpoint_is_one_line_before_any_worker",)),
     Mutant("compile auto compiles before the first step", "launcher/train/compiling.py",
            'return Decision(False, "perf.compile=auto: a run of one epoch", pending=True)',
            'return Decision(True, "perf.compile=auto: a run of one epoch", pending=True)', (UNIT_COMPILE,)),

@@ -39,9 +39,39 @@ def weights(path: Path, state: dict[str, Any]) -> dict[str, Any]:
         return dict(torch.load(whole, map_location="cpu", weights_only=True)["model"])
 
 
+ATTEMPTS = 3  # reads of a live run's checkpoint that it replaced meanwhile, before giving up
+
+
+def _read(path: Path, value: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The checkpoint at `path` and its weights. A live run may replace its checkpoint while it is read
+    (a sharded one's folder is removed once the next epoch's is whole): then the newer one is read."""
+    for attempt in range(ATTEMPTS):
+        before = _identity(path)
+        try:
+            state = load_checkpoint(path, f"export {value}")
+            return state, weights(path, state)
+        except Exception as exc:  # noqa: BLE001 - whatever a read cut short raises, if the file changed
+            if _identity(path) == before:
+                if isinstance(exc, LaunchError):
+                    raise
+                raise LaunchError(f"export failed: {path} could not be read ({type(exc).__name__}: "
+                                  f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''})") from None
+            if attempt + 1 == ATTEMPTS:
+                raise LaunchError(f"export failed: {path} was replaced {ATTEMPTS} times while it was read (a run "
+                                  "writing checkpoints quickly); try again, or export once the run ended") from None
+    raise AssertionError("unreachable")
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_ino, found.st_size, found.st_mtime_ns
+
+
 def export(value: str, out: str | None = None) -> Path:
     path = resolve(value, setting="launch export").resolve()
-    state = load_checkpoint(path, f"export {value}")
     target = Path(out).expanduser() if out else path.parent.parent / "model.pt"
     if out and (target.is_dir() or out.endswith("/")):  # a folder: the file goes in it, as cp would put it
         target = target / "model.pt"
@@ -55,7 +85,7 @@ def export(value: str, out: str | None = None) -> Path:
     if not folder.is_dir():
         raise LaunchError(f"export is not valid: {folder} is not a folder; create it first (mkdir -p {folder}) or "
                           f"give a file in an existing folder")
-    model = weights(path, state)
+    state, model = _read(path, value)
     if target.suffix == ".safetensors":
         try:
             from safetensors.torch import save as safetensors_bytes

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher import integrity
 from launcher.config import Config, choices, flat_keys, saved_choices, to_plain
 from launcher.errors import LaunchError
 from launcher.files import CHECKPOINTS, LAST_CHECKPOINT, last_checkpoint
@@ -136,6 +137,18 @@ def sharded_damage(path: Path, folder_name: Any) -> str | None:
     return None
 
 
+_checked: dict[tuple[str, int, int, int], str | None] = {}  # a file's identity -> what its seal said
+
+
+def _broken_seal(state: dict[str, Any], path: Path) -> str | None:
+    """integrity.broken_seal, once per file as it is now (one launch reads its checkpoint several times)."""
+    found = path.stat()
+    key = (str(path.resolve()), found.st_ino, found.st_size, found.st_mtime_ns)
+    if key not in _checked:
+        _checked[key] = integrity.broken_seal(state, path)
+    return _checked[key]
+
+
 def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
     """A launch checkpoint read with weights_only=True (tensors memory-mapped, not read), or one line
     saying what the file is instead."""
@@ -187,6 +200,10 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
         name = ((config or {}).get(group) or {}).get("name")
         if name is not None and not (isinstance(name, str) and CHOICE_NAME.fullmatch(name)):
             raise refuse(f"its {group} is {str(name)[:80]!r}, not a {group} name")
+    broken = _broken_seal(state, path)
+    if broken:
+        raise LaunchError(f"{setting} is not valid: the checkpoint {path} cannot be trusted: {broken}; give an "
+                          f"earlier checkpoint or the run it belongs to, or train afresh")
     return state
 
 

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from launcher.files import DiskFull, disk_full, write_atomic
+from launcher import integrity
+from launcher.files import CHECKPOINTS, DiskFull, disk_full, write_atomic
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -181,7 +182,7 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
     def finish() -> None:
         if state is None:
             return
-        save_atomic(state, path)
+        save_atomic(state, path, folder)
         for old in path.parent.glob("epoch-*.dcp"):
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
@@ -248,8 +249,13 @@ def misfit(exc: BaseException) -> BaseException | None:
     return exc if isinstance(exc, (RuntimeError, ValueError, AssertionError, KeyError)) else None
 
 
-def save_atomic(state: dict[str, Any], path: Path) -> None:
-    """torch.save to a temporary file beside `path`, fsync, rename: a crash never leaves half a checkpoint."""
+def save_atomic(state: dict[str, Any], path: Path, folder: Path | None = None) -> None:
+    """torch.save to a temporary file beside `path`, fsync, rename: a crash never leaves half a checkpoint.
+    Sealed first (launcher/integrity.py): the digest of its contents (and of `folder`'s files: a sharded
+    checkpoint's shards), and, in a run dir's checkpoints/, the run's name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    run = integrity.run_id(path.parent.parent, create=True) if path.parent.name == CHECKPOINTS else None
+    integrity.seal(state, run, folder)
     write_atomic(path, lambda f: torch.save(state, f), durable=True)
 
 

@@ -223,8 +223,15 @@ def test_a_damaged_sharded_checkpoint_is_one_line_before_any_worker(launch, fsdp
         shard = max(folder.glob("*.distcp"), key=lambda p: p.stat().st_size)
         shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
 
+    def zeroed(folder):  # the same size, some bytes inside a tensor zeroed: torch's loader reads zeros
+        shard = max(folder.glob("*.distcp"), key=lambda p: p.stat().st_size)
+        raw = bytearray(shard.read_bytes())
+        raw[len(raw) // 2:len(raw) // 2 + 64] = bytes(64)
+        shard.write_bytes(bytes(raw))
+
     cases = {"no-index": (lambda f: (f / ".metadata").unlink(), "has no .metadata"),
              "cut": (cut, "is truncated"),
+             "zeroed": (zeroed, "differs from the digest written with it"),
              "gone": (shutil.rmtree, "its shards' folder")}
     for name, (harm, why) in cases.items():
         run = damaged(name, harm)

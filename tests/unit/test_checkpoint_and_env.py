@@ -337,3 +337,76 @@ def test_an_export_copied_where_there_are_no_hard_links_leaves_no_partial_file(t
         export.place_new(written, tmp_path / "second.pt")
     assert not (tmp_path / "second.pt").exists()
 
+
+def _sealed_run(root, name, value):
+    """A run dir holding a launch checkpoint (sealed as the loop's writer seals it) of weights `value`."""
+    path = root / name / "checkpoints" / "last.pt"
+    checkpoint.save_atomic({"net_state_dict": {"w": torch.full((1000,), value)}, "epoch": 2, "history": [],
+                            "config": {"recipe": {"name": "digits"}, "optim": None}}, path)
+    return path
+
+
+def test_a_checkpoint_whose_bytes_changed_after_it_was_saved_is_refused_in_one_line(tmp_path):
+    """torch's loader reads zeroed bytes inside a tensor as zeros: resume, eval and export trained or
+    reported on wrong weights with exit 0. The seal written with the checkpoint sees the change."""
+    import struct
+
+    from launcher.host.export import main as export_main
+    from launcher.host.resume import load_checkpoint
+
+    path = _sealed_run(tmp_path, "run", 1.2345)
+    assert load_checkpoint(path, "resume")["epoch"] == 2  # whole: loads
+    raw = bytearray(path.read_bytes())
+    at = raw.find(struct.pack("<f", 1.2345) * 8)
+    raw[at:at + 32] = bytes(32)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(LaunchError, match="cannot be trusted: its contents differ from the digest written with it"):
+        load_checkpoint(path, "resume")
+    assert export_main([str(tmp_path / "run"), str(tmp_path / "model.pt")]) == 2
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_another_runs_checkpoint_copied_into_a_run_dir_is_refused(tmp_path):
+    """A checkpoint names the run that wrote it; one found in another run's dir says so, while a run dir
+    copied whole (its name with it) and a checkpoint from before seals existed still load."""
+    import shutil
+
+    from launcher.host.resume import load_checkpoint
+
+    mine, theirs = _sealed_run(tmp_path, "mine", 1.0), _sealed_run(tmp_path, "theirs", 2.0)
+    shutil.copy(theirs, mine)
+    with pytest.raises(LaunchError, match="it belongs to another run"):
+        load_checkpoint(mine, "launch eval")
+    shutil.copytree(tmp_path / "theirs", tmp_path / "moved")
+    assert load_checkpoint(tmp_path / "moved" / "checkpoints" / "last.pt", "resume")["epoch"] == 2
+    old = tmp_path / "old.pt"
+    torch.save({"net_state_dict": {"w": torch.ones(3)}, "epoch": 1}, old)  # (no seal: an earlier launch's)
+    assert load_checkpoint(old, "resume")["epoch"] == 1
+
+
+
+def test_an_export_of_a_live_run_whose_checkpoint_is_replaced_mid_read_reads_the_newer_one(tmp_path, monkeypatch):
+    """A running run replaces last.pt (and removes a sharded one's older folder) while launch export reads
+    it: the read fails; export then reads the newer checkpoint instead of failing."""
+    from launcher.host import export
+
+    path = _sealed_run(tmp_path, "live", 1.0)
+    real, calls = export.weights, []
+
+    def rotated_midway(where, state):
+        calls.append(state["epoch"])
+        if len(calls) == 1:  # the run writes epoch 3's checkpoint now; epoch 2's shards are gone
+            checkpoint.save_atomic({"net_state_dict": {"w": torch.full((1000,), 3.0)}, "epoch": 3, "history": [],
+                                    "config": {"recipe": {"name": "digits"}, "optim": None}}, path)
+            raise FileNotFoundError(2, "No such file or directory", str(path.parent / "epoch-2.dcp"))
+        return real(where, state)
+
+    monkeypatch.setattr(export, "weights", rotated_midway)
+    assert export.main([str(tmp_path / "live"), str(tmp_path / "model.pt")]) == 0
+    assert calls == [2, 3] and torch.equal(torch.load(tmp_path / "model.pt")["w"], torch.full((1000,), 3.0))
+
+    def broken(where, state):  # the same failure where nothing changed: one line, not a traceback
+        raise FileNotFoundError(2, "No such file or directory", "x")
+
+    monkeypatch.setattr(export, "weights", broken)
+    assert export.main([str(tmp_path / "live"), str(tmp_path / "model-2.pt")]) == 2
