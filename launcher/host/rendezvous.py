@@ -81,7 +81,6 @@ def _create_handler(params):
 
 def _create_nodes_handler(params):
     """The rendezvous of a launch over several machines (see the module docstring)."""
-    from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
@@ -96,13 +95,9 @@ def _create_nodes_handler(params):
         store = _bound_store(host, int(port), read_s)
     else:
         # Wait for node 0 quietly: a TCPStore client started first logs a C++ warning per retry.
+        started = time.monotonic()
         _wait_for_listener(host, int(port), timeout_s)
-        try:
-            store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=read_s))
-        except (RuntimeError, TimeoutError, OSError) as err:
-            raise RendezvousError(f"the rendezvous at {host}:{port} did not answer as one "
-                                  f"({str(err).splitlines()[0][:160]}): is another program listening on that port?"
-                                  ) from None
+        store = _store_client(host, int(port), read_s, max(1.0, timeout_s - (time.monotonic() - started)))
 
     class NodesBackend(C10dRendezvousBackend):  # elastic's c10d backend, registered under our name
         @property
@@ -178,6 +173,35 @@ class _StoreGuard:
             return False
         raise NodeLost(f"the rendezvous at {self.endpoint} stopped answering for {self.limit_s:.0f} s while the "
                        "nodes trained (node 0 down, or cut off from this node)")
+
+
+def _store_client(host: str, port: int, read_s: float, limit_s: float):
+    """A TCPStore client of the rendezvous at host:port, or a RendezvousError within `limit_s` (what is
+    left of rdzv_timeout_s): a program there that accepts connections and never answers holds torch's
+    client past its own timeout (over 300 s against rdzv_timeout_s=15), so it is made on a thread
+    that is waited for no longer (a daemon, left behind blocked on its socket until launch exits)."""
+    import threading
+
+    from torch.distributed import TCPStore
+
+    made: dict[str, object] = {}
+
+    def connect() -> None:
+        try:
+            made["store"] = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=read_s))
+        except BaseException as err:  # noqa: BLE001 - said on the launch's thread
+            made["error"] = err
+
+    thread = threading.Thread(target=connect, name="launch-rendezvous-connect", daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    if "store" in made:
+        return made["store"]
+    err = made.get("error")
+    why = (f"it accepted the connection but did not answer within rdzv_timeout_s ({limit_s:.0f} s left)"
+           if err is None else str(err).splitlines()[0][:160] if str(err).strip() else type(err).__name__)
+    raise RendezvousError(f"the rendezvous at {host}:{port} did not answer as one ({why}): is another program "
+                          "listening on that port? Give node 0's rdzv address and port")
 
 
 def _wait_for_listener(host: str, port: int, timeout_s: float) -> None:

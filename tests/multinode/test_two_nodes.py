@@ -231,3 +231,36 @@ def test_nodes_launched_with_different_settings_refuse_in_one_line_on_every_node
         assert len(said) == 1 and "epochs=1 on" in said[0] and "but epochs=2 on" in said[0], out + err
         assert "lr=" not in said[0] and "Traceback" not in err
     assert not (tmp_path / "a" / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_a_rendezvous_that_accepts_and_never_answers_ends_within_rdzv_timeout_s(launch):
+    """Something at rdzv that takes connections and says nothing (a program of another kind on that port,
+    a stuck proxy): torch's store client waited there past 300 s against rdzv_timeout_s=15. Now the node
+    gives up at rdzv_timeout_s, in one line, exit 2, leaving no process behind."""
+    import socket
+    import threading
+
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(8)
+    taken = []
+
+    def accept() -> None:
+        while True:
+            try:
+                taken.append(mute.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        result = launch(*DDP[:2], "nprocs=1", "nodes=2", "node_rank=1", f"rdzv=127.0.0.1:{mute.getsockname()[1]}",
+                        "rdzv_timeout_s=15", "epochs=1", timeout=120)
+    finally:
+        mute.close()
+        for conn in taken:
+            conn.close()
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.output
+    assert "did not answer as one (it accepted the connection but did not answer within rdzv_timeout_s" in lines[0]
+    assert taken and result.seconds < 15 + 25, result.seconds  # (launch's own start-up: a few seconds)
