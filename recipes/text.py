@@ -422,6 +422,14 @@ class Recurrent(nn.Module):
         return 6.0 * sum(p.numel() for p in self.parameters())
 
 
+def _shorter_context(stream_bytes: int, corpus: str) -> str:
+    """The example for a context longer than a stream: a context the stream holds (a window is context + 1
+    bytes, the smallest context 2), or, where none fits, a longer corpus (never the refused value again)."""
+    if stream_bytes >= 3:
+        return f"recipe.context={max(2, stream_bytes // 4)}"
+    return f"recipe.corpus=/path/to/a/longer/text.txt (recipe.corpus={corpus} is too short)"
+
+
 class NextTokenLoss(nn.Module):
     """Cross-entropy over every position of every window: logits (B, T, V), targets (B, T)."""
 
@@ -493,17 +501,18 @@ class Text(Recipe):
         context, batch = self.hp.context, self.cfg.batch_size
         windows = (len(train) - 1) // context
         if windows < 1:
+            more = HELD_OUT * max(batch * context // (HELD_OUT - 1) + 2, context + 1)
             raise ConfigError("recipe.context", context, f"longer than the training stream ({len(train)} bytes; "
                               "recipe.max_bytes or the corpus is too short)",
-                              f"recipe.max_bytes={HELD_OUT * max(batch * context // (HELD_OUT - 1) + 2, context + 1)}"
-                              if self.hp.max_bytes else f"recipe.context={max(2, len(train) // 4)}")
+                              f"recipe.max_bytes={more}" if self.hp.max_bytes and more > self.hp.max_bytes
+                              else _shorter_context(len(train), self.hp.corpus))
         if batch > windows:
             raise ConfigError("batch_size", batch, f"larger than the {windows} windows of {context} bytes in the "
                               "training stream (recipe.max_bytes or the corpus is too short)",
                               f"batch_size={max(1, windows // 4)}")
         if len(val) < context + 1:
             raise ConfigError("recipe.context", context, f"longer than the held-out stream ({len(val)} bytes)",
-                              f"recipe.context={max(2, len(val) // 4)}")
+                              _shorter_context(len(val), self.hp.corpus))
 
     def _prepare_shards(self, corpus: Corpus) -> None:
         """Token shards, checked in the launcher: a vocabulary given, every header and length sound, every

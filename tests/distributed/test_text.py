@@ -63,3 +63,15 @@ def test_a_corpus_too_short_for_one_batch_is_one_line_before_any_worker(launch, 
     line = shorter.stderr.strip().splitlines()[-1]
     assert line.startswith("launch: recipe.context=64 is not valid: longer than the training stream (38 bytes")
     assert line.endswith("(e.g. launch recipe.max_bytes=4340)") and "Traceback" not in shorter.output
+
+
+def test_a_corpus_too_short_for_any_context_suggests_a_longer_corpus_not_the_refused_value(launch, tmp_path):
+    """A held-out stream of a byte or two holds no window at all: the example asks for a longer corpus
+    (it suggested recipe.context=2 to a run refused for recipe.context=2)."""
+    (tmp_path / "tiny.txt").write_text("hello world, this is tiny text\n")
+    result = launch("recipe=text", "gpus=[]", f"recipe.corpus={tmp_path / 'tiny.txt'}", "recipe.context=2",
+                    "batch_size=2", "epochs=1")
+    line = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and line.startswith("launch: recipe.context=2 is not valid: longer than the "
+                                                      "held-out stream"), result.output
+    assert "recipe.context=2)" not in line and "(e.g. launch recipe.corpus=" in line, line
