@@ -49,7 +49,7 @@ class Invocation:
 
         from launcher.host.compose import typed
         from launcher.host.launch import launch
-        from launcher.host.outcome import LaunchContext, Outcome, RunFailed, SweepStopped
+        from launcher.host.outcome import LaunchContext, Outcome, RunFailed, SweepPlanned, SweepStopped
         from launcher.host.resume import carry_settings
         from launcher.host.rundir import release
         from launcher.lifetime import let_ctrl_c_through
@@ -79,6 +79,10 @@ class Invocation:
             print(f"launch: {outcome.error}", file=sys.stderr, flush=True)
         if outcome.stopped and hydra_cfg.mode == RunMode.MULTIRUN and os.getpid() == self.pid:
             raise SweepStopped(outcome.exit_code)  # (a run in this process: the basic launcher's)
+        sweeper = str(hydra_cfg.sweeper.get("_target_", ""))
+        if cfg.dry_run and not outcome.exit_code and hydra_cfg.mode == RunMode.MULTIRUN and sweeper and \
+                not sweeper.endswith(".BasicSweeper"):
+            raise SweepPlanned(sweeper.rsplit(".", 1)[-1])
         if outcome.exit_code and hydra_cfg.mode == RunMode.MULTIRUN:
             raise RunFailed(outcome.exit_code, outcome.error or f"exit code {outcome.exit_code}")
         return outcome.objective(cfg.sweep.objective)
@@ -241,7 +245,7 @@ def _main(argv: list[str] | None) -> None:
     import hydra
 
     from launcher.host.hydra_errors import describe_hydra_error
-    from launcher.host.outcome import RunFailed, SweepStopped
+    from launcher.host.outcome import RunFailed, SweepPlanned, SweepStopped
     from launcher.host.rundir import Refused
 
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let Hydra's errors reach us; they are reworded below
@@ -263,6 +267,9 @@ def _main(argv: list[str] | None) -> None:
     except SweepStopped as stopped:
         print(f"launch: {stopped}; the runs after it were not started", file=sys.stderr)
         raise SystemExit(stopped.exit_code) from None
+    except SweepPlanned as planned:
+        print(f"launch: {planned}")
+        raise SystemExit(0) from None
     except Exception as exc:  # noqa: BLE001 - anything Hydra or OmegaConf raises
         if os.environ.get("LAUNCH_DEBUG"):
             raise

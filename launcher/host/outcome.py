@@ -57,6 +57,16 @@ class SweepStopped(BaseException):  # noqa: N818 - not an Exception: Hydra recor
         self.exit_code = exit_code
 
 
+class SweepPlanned(BaseException):  # noqa: N818 - not an Exception: it ends the sweep, as SweepStopped does
+    """A dry run of a sweep whose sweeper picks each run from the results of the ones before (Optuna): the
+    first run's plan is shown, and the sweep ends there with exit 0 (a dry run has no results to give it,
+    and an invented one would enter the sweeper's study, which may be a database the user keeps)."""
+
+    def __init__(self, sweeper: str):
+        super().__init__(f"dry run of a sweep: the first run is planned above; {sweeper} picks each next run "
+                         "from the results of the ones before, which a dry run does not produce, so it ends here")
+
+
 class RunFailed(Exception):
     """A sweep run failed: what Hydra records as the job's result (and its sweeper re-raises). It
     travels back from the process that ran it (joblib's, submitit's), so it pickles whole."""

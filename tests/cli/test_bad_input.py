@@ -132,7 +132,7 @@ def test_help_on_a_users_recipe_shows_its_keys_without_running_its_module(launch
     import shutil
     from pathlib import Path
 
-    shutil.copytree(Path(__file__).parents[1] / "distributed" / "data" / "my_pkg", tmp_path / "my_pkg")
+    shutil.copytree(Path(__file__).parents[2] / "examples" / "my_pkg", tmp_path / "my_pkg")
     with open(tmp_path / "my_pkg" / "my_recipe.py", "a") as f:
         f.write("\nopen('MODULE_RAN', 'w').write('imported')\n")
     result = launch("recipe=my_pkg.my_recipe", "recipe.hidden=8", "--help", timeout=60)

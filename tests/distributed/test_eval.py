@@ -32,7 +32,7 @@ def test_eval_on_two_ranks_gives_the_trained_accuracy_per_class_and_a_confusion_
 
 
 def test_eval_takes_the_recipe_values_the_checkpoint_was_trained_with(launch, tmp_path):
-    shutil.copytree(Path(__file__).parent / "data" / "my_pkg", tmp_path / "my_pkg")
+    shutil.copytree(Path(__file__).parents[2] / "examples" / "my_pkg", tmp_path / "my_pkg")
     trained = launch("recipe=my_pkg.my_recipe", "recipe.hidden=16", "gpus=[]", "epochs=1", "batch_size=32",
                      "hydra.run.dir=narrow")
     assert trained.returncode == 0, trained.output

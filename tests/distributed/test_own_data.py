@@ -11,7 +11,8 @@ import pytest
 
 pytestmark = pytest.mark.distributed
 
-OWN = Path(__file__).parent / "data" / "own"
+OWN = Path(__file__).parent / "data" / "own"  # the tests' own recipes
+EXAMPLES = Path(__file__).parents[2] / "examples"  # the README's (regression.py, nets.py)
 
 
 def _run_dir(result) -> Path:
@@ -24,7 +25,7 @@ def _results(result) -> dict:
 
 @pytest.fixture
 def project(tmp_path):
-    for f in OWN.glob("*.py"):
+    for f in [*EXAMPLES.glob("*.py"), *OWN.glob("*.py")]:
         shutil.copy(f, tmp_path / f.name)  # the user's project dir: recipe files beside them
     return tmp_path
 
@@ -79,7 +80,7 @@ def test_a_restart_inside_an_epoch_continues_the_global_order(launch, project, t
     assert whole.results()["final"]["train_abs_err"] >= 0 and "test_count" in whole.results()["final"]
     # the same run failing at step 17 (epoch 2, step 6), saved every 4 steps, restarted once
     elsewhere = tmp_path_factory.mktemp("restarted")
-    for f in OWN.glob("*.py"):
+    for f in [*EXAMPLES.glob("*.py"), *OWN.glob("*.py")]:
         shutil.copy(f, elsewhere / f.name)
     import subprocess
 
@@ -116,7 +117,7 @@ def test_a_checkpoint_inside_an_epoch_resumes_on_one_rank_in_the_same_order(laun
     assert one.returncode == 0, one.output
     after = [sorted(s) for s in (json.loads(line) for line in (project / "indices-0.jsonl").read_text().splitlines())]
     whole_dir = tmp_path_factory.mktemp("whole")
-    for f in OWN.glob("*.py"):
+    for f in [*EXAMPLES.glob("*.py"), *OWN.glob("*.py")]:
         shutil.copy(f, whole_dir / f.name)
     import subprocess
 
@@ -146,7 +147,7 @@ def test_a_network_from_config_with_its_arguments(launch, project):
 
 
 def test_a_users_step_that_raises_shows_the_users_frame(launch, project):
-    (project / "broken.py").write_text((OWN / "regression.py").read_text().replace(
+    (project / "broken.py").write_text((EXAMPLES / "regression.py").read_text().replace(
         "        x, y = batch\n        return nn.functional.mse_loss(model(x).float(), y)",
         "        x, y = batch\n        return undefined_name(model(x), y)"))
     result = launch("recipe=broken", "gpus=[]", "epochs=1", "data.workers=0")

@@ -129,7 +129,7 @@ def test_ctrl_c_while_a_resume_reads_its_checkpoint_is_one_line(first, tmp_path)
 
 def test_a_resume_takes_a_user_recipe_and_its_values_from_the_checkpoint(launch, tmp_path):
     """No recipe= on the resuming command line: the checkpoint's (a user's module) with its values."""
-    shutil.copytree(Path(__file__).parent / "data" / "my_pkg", tmp_path / "my_pkg")
+    shutil.copytree(Path(__file__).parents[2] / "examples" / "my_pkg", tmp_path / "my_pkg")
     first = launch("recipe=my_pkg.my_recipe", "gpus=[]", "batch_size=32", "epochs=1", "recipe.hidden=16",
                    "hydra.run.dir=narrow")
     assert first.returncode == 0, first.output
@@ -205,7 +205,7 @@ def test_a_refusal_comes_before_any_worker_and_leaves_nothing(launch, first):
 
 
 def test_a_network_of_another_shape_is_one_line(launch, tmp_path):
-    shutil.copytree(Path(__file__).parent / "data" / "my_pkg", tmp_path / "my_pkg")
+    shutil.copytree(Path(__file__).parents[2] / "examples" / "my_pkg", tmp_path / "my_pkg")
     base = ("recipe=my_pkg.my_recipe", "gpus=[]", "batch_size=32")
     first = launch(*base, "epochs=1", "recipe.hidden=16", "hydra.run.dir=narrow")
     assert first.returncode == 0, first.output

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.distributed
 
 @pytest.fixture
 def users_project(tmp_path):
-    shutil.copytree(Path(__file__).parent / "data" / "my_pkg", tmp_path / "my_pkg")  # the user's project dir
+    shutil.copytree(Path(__file__).parents[2] / "examples" / "my_pkg", tmp_path / "my_pkg")  # the user's project dir
 
 
 def test_a_users_recipe_trains_on_two_ranks_with_its_own_hyper_parameter(launch, users_project):

@@ -1,0 +1,112 @@
+"""Every `launch` command README.md shows, read out of it, runs as written from a fresh clone (from
+examples/, where the files the README's own recipes need are): each is composed, checked and planned
+(`dry_run=true`: nothing trains; `launch doctor`, `runs`, `--help`, `--version` run whole). What this
+machine cannot have is put in its place and said: GPUs (`gpus=` becomes `gpus=[]`), the folder a
+command names as DIR (a generated image folder), a machine's address (127.0.0.1). Commands that name a
+run dir of the README's author, a cluster, a GPU-only strategy or a package not installed here are
+listed as left out, so that the list of what is checked stays visible in the test's output."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import clean_env, launch_command
+
+REPO = Path(__file__).resolve().parents[2]
+PLACEHOLDERS = ("RUN_DIR", "outputs/", "/data/", "...", "DIR/")
+
+
+def readme_commands() -> list[tuple[int, list[str]]]:
+    """(line, argv after `launch`) for each `launch ...` line of README.md's indented code blocks, with
+    its continuation lines joined and its comment removed."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    found, i, fenced = [], 0, False
+    while i < len(lines):
+        line, start = lines[i], i + 1
+        if line.startswith("```"):
+            fenced = not fenced
+        text = line.strip()
+        if not fenced and line.startswith("    ") and text.startswith("launch "):
+            while text.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                text = text[:-1] + " " + lines[i].strip()
+            found.append((start, shlex.split(text, comments=True)[1:]))
+        i += 1
+    return found
+
+
+def left_out(argv: list[str]) -> str | None:
+    """Why this command cannot run on a CPU machine without a cluster, or None."""
+    text = " ".join(argv)
+    if any(p in text for p in PLACEHOLDERS) or "DIR" in text.replace("data.root=DIR", ""):
+        return "names a run dir or data of the README's author"
+    if "backend=slurm" in text:
+        return "needs a SLURM cluster (tests/slurm runs those)"
+    if "strategy=dp" in text:
+        return "DataParallel needs GPUs"
+    if "hydra/sweeper=optuna" in text and importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None:
+        return "hydra-optuna-sweeper is not installed"
+    if "timm." in text and importlib.util.find_spec("timm") is None:
+        return "timm is not installed"
+    return None
+
+
+def as_run_here(argv: list[str], images: Path) -> list[str]:
+    """The command as it runs on this machine: no GPUs, DIR an image folder, a local rendezvous address;
+    planned, not trained."""
+    out = []
+    for arg in argv:
+        if arg.startswith("gpus="):
+            arg = "gpus=[]"
+        arg = arg.replace("data.root=DIR", f"data.root={images}").replace("10.0.0.1", "127.0.0.1")
+        out.append(arg)
+    if out and out[0] in ("doctor", "runs", "--help", "--version") or "--cfg" in out:
+        return out
+    before, dashes, after = (out, [], []) if "--" not in out else (
+        out[:out.index("--")], ["--"], out[out.index("--") + 1:])
+    return [*before, "dry_run=true", *dashes, *after]
+
+
+COMMANDS = readme_commands()
+
+
+def test_the_readme_shows_the_commands_this_test_reads():
+    assert len(COMMANDS) > 40
+    assert any(argv[:1] == ["recipe=my_pkg.my_recipe"] for _, argv in COMMANDS)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> tuple[Path, Path]:
+    """A fresh copy of examples/ to run from, with the script the README's script= commands name, and
+    a small image folder for its DIR."""
+    from tests.imagefolders import write_image_folder
+
+    root = tmp_path_factory.mktemp("readme")
+    here = root / "examples"
+    shutil.copytree(REPO / "examples", here)
+    shutil.copy(REPO / "tests" / "distributed" / "data" / "torchrun_style_script.py", here / "train.py")
+    images = root / "images"
+    write_image_folder(images, train_per_class=2, val_per_class=1)
+    return here, images
+
+
+@pytest.mark.parametrize("line, argv", COMMANDS, ids=[f"README.md:{n}" for n, _ in COMMANDS])
+def test_a_readme_command_runs_as_written(line, argv, project):
+    why = left_out(argv)
+    if why:
+        pytest.skip(f"README.md:{line} `launch {' '.join(argv)}`: {why}")
+    here, images = project
+    command = as_run_here(argv, images)
+    proc = subprocess.run(launch_command(*command), cwd=here, capture_output=True, text=True, timeout=180,
+                          env=clean_env())
+    shown = f"README.md:{line}: launch {' '.join(command)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    assert proc.returncode == 0, shown
+    assert "Traceback" not in proc.stderr, shown
+    assert not re.search(r"is not valid|unknown key", proc.stderr), shown
