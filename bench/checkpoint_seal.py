@@ -62,6 +62,9 @@ def main() -> None:
                     integrity.seal = original
                 row = {"what": "save", "sealed": sealed, "repeat": repeat, "bytes": size, "seconds": round(save_s, 3)}
                 if sealed:
+                    started = time.perf_counter()
+                    integrity.state_digest(state)
+                    row["digest_seconds"] = round(time.perf_counter() - started, 3)  # (the seal's own work)
                     resume._checked.clear()
                     started = time.perf_counter()
                     resume.load_checkpoint(path, "resume")
@@ -72,10 +75,11 @@ def main() -> None:
         plain = sorted(r["seconds"] for r in rows if not r["sealed"])
         sealed = sorted(r["seconds"] for r in rows if r["sealed"])
         checks = sorted(r["check_seconds"] for r in rows if r["sealed"])
+        digests = sorted(r["digest_seconds"] for r in rows if r["sealed"])
         print(json.dumps({"summary": True, "bytes": size, "torch": torch.__version__,
                           "save_s_median": plain[len(plain) // 2], "sealed_save_s_median": sealed[len(sealed) // 2],
                           "ratio": round(sealed[len(sealed) // 2] / plain[len(plain) // 2], 3),
-                          "check_s_median": checks[len(checks) // 2]}))
+                          "digest_s_median": digests[len(digests) // 2], "check_s_median": checks[len(checks) // 2]}))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

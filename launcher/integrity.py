@@ -49,34 +49,48 @@ def run_id(run_dir: Path, create: bool = False) -> str | None:
     return name
 
 
+PIECE_BYTES = 1 << 25  # tensors are hashed in pieces of this size, on several threads at once
+HASH_THREADS = 4  # (hashlib releases the GIL on large buffers: the pieces hash in parallel)
+
+
 def state_digest(state: dict[str, Any]) -> str:
     """SHA-256 of a checkpoint's contents (its seal's run, epoch and files included): each value by its
-    path in the nesting, tensors by dtype, shape and raw bytes (memory-mapped ones read once, not copied)."""
+    path in the nesting, tensors by dtype, shape and the SHA-256 of each 32 MB piece of their raw bytes
+    (read where they lie: memory-mapped ones are read once, not copied). The pieces are hashed on
+    HASH_THREADS threads: on 2 cores a 1 GB checkpoint's digest took 0.6 s on one thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import torch
 
-    h = hashlib.sha256()
+    parts: list[bytes | memoryview] = []  # in order: descriptions (bytes) and tensor pieces (memoryview)
 
     def walk(obj: Any, path: str) -> None:
         if isinstance(obj, torch.Tensor):
             t = obj.detach()
-            h.update(f"{path}\0T\0{t.dtype}\0{tuple(t.shape)}\n".encode())
+            parts.append(f"{path}\0T\0{t.dtype}\0{tuple(t.shape)}\n".encode())
             if t.numel():
-                flat = t.cpu().contiguous().reshape(-1)
-                h.update(memoryview(flat.view(torch.uint8).numpy()))
+                raw = memoryview(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+                parts.extend(raw[i:i + PIECE_BYTES] for i in range(0, len(raw), PIECE_BYTES))
         elif isinstance(obj, dict):
-            h.update(f"{path}\0D{len(obj)}\n".encode())
+            parts.append(f"{path}\0D{len(obj)}\n".encode())
             for key, value in obj.items():
                 if path == "" and key == SEAL and isinstance(value, dict):  # (all of it but its own digest)
                     value = {k: v for k, v in value.items() if k != "sha256"}
                 walk(value, f"{path}/{key!r}")
         elif isinstance(obj, (list, tuple)):
-            h.update(f"{path}\0{type(obj).__name__[0]}{len(obj)}\n".encode())
+            parts.append(f"{path}\0{type(obj).__name__[0]}{len(obj)}\n".encode())
             for i, value in enumerate(obj):
                 walk(value, f"{path}/{i}")
         else:
-            h.update(f"{path}\0{type(obj).__name__}\0{obj!r}\n".encode())
+            parts.append(f"{path}\0{type(obj).__name__}\0{obj!r}\n".encode())
 
     walk(state, "")
+    pieces = [p for p in parts if isinstance(p, memoryview)]
+    with ThreadPoolExecutor(max_workers=max(1, min(HASH_THREADS, len(pieces)))) as pool:
+        digests = iter(pool.map(lambda piece: hashlib.sha256(piece).digest(), pieces))
+        h = hashlib.sha256()
+        for part in parts:
+            h.update(next(digests) if isinstance(part, memoryview) else part)
     return h.hexdigest()
 
 
