@@ -264,3 +264,34 @@ def test_a_rendezvous_that_accepts_and_never_answers_ends_within_rdzv_timeout_s(
     assert result.returncode == 2 and len(lines) == 1, result.output
     assert "did not answer as one (it accepted the connection but did not answer within rdzv_timeout_s" in lines[0]
     assert taken and result.seconds < 15 + 25, result.seconds  # (launch's own start-up: a few seconds)
+
+
+def test_a_node_rank_given_twice_stops_every_node_in_one_line(hosts, tmp_path):
+    """Three launches meant as nodes 0, 1, 2, the third typed with node_rank=1 again: no node trains; each
+    says which ranks were given (two launches share the second machine here)."""
+    port = PORT + 9
+    args = ("gpus=[]", "strategy=ddp", "nprocs=1", "epochs=1", "batch_size=63", "nodes=3",
+            f"rdzv={hosts.addresses[0]}:{port}", "rdzv_timeout_s=60")
+    procs = [hosts.start(host, *args, f"node_rank={rank}", f"hydra.run.dir={tmp_path / name}", cwd=tmp_path)
+             for host, rank, name in ((0, 0, "a"), (1, 1, "b"), (1, 1, "c"))]
+    for proc in procs:
+        code, out, err = finish(proc, timeout=120)
+        said = [line for line in err.splitlines() if "gave node_rank" in line]
+        assert code == 2 and len(said) == 1 and "gave node_rank 0, 1, 1" in said[0], out + err
+        assert "Traceback" not in err
+    assert not (tmp_path / "a" / "metrics.jsonl").exists()
+
+
+def test_a_rendezvous_nobody_serves_ends_the_node_at_rdzv_timeout_s(launch):
+    """Node 0 never started: node 1 waits rdzv_timeout_s for something to listen, then says so in one line."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = launch(*DDP[:2], "nprocs=1", "nodes=2", "node_rank=1", f"rdzv=127.0.0.1:{port}", "rdzv_timeout_s=5",
+                    "epochs=1", timeout=120)
+    lines = [x for x in result.stderr.splitlines() if x.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.output
+    assert f"no rendezvous answered at 127.0.0.1:{port} within rdzv_timeout_s=5" in lines[0], lines
+    assert result.seconds < 5 + 25, result.seconds
