@@ -45,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="seal-bench-", dir=args.dir))
     state = state_of(args.mb)
-    size = sum(t.numel() * t.element_size() for t in integrity_tensors(state))
+    size = sum(t.numel() * t.element_size() for t in checkpoint._tensors(state))
     rows = []
     try:
         for repeat in range(args.repeats):
@@ -82,16 +82,6 @@ def main() -> None:
                           "digest_s_median": digests[len(digests) // 2], "check_s_median": checks[len(checks) // 2]}))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def integrity_tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in integrity_tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in integrity_tensors(v)]
-    return []
 
 
 if __name__ == "__main__":
