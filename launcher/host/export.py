@@ -62,6 +62,12 @@ def _read(path: Path, value: str) -> tuple[dict[str, Any], dict[str, Any]]:
     raise AssertionError("unreachable")
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _identity(path: Path) -> tuple[int, int, int] | None:
     try:
         found = path.stat()
@@ -76,8 +82,9 @@ def export(value: str, out: str | None = None) -> Path:
     if out and (target.is_dir() or out.endswith("/")):  # a folder: the file goes in it, as cp would put it
         target = target / "model.pt"
     def exists() -> LaunchError:
+        other = target.with_name(f"{target.stem}-2{target.suffix}")
         return LaunchError(f"export is not valid: {target} exists and is not overwritten; give another file (e.g. "
-                           f"{USAGE.replace('RUN_DIR', value).split(' [')[0]} {target.with_name('model-2.pt')})")
+                           f"{USAGE.replace('RUN_DIR', value).split(' [')[0]} {other})")
 
     if os.path.lexists(target):  # (a symbolic link too, even one pointing nowhere)
         raise exists()
@@ -101,6 +108,7 @@ def export(value: str, out: str | None = None) -> Path:
                           f"can write (e.g. {USAGE.split(' [')[0].replace('RUN_DIR', value)} ~/model.pt)") from None
     tmp = Path(name)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # (mkstemp makes it 0600: the weights get a new file's usual mode)
         with os.fdopen(fd, "wb") as f:
             if target.suffix == ".safetensors":
                 # (tied weights are one tensor under two names, which safetensors stores as two)

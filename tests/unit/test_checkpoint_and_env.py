@@ -410,3 +410,22 @@ def test_an_export_of_a_live_run_whose_checkpoint_is_replaced_mid_read_reads_the
 
     monkeypatch.setattr(export, "weights", broken)
     assert export.main([str(tmp_path / "live"), str(tmp_path / "model-2.pt")]) == 2
+
+
+def test_an_exported_file_has_a_new_files_usual_mode_and_a_taken_name_suggests_one_beside_it(tmp_path, capsys):
+    """The weights are written through a private temporary file (0600); the file a user gets reads as any
+    new file of theirs does (0666 less the umask). A name taken already suggests NAME-2, not model-2."""
+    import os
+    import stat
+
+    from launcher.host import export
+
+    _sealed_run(tmp_path, "run", 1.0)
+    mask = os.umask(0o022)
+    try:
+        assert export.main([str(tmp_path / "run"), str(tmp_path / "weights.pt")]) == 0
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "weights.pt").stat().st_mode) == 0o644
+    assert export.main([str(tmp_path / "run"), str(tmp_path / "weights.pt")]) == 2
+    assert str(tmp_path / "weights-2.pt") in capsys.readouterr().err
