@@ -303,7 +303,12 @@ def describe_failure(run_dir: Path, err, nprocs: int, max_restarts: int, nodes: 
     cause = failures.root_cause(records)
     log_path = run_dir / LOG
     if nodes is not None:
-        mine = set(err.failures)  # (global ranks of this node's workers)
+        # This node's global ranks: its block of nprocs (every node runs as many; elastic numbers them
+        # node by node). Not only the ones elastic lists as failed: a rank here that it stopped is not
+        # another node's (it was named "ranks 1-3 on another node" beside rank 0).
+        failed = set(err.failures)
+        block = min(failed) // nprocs if failed else nodes.node_rank
+        mine = failed | (set(range(block * nprocs, (block + 1) * nprocs)) if block is not None else set())
         world = nprocs * nodes.count
         if cause is None or cause.secondary:
             away = sorted(set(range(world)) - {r.rank for r in records} - mine)
