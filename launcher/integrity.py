@@ -44,8 +44,13 @@ def run_id(run_dir: Path, create: bool = False) -> str | None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:  # (made this instant by another writer: theirs stands)
         return run_id(run_dir)
-    with os.fdopen(fd, "w") as f:
-        f.write(name + "\n")
+    except OSError:  # (a full or read-only disk: the checkpoint's own write says so in one line)
+        return None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(name + "\n")
+    except OSError:
+        return None
     return name
 
 

@@ -45,7 +45,7 @@ ATTEMPTS = 3  # reads of a live run's checkpoint that it replaced meanwhile, bef
 def _read(path: Path, value: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The checkpoint at `path` and its weights. A live run may replace its checkpoint while it is read
     (a sharded one's folder is removed once the next epoch's is whole): then the newer one is read."""
-    for attempt in range(ATTEMPTS):
+    for _ in range(ATTEMPTS):
         before = _identity(path)
         try:
             state = load_checkpoint(path, f"export {value}")
@@ -56,10 +56,8 @@ def _read(path: Path, value: str) -> tuple[dict[str, Any], dict[str, Any]]:
                     raise
                 raise LaunchError(f"export failed: {path} could not be read ({type(exc).__name__}: "
                                   f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''})") from None
-            if attempt + 1 == ATTEMPTS:
-                raise LaunchError(f"export failed: {path} was replaced {ATTEMPTS} times while it was read (a run "
-                                  "writing checkpoints quickly); try again, or export once the run ended") from None
-    raise AssertionError("unreachable")
+    raise LaunchError(f"export failed: {path} was replaced {ATTEMPTS} times while it was read (a run writing "
+                      "checkpoints quickly); try again, or export once the run ended")
 
 
 def _umask() -> int:

@@ -429,3 +429,26 @@ def test_an_exported_file_has_a_new_files_usual_mode_and_a_taken_name_suggests_o
     assert stat.S_IMODE((tmp_path / "weights.pt").stat().st_mode) == 0o644
     assert export.main([str(tmp_path / "run"), str(tmp_path / "weights.pt")]) == 2
     assert str(tmp_path / "weights-2.pt") in capsys.readouterr().err
+
+
+def test_a_checkpoint_on_a_full_disk_says_so_in_one_line_even_before_its_run_is_named(tmp_path, monkeypatch):
+    """The run's name is made with its first checkpoint; a disk that refuses that file must end in the
+    checkpoint's own one-line DiskFull, not in an OSError from the naming."""
+    import errno
+
+    from launcher import integrity
+    from launcher.files import DiskFull
+
+    real_open = os.open
+
+    def full(path, flags, mode=0o777, **kw):
+        if str(path).endswith(integrity.RUN_ID) or ".tmp-" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, flags, mode, **kw)
+
+    monkeypatch.setattr(os, "open", full)
+    monkeypatch.setattr("builtins.open", lambda p, *a, **k: (_ for _ in ()).throw(
+        OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(DiskFull):
+        checkpoint.save_atomic({"net_state_dict": {"w": torch.ones(2)}, "epoch": 1},
+                               tmp_path / "run" / "checkpoints" / "last.pt")
