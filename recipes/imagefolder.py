@@ -16,12 +16,13 @@ workers call them. Where the images are decoded is `data.decode`:
         horizontal flip; evaluation: the shorter side resized to eval_resize, then a center crop), and
         hands over uint8 CHW crops. The GPU only normalizes them.
   gpu   the worker reads the file's bytes and the JPEG's header (its size) and draws the crop box;
-        `on_after_batch_transfer` (on the launcher's side stream) decodes the batch's JPEGs with one
-        batched nvJPEG call (torchvision.io.decode_jpeg on the device), then crops and resizes every
-        image with one roi_align (its adaptive sampling averages the source pixels: an antialiased
-        downscale), flips and normalizes. Files nvJPEG cannot or should not take (PNG, BMP, WebP, grey,
-        CMYK and progressive JPEGs, a JPEG without its end marker) are decoded by the worker as for cpu;
-        the batch carries both kinds.
+        `on_after_batch_transfer` (on the launcher's side stream, from its prefetch thread) decodes the
+        batch's JPEGs on the GPU (nvImageCodec on the hardware JPEG engines where installed, the batch split
+        between two decoders; else one batched nvJPEG call, torchvision.io.decode_jpeg on the device), then
+        one Triton kernel (image_kernels.py) crops and resizes every image straight from the decoder's
+        buffers (roi_align's adaptive sampling: an antialiased downscale), flips and normalizes it into the
+        batch. Files nvJPEG cannot or should not take (PNG, BMP, WebP, grey, CMYK and progressive JPEGs, a
+        JPEG without its end marker) are decoded by the worker as for cpu; the batch carries both kinds.
   auto  on CUDA both at once: a fixed share of each batch is decoded by the CPU workers, the rest on the GPU
         (the share follows from the worker count and the rates measured in MEASURED.md; one log line says
         it). Without CUDA: cpu. data.decode=gpu without CUDA says so in one line and decodes on the CPU.
@@ -461,32 +462,58 @@ def collate(samples: list[tuple[Any, int]]) -> tuple[Any, ...]:
 class HardwareDecoder:
     """nvImageCodec's batched JPEG decoder (the `nvidia-nvimgcodec-cu12`/`-cu13` package, with its nvjpeg
     extra), on the GPU's hardware JPEG engines where it has them (A100, H100, H200: NVJPG, beside the SMs,
-    so decoding takes nothing from training), else on its CUDA decoder. Decodes on the current stream;
-    the decoded images' memory belongs to nvImageCodec, so each batch's images (and its bytes) are kept
-    until an event after their last use (`release_after`) has passed."""
+    so decoding takes nothing from training), else on its CUDA decoder. A batch is split between PARTS
+    decoders, each called from its own thread (the call returns once its images are decoded, with the GIL
+    released meanwhile): on an H100 one decoder took a batch of 256 at 13,400 img/s, two at 21,200, four at
+    15,800 (bench/probe/imagefolder_contention.py). The images are ready on the current stream; their
+    memory belongs to nvImageCodec, so each batch's images (and its bytes) are kept until an event after
+    their last use (`release_after`) has passed."""
+
+    PARTS = 2
+    MIN_PART = 16  # (a smaller batch is decoded in one call)
 
     def __init__(self, device: torch.device):
+        from concurrent.futures import ThreadPoolExecutor
+
         from nvidia import nvimgcodec
 
         self.nv = nvimgcodec
         self.device = device
-        self.decoder = nvimgcodec.Decoder(device_id=device.index if device.index is not None else 0,
-                                          backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY),
-                                                    nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY)])
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self.decoders = [nvimgcodec.Decoder(device_id=index,
+                                            backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY),
+                                                      nvimgcodec.Backend(nvimgcodec.BackendKind.GPU_ONLY)])
+                         for _ in range(self.PARTS)]
         self.params = nvimgcodec.DecodeParams(apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB,
                                               sample_format=nvimgcodec.SampleFormat.I_RGB)
+        self._streams = [torch.cuda.Stream(device) for _ in range(self.PARTS - 1)]
+        self._pool = ThreadPoolExecutor(self.PARTS - 1, thread_name_prefix="launch-decode",
+                                        initializer=torch.cuda.set_device, initargs=(index,))
         self._held: deque[tuple[torch.cuda.Event, list[Any]]] = deque()
         self._pending: list[Any] = []
 
-    def __call__(self, jpegs: HostJpegs) -> list[torch.Tensor | None]:
+    def _decode(self, part: int, sources: list[Any], stream: torch.cuda.Stream) -> list[Any]:
+        return list(self.decoders[part].decode(sources, params=self.params, cuda_stream=stream.cuda_stream))
+
+    def __call__(self, jpegs: HostJpegs) -> list[Any]:
+        """The batch's JPEGs decoded: nvImageCodec's images (HWC, on the device; None where one could not be)."""
         while self._held and self._held[0][0].query():
             self._held.popleft()
-        arrays = [t.numpy() for t in jpegs.tensors()]
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        images = self.decoder.decode([self.nv.CodeStream(a) for a in arrays], params=self.params, cuda_stream=stream)
-        self._pending = [arrays, images]
-        # (HWC views of nvImageCodec's buffers; the tensors keep the Image objects alive too)
-        return [None if img is None else torch.as_tensor(img, device=self.device).permute(2, 0, 1) for img in images]
+        data = jpegs.data.numpy()
+        sources = [self.nv.CodeStream(data[a:b]) for a, b in zip(jpegs.offsets[:-1], jpegs.offsets[1:], strict=True)]
+        current = torch.cuda.current_stream(self.device)
+        parts = min(self.PARTS, max(1, len(sources) // self.MIN_PART))
+        cuts = [len(sources) * k // parts for k in range(parts + 1)]
+        others = [self._pool.submit(self._decode, k, sources[cuts[k]:cuts[k + 1]], self._streams[k - 1])
+                  for k in range(1, parts)]
+        images = self._decode(0, sources[:cuts[1]], current)
+        for k, other in enumerate(others, start=1):
+            images += other.result()
+            done = torch.cuda.Event()
+            done.record(self._streams[k - 1])
+            current.wait_event(done)
+        self._pending = [data, sources, images]
+        return images
 
     def release_after(self) -> None:
         """The last use of the images decoded last is queued on the current stream: free them once it ran."""
@@ -514,10 +541,10 @@ def hardware_decoder(device: torch.device) -> HardwareDecoder | None:
     return _hardware[device]
 
 
-def decode_jpegs(jpegs: HostJpegs, device: torch.device, skip_bad: bool) -> tuple[list[torch.Tensor], list[int]]:
+def decode_jpegs(jpegs: HostJpegs, device: torch.device, skip_bad: bool) -> tuple[list[Any], list[int]]:
     """The batch's JPEGs decoded on `device` (one batched call: nvImageCodec's hardware decoder where
-    installed, else torchvision's nvJPEG), as uint8 CHW RGB; and the indices of the ones that could not
-    be (only when skip_bad; else a BadImageError names the first)."""
+    installed, else torchvision's nvJPEG): uint8 RGB images, nvImageCodec's (HWC) or tensors (CHW); and the
+    indices of the ones that could not be (only when skip_bad; else a BadImageError names the first)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     tensors = jpegs.tensors()
@@ -551,6 +578,13 @@ def decode_jpegs(jpegs: HostJpegs, device: torch.device, skip_bad: bool) -> tupl
             return images, bad
 
 
+def as_chw(image: Any, device: torch.device) -> torch.Tensor:
+    """A decoded image as a uint8 CHW tensor (a view of nvImageCodec's HWC buffer, or the tensor itself)."""
+    if isinstance(image, torch.Tensor):
+        return image
+    return torch.as_tensor(image, device=device).permute(2, 0, 1)
+
+
 def crop_resize(images: list[torch.Tensor], boxes: torch.Tensor, size: int,
                 max_elements: int = 1 << 26) -> torch.Tensor:
     """Each image's box (x0, y0, x1, y1, pixel edges) resized to size x size, for the whole batch in a few
@@ -564,24 +598,25 @@ def crop_resize(images: list[torch.Tensor], boxes: torch.Tensor, size: int,
     out = torch.empty((len(images), 3, size, size), dtype=torch.float32, device=device)
     boxes = boxes.to(device=device, dtype=torch.float32)
     start = 0
-    while start < len(images):  # each image's slot: the image, then a copy of its last row and column
-        end, rows, width = start, 0, 0  # (roi_align reads up to half a pixel past a box's edge)
-        while end < len(images):
+    while start < len(images):  # each image's slot: a copy of its first row, the image, a copy of its last row,
+        end, rows, width = start, 0, 0  # and a copy of its last column (roi_align reads up to half a pixel past
+        while end < len(images):  # a box's edge: there it must see the image's own edge, as a lone image's would)
             h, w = images[end].shape[-2:]
-            if end > start and (rows + h + 1) * max(width, w + 1) * 3 > max_elements:
+            if end > start and (rows + h + 2) * max(width, w + 1) * 3 > max_elements:
                 break
-            rows, width, end = rows + h + 1, max(width, w + 1), end + 1
+            rows, width, end = rows + h + 2, max(width, w + 1), end + 1
         canvas = torch.zeros((1, 3, rows, width), dtype=dtype, device=device)
         tops, y = [], 0
         for img in images[start:end]:
-            tops.append(y)
-            y += img.shape[-2] + 1
+            tops.append(y + 1)  # (the image's first row, below its copy)
+            y += img.shape[-2] + 2
         dst, src = [], []
         for t, img in zip(tops, images[start:end], strict=True):
             h, w = img.shape[-2:]
-            slot = canvas[0, :, t:t + h + 1, :w + 1]
-            dst += [slot[:, :h, :w], slot[:, h, :w], slot[:, :h, w], slot[:, h, w]]
-            src += [img, img[:, h - 1], img[:, :, w - 1], img[:, h - 1, w - 1]]
+            slot = canvas[0, :, t - 1:t + h + 1, :w + 1]
+            dst += [slot[:, 1:h + 1, :w], slot[:, 0, :w], slot[:, h + 1, :w], slot[:, 1:h + 1, w], slot[:, 0, w],
+                    slot[:, h + 1, w]]
+            src += [img, img[:, 0], img[:, h - 1], img[:, :, w - 1], img[:, 0, w - 1], img[:, h - 1, w - 1]]
         torch._foreach_copy_(dst, src)
         shift = torch.tensor(tops, dtype=torch.float32, device=device)
         chunk = boxes[start:end].clone()
@@ -612,30 +647,42 @@ class Normalizer:
         return x
 
 
-def gpu_batch(batch: tuple[Any, ...], size: int, skip_bad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """A mixed batch (see `collate`) as one 0..255 float NCHW batch on the labels' device, and its labels."""
+def gpu_batch(batch: tuple[Any, ...], size: int, skip_bad: bool, normalize: Normalizer) -> tuple[torch.Tensor,
+                                                                                                torch.Tensor]:
+    """A mixed batch (see `collate`) as one normalized float NCHW batch on the labels' device, and its labels.
+    The decoded JPEGs are cropped, resized, flipped and normalized by one kernel (image_kernels) where it
+    runs, else by `crop_resize` and torch ops."""
+    from launcher.recipes import image_kernels
+
     pixels, labels, pixel_rows, jpegs = batch
     device = labels.device
     out = torch.empty((len(labels), 3, size, size), dtype=torch.float32, device=device)
-    keep = torch.ones(len(labels), dtype=torch.bool, device=device)
+    if normalize.channels_last and device.type == "cuda":
+        out = out.contiguous(memory_format=torch.channels_last)
+    keep = None
     if len(pixel_rows):
-        out[pixel_rows.to(device)] = pixels.to(device).float()
+        out[pixel_rows.to(device)] = normalize(pixels.to(device))
     images, bad = decode_jpegs(jpegs, device, skip_bad)
-    rows, boxes, flips = jpegs.rows.to(device), jpegs.boxes, jpegs.flips.to(device)
+    rows, boxes, flips = jpegs.rows, jpegs.boxes, jpegs.flips
     if bad:
         good = [i for i in range(len(jpegs)) if i not in set(bad)]
         log.warning("left out %d JPEG(s) nvJPEG could not decode (data.on_bad_file=skip): %s", len(bad),
                     ", ".join(jpegs.paths[i] for i in bad))
+        keep = torch.ones(len(labels), dtype=torch.bool)
         keep[rows[bad]] = False
         rows, boxes, flips = rows[good], boxes[good], flips[good]
     if images:
-        crops = crop_resize(images, boxes, size)
-        crops = torch.where(flips.view(-1, 1, 1, 1), crops.flip(-1), crops)
-        out[rows] = crops
+        if image_kernels.usable(device):
+            image_kernels.crop_resize_normalize(images, boxes, flips, rows, out, MEAN, STD)
+        else:
+            crops = crop_resize([as_chw(img, device) for img in images], boxes, size)
+            crops = torch.where(flips.to(device).view(-1, 1, 1, 1), crops.flip(-1), crops)
+            out[rows.to(device)] = normalize(crops)
     hardware = hardware_decoder(device)
     if hardware is not None:
         hardware.release_after()
-    if bad:
+    if keep is not None:
+        keep = keep.to(device)
         return out[keep], labels[keep]
     return out, labels
 
@@ -714,8 +761,7 @@ class ImageFolder(Recipe):
 
     def on_after_batch_transfer(self, batch: Any, training: bool) -> Any:
         if len(batch) == 4:  # some samples still to decode (see collate)
-            x, labels = gpu_batch(batch, self.hp.image_size, str(self.cfg.data.on_bad_file) == "skip")
-            return self._normalize(x), labels
+            return gpu_batch(batch, self.hp.image_size, str(self.cfg.data.on_bad_file) == "skip", self._normalize)
         x, labels = batch
         return self._normalize(x), labels
 

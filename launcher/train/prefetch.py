@@ -47,6 +47,8 @@ class CudaPrefetcher:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.batches = batches
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # ("cuda": the current one, named, so the
+            self.device = torch.device("cuda", torch.cuda.current_device())  # thread's set_device can take it)
         self.depth = depth
         self.after = after
         self.threaded = threaded

@@ -85,3 +85,12 @@ def test_fast_recipe_with_dataparallel(launch):
     r = result.results()
     assert r["strategy"] == "dp" and len(r["devices"]) == 2 and not r["compiled"]
     assert "perf.compile / perf.cuda_graph are off under strategy=dp" in result.output
+
+
+def test_a_device_named_without_its_index_feeds_from_the_thread():
+    """CudaPrefetcher(device="cuda", threaded=True): the thread sets the current device, which needs an index
+    (torch refuses a bare "cuda" there); the prefetcher names the current one."""
+    source = [(torch.arange(8, dtype=torch.float32) + i,) for i in range(5)]
+    got = [x.clone() for (x,) in CudaPrefetcher(iter(source), "cuda", depth=2, after=lambda b: b, threaded=True)]
+    torch.cuda.synchronize()
+    assert all(g.is_cuda for g in got) and [float(g[0]) for g in got] == [0.0, 1.0, 2.0, 3.0, 4.0]

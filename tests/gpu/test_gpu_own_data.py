@@ -57,3 +57,40 @@ def test_imagefolder_decodes_jpegs_on_the_gpu_and_trains(launch, tmp_path):
         r = json.loads((_run_dir(result) / "results.json").read_text())
         assert r["device_type"] == "cuda" and 0.0 <= r["test_acc"] <= 1.0
         assert "no CUDA device" not in result.output
+
+
+def test_imagefolders_one_kernel_on_cuda_matches_the_torch_ops_for_each_decoder(tmp_path):
+    """The batch's crops, flips and normalization by image_kernels' Triton kernel on CUDA against the torch ops
+    it replaced, on the same decoded images; and nvImageCodec's decoder (the batch split between its two
+    decoders: 64 JPEGs), where installed, against torchvision's nvJPEG."""
+    from launcher.recipes import image_kernels, imagefolder
+    from launcher.recipes.imagefolder import ImageFolderSplit, Normalizer, collate, gpu_batch, scan
+
+    root = write_image_folder(tmp_path / "imagenet", train_per_class=22, odd_files=True)
+    device = torch.device("cuda", 0)
+    ds = ImageFolderSplit(scan(root)["train"], train=True, image_size=48, eval_resize=55, gpu_share=1.0)
+    ds.set_epoch(0)
+    pixels, labels, rows, jpegs = collate([ds[i] for i in range(len(ds))])
+    assert len(jpegs) >= 64 and len(rows) > 0
+    batch = (pixels.to(device), labels.to(device), rows.to(device), jpegs)
+    outputs = {}
+    for decoder in ("hardware", "nvjpeg"):
+        imagefolder._hardware.clear()
+        if decoder == "nvjpeg":
+            imagefolder._hardware[device] = None
+        elif imagefolder.hardware_decoder(device) is None:
+            continue
+        x, y = gpu_batch(batch, 48, skip_bad=False, normalize=Normalizer(True))
+        assert x.is_cuda and x.is_contiguous(memory_format=torch.channels_last) and torch.equal(y, batch[1])
+        usable = image_kernels.usable
+        image_kernels.usable = lambda device: False
+        try:
+            ref, _ = gpu_batch(batch, 48, skip_bad=False, normalize=Normalizer(True))
+        finally:
+            image_kernels.usable = usable
+        # (the torch ops crop on an fp16 canvas: within a few hundredths of a unit of the normalized pixels)
+        assert float((x - ref).abs().max()) < 0.05, decoder
+        outputs[decoder] = x
+    imagefolder._hardware.clear()
+    if "hardware" in outputs:  # two JPEG decoders: the same images up to their rounding
+        assert float((outputs["hardware"] - outputs["nvjpeg"]).abs().mean()) < 0.05

@@ -15,10 +15,13 @@ from PIL import Image
 
 from launcher.errors import LaunchError
 from launcher.recipes.imagefolder import (
+    MEAN,
+    STD,
     BadImageError,
     HostJpegs,
     ImageFolder,
     ImageFolderSplit,
+    Normalizer,
     collate,
     cpu_share,
     decode_eval_crop,
@@ -237,7 +240,7 @@ def test_the_gpu_path_names_a_jpeg_nvjpeg_cannot_decode(broken, tmp_path):
     batch = collate([ds[i] for i in rows])
     assert isinstance(batch[-1], HostJpegs)
     try:
-        x, y = gpu_batch(batch, 32, skip_bad=True)
+        x, y = gpu_batch(batch, 32, skip_bad=True, normalize=Normalizer(False))
     except BadImageError:
         pytest.fail("skip must not raise")
     assert len(x) in (len(rows), len(rows) - 1)  # (a decoder may also decode the damaged scan to noise)
@@ -255,11 +258,48 @@ def test_batched_decode_and_roi_align_crops_match_the_cpu_path(folder, train):
     assert len(jpegs) >= len(gpu) - 6 and len(rows) + len(jpegs) == len(gpu)
     names = {Path(p).name for p in jpegs.paths}
     assert not names & {"grey.jpg", "cmyk.jpg", "palette.png", "deep16.png", "progressive.jpg", "alpha.PNG"}
-    x, y = gpu_batch(batch, 32, skip_bad=False)
+    x, y = gpu_batch(batch, 32, skip_bad=False, normalize=Normalizer(False))
+    x = x * torch.tensor(STD).view(1, 3, 1, 1) + torch.tensor(MEAN).view(1, 3, 1, 1)  # (back to 0..255)
     ref = torch.stack([cpu[i][0] for i in range(len(cpu))]).float()
     assert x.shape == ref.shape and x.dtype == torch.float32 and torch.equal(y, torch.tensor(cpu.targets))
     diff = (x - ref).abs()
     assert diff.mean() < 1.5 and diff.mean(dim=(1, 2, 3)).max() < 3.0  # (of 255)
+
+
+KERNEL_CHECK = """
+import sys, torch
+from launcher.recipes import image_kernels
+from launcher.recipes.imagefolder import Normalizer, collate, gpu_batch
+from tests.unit.test_imagefolder import split
+from pathlib import Path
+assert image_kernels.usable(torch.device("cpu"))
+for train in (True, False):
+    ds = split(Path(sys.argv[1]), train=train, gpu_share=1.0)
+    batch = collate([ds[i] for i in range(len(ds))])
+    assert len(batch[3]) > 0 and (len(batch[2]) > 0 or not train), "both kinds of sample in training"
+    x, y = gpu_batch(batch, 32, skip_bad=False, normalize=Normalizer(False))
+    image_kernels.usable = lambda device: False
+    ref, ref_y = gpu_batch(batch, 32, skip_bad=False, normalize=Normalizer(False))
+    image_kernels.usable = lambda device: True
+    assert torch.equal(y, ref_y) and x.shape == ref.shape
+    print(train, float((x - ref).abs().max()))
+    assert float((x - ref).abs().max()) < 1e-4
+"""
+
+
+def test_the_one_kernel_crops_flips_and_normalizes_as_the_torch_ops_do(folder, tmp_path):
+    """recipe=imagefolder's Triton kernel (image_kernels), run by Triton's interpreter on the CPU, against the
+    torch ops it replaces (roi_align on a canvas, flip, normalize): the same batch, both kinds of sample."""
+    pytest.importorskip("triton", reason="the kernel needs triton (it comes with torch's CUDA builds)")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", KERNEL_CHECK, str(folder)], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("\n") == 2
 
 
 def test_on_after_batch_transfer_normalizes_both_kinds_of_batch(folder):
