@@ -127,6 +127,17 @@ def _layout(image: Any) -> tuple[int, int, int, int, int, int, int]:
     return face["data"][0], (h - 1) * sy + (w - 1) * sx + (c - 1) * sc + 1, h, w, sc, sy, sx
 
 
+def _dense(image: torch.Tensor) -> bool:
+    """Whether the tensor's elements fill its memory without gaps (any order of its dimensions)."""
+    order = sorted(zip(image.stride(), image.shape, strict=True))
+    expected = 1
+    for stride, size in order:
+        if size > 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def usable(device: torch.device) -> bool:
     """Whether the kernel runs for `device` (CUDA with Triton; the CPU under TRITON_INTERPRET=1)."""
     if triton is None:
@@ -153,14 +164,15 @@ def crop_resize_normalize(images: Sequence[Any], boxes: torch.Tensor, flips: tor
         high = max(layout[0] + layout[1] for layout in layouts)
         src = torch.as_tensor(_Span(low, high - low), device=device)
         offsets = [layout[0] - low for layout in layouts]
-    else:  # (the interpreter reads host memory: the images one after another)
-        flat = [img.reshape(-1) if img.is_contiguous() else img.contiguous().reshape(-1) for img in images]
+    else:  # (the interpreter reads host memory: each image's own bytes, in its own layout, one after another)
+        dense = [img if _dense(img) else img.contiguous() for img in images]
+        flat = [torch.as_strided(img, (img.numel(),), (1,), img.storage_offset()) for img in dense]
         src = torch.cat(flat)
         offsets, start = [], 0
         for f in flat:
             offsets.append(start)
             start += f.numel()
-        layouts = [(0, 0, img.shape[1], img.shape[2], *img.contiguous().stride()) for img in images]
+        layouts = [(0, 0, img.shape[1], img.shape[2], *img.stride()) for img in dense]
     boxes = boxes.to(torch.float32).cpu()
     grid_h = torch.ceil((boxes[:, 3] - boxes[:, 1]) / size).clamp_(min=1).to(torch.int64)
     grid_w = torch.ceil((boxes[:, 2] - boxes[:, 0]) / size).clamp_(min=1).to(torch.int64)

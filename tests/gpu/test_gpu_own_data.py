@@ -13,11 +13,12 @@ import torch
 
 from tests.imagefolders import write_image_folder
 
-OWN = Path(__file__).parent.parent / "distributed" / "data" / "own"
+OWN = Path(__file__).parent.parent / "distributed" / "data" / "own"  # (indexed.py)
+EXAMPLES = Path(__file__).parents[2] / "examples"  # the README's (regression.py, nets.py)
 
 
 def _project(cwd: Path) -> None:
-    for f in OWN.glob("*.py"):
+    for f in [*OWN.glob("*.py"), *EXAMPLES.glob("*.py")]:
         shutil.copy(f, cwd / f.name)
 
 
@@ -88,8 +89,8 @@ def test_imagefolders_one_kernel_on_cuda_matches_the_torch_ops_for_each_decoder(
             ref, _ = gpu_batch(batch, 48, skip_bad=False, normalize=Normalizer(True))
         finally:
             image_kernels.usable = usable
-        # (the torch ops crop on an fp16 canvas: within a few hundredths of a unit of the normalized pixels)
-        assert float((x - ref).abs().max()) < 0.05, decoder
+        # (the same arithmetic in another order: within a few thousandths of a unit of the normalized pixels)
+        assert float((x - ref).abs().max()) < 0.01, decoder
         outputs[decoder] = x
     imagefolder._hardware.clear()
     if "hardware" in outputs:  # two JPEG decoders: the same images up to their rounding
