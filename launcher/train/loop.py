@@ -43,7 +43,7 @@ from launcher.files import CONFUSION, CURVES, EVAL, last_checkpoint, write_json
 from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
-from launcher.train import checkpoint, compiling, nodes, optim, progress, reporting
+from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, reporting
 from launcher.train.data import Data, eval_chunks, rank_order
 from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog, write_results
@@ -187,6 +187,7 @@ class Trainer:
         # The augmentation's generator, on the device: seeded per (seed, epoch, rank) at each epoch.
         self.generator = torch.Generator(device=device)
         self.eval_warm = False  # evaluation has had its warm-up (`_warm_up_eval`)
+        self._stepped = False  # a training step has run (a network that does not take the batches says so before)
         self.advised = False  # the input-bound advice was logged (once per run)
         self.said_sharded_steps = False  # checkpoint_every_steps under a sharded strategy was said (once)
         self.step_s: float | None = None  # the last epoch's seconds per step (the slowest rank's)
@@ -468,6 +469,23 @@ class Trainer:
                 raise
             raise self._does_not_fit(source, state, misfit) from None
 
+    @contextlib.contextmanager
+    def _network_fits(self, batch: Any) -> Iterator[None]:
+        """Until a step has run: a network (from config, or a built-in recipe's choice) whose layers do not
+        take the batch is one line naming the key that chose it (launcher/train/misfit.py)."""
+        if self._stepped:
+            yield
+            return
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - only a shape mismatch is turned into the one line
+            line = misfit.does_not_take(self.cfg, type(self.recipe).__module__.startswith("launcher.recipes."),
+                                        batch, exc)
+            if line is None:
+                raise
+            raise line from None
+        self._stepped = True
+
     def _does_not_fit(self, source: str, state: dict[str, Any], exc: BaseException) -> ConfigError:
         """The checkpoint's weights (or optimizer state) do not fit the network this config builds."""
         saved = (state.get("config") or {}).get("recipe") or {}
@@ -519,7 +537,8 @@ class Trainer:
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             batch = idx = None
             for batch, idx in self.data.train.batches(rows):
-                self.step(batch, idx, 0, generator)
+                with self._network_fits(batch):
+                    self.step(batch, idx, 0, generator)
             if side is not None:
                 self._sync()
                 self.timeline.mark("warmup_steps")
@@ -645,7 +664,8 @@ class Trainer:
                 clock.batch_ready()
                 done = first + step  # steps of this epoch before this one, on every rank
                 self.faults.at(epoch * self.steps_per_epoch + done)
-                self.step(batch, idx, epoch, self.generator)
+                with self._network_fits(batch):
+                    self.step(batch, idx, epoch, self.generator)
                 clock.step_end()
                 if self.timings.first_step_s is None:
                     self._first_step_done()

@@ -146,6 +146,21 @@ def test_a_network_from_config_with_its_arguments(launch, project):
     assert stray.returncode == 2 and "model._target_ names none" in stray.stderr
 
 
+def test_a_network_that_does_not_take_the_batches_is_one_line_naming_its_key(launch, project):
+    """torchvision's resnet18 (3 input channels) on digits (1 channel): torch's own sentence, the batch's
+    shapes and the key that chose the network, in one line, exit 2; on 2 gloo ranks too. The recipe's own
+    network and a user recipe's own step keep their behaviour (the test after this one)."""
+    for extra in ([], ["strategy=ddp", "nprocs=2"]):
+        result = launch("recipe=digits", "+model._target_=torchvision.models.resnet18", "gpus=[]", "epochs=1",
+                        *extra, timeout=240)
+        assert result.returncode == 2, result.output
+        line = [t for t in result.stderr.splitlines() if "is not valid" in t]
+        assert len(line) == 1 and "Traceback" not in result.output
+        assert line[0].startswith("launch: model._target_=torchvision.models.resnet18 is not valid: the network does "
+                                  "not take recipe=digits's batches (")
+        assert "1x8x8" in line[0] and "expected input[" in line[0] and "to have 3 channels" in line[0]
+
+
 def test_a_users_step_that_raises_shows_the_users_frame(launch, project):
     (project / "broken.py").write_text((EXAMPLES / "regression.py").read_text().replace(
         "        x, y = batch\n        return nn.functional.mse_loss(model(x).float(), y)",

@@ -1,0 +1,86 @@
+"""A network that does not take its recipe's batches: one line naming the key that chose it, not the
+worker's traceback.
+
+A network from config (`model._target_=torchvision.models.resnet18`) or a built-in recipe's `recipe.model`
+can be one whose layers do not fit the data (three input channels for digits' one, a kernel larger than a
+small image, fewer outputs than classes). Torch says so at the first step, deep in the model's forward (or
+in torch.compile's tracing of it). The loop (launcher/train/loop.py) runs its steps through `first_steps`
+until one has run: a failure there that is such a shape mismatch becomes a ConfigError (exit 2) naming the
+key, the value, the batch's shapes and torch's own sentence. A user's own recipe with its own network keeps
+its traceback: there the error is in the user's code, and their frame is what they need.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from launcher.errors import ConfigError
+
+# torch's sentences for a tensor that does not fit a layer (or the loss), as eager ops and compile's fake
+# tensors raise them
+SHAPE_ERRORS = (
+    r"mat1 and mat2 shapes cannot be multiplied[^\n']*",
+    r"Given groups=\d+, weight of size [^\n']*",
+    r"Calculated padded input size per channel[^\n']*",
+    r"Expected \dD \(unbatched\) or \dD \(batched\) input[^\n']*",
+    r"The size of tensor a \(\d+\) must match the size of tensor b[^\n']*",
+    r"shape '\[[^\]]*\]' is invalid for input of size \d+",
+    r"Given input size: [^\n']*Output size is too small",
+    r"Target -?\d+ is out of bounds\.?",
+    r"Expected input batch_size \(\d+\) to match target batch_size \(\d+\)\.?",
+    r"input image \([^)]*\) smaller than kernel size[^\n']*",
+)
+
+
+def shape_error(exc: BaseException) -> str | None:
+    """torch's sentence, where `exc` (or what it wraps) says a tensor does not fit a layer; else None."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return None
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (RuntimeError, ValueError, IndexError)):
+            text = str(exc)
+            for pattern in SHAPE_ERRORS:
+                found = re.search(pattern, text)
+                if found:
+                    return found.group(0).strip()
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def describe(batch: Any) -> str:
+    """A batch's tensors as a user would picture them: '64x1x8x8 float32, 64 int64'."""
+    tensors = [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)]
+    return ", ".join(f"{'x'.join(str(d) for d in t.shape) or 'scalar'} {str(t.dtype).removeprefix('torch.')}"
+                     for t in tensors[:4]) + (", ..." if len(tensors) > 4 else "")
+
+
+def chooses_network(cfg: Any, builtin: bool) -> tuple[str, str] | None:
+    """(key, value) of the setting that chose the network: model._target_, or a built-in recipe's
+    recipe.model; None for a user's recipe with its own network (its traceback is the user's)."""
+    target = (cfg.model or {}).get("_target_")
+    if target:
+        return "model._target_", str(target)
+    if builtin and getattr(cfg.recipe, "model", None):
+        return "recipe.model", str(cfg.recipe.model)
+    return None
+
+
+def does_not_take(cfg: Any, builtin: bool, batch: Any, exc: BaseException) -> ConfigError | None:
+    """The one line for a network that does not take the recipe's batches, or None where `exc` is not that
+    (or the network is the user's own recipe's)."""
+    reason = shape_error(exc)
+    chosen = chooses_network(cfg, builtin)
+    if reason is None or chosen is None:
+        return None
+    key, value = chosen
+    name = cfg.recipe.name
+    other = ("leave model._target_ out to train the recipe's own network" if key == "model._target_" else
+             "pick another recipe.model or recipe.image_size")
+    return ConfigError(key, value, f"the network does not take recipe={name}'s batches ({describe(batch)}): "
+                       f"{reason}; use a network made for such inputs, or {other}", f"recipe={name}")

@@ -1,0 +1,33 @@
+"""launcher/train/misfit.py: which failures of a first step are a network that does not take its batches."""
+
+import torch
+
+from launcher.train.misfit import describe, shape_error
+
+
+def test_torchs_shape_sentences_are_found_plain_wrapped_and_chained():
+    conv = "Given groups=1, weight of size [64, 3, 7, 7], expected input[64, 1, 8, 8] to have 3 channels, but got 1"
+    assert shape_error(RuntimeError(conv)) == conv
+    wrapped = RuntimeError(f"Dynamo failed to run FX node with fake tensors: call_function <conv2d>(...): got "
+                           f"RuntimeError('{conv}')\n\nfrom user code: ...")
+    assert shape_error(wrapped) == conv
+    try:
+        try:
+            torch.ones(4, 5) @ torch.ones(6, 7)
+        except RuntimeError as inner:
+            raise ValueError("the step failed") from inner
+    except ValueError as outer:
+        assert shape_error(outer).startswith("mat1 and mat2 shapes cannot be multiplied (4x5 and 6x7)")
+    assert shape_error(IndexError("Target 12 is out of bounds.")) == "Target 12 is out of bounds."
+
+
+def test_other_failures_are_not_a_misfit():
+    assert shape_error(RuntimeError("CUDA error: an illegal memory access was encountered")) is None
+    assert shape_error(NameError("name 'undefined_name' is not defined")) is None
+    assert shape_error(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")) is None
+
+
+def test_a_batch_is_described_by_its_tensors_shapes():
+    assert describe((torch.zeros(8, 1, 8, 8, dtype=torch.uint8), torch.zeros(8, dtype=torch.int64))) == \
+        "8x1x8x8 uint8, 8 int64"
+    assert describe({"x": torch.zeros(2, 3), "mask": torch.ones(2, 3, dtype=torch.bool)}) == "2x3 float32, 2x3 bool"
