@@ -94,7 +94,7 @@ class Progress(Choice):
 
 CompileMode = _choice("CompileMode", "default reduce-overhead max-autotune max-autotune-no-cudagraphs")
 # A plain string checked by FaultConfig.check, not a Choice: Hydra reads `fault.kind=nan` as a float.
-FAULT_KINDS = ("raise", "exit", "hang", "kill", "nan", "oom")
+FAULT_KINDS = ("raise", "exit", "hang", "kill", "nan", "oom", "damage")
 
 
 INT_MAX = 2**31 - 1  # no setting needs more, and every value fits the C ints torch and its libraries take
@@ -589,7 +589,8 @@ class FaultConfig(Schema):
 
     rank: int | None = None
     step: int = 0
-    kind: str = "raise"  # raise | exit | hang | kill | nan (the loss becomes NaN from that step on) | oom
+    kind: str = "raise"  # raise | exit | hang | kill | nan (the loss becomes NaN from that step on) | oom |
+    # damage (bytes of the run's checkpoints/last.pt overwritten in place, as a failing disk would, then raise)
     attempt: int = 0  # only on this restart attempt (-1: on every attempt)
 
     def check(self, at: str) -> None:

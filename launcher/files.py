@@ -24,6 +24,9 @@ METRICS = "metrics.jsonl"  # one JSON line per epoch
 RESULTS = "results.json"  # the final metrics; a run dir with one holds a finished run
 CHECKPOINTS = "checkpoints"
 LAST_CHECKPOINT = "last.pt"
+# the checkpoint before last.pt (a hard link to its file), kept so that a restart that finds last.pt damaged
+# has a whole one to go on from (launcher/train/checkpoint.py)
+PREVIOUS_CHECKPOINT = "previous.pt"
 FAILURES = "failures"  # one record per failing rank and attempt
 TENSORBOARD = "tensorboard"  # TensorBoard event files
 CURVES = "curves.png"  # loss and accuracy per epoch

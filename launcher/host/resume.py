@@ -33,7 +33,7 @@ from typing import Any
 from launcher import integrity
 from launcher.config import Config, choices, flat_keys, saved_choices, to_plain
 from launcher.errors import LaunchError
-from launcher.files import CHECKPOINTS, LAST_CHECKPOINT, last_checkpoint
+from launcher.files import CHECKPOINTS, LAST_CHECKPOINT, PREVIOUS_CHECKPOINT, last_checkpoint
 
 # Settings a resumed run may differ in without it meaning anything for the training (not reported).
 _NOT_SETTINGS = {"resume", "dry_run", "progress", "tensorboard", "profile", "fault"}
@@ -140,6 +140,20 @@ def sharded_damage(path: Path, folder_name: Any) -> str | None:
 _checked: dict[tuple[str, int, int, int], str | None] = {}  # a file's identity -> what its seal said
 
 
+def _whole_previous(path: Path) -> Path | None:
+    """previous.pt beside a damaged last.pt, where it is whole (the run keeps the checkpoint before its last)."""
+    previous = path.with_name(PREVIOUS_CHECKPOINT)
+    if path.name != LAST_CHECKPOINT or not previous.is_file():
+        return None
+    try:
+        import torch
+
+        state = torch.load(previous, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - unreadable: not offered
+        return None
+    return previous if isinstance(state, dict) and _broken_seal(state, previous) is None else None
+
+
 def _broken_seal(state: dict[str, Any], path: Path) -> str | None:
     """integrity.broken_seal, once per file as it is now (one launch reads its checkpoint several times)."""
     found = path.stat()
@@ -157,8 +171,10 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
     import torch
 
     def refuse(what: str) -> LaunchError:
-        return LaunchError(f"{setting} is not valid: {path} is not a launch checkpoint ({what}); give the run "
-                           f"dir of a launch run, or its checkpoints/last.pt")
+        earlier = _whole_previous(path)  # (a run's last.pt damaged past reading: the one before it may be whole)
+        hint = (f"the checkpoint before it is whole: {setting}={earlier}" if earlier else
+                "give the run dir of a launch run, or its checkpoints/last.pt")
+        return LaunchError(f"{setting} is not valid: {path} is not a launch checkpoint ({what}); {hint}")
 
     if path.stat().st_size == 0:
         raise refuse("the file is empty")
@@ -202,8 +218,10 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
             raise refuse(f"its {group} is {str(name)[:80]!r}, not a {group} name")
     broken = _broken_seal(state, path)
     if broken:
-        raise LaunchError(f"{setting} is not valid: the checkpoint {path} cannot be trusted: {broken}; give an "
-                          f"earlier checkpoint or the run it belongs to, or train afresh")
+        earlier = _whole_previous(path)
+        hint = (f"the checkpoint before it is whole: {setting}={earlier}" if earlier else
+                "give an earlier checkpoint or the run it belongs to, or train afresh")
+        raise LaunchError(f"{setting} is not valid: the checkpoint {path} cannot be trusted: {broken}; {hint}")
     return state
 
 

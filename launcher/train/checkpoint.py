@@ -16,6 +16,8 @@ plus where the run stands (a plain dict, so `torch.load(..., weights_only=True)`
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +25,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from launcher import integrity
-from launcher.files import CHECKPOINTS, DiskFull, disk_full, write_atomic
+from launcher.errors import LaunchError
+from launcher.files import CHECKPOINTS, LAST_CHECKPOINT, PREVIOUS_CHECKPOINT, DiskFull, disk_full, write_atomic
+
+log = logging.getLogger("launcher.train")
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -256,7 +261,56 @@ def save_atomic(state: dict[str, Any], path: Path, folder: Path | None = None) -
     path.parent.mkdir(parents=True, exist_ok=True)
     run = integrity.run_id(path.parent.parent, create=True) if path.parent.name == CHECKPOINTS else None
     integrity.seal(state, run, folder)
+    if run is not None and folder is None and path.name == LAST_CHECKPOINT:
+        keep_previous(path)
     write_atomic(path, lambda f: torch.save(state, f), durable=True)
+
+
+def keep_previous(path: Path) -> None:
+    """Before last.pt is replaced: previous.pt becomes a second name of its file (a hard link: no copy, and
+    its blocks stay on disk until the next save replaces previous.pt). Not for sharded checkpoints (their
+    previous shard folders are removed as new ones are written). Where the filesystem has no hard links,
+    nothing is kept."""
+    if not path.is_file():
+        return
+    previous = path.with_name(PREVIOUS_CHECKPOINT)
+    tmp = previous.with_name(f".{previous.name}.tmp-{os.getpid()}")
+    try:
+        os.link(path, tmp)
+        os.replace(tmp, previous)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def load_restart(path: Path, map_location: Any = "cpu") -> tuple[Path, dict[str, Any]]:
+    """This run's own checkpoint, read for a restart (max_restarts, a requeue) and checked against its seal.
+    Damaged or unreadable: the one before it (previous.pt), said in the log, where that one is whole; else
+    a LaunchError naming the file and what is wrong (exit 2: a restart would find it so again)."""
+    state, broken = _read_checked(path, map_location)
+    if broken is None:
+        return path, state
+    previous = path.with_name(PREVIOUS_CHECKPOINT)
+    if previous.is_file():
+        older, older_broken = _read_checked(previous, map_location)
+        if older_broken is None:
+            log.warning("this run's checkpoint %s cannot be trusted (%s): going on from the one before it, %s "
+                        "(epoch %s)", path, broken, previous, older.get("epoch"))
+            return previous, older
+        broken += f"; and the one before it, {previous}: {older_broken}"
+    raise LaunchError(f"this run's checkpoint {path} cannot be trusted: {broken}; restart it from an earlier "
+                      "checkpoint (resume=PATH) or train afresh")
+
+
+def _read_checked(path: Path, map_location: Any) -> tuple[dict[str, Any], str | None]:
+    """(state, what is wrong with it or None); a file torch cannot read is wrong too."""
+    try:
+        state = load(path, map_location=map_location)
+    except Exception as exc:  # noqa: BLE001 - any failure to read it is the file's
+        reason = str(exc).strip().splitlines()[0].split(". ")[0][:160] if str(exc).strip() else ""
+        return {}, f"it cannot be read ({type(exc).__name__}{': ' + reason if reason else ''})"
+    if not isinstance(state, dict):
+        return {}, "it is not a launch checkpoint"
+    return state, integrity.broken_seal(state, path)
 
 
 def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """`fault.*`: a rank failing on purpose at a global step, to see supervision and its messages work.
 
-    launch gpus=[] strategy=ddp nprocs=2 fault.rank=1 fault.step=30 fault.kind=raise|exit|kill|hang|nan|oom
+    launch gpus=[] strategy=ddp nprocs=2 fault.rank=1 fault.step=30 fault.kind=raise|exit|kill|hang|nan|oom|damage
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
 
@@ -19,8 +20,9 @@ log = logging.getLogger("launcher.train")
 
 
 class Faults:
-    def __init__(self, options: FaultConfig, world: WorldInfo, device: torch.device):
+    def __init__(self, options: FaultConfig, world: WorldInfo, device: torch.device, last: Path | None = None):
         self.kind = options.kind
+        self.last = last  # the run's checkpoints/last.pt (fault.kind=damage)
         self.rank = world.rank
         applies = options.rank == world.rank and options.attempt in (-1, world.restart_count)
         self.step = options.step if applies else -1  # the global step it fails at (-1: never, on this rank)
@@ -45,6 +47,13 @@ class Faults:
             assert self.poison is not None
             self.poison.fill_(float("nan"))
             return
+        if self.kind == "damage":  # the checkpoint's bytes changed under it (a failing disk), then the rank fails
+            if self.last is not None and self.last.is_file():
+                with open(self.last, "r+b") as f:
+                    f.seek(self.last.stat().st_size // 2)
+                    f.write(b"\x00" * 4096)
+            raise RuntimeError(f"injected failure (fault.kind=damage: {self.last} overwritten in part) on rank "
+                               f"{self.rank} at step {global_step}")
         if self.kind == "hang":
             while True:
                 time.sleep(60)

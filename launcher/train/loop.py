@@ -180,7 +180,7 @@ class Trainer:
         self.run_dir = self.dirs.main if self.dirs.shared else self.dirs.own
         self.recipe: Recipe = recipe_class(self.cfg.recipe.name)(self.cfg)
         self.timings = Timings()
-        self.faults = Faults(self.cfg.fault, world, device)
+        self.faults = Faults(self.cfg.fault, world, device, last_checkpoint(self.run_dir))
         precision = self.cfg.perf.precision
         self.bf16 = precision is Precision.bf16 or (precision is Precision.auto and device.type == "cuda")
         self.fp16 = precision is Precision.fp16
@@ -427,17 +427,29 @@ class Trainer:
         schedule continued at the epochs done, laid over this run's epochs and steps per epoch."""
         own = last_checkpoint(self.run_dir)
         restarted = self.world.restart_count > 0 or (self.spec.requeue is not None and self.spec.requeue.requeued)
-        source = str(own) if restarted and own.exists() else self.spec.resume_from
+        mine = restarted and own.exists()
+        source = str(own) if mine else self.spec.resume_from
+
+        def read(where: Any) -> tuple[str, dict[str, Any]]:
+            # (resume= was checked in the launcher, host/resume.py; a restart checks this run's own checkpoint,
+            # and goes on from the one before it where that one is damaged)
+            if mine:
+                path, state = checkpoint.load_restart(own, map_location=where)
+                return str(path), state
+            return source, checkpoint.load(source, map_location=where)
+
         if not self.dirs.shared:  # other machines cannot read rank 0's run dir: rank 0 reads, and sends
-            state = checkpoint.load(source, map_location="cpu") if source and self.is_main else None
+            state = None
+            if source and self.is_main:
+                source, state = read("cpu")
             box = nodes.from_rank0({"source": source, "state": state} if self.is_main else None, self.world)
             source, state = box["source"], box["state"]
             if source is None:
                 return Start()
         elif source is None:
             return Start()
-        else:  # (resume= was checked in the launcher, host/resume.py; a restart reads this run's own checkpoint)
-            state = checkpoint.load(source, map_location=self.device)
+        else:
+            source, state = read(self.device)
         settings = optim.settings(self.steppers)  # this run's, before the checkpoint's replace them
         if self.strategy.sharded and "sharded" not in state:
             raise ConfigError("resume", self.spec.resume_from or source, f"a checkpoint of an unsharded run resumes "

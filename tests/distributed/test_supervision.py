@@ -135,6 +135,20 @@ def test_restart_resumes_from_last_checkpoint(launch):
     assert "resumed from" in result.stdout and "after epoch 2" in result.stdout
 
 
+def test_a_restart_that_finds_its_checkpoint_damaged_goes_on_from_the_one_before(launch):
+    """fault.kind=damage overwrites bytes inside last.pt (a failing disk) and fails the rank: the restart
+    checks the checkpoint's seal, says it cannot be trusted, and trains on from previous.pt (epoch 1)."""
+    steps_per_epoch = 1438 // 64
+    result = launch("gpus=[]", "epochs=3", "max_restarts=1", "fault.rank=0", "fault.kind=damage",
+                    f"fault.step={2 * steps_per_epoch + 12}")
+    assert result.returncode == 0, result.output
+    assert "last.pt cannot be trusted" in result.output and "going on from the one before it" in result.output
+    results = result.results()
+    assert results["restarts"] == 1 and results["resumed_from"].endswith("checkpoints/previous.pt")
+    rows = [json.loads(x) for x in (result.run_dir() / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+
+
 def test_an_input_error_found_inside_a_worker_is_still_one_line(launch):
     result = launch(*DDP_CPU, "batch_size=5000")  # only the loaded dataset knows it has 1,438 images
     assert result.returncode == 2, result.output

@@ -452,3 +452,48 @@ def test_a_checkpoint_on_a_full_disk_says_so_in_one_line_even_before_its_run_is_
     with pytest.raises(DiskFull):
         checkpoint.save_atomic({"net_state_dict": {"w": torch.ones(2)}, "epoch": 1},
                                tmp_path / "run" / "checkpoints" / "last.pt")
+
+
+def test_a_new_last_checkpoint_keeps_the_one_before_it_as_previous(tmp_path):
+    """previous.pt is the replaced last.pt's own file (a hard link: nothing copied), and stays as it was when
+    last.pt is replaced again."""
+    path = _sealed_run(tmp_path, "run", 1.0)
+    previous = path.with_name("previous.pt")
+    assert not previous.exists()
+    first = path.stat().st_ino
+    checkpoint.save_atomic({"net_state_dict": {"w": torch.full((1000,), 2.0)}, "epoch": 3}, path)
+    assert previous.stat().st_ino == first and float(checkpoint.load(previous)["net_state_dict"]["w"][0]) == 1.0
+    assert float(checkpoint.load(path)["net_state_dict"]["w"][0]) == 2.0
+    assert [p.name for p in sorted(path.parent.iterdir())] == ["last.pt", "previous.pt"]  # (no temporary left)
+
+
+def test_a_restart_goes_on_from_the_previous_checkpoint_when_the_last_is_damaged(tmp_path, caplog):
+    path = _sealed_run(tmp_path, "run", 1.0)
+    checkpoint.save_atomic({"net_state_dict": {"w": torch.full((1000,), 2.0)}, "epoch": 3}, path)
+    assert checkpoint.load_restart(path)[1]["epoch"] == 3  # whole: the last one
+    with open(path, "r+b") as f:  # a failing disk: bytes changed in place
+        f.seek(path.stat().st_size // 2)
+        f.write(bytes(4096))
+    with caplog.at_level("WARNING", logger="launcher.train"):
+        used, state = checkpoint.load_restart(path)
+    assert used == path.with_name("previous.pt") and state["epoch"] == 2
+    assert f"{path} cannot be trusted" in caplog.text and "going on from the one before it" in caplog.text
+    path.with_name("previous.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(LaunchError) as err:
+        checkpoint.load_restart(path)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(f"this run's checkpoint {path} cannot be trusted: ")
+    assert "and the one before it" in text and "resume=PATH" in text
+
+
+def test_resume_of_a_damaged_last_checkpoint_names_the_whole_one_before_it(tmp_path):
+    from launcher.host.resume import load_checkpoint
+
+    path = _sealed_run(tmp_path, "run", 1.0)
+    checkpoint.save_atomic({"net_state_dict": {"w": torch.full((1000,), 2.0)}, "epoch": 3}, path)
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        f.write(bytes(4096))
+    with pytest.raises(LaunchError) as err:
+        load_checkpoint(path, "resume")
+    assert str(err.value).endswith(f"the checkpoint before it is whole: resume={path.with_name('previous.pt')}")
