@@ -282,16 +282,17 @@ def keep_previous(path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load_restart(path: Path, map_location: Any = "cpu") -> tuple[Path, dict[str, Any]]:
-    """This run's own checkpoint, read for a restart (max_restarts, a requeue) and checked against its seal.
-    Damaged or unreadable: the one before it (previous.pt), said in the log, where that one is whole; else
-    a LaunchError naming the file and what is wrong (exit 2: a restart would find it so again)."""
-    state, broken = _read_checked(path, map_location)
+def load_restart(path: Path, map_location: Any = "cpu", shards: bool = True) -> tuple[Path, dict[str, Any]]:
+    """This run's own checkpoint, read for a restart (max_restarts, a requeue) and checked against its seal
+    (`shards`: a sharded checkpoint's shard files too; one rank reads them, not every one). Damaged or
+    unreadable: the one before it (previous.pt), said in the log, where that one is whole; else a
+    LaunchError naming the file and what is wrong (exit 2: a restart would find it so again)."""
+    state, broken = _read_checked(path, map_location, shards)
     if broken is None:
         return path, state
     previous = path.with_name(PREVIOUS_CHECKPOINT)
     if previous.is_file():
-        older, older_broken = _read_checked(previous, map_location)
+        older, older_broken = _read_checked(previous, map_location, shards)
         if older_broken is None:
             log.warning("this run's checkpoint %s cannot be trusted (%s): going on from the one before it, %s "
                         "(epoch %s)", path, broken, previous, older.get("epoch"))
@@ -301,7 +302,7 @@ def load_restart(path: Path, map_location: Any = "cpu") -> tuple[Path, dict[str,
                       "checkpoint (resume=PATH) or train afresh")
 
 
-def _read_checked(path: Path, map_location: Any) -> tuple[dict[str, Any], str | None]:
+def _read_checked(path: Path, map_location: Any, shards: bool = True) -> tuple[dict[str, Any], str | None]:
     """(state, what is wrong with it or None); a file torch cannot read is wrong too."""
     try:
         state = load(path, map_location=map_location)
@@ -310,7 +311,7 @@ def _read_checked(path: Path, map_location: Any) -> tuple[dict[str, Any], str | 
         return {}, f"it cannot be read ({type(exc).__name__}{': ' + reason if reason else ''})"
     if not isinstance(state, dict):
         return {}, "it is not a launch checkpoint"
-    return state, integrity.broken_seal(state, path)
+    return state, integrity.broken_seal(state, path, shards)
 
 
 def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:

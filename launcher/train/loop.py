@@ -434,7 +434,7 @@ class Trainer:
             # (resume= was checked in the launcher, host/resume.py; a restart checks this run's own checkpoint,
             # and goes on from the one before it where that one is damaged)
             if mine:
-                path, state = checkpoint.load_restart(own, map_location=where)
+                path, state = checkpoint.load_restart(own, map_location=where, shards=self.is_main)
                 return str(path), state
             return source, checkpoint.load(source, map_location=where)
 
