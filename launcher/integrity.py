@@ -122,10 +122,10 @@ def seal(state: dict[str, Any], run: str | None, folder: Path | None = None) -> 
     return state
 
 
-def broken_seal(state: dict[str, Any], path: Path, shards: bool = True) -> str | None:
+def broken_seal(state: dict[str, Any], path: Path) -> str | None:
     """What is wrong with the checkpoint `state`, read from `path`, against its seal: changed contents, a
-    changed or missing file of its folder (`shards`: reading every shard file once), or another run's
-    checkpoint in this run dir. None: whole (or written before seals existed)."""
+    changed or missing file of its folder, or another run's checkpoint in this run dir. None: whole (or
+    written before seals existed)."""
     mark = state.get(SEAL)
     if mark is None:
         return None
@@ -135,7 +135,7 @@ def broken_seal(state: dict[str, Any], path: Path, shards: bool = True) -> str |
         return ("its contents differ from the digest written with it (bytes changed or damaged after it was "
                 "saved)")
     files = mark.get("files")
-    if shards and isinstance(files, dict) and isinstance(state.get("sharded"), str):
+    if isinstance(files, dict) and isinstance(state.get("sharded"), str):
         folder = path.parent / state["sharded"]
         for name, digest in sorted(files.items()):
             file = folder / str(name)

@@ -167,8 +167,8 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
                  epoch: int, plain: dict[str, Any], writer: BackgroundWriter) -> None:
     """Every rank writes its shards to checkpoints/epoch-<epoch>.dcp (torch.distributed.checkpoint); then
     rank 0 writes `path` (last.pt: the schedules, RNG, epoch, history and config, and which folder holds
-    the tensors) atomically and removes the folders of earlier epochs. A crash at any point leaves last.pt
-    naming a complete folder.
+    the tensors) atomically and removes the folders of earlier epochs but the one previous.pt names. A
+    crash at any point leaves last.pt naming a complete folder.
 
     The save is asynchronous (`dcp.async_save`, tracked by `writer`): the shards are copied to host memory
     now and written to disk on a background thread (its collectives on a gloo group of their own, so
@@ -187,9 +187,10 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
     def finish() -> None:
         if state is None:
             return
+        before = _sharded_folder(path)  # (the folder last.pt names now: previous.pt will name it)
         save_atomic(state, path, folder)
         for old in path.parent.glob("epoch-*.dcp"):
-            if old != folder:
+            if old.name not in (folder.name, before):
                 shutil.rmtree(old, ignore_errors=True)
 
     def failed(exc: BaseException) -> BaseException:
@@ -261,16 +262,15 @@ def save_atomic(state: dict[str, Any], path: Path, folder: Path | None = None) -
     path.parent.mkdir(parents=True, exist_ok=True)
     run = integrity.run_id(path.parent.parent, create=True) if path.parent.name == CHECKPOINTS else None
     integrity.seal(state, run, folder)
-    if run is not None and folder is None and path.name == LAST_CHECKPOINT:
+    if run is not None and path.name == LAST_CHECKPOINT:
         keep_previous(path)
     write_atomic(path, lambda f: torch.save(state, f), durable=True)
 
 
 def keep_previous(path: Path) -> None:
     """Before last.pt is replaced: previous.pt becomes a second name of its file (a hard link: no copy, and
-    its blocks stay on disk until the next save replaces previous.pt). Not for sharded checkpoints (their
-    previous shard folders are removed as new ones are written). Where the filesystem has no hard links,
-    nothing is kept."""
+    its blocks stay on disk until the next save replaces previous.pt; a sharded checkpoint's previous shard
+    folder is kept as long, save_sharded). Where the filesystem has no hard links, nothing is kept."""
     if not path.is_file():
         return
     previous = path.with_name(PREVIOUS_CHECKPOINT)
@@ -282,17 +282,26 @@ def keep_previous(path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load_restart(path: Path, map_location: Any = "cpu", shards: bool = True) -> tuple[Path, dict[str, Any]]:
+def _sharded_folder(path: Path) -> str | None:
+    """The shard folder's name the sharded checkpoint at `path` names (None: none there, or unreadable)."""
+    try:
+        named = load(path).get("sharded") if path.is_file() else None
+    except Exception:  # noqa: BLE001 - unreadable: nothing to keep for it
+        return None
+    return named if isinstance(named, str) else None
+
+
+def load_restart(path: Path, map_location: Any = "cpu") -> tuple[Path, dict[str, Any]]:
     """This run's own checkpoint, read for a restart (max_restarts, a requeue) and checked against its seal
-    (`shards`: a sharded checkpoint's shard files too; one rank reads them, not every one). Damaged or
+    (`shards`: a sharded checkpoint's shard files too). Damaged or
     unreadable: the one before it (previous.pt), said in the log, where that one is whole; else a
     LaunchError naming the file and what is wrong (exit 2: a restart would find it so again)."""
-    state, broken = _read_checked(path, map_location, shards)
+    state, broken = _read_checked(path, map_location)
     if broken is None:
         return path, state
     previous = path.with_name(PREVIOUS_CHECKPOINT)
     if previous.is_file():
-        older, older_broken = _read_checked(previous, map_location, shards)
+        older, older_broken = _read_checked(previous, map_location)
         if older_broken is None:
             log.warning("this run's checkpoint %s cannot be trusted (%s): going on from the one before it, %s "
                         "(epoch %s)", path, broken, previous, older.get("epoch"))
@@ -302,7 +311,7 @@ def load_restart(path: Path, map_location: Any = "cpu", shards: bool = True) -> 
                       "checkpoint (resume=PATH) or train afresh")
 
 
-def _read_checked(path: Path, map_location: Any, shards: bool = True) -> tuple[dict[str, Any], str | None]:
+def _read_checked(path: Path, map_location: Any) -> tuple[dict[str, Any], str | None]:
     """(state, what is wrong with it or None); a file torch cannot read is wrong too."""
     try:
         state = load(path, map_location=map_location)
@@ -311,7 +320,7 @@ def _read_checked(path: Path, map_location: Any, shards: bool = True) -> tuple[d
         return {}, f"it cannot be read ({type(exc).__name__}{': ' + reason if reason else ''})"
     if not isinstance(state, dict):
         return {}, "it is not a launch checkpoint"
-    return state, integrity.broken_seal(state, path, shards)
+    return state, integrity.broken_seal(state, path)
 
 
 def load(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:

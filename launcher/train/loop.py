@@ -429,27 +429,26 @@ class Trainer:
         restarted = self.world.restart_count > 0 or (self.spec.requeue is not None and self.spec.requeue.requeued)
         mine = restarted and own.exists()
         source = str(own) if mine else self.spec.resume_from
-
-        def read(where: Any) -> tuple[str, dict[str, Any]]:
-            # (resume= was checked in the launcher, host/resume.py; a restart checks this run's own checkpoint,
-            # and goes on from the one before it where that one is damaged)
-            if mine:
-                path, state = checkpoint.load_restart(own, map_location=where, shards=self.is_main)
-                return str(path), state
-            return source, checkpoint.load(source, map_location=where)
-
+        # (resume= was checked in the launcher, host/resume.py; a restart checks this run's own checkpoint,
+        # and goes on from the one before it where that one is damaged)
         if not self.dirs.shared:  # other machines cannot read rank 0's run dir: rank 0 reads, and sends
             state = None
             if source and self.is_main:
-                source, state = read("cpu")
+                if mine:
+                    chosen, state = checkpoint.load_restart(own, map_location="cpu")
+                    source = str(chosen)
+                else:
+                    state = checkpoint.load(source, map_location="cpu")
             box = nodes.from_rank0({"source": source, "state": state} if self.is_main else None, self.world)
             source, state = box["source"], box["state"]
             if source is None:
                 return Start()
         elif source is None:
             return Start()
+        elif mine:
+            source, state = self._own_checkpoint(own)
         else:
-            source, state = read(self.device)
+            state = checkpoint.load(source, map_location=self.device)
         settings = optim.settings(self.steppers)  # this run's, before the checkpoint's replace them
         if self.strategy.sharded and "sharded" not in state:
             raise ConfigError("resume", self.spec.resume_from or source, f"a checkpoint of an unsharded run resumes "
@@ -469,6 +468,22 @@ class Trainer:
         optim.continue_with(self.steppers, settings, epoch * self.steps_per_epoch + step)
         generator = state.get("generator") if step else None
         return Start(epoch, list(state.get("history", [])), source, step, generator)
+
+    def _own_checkpoint(self, own: Path) -> tuple[str, dict[str, Any]]:
+        """A restart's checkpoint where every rank reads the run dir: rank 0 checks last.pt against its seal
+        (a sharded one's shard files too) and chooses it or, damaged, previous.pt; every rank loads the
+        one it chose (they must all go on from the same)."""
+        if self.world.world_size == 1:
+            chosen, state = checkpoint.load_restart(own, map_location=self.device)
+            return str(chosen), state
+        picked = None
+        if self.is_main:
+            chosen, state = checkpoint.load_restart(own, map_location=self.device)
+            picked = str(chosen)
+        picked = nodes.from_rank0({"source": picked} if self.is_main else None, self.world)["source"]
+        if not self.is_main:
+            state = checkpoint.load(picked, map_location=self.device)
+        return picked, state
 
     @contextlib.contextmanager
     def _fitting(self, source: str, state: dict[str, Any]) -> Iterator[None]:

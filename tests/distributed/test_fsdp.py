@@ -49,7 +49,8 @@ def test_fsdp_and_ddp_on_two_ranks_follow_one_ranks_loss_curve_and_fsdp_shards_i
     assert results["strategy"] == "fsdp" and results["gradient_sync"] == "FSDP2 reduce-scatter"
     assert results["ranks_agree"] and len(results["weights_sha256"]) == 2
     folders = sorted(p.name for p in (fsdp_run / "fsdp" / "checkpoints").iterdir())
-    assert folders == ["epoch-2.dcp", "last.pt"]  # the epoch before was removed once this one was complete
+    # (epoch 1's folder is previous.pt's: kept until the next save is complete)
+    assert folders == ["epoch-1.dcp", "epoch-2.dcp", "last.pt", "previous.pt"]
     assert (fsdp_run / "fsdp" / "checkpoints" / "epoch-2.dcp" / ".metadata").is_file()
 
 
@@ -187,7 +188,24 @@ def test_a_rank_that_dies_restarts_the_world_from_the_last_async_sharded_checkpo
     assert r["restarts"] == 1 and r["resumed_from"].endswith("last.pt")
     assert "after epoch 2" in (run_dir / "train.log").read_text()
     assert [row["epoch"] for row in _rows(run_dir)] == [1, 2, 3]
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["epoch-3.dcp", "last.pt"]
+    # (the checkpoint before the last is kept: previous.pt and the shard folder it names)
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["epoch-2.dcp", "epoch-3.dcp", "last.pt",
+                                                                          "previous.pt"]
+
+
+def test_a_restart_that_finds_its_sharded_checkpoint_damaged_goes_on_from_the_one_before(launch, text_root):
+    """fault.kind=damage overwrites bytes of last.pt mid-epoch 3: rank 0 finds it damaged at the restart,
+    every rank goes on from previous.pt (epoch 1's, whose shard folder was kept), and the run completes."""
+    steps = ((100_000 - 100_000 // 20) - 1) // 32 // 64
+    result = launch(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=3", "fault.rank=0",
+                    "fault.kind=damage", f"fault.step={2 * steps + steps // 2}", "max_restarts=1",
+                    "recipe.sample_bytes=0")
+    assert result.returncode == 0, result.output
+    r, run_dir = result.results(), result.run_dir()
+    assert r["restarts"] == 1 and r["resumed_from"].endswith("previous.pt")
+    log = (run_dir / "train.log").read_text()
+    assert "last.pt cannot be trusted" in log and "going on from the one before it" in log and "after epoch 1" in log
+    assert [row["epoch"] for row in _rows(run_dir)] == [1, 2, 3]
 
 
 def test_clipping_under_fsdp_uses_the_whole_models_gradient_norm(launch, tmp_path, text_root):
