@@ -6,8 +6,9 @@
 The weights are read with weights_only=True; the run is a new run dir (TIME-RECIPE-eval-ID) holding
 eval.json (accuracy, loss, accuracy per class, the confusion matrix) and confusion.png. The recipe, its
 model and its hyper-parameters are the checkpoint's (what built the network that was saved), and so is
-`data.synthetic` (a model trained on generated data is evaluated on generated data); the command line
-can change the rest (gpus, strategy, eval.batch_size, data.root, precision). It is the same
+`data.synthetic` (a model trained on generated data is evaluated on generated data), a network from
+config (`model._target_` and its arguments), `batch_size`, and `data.root` where the run's folder is here
+too; the command line can change the rest (gpus, strategy, eval.batch_size, data.root, precision). It is the same
 as `launch eval.checkpoint=PATH recipe=...` with the checkpoint's recipe values spelled out.
 """
 
@@ -60,9 +61,20 @@ def command_line(argv: list[str]) -> list[str]:
                           f"with recipe={recipe['name']}, which evaluates it (e.g. launch eval {where}, without "
                           "recipe=)")
     mine += [f"recipe.{k}={_hydra_value(v)}" for k, v in recipe.items() if k != "name" and f"recipe.{k}" not in given]
-    synthetic = ((state.get("config") or {}).get("data") or {}).get("synthetic")
-    if synthetic and "data.synthetic" not in given:  # the data it was trained on (generated: say so again)
+    config = state.get("config") or {}
+    data = config.get("data") or {}
+    if data.get("synthetic") and "data.synthetic" not in given:  # the data it was trained on (generated: again)
         mine.append("data.synthetic=true")
+    root = data.get("root")
+    if isinstance(root, str) and "data.root" not in given and Path(root).expanduser().exists():
+        mine.append(f"data.root={_hydra_value(root)}")  # (the run's own data, where it is here too)
+    model = config.get("model") or {}
+    if isinstance(model, dict) and model.get("_target_") and not any(k.startswith("model.") for k in given):
+        mine.append(f"model._target_={_hydra_value(model['_target_'])}")  # (the network that was saved)
+        mine += [f"+model.{k}={_hydra_value(v)}" for k, v in model.items() if k != "_target_"]
+    batch = config.get("batch_size")
+    if isinstance(batch, int) and "batch_size" not in given:  # (what its data was checked against)
+        mine.append(f"batch_size={batch}")
     return [*mine, *overrides]
 
 
@@ -82,6 +94,11 @@ def checkpoint_to_evaluate(cfg: Config) -> Path:
 def summarize(results: dict[str, Any] | None, run_dir: Path, elapsed: float) -> None:
     results = results or {}
     acc, images = results.get("test_acc"), results.get("test_images")
+    if "per_class_acc" not in results and "test_bpb" not in results:  # a recipe's own figures (regression...)
+        figures = {k: v for k, v in results.items() if k.startswith("test_") and isinstance(v, (int, float))}
+        shown = ", ".join(f"{k.removeprefix('test_')} {v:.4g}" for k, v in figures.items()) or "no figures"
+        log.info("evaluated %s in %.1fs: %s. %s", results.get("evaluated"), elapsed, shown, run_dir / EVAL)
+        return
     if "per_class_acc" not in results:  # not a classifier (a language model)
         bpb = results.get("test_bpb")
         log.info("evaluated %s in %.1fs: test loss %.4f%s, next-token accuracy %.2f%%. %s", results.get("evaluated"),

@@ -172,7 +172,7 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
 
     def refuse(what: str) -> LaunchError:
         earlier = _whole_previous(path)  # (a run's last.pt damaged past reading: the one before it may be whole)
-        hint = (f"the checkpoint before it is whole: {setting}={earlier}" if earlier else
+        hint = (f"the checkpoint before it, {earlier}, is whole: give that path instead" if earlier else
                 "give the run dir of a launch run, or its checkpoints/last.pt")
         return LaunchError(f"{setting} is not valid: {path} is not a launch checkpoint ({what}); {hint}")
 
@@ -219,7 +219,7 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
     broken = _broken_seal(state, path)
     if broken:
         earlier = _whole_previous(path)
-        hint = (f"the checkpoint before it is whole: {setting}={earlier}" if earlier else
+        hint = (f"the checkpoint before it, {earlier}, is whole: give that path instead" if earlier else
                 "give an earlier checkpoint or the run it belongs to, or train afresh")
         raise LaunchError(f"{setting} is not valid: the checkpoint {path} cannot be trusted: {broken}; {hint}")
     return state

@@ -248,7 +248,7 @@ class Trainer:
             return None
         if not self._classifies:
             self.recipe.report(row, self.device, self.strategy.world_size)
-            results = {"evaluated": source, "recipe": self.cfg.recipe.name, "model": str(self.cfg.recipe.model),
+            results = {"evaluated": source, "recipe": self.cfg.recipe.name, "model": model_name(self.cfg),
                        "trained_epochs": state.get("epoch"), "strategy": self.strategy.name,
                        "world_size": self.strategy.world_size, "device_type": self.device.type,
                        "synthetic_data": self.data.synthetic, **row, "worker_s": time.perf_counter() - t_start,
@@ -260,7 +260,7 @@ class Trainer:
         per_class = [confusion[i][i] / counts[i] if counts[i] else None for i in range(len(confusion))]
         names = list(self.recipe.class_names) or [str(i) for i in range(len(confusion))]
         results = {
-            "evaluated": source, "recipe": self.cfg.recipe.name, "model": str(self.cfg.recipe.model),
+            "evaluated": source, "recipe": self.cfg.recipe.name, "model": model_name(self.cfg),
             "trained_epochs": state.get("epoch"), "strategy": self.strategy.name,
             "world_size": self.strategy.world_size, "device_type": self.device.type,
             "synthetic_data": self.data.synthetic, "test_images": int(sum(counts)),
@@ -518,11 +518,14 @@ class Trainer:
         saved = (state.get("config") or {}).get("recipe") or {}
         mine = to_plain(self.cfg.recipe)
         differ = [f"recipe.{k}={saved[k]}" for k in mine if k in saved and saved[k] != mine[k]]
-        first = str(exc).strip().splitlines()[0][:200]
+        first = str(exc).strip().splitlines()[0][:200].rstrip(":")
+        target = ((state.get("config") or {}).get("model") or {}).get("_target_")
+        if not differ and target and target != (self.cfg.model or {}).get("_target_"):
+            differ = [f"model._target_={target}"]  # (its network came from config)
         hint = (f"it was trained with {' '.join(differ)}" if differ else "the network's layers differ")
-        return ConfigError("resume", self.spec.resume_from or source,
-                           f"the checkpoint does not fit the network this config builds ({hint}: {first})",
-                           f"{' '.join(differ) or 'recipe.model=...'} resume={self.spec.resume_from or source}")
+        key, value = ("eval.checkpoint", source) if self.spec.evaluate else ("resume", self.spec.resume_from or source)
+        return ConfigError(key, value, f"the checkpoint does not fit the network this config builds ({hint}: {first})",
+                           f"{' '.join(differ) or 'recipe.model=...'} {key}={value}")
 
     def _compile_if_it_pays(self, epoch_s: float, epochs_left: int) -> None:
         """perf.compile=auto after the first epoch: compile (and capture again) if the rest of the run is

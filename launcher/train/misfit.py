@@ -80,6 +80,13 @@ def does_not_take(cfg: Any, builtin: bool, batch: Any, exc: BaseException) -> Co
         return None
     key, value = chosen
     name = cfg.recipe.name
+    reason = reason.rstrip(".")
+    if re.match(r"Target -?\d+ is out of bounds", reason):  # (fewer outputs than the data has classes)
+        given = "num_classes" in (cfg.model or {})
+        fix = ("drop +model.num_classes (launch passes the recipe's count of classes)" if given else
+               "give the network one output per class (+model.num_classes=N, or its own argument for it)")
+        return ConfigError(key, value, f"the network has fewer outputs than recipe={name}'s data has classes "
+                           f"({reason}): {fix}", f"recipe={name} {key}={value}")
     other = ("leave model._target_ out to train the recipe's own network" if key == "model._target_" else
              "pick another recipe.model or recipe.image_size")
     return ConfigError(key, value, f"the network does not take recipe={name}'s batches ({describe(batch)}): "

@@ -49,6 +49,8 @@ def test_a_regression_dataset_in_a_plain_file_trains_and_its_rmse_falls(launch, 
     assert evaluated.returncode == 0, evaluated.output
     eval_json = json.loads(next(project.glob("outputs/**/eval.json")).read_text())
     assert math.isclose(eval_json["test_rmse"], rmse[-1], rel_tol=1e-5)
+    assert re.search(r"evaluated \S+ in \S+s: mse \S+, rmse \S+\.", evaluated.output)  # (its own figures named)
+    assert "next-token" not in evaluated.output
 
 
 def test_evaluation_figures_are_exact_over_uneven_shards_on_two_ranks(launch, project):
@@ -144,6 +146,11 @@ def test_a_network_from_config_with_its_arguments(launch, project):
     assert "Traceback" not in bad.output and not list(project.glob("outputs/**/train.log"))[1:]
     stray = launch("+model.hidden=8", "gpus=[]", timeout=60)
     assert stray.returncode == 2 and "model._target_ names none" in stray.stderr
+    # launch eval builds the network that was saved (its _target_ and arguments), not the recipe's own
+    evaluated = launch("eval", str(_run_dir(result)), "gpus=[]")
+    assert evaluated.returncode == 0, evaluated.output
+    eval_json = json.loads(next(project.glob("outputs/**/eval.json")).read_text())
+    assert eval_json["model"] == "nets.TinyNet" and eval_json["test_acc"] == _results(result)["test_acc"]
 
 
 def test_a_network_that_does_not_take_the_batches_is_one_line_naming_its_key(launch, project):

@@ -496,4 +496,5 @@ def test_resume_of_a_damaged_last_checkpoint_names_the_whole_one_before_it(tmp_p
         f.write(bytes(4096))
     with pytest.raises(LaunchError) as err:
         load_checkpoint(path, "resume")
-    assert str(err.value).endswith(f"the checkpoint before it is whole: resume={path.with_name('previous.pt')}")
+    assert str(err.value).endswith(f"the checkpoint before it, {path.with_name('previous.pt')}, is whole: give that "
+                                   "path instead")

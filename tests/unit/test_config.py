@@ -80,7 +80,8 @@ def test_wrong_type_or_choice_fails_at_compose_time(override):
 
 
 def test_choices_are_typed_by_name_torchs_spelling_included():
-    cfg = config_of("perf.compile_mode=max-autotune-no-cudagraphs", "fault.kind=nan", "recipe.flip=alternating")
+    cfg = config_of("perf.compile_mode=max-autotune-no-cudagraphs", "fault.rank=0", "fault.kind=nan",
+                    "recipe.flip=alternating")
     assert cfg.perf.compile_mode.value == "max-autotune-no-cudagraphs" and cfg.fault.kind == "nan"
     assert cfg.recipe.flip is schema.Flip.alternating and str(cfg.recipe.flip) == "alternating"
 
@@ -90,7 +91,7 @@ def test_choices_are_typed_by_name_torchs_spelling_included():
     ("nprocs=0", "nprocs"), ("max_restarts=-1", "max_restarts"), ("strategy.timeout_s=0", "strategy.timeout_s"),
     ("optim.momentum=1.5", "optim.momentum"), ("resume=true", "resume"), ("eval.every=-1", "eval.every"),
     ("recipe.translate=9", "recipe.translate"), ("data.prefetch_depth=0", "data.prefetch_depth"),
-    ("fault.kind=explode", "fault.kind"),
+    ("fault.kind=explode", "fault.kind"), ("fault.kind=damage", "fault.rank"), ("fault.step=30", "fault.rank"),
 ])
 def test_ranges_are_checked_with_one_line(override, key):
     with pytest.raises(ConfigError) as err:

@@ -1,8 +1,10 @@
 """launcher/train/misfit.py: which failures of a first step are a network that does not take its batches."""
 
+from types import SimpleNamespace
+
 import torch
 
-from launcher.train.misfit import describe, shape_error
+from launcher.train.misfit import describe, does_not_take, shape_error
 
 
 def test_torchs_shape_sentences_are_found_plain_wrapped_and_chained():
@@ -31,3 +33,16 @@ def test_a_batch_is_described_by_its_tensors_shapes():
     assert describe((torch.zeros(8, 1, 8, 8, dtype=torch.uint8), torch.zeros(8, dtype=torch.int64))) == \
         "8x1x8x8 uint8, 8 int64"
     assert describe({"x": torch.zeros(2, 3), "mask": torch.ones(2, 3, dtype=torch.bool)}) == "2x3 float32, 2x3 bool"
+
+
+def test_fewer_outputs_than_classes_says_which_setting_to_drop():
+    batch = (torch.zeros(8, 3, 32, 32), torch.zeros(8, dtype=torch.int64))
+    cfg = SimpleNamespace(model={"_target_": "torchvision.models.resnet18", "num_classes": 2},
+                          recipe=SimpleNamespace(name="imagefolder", model="resnet50"))
+    line = str(does_not_take(cfg, True, batch, IndexError("Target 2 is out of bounds.")))
+    assert line.startswith("model._target_=torchvision.models.resnet18 is not valid: the network has fewer outputs "
+                           "than recipe=imagefolder's data has classes (Target 2 is out of bounds): drop "
+                           "+model.num_classes")
+    assert ".;" not in line
+    mine = SimpleNamespace(model={"_target_": None}, recipe=SimpleNamespace(name="my_recipe", model="net"))
+    assert does_not_take(mine, False, batch, IndexError("Target 2 is out of bounds.")) is None  # (the user's own)
