@@ -373,6 +373,8 @@ class Trainer:
                                   "strategy.meta_init=false")
             sample = self.data.host_train_x[:self.recipe.prepare_model_sample].to(self.device)
             self.recipe.prepare_model(model, self.data.normalize(sample))
+        if not any(p.requires_grad for p in model.parameters()):
+            raise misfit.nothing_to_train(self.cfg, type(self.recipe).__module__.startswith("launcher.recipes."))
         nets = self.strategy.wrap(model, self.device)
         self.compiled = compiling.decide(self.cfg.perf.compile_setting, self.device.type)
         self._autotune()

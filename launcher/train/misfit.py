@@ -91,3 +91,11 @@ def does_not_take(cfg: Any, builtin: bool, batch: Any, exc: BaseException) -> Co
              "pick another recipe.model or recipe.image_size")
     return ConfigError(key, value, f"the network does not take recipe={name}'s batches ({describe(batch)}): "
                        f"{reason}; use a network made for such inputs, or {other}", f"recipe={name}")
+
+
+def nothing_to_train(cfg: Any, builtin: bool) -> ConfigError:
+    """A network without a parameter that takes gradients (torch.nn.Flatten as model._target_): the optimizer
+    would refuse it with a traceback."""
+    key, value = chooses_network(cfg, builtin) or ("recipe", cfg.recipe.name)
+    return ConfigError(key, value, "the network has no parameters to train (none with requires_grad): give a "
+                       "network with layers that learn", f"recipe={cfg.recipe.name}")

@@ -166,6 +166,9 @@ def test_a_network_that_does_not_take_the_batches_is_one_line_naming_its_key(lau
         assert line[0].startswith("launch: model._target_=torchvision.models.resnet18 is not valid: the network does "
                                   "not take recipe=digits's batches (")
         assert "1x8x8" in line[0] and "expected input[" in line[0] and "to have 3 channels" in line[0]
+    flat = launch("recipe=digits", "model._target_=torch.nn.Flatten", "gpus=[]", "epochs=1", timeout=240)
+    assert flat.returncode == 2 and "Traceback" not in flat.output, flat.output
+    assert "model._target_=torch.nn.Flatten is not valid: the network has no parameters to train" in flat.stderr
 
 
 def test_a_users_step_that_raises_shows_the_users_frame(launch, project):
