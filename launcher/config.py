@@ -596,9 +596,6 @@ class FaultConfig(Schema):
     def check(self, at: str) -> None:
         if self.kind not in FAULT_KINDS:
             raise ConfigError(f"{at}.kind", self.kind, "choose one of " + ", ".join(FAULT_KINDS), f"{at}.kind=raise")
-        if self.rank is None and (self.kind != "raise" or self.step != 0 or self.attempt != 0):
-            raise ConfigError(f"{at}.rank", None, f"{at}.kind, {at}.step and {at}.attempt fail no rank until "
-                              f"{at}.rank names one", f"{at}.rank=0 {at}.kind={self.kind} {at}.step={self.step}")
 
 
 class Direction(Choice):

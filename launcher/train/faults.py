@@ -26,6 +26,10 @@ class Faults:
         self.rank = world.rank
         applies = options.rank == world.rank and options.attempt in (-1, world.restart_count)
         self.step = options.step if applies else -1  # the global step it fails at (-1: never, on this rank)
+        if options.rank is None and (options.kind != "raise" or options.step != 0) and world.rank == 0:
+            # (not refused: a sweep may set fault.rank=0,null to run with and without the fault)
+            log.warning("fault.kind=%s fault.step=%d fail no rank: fault.rank is null (fault.rank=N names the rank "
+                        "to fail)", options.kind, options.step)
         # fault.kind=nan: added to every step's loss; NaN from the injected step on (a tensor, so a
         # captured step sees it change)
         self.poison = torch.zeros((), device=device) if self.kind == "nan" else None
