@@ -20,6 +20,7 @@ Where Triton cannot run (no CUDA, no triton), `crop_resize` (torch ops, the refe
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,14 @@ except ImportError:  # (CPU-only installs)
 
 
 if triton is not None:
+    @triton.jit
+    def _bilinear(channel, r_lo, r_hi, c_lo, c_hi, w00, w01, w10, w11, mask):
+        """One channel's bilinear sample: its four neighbours (rows r_lo/r_hi, columns c_lo/c_hi), weighted."""
+        return (w00 * tl.load(channel + r_lo + c_lo, mask=mask, other=0).to(tl.float32)
+                + w01 * tl.load(channel + r_lo + c_hi, mask=mask, other=0).to(tl.float32)
+                + w10 * tl.load(channel + r_hi + c_lo, mask=mask, other=0).to(tl.float32)
+                + w11 * tl.load(channel + r_hi + c_hi, mask=mask, other=0).to(tl.float32))
+
     @triton.jit
     def _kernel(src, geo, boxes, out, out_sn, out_sc, out_sy, out_sx, mean0, mean1, mean2, inv0, inv1, inv2,
                 S: tl.constexpr, BLOCK: tl.constexpr):
@@ -86,18 +95,9 @@ if triton is not None:
                 w01 = (1.0 - ly) * lx
                 w10 = ly * (1.0 - lx)
                 w11 = ly * lx
-                a0 += (w00 * tl.load(base + r_lo + c_lo, mask=mask, other=0).to(tl.float32)
-                       + w01 * tl.load(base + r_lo + c_hi, mask=mask, other=0).to(tl.float32)
-                       + w10 * tl.load(base + r_hi + c_lo, mask=mask, other=0).to(tl.float32)
-                       + w11 * tl.load(base + r_hi + c_hi, mask=mask, other=0).to(tl.float32))
-                a1 += (w00 * tl.load(base + sc + r_lo + c_lo, mask=mask, other=0).to(tl.float32)
-                       + w01 * tl.load(base + sc + r_lo + c_hi, mask=mask, other=0).to(tl.float32)
-                       + w10 * tl.load(base + sc + r_hi + c_lo, mask=mask, other=0).to(tl.float32)
-                       + w11 * tl.load(base + sc + r_hi + c_hi, mask=mask, other=0).to(tl.float32))
-                a2 += (w00 * tl.load(base + 2 * sc + r_lo + c_lo, mask=mask, other=0).to(tl.float32)
-                       + w01 * tl.load(base + 2 * sc + r_lo + c_hi, mask=mask, other=0).to(tl.float32)
-                       + w10 * tl.load(base + 2 * sc + r_hi + c_lo, mask=mask, other=0).to(tl.float32)
-                       + w11 * tl.load(base + 2 * sc + r_hi + c_hi, mask=mask, other=0).to(tl.float32))
+                a0 += _bilinear(base, r_lo, r_hi, c_lo, c_hi, w00, w01, w10, w11, mask)
+                a1 += _bilinear(base + sc, r_lo, r_hi, c_lo, c_hi, w00, w01, w10, w11, mask)
+                a2 += _bilinear(base + 2 * sc, r_lo, r_hi, c_lo, c_hi, w00, w01, w10, w11, mask)
         count = (gh * gw).to(tl.float32)
         dx = tl.where(flip != 0, S - 1 - ox, ox)
         dst = out + row * out_sn + oy.to(tl.int64) * out_sy + dx.to(tl.int64) * out_sx
@@ -144,8 +144,6 @@ def usable(device: torch.device) -> bool:
         return False
     if device.type == "cuda":
         return True
-    import os
-
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -173,7 +171,7 @@ def crop_resize_normalize(images: Sequence[Any], boxes: torch.Tensor, flips: tor
             offsets.append(start)
             start += f.numel()
         layouts = [(0, 0, img.shape[1], img.shape[2], *img.stride()) for img in dense]
-    boxes = boxes.to(torch.float32).cpu()
+    boxes = boxes.to(torch.float32).cpu().contiguous()
     grid_h = torch.ceil((boxes[:, 3] - boxes[:, 1]) / size).clamp_(min=1).to(torch.int64)
     grid_w = torch.ceil((boxes[:, 2] - boxes[:, 0]) / size).clamp_(min=1).to(torch.int64)
     geo = torch.tensor([[off, *layout[2:]] for off, layout in zip(offsets, layouts, strict=True)], dtype=torch.int64)
@@ -181,9 +179,9 @@ def crop_resize_normalize(images: Sequence[Any], boxes: torch.Tensor, flips: tor
                      grid_h.view(-1, 1), grid_w.view(-1, 1)], dim=1)
     pinned = device.type == "cuda"
     if pinned:
-        geo, boxes = geo.pin_memory(), boxes.contiguous().pin_memory()
+        geo, boxes = geo.pin_memory(), boxes.pin_memory()
     geo = geo.to(device, non_blocking=pinned)
-    boxes = boxes.contiguous().to(device, non_blocking=pinned)
+    boxes = boxes.to(device, non_blocking=pinned)
     inv = [1.0 / s for s in std]
     grid = (len(images), math.ceil(size * size / block))
     _kernel[grid](src, geo, boxes, out, *out.stride(), float(mean[0]), float(mean[1]), float(mean[2]),
