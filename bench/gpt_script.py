@@ -99,7 +99,7 @@ def main() -> None:
     if args.loss == "inside":
         net = WithLoss(model)
     if world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if cuda else None,
+        net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[local_rank] if cuda else None,
                                                         gradient_as_bucket_view=True)
     if not args.no_compile:
         net = torch.compile(net)

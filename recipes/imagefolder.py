@@ -28,9 +28,11 @@ workers call them. Where the images are decoded is `data.decode`:
         it). Without CUDA: cpu. data.decode=gpu without CUDA says so in one line and decodes on the CPU.
 
 Augmentation is drawn per sample from (seed, epoch, sample index), so a resumed run repeats it: the
-launcher tells the dataset the epoch with `set_epoch(epoch)` before each epoch's batches (a shared value, so
-persistent workers see it too). Until it does, the draw mixes in the DataLoader's per-epoch base seed
-instead of the epoch (new crops every epoch, repeated on resume only as far as that seed is).
+launcher tells the dataset the epoch with `set_epoch(epoch)` in the process that reads a batch, before its
+first batch of that epoch (the epoch travels with the batch's indices, so workers may read the next
+epoch's first batches while this one's last ones train: launcher/train/loader.py). Until it is told, the
+draw mixes in the DataLoader's per-epoch base seed instead of the epoch (new crops every epoch, repeated on
+resume only as far as that seed is).
 
 A file that cannot be read or decoded stops the run with one line naming it (data.on_bad_file=error), or
 is left out of its batch and counted by the launcher (skip: the Dataset returns None for it).
@@ -345,7 +347,7 @@ class ImageFolderSplit(torch.utils.data.Dataset):
         self._labels = np.array([label for _, label in folder.samples], dtype=np.int64)
         self.train, self.image_size, self.eval_resize, self.min_scale = train, image_size, eval_resize, min_scale
         self.seed, self.gpu_share, self.skip_bad, self.draft = seed, gpu_share, skip_bad, draft
-        self._epoch = torch.full((1,), -1, dtype=torch.int64).share_memory_()
+        self._epoch = -1  # this process's (set_epoch)
         self._visits: dict[int, int] = {}
 
     def __len__(self) -> int:
@@ -364,12 +366,12 @@ class ImageFolderSplit(torch.utils.data.Dataset):
         return self._labels.tolist()
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next batches belong to (a shared value: workers already started see it)."""
-        self._epoch[0] = int(epoch)
+        """The epoch the samples this process reads next belong to (the launcher tells each worker)."""
+        self._epoch = int(epoch)
 
     def _rng(self, index: int) -> random.Random:
         """The sample's own random draws, from (seed, epoch, index)."""
-        epoch = int(self._epoch[0])
+        epoch = self._epoch
         if epoch < 0:  # set_epoch not called: the DataLoader's base seed, new each epoch
             info = torch.utils.data.get_worker_info()
             if info is not None:

@@ -46,3 +46,55 @@ def write_image_folder(root: Path, train_per_class: int = 8, val_per_class: int 
         Image.fromarray(rgba, "RGBA").save(train / "cat" / "alpha.PNG")
         (train / "cat" / "notes.txt").write_text("not an image\n")
     return root
+
+
+OWN_RECIPES = Path(__file__).parent / "distributed" / "data" / "own"  # indexed_images.py
+
+
+def _indices(cwd: Path, ranks: int) -> list[list[int]]:
+    """Each global step's samples (every rank's share together, sorted), in the order trained; as many
+    steps as every rank recorded."""
+    import json
+
+    per_rank = [[json.loads(line) for line in (cwd / f"indices-{r}.jsonl").read_text().splitlines()]
+                for r in range(ranks)]
+    return [sorted(i for share in step for i in share) for step in zip(*per_rank, strict=False)]
+
+
+def check_two_ranks_resumed_on_one(launch, cwd: Path, elsewhere: Path, root: Path, two: tuple[str, ...],
+                                   one: tuple[str, ...], common: tuple[str, ...]) -> None:
+    """recipe=imagefolder (indexed_images.py records each step's sample indices) on 2 ranks, checkpointed
+    every 2 steps and failed at global step 9 (the second epoch's third step); `launch resume=` on 1 rank
+    goes on from the checkpoint after step 8 with the same global batches an uninterrupted 1-rank run
+    trains (`elsewhere`: its directory), step for step."""
+    import re
+    import shutil
+    import subprocess
+
+    import torch
+
+    from tests.conftest import clean_env, launch_command
+
+    for where in (cwd, elsewhere):
+        shutil.copy(OWN_RECIPES / "indexed_images.py", where / "indexed_images.py")
+    args = ("recipe=indexed_images", f"data.root={root}", "epochs=2", "batch_size=4", *common)
+    whole = subprocess.run(launch_command(*args, *one), cwd=elsewhere, capture_output=True, text=True, timeout=300,
+                           env=clean_env())
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    uninterrupted = _indices(elsewhere, 1)
+    per_epoch = len(uninterrupted) // 2
+    assert per_epoch > 4 and len(set(sum(uninterrupted[:per_epoch], []))) == 4 * per_epoch
+    failed = launch(*args, *two, "checkpoint_every_steps=2", "fault.rank=0", f"fault.step={per_epoch + 2}",
+                    timeout=300)
+    assert failed.returncode == 1, failed.output
+    run_dir = Path(re.search(r"run dir: (\S+)", failed.output).group(1))
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True, map_location="cpu")
+    assert (state["epoch"], state["step_in_epoch"]) == (1, 2)
+    before = _indices(cwd, 2)
+    assert before[:per_epoch + 2] == uninterrupted[:per_epoch + 2]  # 2 ranks train 1 rank's global batches
+    for f in cwd.glob("indices-*.jsonl"):
+        f.unlink()
+    resumed = launch("recipe=indexed_images", f"resume={run_dir}", *one, timeout=300)
+    assert resumed.returncode == 0, resumed.output
+    assert f"resuming epoch 2 at step 3 of {per_epoch}" in resumed.output
+    assert _indices(cwd, 1) == uninterrupted[per_epoch + 2:]

@@ -9,8 +9,9 @@ its hyper-parameters, lr, epochs, batch size, accumulation, seed, evaluation, pr
 the command line before it composes: `with_saved_choices`). Typed keys win (`resume=RUN epochs=60
 lr=0.01`: the schedule is laid over the new total and continues at the epoch reached). Where the run
 runs, its speed settings and what concerns this launch only are never taken from the checkpoint
-(`NOT_CARRIED`): gpus, nprocs, strategy, backend, nodes, data.root, perf.* but precision, checkpoint,
-fault, ... So `launch resume=latest` after a crash or a Ctrl-C trains on to the epochs the run was
+(`NOT_CARRIED`): gpus, nprocs, strategy, backend, nodes, data.placement, perf.* but precision,
+checkpoint, fault, ...; data.root is the run's own where that folder is on this machine too (an image
+folder resumed where it trained), else this command line's or the default. So `launch resume=latest` after a crash or a Ctrl-C trains on to the epochs the run was
 started with. What differs from the checkpoint's run is logged and written to the new run's plan.json
 (`resume.changed`), and config.yaml records the values used.
 
@@ -380,4 +381,8 @@ def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
                 OmegaConf.update(cfg, key, _literal(saved_value), merge=False)
             except (OmegaConfBaseException, ValueError):
                 continue
+        root = saved.get("data.root")
+        if (isinstance(root, str) and not ({"data", "data.root"} & typed) and "data" in cfg
+                and Path(root).expanduser().is_dir()):
+            cfg.data.root = _literal(root)  # (the run's own data, where that folder is on this machine too)
     return cfg

@@ -108,8 +108,10 @@ class ResidentData:
     def __len__(self) -> int:
         return len(self.y)
 
-    def batches(self, rows: Iterable[torch.Tensor]) -> Iterator[tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]]:
-        """((x, y), indices) per row of indices, all on the device."""
+    def batches(self, rows: Iterable[torch.Tensor],
+                epoch: int | None = None) -> Iterator[tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]]:
+        """((x, y), indices) per row of indices, all on the device (`epoch`, which the rows are of, is for
+        data paths that read ahead: loader.py)."""
         if isinstance(rows, torch.Tensor):
             rows = to_device(rows, self.device)  # one copy per epoch, not one per step
         for idx in rows:
@@ -138,7 +140,7 @@ class HostData:
     def __len__(self) -> int:
         return len(self.y)
 
-    def batches(self, rows: Sequence[torch.Tensor]) -> Iterator[tuple[torch.Tensor, ...]]:
+    def batches(self, rows: Sequence[torch.Tensor], epoch: int | None = None) -> Iterator[tuple[torch.Tensor, ...]]:
         pin = self.device.type == "cuda"
 
         def take(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -286,7 +288,7 @@ class TokenWindows:
             windows = windows.pin_memory()
         return windows[:, :-1], windows[:, 1:]
 
-    def batches(self, rows: Iterable[torch.Tensor]) -> Iterator[tuple[torch.Tensor, ...]]:
+    def batches(self, rows: Iterable[torch.Tensor], epoch: int | None = None) -> Iterator[tuple[torch.Tensor, ...]]:
         if self.placement == "gpu" or self.device.type != "cuda":
             if isinstance(rows, torch.Tensor):
                 rows = to_device(rows, self.device)

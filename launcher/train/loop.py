@@ -319,7 +319,8 @@ class Trainer:
                               "one twice, or a random_split of it, if you have one)", f"recipe={cfg.recipe.name}")
         check_datasets(train, test, cfg.recipe.name)
         local = max(1, s.processes)
-        splits = [DatasetSplit(ds, self.recipe, cfg.data, self.device, training, s.world_size, s.rank, local, per_rank)
+        splits = [DatasetSplit(ds, self.recipe, cfg.data, self.device, training, s.world_size, s.rank, local, per_rank,
+                               upcoming=self._upcoming)
                   for ds, training, per_rank in ((train, True, s.batch_per_process),
                                                  (test, False, max(1, cfg.eval.batch_size // s.world_size)))]
         n = len(splits[0])
@@ -645,6 +646,10 @@ class Trainer:
                 pending = queued
         return self.history
 
+    def _upcoming(self, epoch: int) -> torch.Tensor | None:
+        """This rank's order of `epoch`, None past the last: a data path reading ahead asks for it."""
+        return self._order(epoch) if epoch < self.cfg.epochs else None
+
     def _order(self, epoch: int) -> torch.Tensor:
         return rank_order(len(self.data.train), self.cfg.batch_size, self.cfg.seed, epoch, self.strategy.world_size,
                           self.strategy.rank, drawn=self.data.drawn_per_epoch)
@@ -659,8 +664,6 @@ class Trainer:
             row["resumed_at_step"] = first  # (its figures cover the steps from there)
         self.nets.train.train()
         order = self._order(epoch)[first:]
-        if hasattr(self.data.train, "set_epoch"):
-            self.data.train.set_epoch(epoch)
         sums.zero()
         skipped_before = self.data.skipped
         self.step.epoch.fill_(epoch)
@@ -685,7 +688,7 @@ class Trainer:
             strategy.align(self.device)
         clock.start()
         host_start = time.perf_counter()
-        batches = self.bar.wrap(self.data.train.batches(order), epoch, steps,
+        batches = self.bar.wrap(self.data.train.batches(order, epoch), epoch, steps,
                                 self.cfg.batch_size * self.data.targets_per_sample)
         every = self.cfg.checkpoint_every_steps if self.cfg.checkpoint else 0
         with contextlib.closing(batches):

@@ -59,3 +59,12 @@ def test_a_folder_without_val_is_refused_before_any_worker(launch, tmp_path):
     result = launch(*TINY, f"data.root={root}", timeout=60)
     assert result.returncode == 2 and "has no val/ folder" in result.stderr
     assert not list((tmp_path).glob("outputs/**/train.log"))
+
+
+def test_a_checkpoint_inside_an_epoch_on_two_ranks_resumes_on_one_in_the_same_order(launch, folder, tmp_path,
+                                                                                    tmp_path_factory):
+    from tests.imagefolders import check_two_ranks_resumed_on_one
+
+    check_two_ranks_resumed_on_one(launch, tmp_path, tmp_path_factory.mktemp("whole"), folder,
+                                   two=("gpus=[]", "strategy=ddp", "nprocs=2"), one=("gpus=[]",),
+                                   common=("recipe.model=resnet18", "recipe.image_size=32", "data.workers=1"))

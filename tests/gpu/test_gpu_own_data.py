@@ -9,6 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.imagefolders import write_image_folder
@@ -95,3 +96,17 @@ def test_imagefolders_one_kernel_on_cuda_matches_the_torch_ops_for_each_decoder(
     imagefolder._hardware.clear()
     if "hardware" in outputs:  # two JPEG decoders: the same images up to their rounding
         assert float((outputs["hardware"] - outputs["nvjpeg"]).abs().mean()) < 0.05
+
+
+@pytest.mark.two_gpus
+def test_imagefolder_saved_inside_an_epoch_on_two_gpus_resumes_on_one_in_the_same_order(launch, tmp_path,
+                                                                                        tmp_path_factory):
+    """The GPU decoding path (data.decode=gpu: JPEGs decoded on each GPU) keeps the global order: a checkpoint
+    2 steps into the second epoch on 2 GPUs, resumed on 1, trains the batches an uninterrupted 1-GPU run does."""
+    from tests.imagefolders import check_two_ranks_resumed_on_one
+
+    root = write_image_folder(tmp_path_factory.mktemp("imagenet"), train_per_class=12)
+    check_two_ranks_resumed_on_one(launch, tmp_path, tmp_path_factory.mktemp("whole"), root,
+                                   two=("gpus=[0,1]",), one=("gpus=[0]",),
+                                   common=("recipe.model=resnet18", "recipe.image_size=64", "data.workers=2",
+                                           "data.decode=gpu"))

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue 36's figures on a machine with two GPUs, in one device call each (BENCHMARKS.md "Your own data on two
+# GPUs"). Run from the repository root on the device machine, .device-wheels carried (and .whl holding
+# nvImageCodec's wheels: nvidia-nvimgcodec-cu13, nvidia-nvjpeg). Raw output: $OUT/*-<commit>.*
+#   bash bench/own_data_2gpu.sh imagefolder     launch on 1 and 2 GPUs; torchvision's DataLoader + DDP on 2
+#   bash bench/own_data_2gpu.sh gpt             GPT-2 124M on uint16 shards: launch (single, ddp) against the
+#                                               nanoGPT-style script on 1 and 2 GPUs, then fsdp on 2
+#   bash bench/own_data_2gpu.sh tests           the GPU tests: the 2-GPU ones and the rest side by side
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+commit=${COMMIT:-unknown}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-wheels/*.whl || exit 1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 1
+case "${1:-imagefolder}" in
+imagefolder)
+    timeout 200 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch \
+        --epochs "${EPOCHS:-3}" 2>&1 | tee "$OUT/imagefolder-1gpu-$commit.jsonl"
+    timeout 330 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 \
+        --epochs "${EPOCHS:-3}" 2>&1 | tee "$OUT/imagefolder-2gpu-$commit.jsonl"
+    ;;
+gpt)
+    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
+        >/dev/null || exit 1
+    timeout 330 python3 bench/gpt.py compare --gpus 1 2 --shards '/tmp/shards/*.bin' --epochs 3 --steps 40 \
+        --script-loss inside 2>&1 | tee "$OUT/gpt-ddp-$commit.jsonl"
+    timeout 170 python3 bench/gpt.py compare --gpus 2 --strategy fsdp --no-script --shards '/tmp/shards/*.bin' \
+        --epochs 3 --steps 40 2>&1 | tee "$OUT/gpt-fsdp-$commit.jsonl"
+    ;;
+tests)
+    (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \
+        > "$OUT/gpu-tests-one-$commit.txt" 2>&1; echo "one-GPU tests exit $?" >> "$OUT/gpu-tests-one-$commit.txt") &
+    timeout "${LIMIT:-500}" python3 -m pytest -q -m two_gpus tests/gpu -p no:cacheprovider \
+        > "$OUT/gpu-tests-two-$commit.txt" 2>&1; echo "two-GPU tests exit $?" >> "$OUT/gpu-tests-two-$commit.txt"
+    wait
+    tail -3 "$OUT"/gpu-tests-*.txt
+    ;;
+esac
