@@ -12,7 +12,8 @@ runs, its speed settings and what concerns this launch only are never taken from
 (`NOT_CARRIED`): gpus, nprocs, strategy, backend, nodes, data.placement, perf.* but precision,
 checkpoint, fault, ...; data.root is the run's own where that folder is on this machine too (an image
 folder resumed where it trained), else this command line's or the default. So `launch resume=latest`
-after a crash or a Ctrl-C trains on to the epochs the run was started with. What differs from the checkpoint's run is logged and written to the new run's plan.json
+after a crash or a Ctrl-C trains on to the epochs the run was started with. What differs from the
+checkpoint's run is logged and written to the new run's plan.json
 (`resume.changed`), and config.yaml records the values used.
 
 What the state cannot carry over is refused in one line: a file that is not a launch checkpoint;
