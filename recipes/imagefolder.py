@@ -701,11 +701,13 @@ def cpu_share(workers: int, hardware: bool = False) -> float:
 
 
 def default_workers(cfg) -> int:
-    """data.workers, or as the launcher counts them when null: the cores this process may use, less one."""
+    """This rank's DataLoader workers: data.workers, or as the launcher counts them when null
+    (launcher/train/loader.py): the cores this process may use, shared by the ranks on this machine
+    (LOCAL_WORLD_SIZE), less one."""
     if cfg.data.workers is not None:
         return int(cfg.data.workers)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores - 1)
+    return max(0, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)) - 1)
 
 
 class ImageFolder(Recipe):

@@ -335,3 +335,20 @@ def test_the_model_is_torchvisions_untrained(folder):
     model = recipe.build_model(3)
     assert model.fc.out_features == 3
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 3)
+
+
+def test_decode_auto_splits_the_batch_for_the_workers_this_rank_gets(folder, monkeypatch):
+    """data.workers unset: the CPU's share of each batch follows the workers the launcher gives each rank (the
+    cores shared by the ranks on the machine), not every core (2 ranks on 32 cores: 15 each, not 31)."""
+    from launcher.recipes.imagefolder import default_workers
+    from launcher.train import loader
+
+    cfg = config_of("recipe=imagefolder", f"data.root={folder}")
+    for local in ("1", "2", "4"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+        assert default_workers(cfg) == loader.default_workers(int(local))
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(32)), raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    recipe = ImageFolder(cfg)
+    assert default_workers(cfg) == 15
+    assert recipe.decode_plan(cuda=True)[1] == pytest.approx(1 - cpu_share(15, hardware=False))
