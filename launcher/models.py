@@ -36,12 +36,14 @@ def _target(spec: dict[str, Any]) -> str:
 
 def locate(spec: dict[str, Any]) -> Any:
     """The callable `model._target_` names, or a ConfigError saying what is wrong with it."""
+    import difflib
     import importlib
 
     target = _target(spec)
     parts = target.split(".")
     found: Any = None
     reason = f"{target} names no module"
+    hint = f"is {parts[0]} installed?"
     # the longest importable module prefix, then attributes (as Hydra's own lookup does; it also logs its
     # failures, which would put more lines before launch's one)
     for cut in range(len(parts), 0, -1):
@@ -60,16 +62,25 @@ def locate(spec: dict[str, Any]) -> Any:
         for i, name in enumerate(parts[cut:]):
             if not hasattr(found, name):
                 reason = f"{'.'.join(parts[:cut + i])} has no attribute {name}"
+                close = difflib.get_close_matches(name, [n for n in dir(found) if not n.startswith("_")], n=3)
+                hint = f"did you mean {', '.join('.'.join([*parts[:cut + i], c]) for c in close)}?" if close else \
+                    f"{'.'.join(parts[:cut + i])} is installed, but holds no {name}"
                 found = None
                 break
             found = getattr(found, name)
         break
+    if found is None and reason == f"No module named '{parts[0]}'":  # (a typo in the package's name?)
+        import pkgutil
+
+        close = difflib.get_close_matches(parts[0], sorted({m.name for m in pkgutil.iter_modules()}), n=1)
+        if close:
+            hint = f"did you mean {'.'.join([close[0], *parts[1:]])}?"
     if found is None or not callable(found):
         if found is not None:
             reason = f"{target} is a {type(found).__name__}, not a class or function"
         first = reason.strip().splitlines()[0][:200] if reason.strip() else "not found"
         raise ConfigError("model._target_", target, f"cannot be used ({first}); give the dotted path of a class or "
-                          f"function in an installed package (is {parts[0]} installed?)", EXAMPLE)
+                          f"function in an installed package ({hint})", EXAMPLE)
     return found
 
 

@@ -92,7 +92,8 @@ class Recipe:
 
     Config: ClassVar[type[RecipeConfig]] = RecipeConfig
     models: ClassVar[tuple[str, ...]] = ()  # a user recipe's model names (built-ins type recipe.model instead)
-    class_names: ClassVar[tuple[str, ...]] = ()  # shown by `launch eval` (else the class indices)
+    # shown by `launch eval` (else the evaluation Dataset's `classes`, else the class indices)
+    class_names: ClassVar[tuple[str, ...]] = ()
     # Training images `prepare_model` sees, normalized (a whitening layer, say).
     prepare_model_sample: ClassVar[int] = 5000
     # Whether the predictions are classes (`launch eval` then shows accuracy per class and a confusion matrix).

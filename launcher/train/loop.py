@@ -123,6 +123,7 @@ class QueuedEvaluation:
     figures: Figures  # the recipe's eval_step figures: sums and counts
     clock: StepClock
     matrix: torch.Tensor | None = None  # the confusion matrix, flattened (`launch eval`)
+    skipped: int = 0  # evaluation samples this rank's Dataset skipped (bad files, data.on_bad_file=skip)
 
 
 @dataclass
@@ -258,7 +259,7 @@ class Trainer:
         confusion = row.pop("confusion")
         counts = [sum(r) for r in confusion]
         per_class = [confusion[i][i] / counts[i] if counts[i] else None for i in range(len(confusion))]
-        names = list(self.recipe.class_names) or [str(i) for i in range(len(confusion))]
+        names = self._class_names(len(confusion))
         results = {
             "evaluated": source, "recipe": self.cfg.recipe.name, "model": model_name(self.cfg),
             "trained_epochs": state.get("epoch"), "strategy": self.strategy.name,
@@ -270,6 +271,14 @@ class Trainer:
         write_json(self.run_dir / EVAL, results)
         reporting.plot_confusion(confusion, names, self.run_dir / CONFUSION)
         return results
+
+    def _class_names(self, count: int) -> list[str]:
+        """The recipe's class names, else its evaluation Dataset's `classes` (an image folder's folder names,
+        as torchvision's ImageFolder has them), else the class indices."""
+        names = [str(c) for c in self.recipe.class_names]
+        if not names and not self.data.in_memory:
+            names = [str(c) for c in getattr(self.data.test.dataset, "classes", None) or ()]
+        return names if len(names) == count else [str(i) for i in range(count)]
 
     @property
     def is_main(self) -> bool:
@@ -764,7 +773,9 @@ class Trainer:
         trained = 2 * len(queued.names)
         # Sums and counts add up over the ranks (each figure exact over every rank's samples). The
         # preemption flag rides along, so every rank learns of a SIGUSR2 that reached any of them.
-        *sums, stop, skipped = strategy.reduce_host([*sums, float(self.preemption.requested), float(queued.skipped)])
+        eval_skipped = float(queued.evaluation.skipped) if queued.evaluation is not None else 0.0
+        *sums, stop, skipped, eval_skipped = strategy.reduce_host(
+            [*sums, float(self.preemption.requested), float(queued.skipped), eval_skipped])
         train = Figures.means(queued.names, sums[:trained])
         # The slowest rank sets the pace: its span and its input wait. The rank with the most
         # non-finite steps rides along, as it hit the first one earliest.
@@ -776,6 +787,8 @@ class Trainer:
                     steps * cfg.batch_size * self.data.targets_per_sample / span_s, "input_stall": round(stall, 4)})
         if skipped:
             row["skipped"] = int(skipped)
+        if eval_skipped:
+            row["eval_skipped"] = int(eval_skipped)
         if self.fp16:  # (every rank skips the same steps: their gradients were averaged first)
             row["overflow_steps"] = int(overflowed)
         if non_finite > 0:
@@ -860,6 +873,7 @@ class Trainer:
         matrix = torch.zeros(classes * classes, device=self.device) if confusion else None
         clock = StepClock(self.device)
         clock.start()
+        skipped_before = getattr(self.data.test, "skipped", 0)
         for batch, _ in self.data.test.batches(chunks):
             batch = self._eval_inputs(batch)
             with self.autocast():
@@ -876,7 +890,7 @@ class Trainer:
             for name, value in scored.items():
                 figures.add(name, value, n)
         clock.step_end()
-        return QueuedEvaluation(figures, clock, matrix)
+        return QueuedEvaluation(figures, clock, matrix, getattr(self.data.test, "skipped", 0) - skipped_before)
 
     def _eval_chunks(self) -> list[torch.Tensor]:
         s = self.strategy
@@ -897,6 +911,9 @@ class Trainer:
         values = s.all_reduce(torch.stack(queued.figures.tensors())).tolist() if names else []
         row: dict[str, Any] = {f"test_{k}": v for k, v in Figures.means(names, values).items()}
         row["eval_s"] = queued.clock.finish().span_s
+        skipped = int(s.reduce_host([float(queued.skipped)])[0])
+        if skipped:
+            row["eval_skipped"] = skipped
         if queued.matrix is not None:
             classes = self.data.num_classes
             row["confusion"] = [[int(v) for v in r]
@@ -986,6 +1003,8 @@ class Trainer:
         parts.append(f"{row[f'{unit}_per_s']:,.0f} {unit}/s")
         if row.get("skipped"):
             parts.append(f"skipped {row['skipped']}")
+        if row.get("eval_skipped"):
+            parts.append(f"skipped in evaluation {row['eval_skipped']}")
         if row.get("overflow_steps"):
             parts.append(f"fp16 overflow {row['overflow_steps']} steps (skipped)")
         parts += [f"input wait {100 * row['input_stall']:.1f}%", f"{row['epoch_s']:.2f}s"]
@@ -1049,6 +1068,8 @@ class Trainer:
             "objective": objective,
             f"best_{objective}": best,
             "skipped_samples": sum(int(r.get("skipped", 0)) for r in history),
+            # (each evaluation reads the same files: the last one's count)
+            "skipped_eval_samples": int(final.get("eval_skipped", 0)),
             **({"overflow_steps": sum(int(r.get("overflow_steps", 0)) for r in history)} if self.fp16 else {}),
             "train_s": t.train_s,
             "timed": timed,

@@ -25,6 +25,14 @@ def test_it_trains_on_one_rank_and_counts_images(launch, folder):
     r = result.results()
     assert r["recipe"] == "imagefolder" and r["model"] == "resnet18"
     assert 0.0 <= r["test_acc"] <= 1.0 and "images_per_s" in result.run_dir().joinpath("metrics.jsonl").read_text()
+    # launch eval names the classes by their folders
+    evaluated = launch("eval", str(result.run_dir()), "gpus=[]")
+    assert evaluated.returncode == 0, evaluated.output
+    import json
+
+    report = json.loads(next(result.cwd.glob("outputs/**/eval.json")).read_text())
+    assert report["classes"] == ["ant", "bee", "cat"] and set(report["per_class_acc"]) == {"ant", "bee", "cat"}
+    assert "ant" in evaluated.output
 
 
 def test_it_trains_on_two_gloo_ranks_that_agree(launch, folder):
@@ -46,9 +54,12 @@ def test_a_bad_file_is_one_line_or_skipped_and_counted(launch, folder):
     stopped = launch(*TINY, f"data.root={folder}", "epochs=1", "batch_size=10")
     assert stopped.returncode == 2 and "ant_003.JPEG cannot be decoded" in stopped.stderr
     assert "Traceback" not in stopped.stderr
+    bad_val = folder / "val" / "bee" / "bee_001.JPEG"
+    bad_val.write_bytes(b"not a jpeg")
     skipped = launch(*TINY, f"data.root={folder}", "epochs=1", "batch_size=10", "data.on_bad_file=skip")
     assert skipped.returncode == 0, skipped.output
-    assert skipped.results().get("skipped_samples") == 1
+    assert skipped.results().get("skipped_samples") == 1 and skipped.results().get("skipped_eval_samples") == 1
+    assert "skipped 1  skipped in evaluation 1" in skipped.output
 
 
 def test_a_folder_without_val_is_refused_before_any_worker(launch, tmp_path):
