@@ -385,6 +385,11 @@ class Trainer:
             self.recipe.prepare_model(model, self.data.normalize(sample))
         if not any(p.requires_grad for p in model.parameters()):
             raise misfit.nothing_to_train(self.cfg, type(self.recipe).__module__.startswith("launcher.recipes."))
+        if self.is_main and self._classifies and self.cfg.model and self.cfg.model.get("_target_"):
+            surplus = misfit.surplus_outputs(model, self.data.num_classes, self.cfg.model["_target_"],
+                                             self.cfg.recipe.name)
+            if surplus:
+                log.warning("%s", surplus)
         nets = self.strategy.wrap(model, self.device)
         self.compiled = compiling.decide(self.cfg.perf.compile_setting, self.device.type)
         self._autotune()

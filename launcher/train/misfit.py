@@ -99,3 +99,20 @@ def nothing_to_train(cfg: Any, builtin: bool) -> ConfigError:
     key, value = chooses_network(cfg, builtin) or ("recipe", cfg.recipe.name)
     return ConfigError(key, value, "the network has no parameters to train (none with requires_grad): give a "
                        "network with layers that learn", f"recipe={cfg.recipe.name}")
+
+
+def surplus_outputs(model: torch.nn.Module, classes: int | None, target: str, recipe: str) -> str | None:
+    """A config network (model._target_) whose last linear layer gives more outputs than the recipe has
+    classes (a constructor that did not take `num_classes`): it trains, but the outputs beyond the classes
+    are never a target. One warning's text, or None. (Fewer outputs fail at the first step: `does_not_take`.)"""
+    last = None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            last = (name, module)
+    if not classes or last is None or last[1].out_features <= classes:
+        return None
+    name, layer = last
+    return (f"model._target_={target}: its last layer ({name}) gives {layer.out_features} outputs for the {classes} "
+            f"classes of recipe={recipe}; the {layer.out_features - classes} beyond them are never a target (they "
+            f"train and cost for nothing): build it with {classes} outputs (+model.num_classes={classes}, or its "
+            "constructor's own argument)")

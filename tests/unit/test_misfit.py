@@ -46,3 +46,16 @@ def test_fewer_outputs_than_classes_says_which_setting_to_drop():
     assert ".;" not in line
     mine = SimpleNamespace(model={"_target_": None}, recipe=SimpleNamespace(name="my_recipe", model="net"))
     assert does_not_take(mine, False, batch, IndexError("Target 2 is out of bounds.")) is None  # (the user's own)
+
+
+def test_a_config_network_with_more_outputs_than_classes_is_said():
+    from torch import nn
+
+    from launcher.train.misfit import surplus_outputs
+
+    wide = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1000))
+    said = surplus_outputs(wide, 3, "my_nets.Wide", "imagefolder")
+    assert "last layer (2) gives 1000 outputs for the 3 classes of recipe=imagefolder" in said
+    assert "+model.num_classes=3" in said
+    assert surplus_outputs(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3)), 3, "t", "r") is None
+    assert surplus_outputs(nn.Conv2d(3, 8, 3), 3, "t", "r") is None  # (no linear layer: nothing to say)
