@@ -30,9 +30,21 @@ class Faults:
             # (not refused: a sweep may set fault.rank=0,null to run with and without the fault)
             log.warning("fault.kind=%s fault.step=%d fail no rank: fault.rank is null (fault.rank=N names the rank "
                         "to fail)", options.kind, options.step)
+        self.options, self.world_size = options, world.world_size
+        if options.rank is not None and not 0 <= options.rank < world.world_size and world.rank == 0:
+            log.warning("fault.rank=%d names no rank of this launch (ranks 0-%d): no fault is injected",
+                        options.rank, world.world_size - 1)
         # fault.kind=nan: added to every step's loss; NaN from the injected step on (a tensor, so a
         # captured step sees it change)
         self.poison = torch.zeros((), device=device) if self.kind == "nan" else None
+
+    def check_reach(self, total_steps: int, first_step: int, rank: int) -> None:
+        """Say (rank 0) when fault.step lies outside the steps this run trains: nothing would be injected."""
+        o = self.options
+        if rank == 0 and o.rank is not None and 0 <= o.rank < self.world_size \
+                and not first_step <= o.step < total_steps:
+            log.warning("fault.step=%d is outside the steps this run trains (%d-%d): no fault is injected",
+                        o.step, first_step, total_steps - 1)
 
     def at(self, global_step: int) -> None:
         """Called every step: plain int comparison first, it must cost nothing."""

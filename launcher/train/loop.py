@@ -205,6 +205,8 @@ class Trainer:
                                     self.steps_per_epoch, fused=self.device.type == "cuda", graphed=self.captures)
         self.step = self._build_step()
         start = self._resume()
+        self.faults.check_reach(self.cfg.epochs * self.steps_per_epoch, start.epoch * self.steps_per_epoch + start.step,
+                                self.strategy.rank)
         self.timeline.mark("model_built")
         with contextlib.ExitStack() as stack:
             self.writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter()))
