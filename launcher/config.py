@@ -607,6 +607,9 @@ class Direction(Choice):
 MINIMIZED_WORDS = ("loss", "mse", "rmse", "mae", "err", "bpb", "ppl", "perplexity", "nll", "distance")
 
 
+DEFAULT_OBJECTIVE = "test_acc"
+
+
 def minimized(name: str, direction: Direction | str = "auto") -> bool:
     """Whether a smaller value of the figure `name` is better (sweep.direction, or its name when auto)."""
     if str(direction) != "auto":
@@ -621,7 +624,7 @@ class SweepConfig(Schema):
     parallel: int = 0  # on this host, most runs at once; 0: as many as the GPUs allow (CPU runs one at a time)
     # the results.json value each run returns to Hydra (e.g. for the Optuna sweeper): test_acc, or any figure
     # a recipe's eval_step names, as test_NAME (test_rmse, test_loss)
-    objective: str = "test_acc"
+    objective: str = DEFAULT_OBJECTIVE  # (where a run has no accuracy: its first test_NAME figure)
     direction: Direction = Direction.auto  # which way the objective is better: the summary's best run
 
     def check(self, at: str) -> None:

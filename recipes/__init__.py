@@ -87,6 +87,19 @@ class TokenSplits:
     synthetic: bool = False
 
 
+def _pair(batch: Any, recipe: Recipe, hook: str) -> tuple[Any, Any]:
+    """(inputs, labels) of a batch, as the default hooks take it; any other batch is one clear error naming
+    the hook to write."""
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    what = (f"a dict with keys {', '.join(map(str, batch))}" if isinstance(batch, dict)
+            else f"a {type(batch).__name__}" + (f" of {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
+    name = getattr(getattr(getattr(recipe, "cfg", None), "recipe", None), "name", type(recipe).__name__)
+    raise ConfigError("recipe", name, f"its batches are {what}, and the default {hook} takes (inputs, labels) "
+                      f"pairs: define {hook}(self, model, batch) in {type(recipe).__name__} (README \"Your own data, "
+                      "model and task\")")
+
+
 class Recipe:
     """The interface the training loop calls. Override `load` and `build_model`; the rest is optional."""
 
@@ -124,7 +137,7 @@ class Recipe:
         value per sample (or per element), averaged over the epoch exactly; they appear as `train_NAME`.
         No host sync here (.item(), printing a tensor): the step may be captured as a CUDA graph.
         The default: cross-entropy of `model(inputs)` against the labels (`loss()`), and accuracy."""
-        x, y = batch[0], batch[1]
+        x, y = _pair(batch, self, "training_step")
         logits = model(x)
         loss = self._loss_fn(logits, y)
         return loss, {"acc": _correct(logits, y)}
@@ -138,7 +151,7 @@ class Recipe:
         from the MSE) in `report`. The default: cross-entropy and accuracy of `predict`."""
         import torch.nn.functional as F
 
-        x, y = batch[0], batch[1]
+        x, y = _pair(batch, self, "eval_step")
         logits = self.predict(model, x)
         logits, y = logits.flatten(0, -2), y.flatten()  # (a window's tokens count as its samples)
         return {"loss": F.cross_entropy(logits.float(), y, reduction="none"), "acc": logits.argmax(-1) == y}

@@ -102,6 +102,18 @@ def bad_file(path: str, exc: BaseException) -> BadImageError:
 # ---- the folder ---------------------------------------------------------------------------------------------
 
 
+_SKIPPED: set[str] = set()  # the files this process said it left out (data.on_bad_file=skip)
+
+
+def said_skipped(path: str, exc: BaseException) -> None:
+    """data.on_bad_file=skip: name a file left out, once per process that reads it (the launcher counts them)."""
+    if path not in _SKIPPED:
+        _SKIPPED.add(path)
+        reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+        log.warning("data.on_bad_file=skip: left out %s (%s%s)", path, type(exc).__name__,
+                    f": {reason}" if reason else "")
+
+
 def data_root(cfg) -> Path:
     return Path(os.path.expanduser(str(cfg.data.root)))
 
@@ -400,6 +412,7 @@ class ImageFolderSplit(torch.utils.data.Dataset):
             raise
         except Exception as exc:  # noqa: BLE001 - any failure to read or decode the file is the file's
             if self.skip_bad:
+                said_skipped(path, exc)
                 return None
             raise bad_file(path, exc) from None
 
@@ -562,6 +575,7 @@ def decode_jpegs(jpegs: HostJpegs, device: torch.device, skip_bad: bool) -> tupl
                 except RuntimeError as exc:
                     if not skip_bad:
                         raise bad_file(jpegs.paths[i], exc) from None
+                    said_skipped(jpegs.paths[i], exc)
                     bad.append(i)
         return [img for img in images if img is not None], bad
     with warnings.catch_warnings():
@@ -576,6 +590,7 @@ def decode_jpegs(jpegs: HostJpegs, device: torch.device, skip_bad: bool) -> tupl
                 except RuntimeError as exc:
                     if not skip_bad:
                         raise bad_file(jpegs.paths[i], exc) from None
+                    said_skipped(jpegs.paths[i], exc)
                     bad.append(i)
             return images, bad
 

@@ -184,6 +184,11 @@ def typed(cfg: DictConfig) -> Config:
         if not isinstance(getattr(obj, group), Schema):
             raise LaunchError(f"{group}: the chosen option's YAML names no schema in its defaults list "
                               f"(e.g. `- /{SCHEMA_GROUP}/{group}/<option>@_here_`); see launcher/config.py")
+    root = obj.data.root
+    if isinstance(root, str) and root and not root.startswith("~") and not os.path.isabs(root):
+        # (from where launch was typed: the run's config.yaml and checkpoints say where its data was, so a
+        # resume or an eval typed from another folder finds it)
+        obj.data.root = os.path.abspath(root)
     return freeze(obj)
 
 

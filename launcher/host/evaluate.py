@@ -7,9 +7,10 @@ The weights are read with weights_only=True; the run is a new run dir (TIME-RECI
 eval.json (accuracy, loss, accuracy per class, the confusion matrix) and confusion.png. The recipe, its
 model and its hyper-parameters are the checkpoint's (what built the network that was saved), and so is
 `data.synthetic` (a model trained on generated data is evaluated on generated data), a network from
-config (`model._target_` and its arguments), `batch_size`, and `data.root` where the run's folder is here
-too; the command line can change the rest (gpus, strategy, eval.batch_size, data.root, precision). It is the same
-as `launch eval.checkpoint=PATH recipe=...` with the checkpoint's recipe values spelled out.
+config (`model._target_` and its arguments), `batch_size`, `data.on_bad_file`, and `data.root` where the
+run's folder is here too; the command line can change the rest (gpus, strategy, eval.batch_size, data.root,
+precision). It is the same as `launch eval.checkpoint=PATH recipe=...` with the checkpoint's recipe values
+spelled out.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def command_line(argv: list[str]) -> list[str]:
     data = config.get("data") or {}
     if data.get("synthetic") and "data.synthetic" not in given:  # the data it was trained on (generated: again)
         mine.append("data.synthetic=true")
+    if data.get("on_bad_file") and "data.on_bad_file" not in given:  # (files it left out: left out again)
+        mine.append(f"data.on_bad_file={data['on_bad_file']}")
     root = data.get("root")
     if isinstance(root, str) and "data.root" not in given and Path(root).expanduser().exists():
         mine.append(f"data.root={_hydra_value(root)}")  # (the run's own data, where it is here too)

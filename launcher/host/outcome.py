@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.config import DEFAULT_OBJECTIVE
 from launcher.spec import RequeuePolicy
 
 
@@ -28,8 +29,18 @@ class Outcome:
         return objective_of(self.results or {}, key)
 
 
+def effective_objective(results: dict[str, Any], key: str) -> str:
+    """The figure `sweep.objective=key` means for this run: key, except the default (test_acc) for a run
+    without accuracy, which ranks by its own first held-out figure (results.json's `objective`)."""
+    chosen = results.get("objective")
+    if key == DEFAULT_OBJECTIVE and results.get(key) is None and isinstance(chosen, str) and chosen:
+        return chosen
+    return key
+
+
 def objective_of(results: dict[str, Any], key: str) -> float | None:
     """`key` of a run's results.json (or of its final epoch's row) as a number, or None."""
+    key = effective_objective(results, key)
     value = results.get(key, (results.get("final") or {}).get(key))
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from launcher.config import Config, minimized
 from launcher.files import RESULTS, read_json
-from launcher.host.outcome import RunFailed, objective_of
+from launcher.host.outcome import RunFailed, effective_objective, objective_of
 
 
 @dataclass
@@ -79,7 +79,8 @@ def summary_row(job: SweepJob) -> dict[str, Any]:
             "loss": final.get("loss"), "img_per_s": final.get("img_per_s"),
             "tokens_per_s": final.get("tokens_per_s"), "epochs": final.get("epoch"),
             "seconds": round(seconds, 1), "run_dir": str(job.run_dir),
-            "samples_per_s": final.get("samples_per_s"), "objective": job.cfg.sweep.objective,
+            "samples_per_s": final.get("samples_per_s"),
+            "objective": effective_objective(results, job.cfg.sweep.objective),
             "objective_value": objective_of(results, job.cfg.sweep.objective)}
 
 

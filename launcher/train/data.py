@@ -333,6 +333,13 @@ class Data:
     # on_after_batch_transfer made them
     in_memory: bool = True
 
+    def close(self) -> None:
+        """Stop whatever feeds the splits in other processes (a recipe's DataLoader workers)."""
+        for split in (self.train, self.test):
+            close = getattr(split, "close", None)
+            if callable(close):
+                close()
+
     @classmethod
     def place_tokens(cls, splits: TokenSplits, options: DataConfig, device: torch.device) -> Data:
         import numpy as np

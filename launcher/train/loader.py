@@ -215,6 +215,16 @@ class DatasetSplit:
     def __len__(self) -> int:
         return self.length or 0
 
+    def close(self) -> None:
+        """Stop the DataLoader's workers now, while this process's threads still run (left to the iterator's
+        `__del__` at teardown, each worker was waited for 5 s: the stop message never reached it)."""
+        self._pass = None
+        iterator = getattr(self.loader, "_iterator", None)
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if callable(shutdown):
+            shutdown()
+        self.loader._iterator = None
+
     def batches(self, rows: Iterable[torch.Tensor] | torch.Tensor,
                 epoch: int | None = None) -> Iterator[tuple[Any, torch.Tensor]]:
         """(batch on the device, its sample indices on the host) for each row of indices (map-style); for a

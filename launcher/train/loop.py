@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from launcher.config import Config, Precision, minimized, model_name, to_plain
+from launcher.config import DEFAULT_OBJECTIVE, Config, Precision, minimized, model_name, to_plain
 from launcher.errors import ConfigError, ExplainedStop
 from launcher.files import CONFUSION, CURVES, EVAL, last_checkpoint, write_json
 from launcher.recipes import Recipe, TokenSplits, recipe_class
@@ -222,6 +222,7 @@ class Trainer:
                                          self.cfg.epochs, self.data.unit)
             self._warm_up()
             history = self._epochs(start)
+            self.data.close()  # (its DataLoader workers, if any: nothing reads from them any more)
         # (the writer is closed: the last checkpoint is on disk before the run reports itself done)
         digests, devices = self._gather_rank_facts()
         # (a sharded model's forward takes every rank, so all of them run the recipe's finish)
@@ -247,6 +248,7 @@ class Trainer:
                 self.strategy.load_state_dict(self.nets, state["net_state_dict"])
         self.strategy.barrier()
         row = self._evaluate(confusion=self._classifies)
+        self.data.close()
         if not self.is_main:
             return None
         if not self._classifies:
@@ -1043,6 +1045,10 @@ class Trainer:
         scored = [r["test_acc"] for r in history if "test_acc" in r]
         stalls = [r["input_stall"] for r in history]
         objective = cfg.sweep.objective
+        if objective == DEFAULT_OBJECTIVE and "test_acc" not in final:
+            # (a recipe with figures of its own and no accuracy: its first held-out figure, test_mse say)
+            objective = next((k for k, v in final.items() if k.startswith("test_")
+                              and isinstance(v, (int, float)) and not isinstance(v, bool)), objective)
         ranked = [r[objective] for r in history if isinstance(r.get(objective), (int, float))]
         best = ((min if minimized(objective, cfg.sweep.direction) else max)(ranked) if ranked else None)
         timed = {"train_s": t.train_s, "eval_s": t.eval_s, "train_eval_s": t.train_s + t.eval_s,

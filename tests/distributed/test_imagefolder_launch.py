@@ -60,6 +60,13 @@ def test_a_bad_file_is_one_line_or_skipped_and_counted(launch, folder):
     assert skipped.returncode == 0, skipped.output
     assert skipped.results().get("skipped_samples") == 1 and skipped.results().get("skipped_eval_samples") == 1
     assert "skipped 1  skipped in evaluation 1" in skipped.output
+    assert "data.on_bad_file=skip: left out" in skipped.output and "bee_001.JPEG" in skipped.output
+    # launch eval leaves out what the run left out (its data.on_bad_file), and counts it
+    evaluated = launch("eval", str(skipped.run_dir()), "gpus=[]")
+    assert evaluated.returncode == 0, evaluated.output
+    import json
+
+    assert json.loads(next(skipped.cwd.glob("outputs/**/eval.json")).read_text())["eval_skipped"] == 1
 
 
 def test_a_folder_without_val_is_refused_before_any_worker(launch, tmp_path):

@@ -63,6 +63,22 @@ def test_evaluation_figures_are_exact_over_uneven_shards_on_two_ranks(launch, pr
     assert one.returncode == 0 and two.returncode == 0, two.output
     assert _results(two)["ranks_agree"]
     assert math.isclose(_results(one)["test_mse"], _results(two)["test_mse"], rel_tol=1e-4)
+    # no accuracy and no sweep.objective typed: the run is ranked by its own first held-out figure
+    r = _results(one)
+    assert r["objective"] == "test_mse" and r["best_test_mse"] == min(
+        json.loads(line)["test_mse"] for line in (_run_dir(one) / "metrics.jsonl").read_text().splitlines())
+    listed = launch("runs")
+    assert "test_mse" in listed.output, listed.output
+
+
+def test_two_ranks_with_dataloader_workers_end_without_waiting_for_them(launch, project):
+    """The workers are stopped when the run's data is done: left to the DataLoader's __del__ at the process
+    group's teardown, each one was waited for 5 s (2 workers x 2 loaders a rank: 20 s after the last epoch)."""
+    result = launch("recipe=indexed", "gpus=[]", "epochs=1", "batch_size=8", "strategy=ddp", "nprocs=2",
+                    "data.workers=2")
+    assert result.returncode == 0, result.output
+    last = json.loads((result.run_dir() / "metrics.jsonl").read_text().splitlines()[-1])
+    assert result.finished_at - (last["started_unix"] + last["epoch_s"]) < 10
 
 
 def _steps(run_cwd: Path, ranks: int) -> list[list[int]]:

@@ -141,3 +141,12 @@ def test_a_checkpoints_settings_are_taken_as_text_not_resolved_here(tmp_path, mo
              "epochs": 5}
     torch.save({"net_state_dict": {}, "epoch": 1, "config": saved}, "elsewhere.pt")
     assert config_of("resume=elsewhere.pt").recipe.corpus == "${oc.env:LAUNCH_TEST_SECRET}"
+
+
+def test_a_relative_data_root_is_kept_as_the_folder_it_named(tmp_path, monkeypatch):
+    """data.root=imgs names ./imgs where launch was typed: the run's config says so in full, so a resume or an
+    eval typed from another folder still finds the data (a ~ path and an absolute one stay as typed)."""
+    monkeypatch.chdir(tmp_path)
+    assert config_of("recipe=digits", "data.root=imgs").data.root == str(tmp_path / "imgs")
+    assert config_of("recipe=digits", "data.root=/data/x").data.root == "/data/x"
+    assert config_of("recipe=digits", "data.root='~/x'").data.root == "~/x"

@@ -59,3 +59,22 @@ def test_a_config_network_with_more_outputs_than_classes_is_said():
     assert "+model.num_classes=3" in said
     assert surplus_outputs(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3)), 3, "t", "r") is None
     assert surplus_outputs(nn.Conv2d(3, 8, 3), 3, "t", "r") is None  # (no linear layer: nothing to say)
+
+
+def test_the_default_hooks_name_the_hook_to_write_for_batches_that_are_not_pairs():
+    import pytest
+    from torch import nn
+
+    from launcher.errors import ConfigError
+    from launcher.recipes import Recipe
+
+    class Mine(Recipe):
+        def __init__(self):
+            pass
+
+    batch = {"x": torch.ones(2, 4), "y": torch.ones(2, 1)}
+    with pytest.raises(ConfigError, match=r"a dict with keys x, y, and the default eval_step takes \(inputs, labels\) "
+                                          r"pairs: define eval_step\(self, model, batch\) in Mine"):
+        Mine().eval_step(nn.Linear(4, 2), batch)
+    with pytest.raises(ConfigError, match="default training_step"):
+        Mine().training_step(nn.Linear(4, 2), batch)
