@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+from pathlib import Path
 
 from launcher import config
 from launcher.errors import LaunchError
@@ -110,8 +111,11 @@ def describe_hydra_error(exc: BaseException) -> str:
             return f"{group}={option} is not valid: see launch --help for the options of {group}"
         own = (f", or your own recipe: a file {option}.py in this directory, or a module path (my_pkg.my_recipe)"
                if group == "recipe" else "")
-        return (f"{group}={option} is not valid: choose one of {', '.join(options)}{own} "
-                f"(e.g. launch {group}={options[0]})")
+        # (a recipe of your own in this directory counts as an option too)
+        pool = [*options, *(sorted(f.stem for f in Path.cwd().glob("*.py")) if group == "recipe" else [])]
+        close = difflib.get_close_matches(option, pool, n=1)
+        example = f"did you mean {group}={close[0]}?" if close else f"e.g. launch {group}={options[0]}"
+        return f"{group}={option} is not valid: choose one of {', '.join(options)}{own} ({example})"
 
     m = re.search(r"full_key: (\S+)", text)
     full_key = m.group(1) if m else None

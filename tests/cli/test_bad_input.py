@@ -12,6 +12,8 @@ CASES = [
     ("+recipe.hiden=3", "there is no key recipe.hiden to add (known keys: recipe.name"),
     ("recipe.modle=cnn", "did you mean recipe.model?"),
     ("recipe=imagenet", "recipe=imagenet is not valid: choose one of cifar10, cifar10_fast, digits"),
+    ("recipe=digts", "(did you mean recipe=digits?)"),
+    ("optim=adamm", "optim=adamm is not valid: choose one of adamw, muon, sgd (did you mean optim=adamw?)"),
     ("strategy=fast", "strategy=fast is not valid: choose one of auto, ddp, dp, fsdp, single"),
     ("gpus=[0]", "gpus=[0] is not valid: GPU 0 does not exist: no GPU is visible"),
     ("gpus=2", "gpus=2 is not valid: asks for 2 GPUs but no GPU is visible"),
