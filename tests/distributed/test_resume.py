@@ -127,6 +127,25 @@ def test_ctrl_c_while_a_resume_reads_its_checkpoint_is_one_line(first, tmp_path)
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("launch: interrupted"), err
 
 
+def test_ctrl_c_after_a_checkpoint_says_how_to_go_on(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import clean_env, launch_command
+
+    proc = subprocess.Popen(launch_command("gpus=[]", "epochs=200", "hydra.run.dir=run"), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(),
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "run" / "checkpoints" / "last.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out + err
+    assert err.strip().splitlines()[-1].endswith(f"launch resume={tmp_path / 'run'} goes on from its checkpoint"), err
+
+
 def test_a_resume_takes_a_user_recipe_and_its_values_from_the_checkpoint(launch, tmp_path):
     """No recipe= on the resuming command line: the checkpoint's (a user's module) with its values."""
     shutil.copytree(Path(__file__).parents[2] / "examples" / "my_pkg", tmp_path / "my_pkg")
