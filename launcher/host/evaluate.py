@@ -111,6 +111,8 @@ def summarize(results: dict[str, Any] | None, run_dir: Path, elapsed: float) -> 
     per_class = {k: v for k, v in (results.get("per_class_acc") or {}).items() if v is not None}
     worst = sorted(per_class.items(), key=lambda kv: kv[1])[:3]
     shown = ", ".join(f"{name} {100 * v:.1f}%" for name, v in worst)
-    log.info("evaluated %s in %.1fs: test accuracy %.2f%% on %s images (loss %.4f); lowest classes: %s. "
-             "%s  %s", results.get("evaluated"), elapsed, 100 * (acc or 0.0), images, results.get("test_loss") or 0.0,
-             shown, run_dir / EVAL, run_dir / CONFUSION)
+    skipped = results.get("eval_skipped")
+    left_out = f" ({skipped} unreadable, left out)" if skipped else ""
+    log.info("evaluated %s in %.1fs: test accuracy %.2f%% on %s images%s (loss %.4f); lowest classes: %s. "
+             "%s  %s", results.get("evaluated"), elapsed, 100 * (acc or 0.0), images, left_out,
+             results.get("test_loss") or 0.0, shown, run_dir / EVAL, run_dir / CONFUSION)

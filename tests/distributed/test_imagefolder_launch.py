@@ -67,6 +67,7 @@ def test_a_bad_file_is_one_line_or_skipped_and_counted(launch, folder):
     import json
 
     assert json.loads(next(skipped.cwd.glob("outputs/**/eval.json")).read_text())["eval_skipped"] == 1
+    assert "images (1 unreadable, left out)" in evaluated.output
 
 
 def test_a_folder_without_val_is_refused_before_any_worker(launch, tmp_path):
