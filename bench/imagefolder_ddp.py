@@ -50,7 +50,7 @@ def launch_run(a: argparse.Namespace, gpus: int) -> dict:
     if not run.ok:
         return {**record, "error": run.error_tail(6)}
     rows = run.metrics[1:] or run.metrics
-    workers = next((line for line in run.output.splitlines() if "DataLoader worker" in line), "")
+    workers = next((line for line in run.output.splitlines() if line.startswith("data: ")), "")
     decode = next((line for line in run.output.splitlines() if line.startswith("data.decode")), "")
     return {**record, "img_per_s": round(sum(r["images_per_s"] for r in rows) / len(rows), 1),
             "per_epoch": [[round(r["images_per_s"]), r.get("input_stall")] for r in run.metrics],

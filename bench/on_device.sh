@@ -10,14 +10,7 @@
 #   bash bench/on_device.sh peers --models resnet18             # bench/peers.py -> $OUT/peers-<commit>.jsonl
 #   bash bench/on_device.sh py bench/probe/whole_graph.py ...    # any script, the launcher installed
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-if [ ! -d /tmp/site ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-wheels/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 1
+source bench/device_env.sh
 what=$1
 shift
 case "$what" in

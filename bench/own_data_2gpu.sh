@@ -7,15 +7,7 @@
 #                                               nanoGPT-style script on 1 and 2 GPUs, then fsdp on 2
 #   bash bench/own_data_2gpu.sh tests           the GPU tests: the 2-GPU ones and the rest side by side
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-commit=${COMMIT:-unknown}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-wheels/*.whl || exit 1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 1
+source bench/device_env.sh
 case "${1:-imagefolder}" in
 imagefolder)
     timeout 200 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch \

@@ -6,15 +6,7 @@
 # wheels (nvidia-nvimgcodec-cu13, nvidia-nvjpeg) where the hardware decoder is to be measured.
 # Raw output: $OUT/own-data-<commit>.*
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-commit=${COMMIT:-unknown}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device-wheels/*.whl || exit 1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-fi
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || exit 1
+source bench/device_env.sh
 python3 -c "from nvidia import nvimgcodec; print('nvimgcodec', nvimgcodec.__version__)" 2>&1 | tail -1
 what=${1:-all}
 if [ "$what" = all ] || [ "$what" = imagefolder ]; then

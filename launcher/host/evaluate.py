@@ -22,7 +22,7 @@ from typing import Any
 from launcher.config import Config, choices, saved_choices
 from launcher.errors import LaunchError
 from launcher.files import CONFUSION, EVAL
-from launcher.host.resume import load_checkpoint, resolve
+from launcher.host.resume import data_root_here, load_checkpoint, resolve
 
 log = logging.getLogger("launcher")
 
@@ -68,8 +68,8 @@ def command_line(argv: list[str]) -> list[str]:
         mine.append("data.synthetic=true")
     if data.get("on_bad_file") and "data.on_bad_file" not in given:  # (files it left out: left out again)
         mine.append(f"data.on_bad_file={data['on_bad_file']}")
-    root = data.get("root")
-    if isinstance(root, str) and "data.root" not in given and Path(root).expanduser().exists():
+    root = data_root_here(data.get("root"))
+    if root is not None and "data.root" not in given:
         mine.append(f"data.root={_hydra_value(root)}")  # (the run's own data, where it is here too)
     model = config.get("model") or {}
     if isinstance(model, dict) and model.get("_target_") and not any(k.startswith("model.") for k in given):

@@ -382,8 +382,13 @@ def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
                 OmegaConf.update(cfg, key, _literal(saved_value), merge=False)
             except (OmegaConfBaseException, ValueError):
                 continue
-        root = saved.get("data.root")
-        if (isinstance(root, str) and not ({"data", "data.root"} & typed) and "data" in cfg
-                and Path(root).expanduser().is_dir()):
+        root = data_root_here(saved.get("data.root"))
+        if root is not None and not ({"data", "data.root"} & typed) and "data" in cfg:
             cfg.data.root = _literal(root)  # (the run's own data, where that folder is on this machine too)
     return cfg
+
+
+def data_root_here(root: Any) -> str | None:
+    """A checkpoint's data.root, where that folder is on this machine too (a resume and `launch eval` train
+    or score on the run's own data there; elsewhere this command line's or the default), else None."""
+    return root if isinstance(root, str) and root and Path(root).expanduser().is_dir() else None

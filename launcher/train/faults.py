@@ -38,10 +38,10 @@ class Faults:
         # captured step sees it change)
         self.poison = torch.zeros((), device=device) if self.kind == "nan" else None
 
-    def check_reach(self, total_steps: int, first_step: int, rank: int) -> None:
+    def check_reach(self, total_steps: int, first_step: int) -> None:
         """Say (rank 0) when fault.step lies outside the steps this run trains: nothing would be injected."""
         o = self.options
-        if rank == 0 and o.rank is not None and 0 <= o.rank < self.world_size \
+        if self.rank == 0 and o.rank is not None and 0 <= o.rank < self.world_size \
                 and not first_step <= o.step < total_steps:
             log.warning("fault.step=%d is outside the steps this run trains (%d-%d): no fault is injected",
                         o.step, first_step, total_steps - 1)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -84,16 +85,15 @@ class _Plan:
     def __iter__(self) -> Iterator[list[tuple[int | None, int]]]:
         epoch, rows = self.epoch, self.rows
         while True:
-            for row in rows:
-                yield [(epoch, i) for i in row]
+            for row in rows:  # (an upcoming epoch's rows: a tensor, made lists a batch at a time)
+                yield [(epoch, i) for i in (row.tolist() if isinstance(row, torch.Tensor) else row)]
             if epoch is None or self.upcoming is None:
                 return
             epoch += 1
             following = self.upcoming(epoch)
             if following is None:
                 return
-            self.asked[epoch] = following
-            rows = following.tolist()
+            self.asked[epoch] = rows = following
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -126,24 +126,12 @@ class _Epoched(torch.utils.data.Dataset):
         return self.__getitems__([key])[0]
 
 
+@dataclass
 class _Pass:
-    """A DataLoader pass kept between epochs: its iterator, and the epoch whose rows come next from it
-    (None: it cannot be continued)."""
+    """A DataLoader pass kept between epochs: its iterator, and the epoch whose rows come next from it."""
 
-    def __init__(self, batches: Iterator[Any], epoch: int | None):
-        self.batches = batches
-        self.next_epoch = epoch
-
-    def take(self, n: int, then: int | None) -> Iterator[Any]:
-        """The next `n` batches; once all are taken, the pass goes on at epoch `then`."""
-        self.next_epoch = None  # (until the n batches are all taken)
-        for _ in range(n):
-            try:
-                batch = next(self.batches)
-            except StopIteration:  # (fewer than planned: the loop's zip with its rows ends there)
-                return
-            yield batch
-        self.next_epoch = then
+    batches: Iterator[Any]
+    next_epoch: int | None
 
 
 class _Collate:
@@ -261,13 +249,18 @@ class DatasetSplit:
             # (a new pass: a persistent DataLoader drops what its workers had read ahead)
             self.plan.begin(epoch, rows, self.upcoming if epoch is not None else None)
             current = _Pass(iter(self.loader), epoch)
-        then = epoch + 1 if (epoch is not None and self.upcoming is not None) else None
-        return self._kept(current, current.take(len(rows), then))
+        return self._take(current, len(rows), epoch + 1 if epoch is not None and self.upcoming else None)
 
-    def _kept(self, current: _Pass, batches: Iterator[Any]) -> Iterator[Any]:
-        yield from batches
-        if current.next_epoch is not None:  # (every batch taken: the next epoch may go on from here)
-            self._pass = current
+    def _take(self, current: _Pass, n: int, then: int | None) -> Iterator[Any]:
+        """The pass's next `n` batches; once all are taken, it is kept for epoch `then` to go on from."""
+        for _ in range(n):
+            try:
+                batch = next(current.batches)
+            except StopIteration:  # (fewer than planned: the loop's zip with its rows ends there)
+                return
+            yield batch
+        if then is not None:
+            current.next_epoch, self._pass = then, current
 
     def _counted(self, batches: Iterator[tuple[Any, int]]) -> Iterator[Any]:
         for batch, skipped in batches:

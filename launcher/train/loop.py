@@ -40,6 +40,7 @@ import torch
 from launcher.config import DEFAULT_OBJECTIVE, Config, Precision, minimized, model_name, to_plain
 from launcher.errors import ConfigError, ExplainedStop
 from launcher.files import CONFUSION, CURVES, EVAL, last_checkpoint, write_json
+from launcher.models import configured, from_config
 from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
@@ -205,8 +206,7 @@ class Trainer:
                                     self.steps_per_epoch, fused=self.device.type == "cuda", graphed=self.captures)
         self.step = self._build_step()
         start = self._resume()
-        self.faults.check_reach(self.cfg.epochs * self.steps_per_epoch, start.epoch * self.steps_per_epoch + start.step,
-                                self.strategy.rank)
+        self.faults.check_reach(self.cfg.epochs * self.steps_per_epoch, start.epoch * self.steps_per_epoch + start.step)
         self.timeline.mark("model_built")
         with contextlib.ExitStack() as stack:
             self.writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter()))
@@ -389,7 +389,7 @@ class Trainer:
             self.recipe.prepare_model(model, self.data.normalize(sample))
         if not any(p.requires_grad for p in model.parameters()):
             raise misfit.nothing_to_train(self.cfg, type(self.recipe).__module__.startswith("launcher.recipes."))
-        if self.is_main and self._classifies and self.cfg.model and self.cfg.model.get("_target_"):
+        if self.is_main and self._classifies and configured(self.cfg.model):
             surplus = misfit.surplus_outputs(model, self.data.num_classes, self.cfg.model["_target_"],
                                              self.cfg.recipe.name)
             if surplus:
@@ -402,8 +402,6 @@ class Trainer:
 
     def _new_model(self) -> torch.nn.Module:
         """The network: the config's `model._target_` where given (launcher/models.py), else the recipe's."""
-        from launcher.models import configured, from_config
-
         if configured(self.cfg.model):
             return from_config(self.cfg.model, self.data.num_classes or None)
         return self.recipe.build_model(self.data.num_classes)

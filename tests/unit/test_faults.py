@@ -21,10 +21,10 @@ def test_a_rank_outside_the_launch_or_a_step_outside_the_run_is_said(caplog):
         assert "fault.rank=2 names no rank of this launch (ranks 0-1)" in caplog.text
         caplog.clear()
         faults = Faults(FaultConfig(rank=1, step=500), world(0, 2), cpu)
-        faults.check_reach(total_steps=120, first_step=0, rank=0)
+        faults.check_reach(total_steps=120, first_step=0)
         assert "fault.step=500 is outside the steps this run trains (0-119)" in caplog.text
         caplog.clear()
         faults = Faults(FaultConfig(rank=1, step=50), world(0, 2), cpu)
-        faults.check_reach(total_steps=120, first_step=0, rank=0)
-        Faults(FaultConfig(rank=1, step=50), world(1, 2), cpu).check_reach(120, 0, rank=1)
+        faults.check_reach(total_steps=120, first_step=0)
+        Faults(FaultConfig(rank=1, step=50), world(1, 2), cpu).check_reach(120, 0)
         assert caplog.text == ""

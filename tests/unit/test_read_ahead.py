@@ -69,13 +69,13 @@ def test_workers_read_the_next_epochs_first_batches_before_the_loop_asks(tmp_pat
         epoch_of(split, order(epoch), epoch)
         if epoch == 0:
             loader_iter = split._pass.batches
-        assert split._pass is None or split._pass.batches is loader_iter  # one pass, not one per epoch
-        if epoch < 2:
-            time.sleep(0.5)  # the loop's epoch end: the workers go on meanwhile
-            ahead = [r for r in reads(journal) if r[1] == epoch + 1]
-            assert ahead, "no sample of the next epoch was read before it was asked for"
+        assert split._pass.batches is loader_iter  # one pass, not one per epoch
+        if epoch < 2:  # the loop's epoch end: the workers go on meanwhile, into the next epoch's first row
             first_row = set(order(epoch + 1)[0].tolist())
-            assert first_row <= {r[2] for r in ahead}
+            deadline = time.monotonic() + 20
+            while not first_row <= {r[2] for r in reads(journal) if r[1] == epoch + 1}:
+                assert time.monotonic() < deadline, "the next epoch's first row was not read before it was asked for"
+                time.sleep(0.05)
     # every sample of every epoch read once, with its epoch, and nothing past the last epoch
     done = reads(journal)
     assert sorted((r[1], r[2]) for r in done) == sorted((e, i) for e in range(3) for i in range(40))
