@@ -67,7 +67,8 @@ def launch_gpt(a: argparse.Namespace, gpus: int, strategy: str, root: Path, extr
             "mfu": round(sum(x.get("mfu") or 0 for x in rows) / len(rows), 4), "parameters": r["parameters"],
             "max_mem_allocated_mb": max(x["max_mem_allocated_mb"] or 0 for x in run.metrics),
             "compiled": r["compiled"], "steps_per_epoch": steps,
-            "per_epoch": [[round(x["tokens_per_s"]), x.get("host_issue_s"), round(x["train_s"], 4)]
+            "per_epoch": [[round(x["tokens_per_s"]), x.get("host_issue_s"), round(x["train_s"], 4),
+                           x.get("checkpoint_wait_s"), x.get("checkpoint_write_s")]
                           for x in run.metrics], "device": (r["devices"] or [None])[0],
             "torch": r["torch"]}
 

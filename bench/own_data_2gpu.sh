@@ -23,6 +23,23 @@ gpt)
     timeout 170 python3 bench/gpt.py compare --gpus 2 --strategy fsdp --no-script --shards '/tmp/shards/*.bin' \
         --epochs 3 --steps 40 2>&1 | tee "$OUT/gpt-fsdp-$commit.jsonl"
     ;;
+diagnose)
+    # why two GPUs scale badly: the interconnect as NCCL uses it, clocks, and GPT-2 with and without checkpoints
+    nvidia-smi topo -m > "$OUT/topo-$commit.txt" 2>&1
+    NCCL_DEBUG=INFO timeout 90 python3 -m torch.distributed.run --standalone --nproc-per-node=2 bench/allreduce_bw.py \
+        > "$OUT/allreduce-$commit.jsonl" 2> "$OUT/allreduce-nccl-$commit.log"
+    cat "$OUT/allreduce-$commit.jsonl"; grep -h ' via \|NVLS\|P2P' "$OUT/allreduce-nccl-$commit.log" | sort | uniq -c | head -20
+    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu,clocks_throttle_reasons.active \
+        --format=csv -l 1 > "$OUT/smi-$commit.csv" 2>&1 &
+    smi=$!
+    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
+        >/dev/null || exit 1
+    timeout "${GPT_LIMIT:-300}" python3 bench/gpt.py compare --gpus 1 2 --shards '/tmp/shards/*.bin' --epochs 4 \
+        --steps 40 --script-loss inside 2>&1 | tee "$OUT/gpt-ddp-$commit.jsonl"
+    timeout 110 python3 bench/gpt.py compare --gpus 2 --no-script --shards '/tmp/shards/*.bin' --epochs 4 \
+        --steps 40 --launch-args checkpoint=false 2>&1 | tee "$OUT/gpt-ddp-nocheckpoint-$commit.jsonl"
+    kill $smi
+    ;;
 tests)
     (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \
         > "$OUT/gpu-tests-one-$commit.txt" 2>&1; echo "one-GPU tests exit $?" >> "$OUT/gpu-tests-one-$commit.txt") &

@@ -478,11 +478,24 @@ class BackgroundWriter:
         self._pending: deque = deque()
         self.sharded: tuple[Any, Any, list[BaseException]] | None = None  # an async sharded save in flight
         self.group = None  # the gloo group async sharded saves gather over
+        self.last_write_s: float | None = None  # how long the last finished write took (the copy from the GPU too)
 
-    def submit(self, snapshot: HostSnapshot, path: Path) -> None:
+    def submit(self, snapshot: HostSnapshot, path: Path) -> float:
+        """Queue the write; the seconds this waited for earlier writes (training's time, on rank 0)."""
+        import time
+
+        t = time.perf_counter()
         while self._pending and (self._pending[0].done() or len(self._pending) >= self.QUEUED):
             self._pending.popleft().result()  # (raises a failed write's error)
-        self._pending.append(self._pool.submit(save_snapshot, snapshot, path))
+        self._pending.append(self._pool.submit(self._write, snapshot, path))
+        return time.perf_counter() - t
+
+    def _write(self, snapshot: HostSnapshot, path: Path) -> None:
+        import time
+
+        t = time.perf_counter()
+        save_snapshot(snapshot, path)
+        self.last_write_s = time.perf_counter() - t
 
     def track_sharded(self, future: Any, finish: Callable[[], None],
                       failed: Callable[[BaseException], BaseException]) -> None:

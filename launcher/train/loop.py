@@ -144,6 +144,7 @@ class QueuedEpoch:
     snapshot: checkpoint.HostSnapshot | None  # rank 0: the state after the epoch, being copied to host memory
     skipped: int = 0  # training samples this rank's Dataset skipped in the epoch
     first: int = 0  # the step of the epoch it started at
+    snapshot_s: float = 0.0  # rank 0's host time queuing the snapshot's copies
 
 
 @dataclass
@@ -759,7 +760,7 @@ class Trainer:
         if evaluation is not None:
             figures += evaluation.figures.tensors()
         row["lr"] = self.steppers[0].scheduler.get_last_lr()[0]
-        snapshot = None
+        snapshot, snapshot_start = None, time.perf_counter()
         if self.is_main and self.cfg.checkpoint and not self.strategy.sharded:
             # copied now (the next steps change the weights in place), completed and written at the conclusion
             if self.stager is None and self.device.type == "cuda":
@@ -767,7 +768,8 @@ class Trainer:
             snapshot = checkpoint.HostSnapshot(checkpoint.capture(self.strategy, self.nets, self.steppers,
                                                                   self.device, scaler=self.step.scaler), self.stager)
         return QueuedEpoch(epoch, row, clock, started, steps, sums.figures.names, Readback(figures, self.device),
-                           evaluation, self._local_memory_mb(), snapshot, skipped, first)
+                           evaluation, self._local_memory_mb(), snapshot, skipped, first,
+                           time.perf_counter() - snapshot_start if snapshot is not None else 0.0)
 
     def _conclude(self, queued: QueuedEpoch, next_started: float | None = None) -> None:
         """Read a queued epoch's figures (agreed by every rank), stop on a NaN loss, then record, log and
@@ -819,8 +821,14 @@ class Trainer:
             self.recipe.report(row, self.device, strategy.world_size)
         self.history.append(row)
         if queued.snapshot is not None:
-            queued.snapshot.add(epoch=epoch + 1, history=list(self.history), config=to_plain(cfg))
-            self.writer.submit(queued.snapshot, last_checkpoint(self.run_dir))
+            # (copies of the rows: this one gains the checkpoint's cost below while the writer reads them)
+            queued.snapshot.add(epoch=epoch + 1, history=[dict(r) for r in self.history], config=to_plain(cfg))
+            waited = self.writer.submit(queued.snapshot, last_checkpoint(self.run_dir))
+            # What the checkpoint cost training on rank 0 (under ddp every rank waits for it at its next
+            # all-reduce): queuing the copies and waiting for earlier writes; and how long a write takes.
+            row["checkpoint_wait_s"] = round(queued.snapshot_s + waited, 4)
+            if self.writer.last_write_s is not None:
+                row["checkpoint_write_s"] = round(self.writer.last_write_s, 3)
         elif self.strategy.sharded and cfg.checkpoint:  # (its epochs end at once: the state is the epoch's)
             checkpoint.save_sharded(strategy, self.nets, self.steppers, self.device, last_checkpoint(self.run_dir),
                                     epoch + 1, {"epoch": epoch + 1, "history": list(self.history),
