@@ -18,10 +18,12 @@ imagefolder)
 gpt)
     python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
         >/dev/null || exit 1
-    timeout 330 python3 bench/gpt.py compare --gpus 1 2 --shards '/tmp/shards/*.bin' --epochs 3 --steps 40 \
-        --script-loss inside 2>&1 | tee "$OUT/gpt-ddp-$commit.jsonl"
-    timeout 170 python3 bench/gpt.py compare --gpus 2 --strategy fsdp --no-script --shards '/tmp/shards/*.bin' \
-        --epochs 3 --steps 40 2>&1 | tee "$OUT/gpt-fsdp-$commit.jsonl"
+    timeout "${GPT_LIMIT:-280}" python3 bench/gpt.py compare --gpus 1 2 --shards '/tmp/shards/*.bin' --epochs 3 \
+        --steps 40 --script-loss inside 2>&1 | tee "$OUT/gpt-ddp-$commit.jsonl"
+    timeout 100 python3 bench/gpt.py compare --gpus 2 --no-script --shards '/tmp/shards/*.bin' --epochs 3 \
+        --steps 40 --launch-args perf.cuda_graph=true 2>&1 | tee "$OUT/gpt-ddp-graph-$commit.jsonl"
+    timeout "${FSDP_LIMIT:-200}" python3 bench/gpt.py compare --gpus 2 --strategy fsdp --no-script \
+        --shards '/tmp/shards/*.bin' --epochs 3 --steps 40 2>&1 | tee "$OUT/gpt-fsdp-$commit.jsonl"
     ;;
 diagnose)
     # why two GPUs scale badly: the interconnect as NCCL uses it, clocks, and GPT-2 with and without checkpoints
