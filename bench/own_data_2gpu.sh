@@ -10,10 +10,14 @@ set -uo pipefail
 source bench/device_env.sh
 case "${1:-imagefolder}" in
 imagefolder)
-    timeout 200 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch \
-        --epochs "${EPOCHS:-3}" 2>&1 | tee "$OUT/imagefolder-1gpu-$commit.jsonl"
-    timeout 330 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 \
+    vmstat -t 2 > "$OUT/vmstat-imagefolder-$commit.txt" 2>&1 &
+    vm=$!
+    timeout "${ONE_LIMIT:-200}" python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 \
+        --only launch --epochs "${EPOCHS:-3}" 2>&1 | tee "$OUT/imagefolder-1gpu-$commit.jsonl"
+    echo "--- two GPUs" >> "$OUT/vmstat-imagefolder-$commit.txt"
+    timeout "${TWO_LIMIT:-330}" python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 \
         --epochs "${EPOCHS:-3}" 2>&1 | tee "$OUT/imagefolder-2gpu-$commit.jsonl"
+    kill $vm
     ;;
 gpt)
     python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
