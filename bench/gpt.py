@@ -56,11 +56,14 @@ def launch_gpt(a: argparse.Namespace, gpus: int, strategy: str, root: Path, extr
         data = [f"recipe.max_bytes={max_bytes}"]
     run = run_launch("recipe=text", f"gpus=[{','.join(map(str, range(gpus)))}]", f"strategy={strategy}",
                      *model_args(a), f"batch_size={batch}", *data, f"epochs={a.epochs}",
-                     "recipe.sample_bytes=0", "eval.every=0", f"data.root={root}", "progress=lines", *extra)
+                     "recipe.sample_bytes=0", "eval.every=0", f"data.root={root}", "progress=lines", *extra,
+                     timeout=a.timeout)
     record = {"what": "launch", "strategy": strategy, "gpus": gpus, "args": list(extra), "exit_code": run.exit_code,
               "wall_s": run.wall_s}
-    if not run.ok:
-        return {**record, "error": run.error_tail()}
+    if not run.ok:  # (a run stopped by --timeout: the epochs it finished and its log's last lines)
+        return {**record, "error": run.error_tail(45 if run.exit_code == 124 else 3),
+                "per_epoch": [[round(x["tokens_per_s"]), x.get("host_issue_s"), round(x["train_s"], 4)]
+                              for x in run.metrics]}
     rows = run.metrics[1:] or run.metrics
     r = run.results
     return {**record, "tokens_per_s": round(sum(x["tokens_per_s"] for x in rows) / len(rows)),
@@ -108,6 +111,8 @@ def main() -> None:
     parser.add_argument("--strategy", default=None, help="compare: launch's strategy (default: single on 1 GPU, ddp)")
     parser.add_argument("--shards", default=None, help="a glob of token shards instead of the stdlib bytes")
     parser.add_argument("--vocab-size", type=int, default=50257)
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds a launch run may take; past them it is stopped and reported as it stood")
     parser.add_argument("--script-loss", nargs="+", default=["inside", "outside"], choices=["inside", "outside"],
                         help="compare: the script's loss in its compiled forward (nanoGPT's way), after it, or both "
                              "(launch is compared with the faster)")

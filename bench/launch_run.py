@@ -38,18 +38,37 @@ class LaunchRun:
         return self.output.strip().splitlines()[-lines:]
 
 
-def run_launch(*overrides: str, env: dict[str, str] | None = None, module: str = "launcher") -> LaunchRun:
-    """`python -m MODULE overrides...` (launch's entry point was `launcher.cli` before 0.2)."""
+def run_launch(*overrides: str, env: dict[str, str] | None = None, module: str = "launcher",
+               timeout: float | None = None) -> LaunchRun:
+    """`python -m MODULE overrides...` (launch's entry point was `launcher.cli` before 0.2). `timeout`: past
+    it, launch is sent SIGTERM (it stops its workers) and the run is returned as it stood: exit code 124,
+    the epochs it recorded, and the last lines of its train.log after its console output."""
+    import signal
+
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as scratch:
         start = time.perf_counter()
         run_started = time.time()
-        proc = subprocess.run([sys.executable, "-m", module, *overrides], cwd=scratch,
-                              capture_output=True, text=True, env=env)
+        proc = subprocess.Popen([sys.executable, "-m", module, *overrides], cwd=scratch, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                output, _ = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                output, _ = proc.communicate()
+            code = 124
+            for log in Path(scratch).glob("outputs/**/train.log"):
+                output += f"\n--- {log.name}, last lines\n" + "\n".join(log.read_text().splitlines()[-40:])
         wall = time.perf_counter() - start
-        run = LaunchRun(proc.returncode, round(wall, 2), proc.stdout + proc.stderr, command_started=run_started)
+        run = LaunchRun(code, round(wall, 2), output, command_started=run_started)
         found = list(Path(scratch).glob("outputs/**/results.json"))
         if found:
             run.results = json.loads(found[0].read_text())
-            metrics = found[0].parent / "metrics.jsonl"
-            run.metrics = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        rows = list(Path(scratch).glob("outputs/**/metrics.jsonl"))
+        if rows:
+            run.metrics = [json.loads(line) for line in rows[0].read_text().splitlines() if line.strip()]
     return run
