@@ -35,11 +35,22 @@ SWEEP_OUTPUT = "launch.out"  # a sweep run's console output (local sweeps)
 SLURM_RECORD = "slurm.json"
 EVAL = "eval.json"  # `launch eval`: accuracy, per class, the confusion matrix
 CONFUSION = "confusion.png"
+PINNED = ".evaluated-checkpoint"  # `launch eval`, while its workers read: hard links to the checkpoint's files
 OUTCOME = "outcome.json"  # how the launch of this run ended: exit code and its one line (host/run_here.py)
 CLAIM = ".launch-claim.json"  # which launch owns the dir: pid, host, start, command (host/rundir.py)
 NODE = "node.json"  # a launch over several machines: this node's rank, and where rank 0's run dir is
 RUN_ID = ".launch-run-id"  # the run's random name, which its checkpoints carry in their seal (integrity.py)
 WORLD_TOKEN = ".launch-world"  # rank 0's mark, by which the other nodes tell whether they see its run dir
+
+
+def identity(path: Path) -> tuple[int, int, int, int] | None:
+    """Which file `path` is now (device, inode, size, modification time); None where there is none. A run
+    replaces its checkpoint by renaming a new file over it, so a changed identity means a newer one."""
+    try:
+        found = path.stat()
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns
 
 
 def last_checkpoint(run_dir: str | Path) -> Path:

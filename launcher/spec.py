@@ -43,6 +43,7 @@ class WorkerSpec:
     device_index: int | None = None  # the worker's GPU among those visible to it; None: its local rank
     resume_from: str | None = None  # a checkpoint file (the `resume` key, resolved)
     evaluate: str | None = None  # a checkpoint file to evaluate instead of training (`launch eval`)
+    evaluate_read: str | None = None  # where the workers read it: hard links that a live run cannot replace
     requeue: RequeuePolicy | None = None  # SLURM jobs that requeue on preemption
     started_at: float = 0.0  # the launcher's time.time() when the command started (time to first step)
     spawned_s: float | None = None  # seconds after started_at when the launcher started the workers

@@ -11,17 +11,22 @@ config (`model._target_` and its arguments), `batch_size`, `data.on_bad_file`, a
 run's folder is here too; the command line can change the rest (gpus, strategy, eval.batch_size, data.root,
 precision). It is the same as `launch eval.checkpoint=PATH recipe=...` with the checkpoint's recipe values
 spelled out.
+
+A live run's checkpoint is held still while the workers read it (`pin`: hard links in the eval run dir), so
+every rank evaluates the one checkpoint that was checked, even as the run replaces it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from launcher.config import Config, choices, saved_choices
 from launcher.errors import LaunchError
-from launcher.files import CONFUSION, EVAL
+from launcher.files import CONFUSION, EVAL, identity
 from launcher.host.resume import data_root_here, load_checkpoint, resolve
 
 log = logging.getLogger("launcher")
@@ -81,17 +86,76 @@ def command_line(argv: list[str]) -> list[str]:
     return [*mine, *overrides]
 
 
-def checkpoint_to_evaluate(cfg: Config) -> Path:
-    """The checkpoint `eval.checkpoint` names, checked: a launch checkpoint of this recipe and model."""
+def checkpoint_to_evaluate(cfg: Config) -> tuple[Path, tuple | None]:
+    """The checkpoint `eval.checkpoint` names, checked: a launch checkpoint of this recipe and model. With
+    it, which file was checked (`files.identity`; None where a run replaced it meanwhile)."""
     value = str(cfg.eval.checkpoint)
     path = resolve(value, setting="eval.checkpoint").resolve()
+    before = identity(path)
     state = load_checkpoint(path, f"eval.checkpoint={value}")
     now = choices(cfg)
     for key, saved in saved_choices(state.get("config") or {}).items():
         if key != "optim" and saved not in (None, now[key]):  # (evaluating needs no optimizer)
             raise LaunchError(f"{key}={now[key]} is not valid with eval.checkpoint={value}: the checkpoint holds a "
                               f"{key}={saved} network (e.g. launch eval {value}, which takes the checkpoint's)")
-    return path
+    return path, (before if identity(path) == before else None)
+
+
+ATTEMPTS = 3  # a live run's checkpoint replaced while it is pinned, before giving up
+
+
+def pin(path: Path, checked: tuple | None, into: Path, setting: str) -> Path | None:
+    """The checkpoint at `path` held still for the workers that evaluate it: hard links in `into` (the eval
+    run's PINNED folder) to it and, for a sharded one, to its shard folder's files. A live run goes on
+    replacing its last.pt and removing older shard folders while `launch eval` reads; through the links
+    every rank reads one and the same checkpoint, whole. The linked file is checked again where it is not
+    the one `checkpoint_to_evaluate` checked (`checked`). None where links cannot be made (another
+    filesystem, not permitted): the workers read `path` itself, as they would without this."""
+    for _ in range(ATTEMPTS):
+        shutil.rmtree(into, ignore_errors=True)
+        pinned = into / path.name
+        try:
+            into.mkdir(parents=True)
+            os.link(path, pinned)
+            folder = _shard_folder(pinned)
+            if folder is not None:
+                _link_files(path.parent / folder, into / folder)
+        except FileNotFoundError:  # (replaced meanwhile, its shard folder removed: the newer one)
+            continue
+        except OSError as exc:
+            log.debug("%s: the checkpoint is read in place (no hard links in %s: %s)", setting, into, exc)
+            shutil.rmtree(into, ignore_errors=True)
+            return None
+        if identity(pinned)[:2] != (checked or (None, None))[:2]:
+            load_checkpoint(pinned, setting)  # (a newer one than was checked: its seal and shards checked too)
+        return pinned
+    raise LaunchError(f"{setting} failed: {path} was replaced {ATTEMPTS} times while it was read (a run writing "
+                      "checkpoints quickly); try again, or evaluate it once the run ended")
+
+
+def unpin(into: Path) -> None:
+    """The links `pin` made, removed once the workers are done (the checkpoint itself is not touched)."""
+    shutil.rmtree(into, ignore_errors=True)
+
+
+def _shard_folder(path: Path) -> str | None:
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - checked where it is read (load_checkpoint says what is wrong)
+        return None
+    folder = state.get("sharded") if isinstance(state, dict) else None
+    return folder if isinstance(folder, str) and folder and "/" not in folder and folder not in (".", "..") else None
+
+
+def _link_files(folder: Path, into: Path) -> None:
+    into.mkdir()
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            _link_files(Path(entry.path), into / entry.name)
+        else:
+            os.link(entry.path, into / entry.name)
 
 
 def summarize(results: dict[str, Any] | None, run_dir: Path, elapsed: float) -> None:

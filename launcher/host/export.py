@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import LaunchError
-from launcher.files import disk_full
+from launcher.files import disk_full, identity
 from launcher.host.resume import load_checkpoint, resolve
 
 USAGE = "launch export RUN_DIR [OUT.pt | OUT.safetensors]"
@@ -46,12 +46,12 @@ def _read(path: Path, value: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The checkpoint at `path` and its weights. A live run may replace its checkpoint while it is read
     (a sharded one's folder is removed once the next epoch's is whole): then the newer one is read."""
     for _ in range(ATTEMPTS):
-        before = _identity(path)
+        before = identity(path)
         try:
             state = load_checkpoint(path, f"export {value}")
             return state, weights(path, state)
         except Exception as exc:  # noqa: BLE001 - whatever a read cut short raises, if the file changed
-            if _identity(path) == before:
+            if identity(path) == before:
                 if isinstance(exc, LaunchError):
                     raise
                 raise LaunchError(f"export failed: {path} could not be read ({type(exc).__name__}: "
@@ -64,14 +64,6 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-def _identity(path: Path) -> tuple[int, int, int] | None:
-    try:
-        found = path.stat()
-    except OSError:
-        return None
-    return found.st_ino, found.st_size, found.st_mtime_ns
 
 
 def export(value: str, out: str | None = None) -> Path:

@@ -30,6 +30,7 @@ from launcher.files import (
     LOG,
     NODE,
     OUTCOME,
+    PINNED,
     PLAN,
     RESULTS,
     TENSORBOARD,
@@ -40,7 +41,7 @@ from launcher.files import (
 )
 from launcher.host import script
 from launcher.host.compose import to_yaml
-from launcher.host.evaluate import checkpoint_to_evaluate
+from launcher.host.evaluate import checkpoint_to_evaluate, pin, unpin
 from launcher.host.evaluate import summarize as summarize_evaluation
 from launcher.host.outcome import LaunchContext, Outcome, signal_name
 from launcher.host.plan import Plan, make_plan
@@ -86,7 +87,7 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
         if cfg.script:
             return _run_user_script(plan, run_dir, context)
         recipe = check_runnable(cfg)
-        evaluate = checkpoint_to_evaluate(cfg) if cfg.eval.checkpoint else None
+        evaluate, checked = checkpoint_to_evaluate(cfg) if cfg.eval.checkpoint else (None, None)
         if evaluate is not None:  # one pass over the test split: compiling would cost more than it saves
             plan = dataclasses.replace(plan, config=derive(plan.config, perf=derive(plan.config.perf, compile=False)))
         resume = inspect_resume(cfg.resume, plan.config) if cfg.resume and not requeued else None
@@ -119,10 +120,23 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
         log.info("waiting for %s at %s:%s (rdzv_timeout_s=%d); the same launch starts each, with its own node_rank",
                  others, plan.network.rdzv_address, plan.network.rdzv_port, plan.config.rdzv_timeout_s)
 
+    pinned = None  # (launch eval: the checkpoint held still while the workers read it; not where each rank
+    if evaluate is not None and joined is None:  # is a process of its own, started by srun)
+        try:
+            pinned = pin(evaluate, checked, run_dir / PINNED, f"launch eval {cfg.eval.checkpoint}")
+        except LaunchError as err:
+            outcome = Outcome(err.exit_code, error=str(err))
+            _record_outcome(run_dir, outcome)
+            return outcome
     spec = WorkerSpec(plan.config, plan.strategy, str(run_dir), plan.env, plan.device_index, resume_from,
-                      evaluate=str(evaluate) if evaluate else None, requeue=context.requeue,
-                      started_at=context.started, spawned_s=round(time.time() - context.started, 3))
-    outcome = _execute(spec, plan)
+                      evaluate=str(evaluate) if evaluate else None, evaluate_read=str(pinned) if pinned else None,
+                      requeue=context.requeue, started_at=context.started,
+                      spawned_s=round(time.time() - context.started, 3))
+    try:
+        outcome = _execute(spec, plan)
+    finally:
+        if pinned is not None:
+            unpin(run_dir / PINNED)
     if plan.joined is not None:  # this process was a worker too: back to the launcher's own logging
         logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
     if is_main:

@@ -241,10 +241,11 @@ class Trainer:
         self.data = self._load_data()
         self.timeline.mark("data_loaded")
         self.nets = self._build_model()
-        state = checkpoint.load(source, map_location=self.device)
+        read = self.spec.evaluate_read or source  # (launch eval's hard links to it: held still for every rank)
+        state = checkpoint.load(read, map_location=self.device)
         with self._fitting(source, state):
             if "sharded" in state:
-                checkpoint.load_sharded_weights(state, Path(source), self.nets)
+                checkpoint.load_sharded_weights(state, Path(read), self.nets)
             else:
                 self.strategy.load_state_dict(self.nets, state["net_state_dict"])
         self.strategy.barrier()

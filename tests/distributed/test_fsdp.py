@@ -266,3 +266,58 @@ def test_a_damaged_sharded_checkpoint_is_one_line_before_any_worker(launch, fsdp
     assert wider.returncode == 2 and "the checkpoint does not fit the network this config builds (it was trained " \
         "with recipe.width=32" in wider.stderr, wider.output
     assert "CheckpointException" not in wider.stderr
+
+
+# `launch eval` with the host's `pin` wrapped: once it has returned, the trained run's shard folder is
+# removed and last.pt replaced by another checkpoint, as a live run does between its epochs.
+_ROTATED_WHILE_EVALUATED = """
+import os, shutil, sys
+from pathlib import Path
+import launcher.host.run_here as run_here
+pin, rotated = run_here.pin, Path(sys.argv[1])
+def pin_then_rotate(path, *rest):
+    held = pin(path, *rest)
+    shutil.rmtree(path.parent / "epoch-2.dcp")
+    os.replace(rotated, path)
+    return held
+run_here.pin = pin_then_rotate
+sys.argv = ["launch", *sys.argv[2:]]
+from launcher.host.cli import main
+main()
+"""
+
+
+def test_eval_of_a_live_sharded_run_reads_the_checkpoint_it_checked_on_every_rank(fsdp_run, tmp_path):
+    """A live run replaces last.pt and removes its older shard folder while `launch eval` reads it (issue
+    34): the workers read hard links taken before they started, so both ranks evaluate the checkpoint that
+    was checked, whole, and nothing of them is left afterwards; the run's own files are not touched."""
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import clean_env
+
+    def evaluate(run, *more):
+        proc = subprocess.run([sys.executable, "-c", _ROTATED_WHILE_EVALUATED, *more, "eval", str(run), "gpus=[]",
+                               "strategy=fsdp", "nprocs=2"] if more else
+                              [sys.executable, "-m", "launcher", "eval", str(run), "gpus=[]", "strategy=fsdp",
+                               "nprocs=2"], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                              env=clean_env())
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        found = sorted(tmp_path.glob("outputs/**/eval.json"), key=lambda p: p.stat().st_mtime)[-1]
+        return json.loads(found.read_text()), found.parent
+
+    live = tmp_path / "live"
+    shutil.copytree(fsdp_run / "fsdp", live)
+    expected, _ = evaluate(live)
+    other = tmp_path / "other.pt"  # the "next epoch's" last.pt, naming its own folder (not there yet)
+    import torch
+
+    state = torch.load(live / "checkpoints" / "last.pt", weights_only=True)
+    torch.save({**state, "epoch": 3, "sharded": "epoch-3.dcp"}, other)
+    got, eval_dir = evaluate(live, str(other))
+    assert got["test_loss"] == pytest.approx(expected["test_loss"], rel=1e-6), (got, expected)
+    assert got["trained_epochs"] == 2 and got["world_size"] == 2
+    assert got["evaluated"] == str(live / "checkpoints" / "last.pt")  # (the user's path, not the links)
+    assert not (eval_dir / ".evaluated-checkpoint").exists()
+    assert not (live / "checkpoints" / "epoch-2.dcp").exists()  # (what the "run" removed stays removed)
