@@ -119,6 +119,22 @@ MUTANTS = [
     Mutant("a rendezvous nobody serves is waited for forever", "launcher/host/rendezvous.py",
            "            if time.monotonic() + 0.5 >= deadline:", "            if False:",
            ("tests/multinode/test_two_nodes.py::test_a_rendezvous_nobody_serves_ends_the_node_at_rdzv_timeout_s",)),
+    Mutant("launch eval's workers read a live run's checkpoint in place", "launcher/train/loop.py",
+           "read = self.spec.evaluate_read or source", "read = source",
+           ("tests/distributed/test_fsdp.py::test_eval_of_a_live_sharded_run_reads_the_checkpoint_it_checked_on_"
+            "every_rank",)),
+    Mutant("a sharded checkpoint's shards are not held with it", "launcher/host/evaluate.py",
+           "                _link_files(path.parent / folder, into / folder)", "                pass",
+           ("tests/unit/test_eval_pin.py",
+            "tests/distributed/test_fsdp.py::test_eval_of_a_live_sharded_run_reads_the_checkpoint_it_checked_on_"
+            "every_rank")),
+    Mutant("a newer checkpoint pinned unchecked", "launcher/host/evaluate.py",
+           "            load_checkpoint(pinned, setting)  #", "            pass  #", ("tests/unit/test_eval_pin.py",)),
+    Mutant("launch eval leaves its links behind", "launcher/host/evaluate.py",
+           "    shutil.rmtree(into, ignore_errors=True)\n\n\ndef _shard_folder", "    pass\n\n\ndef _shard_folder",
+           ("tests/unit/test_eval_pin.py",
+            "tests/distributed/test_fsdp.py::test_eval_of_a_live_sharded_run_reads_the_checkpoint_it_checked_on_"
+            "every_rank")),
     Mutant("compile auto compiles before the first step", "launcher/train/compiling.py",
            'return Decision(False, "perf.compile=auto: a run of one epoch", pending=True)',
            'return Decision(True, "perf.compile=auto: a run of one epoch", pending=True)', (UNIT_COMPILE,)),

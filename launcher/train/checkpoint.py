@@ -495,15 +495,18 @@ class BackgroundWriter:
         self.group = None  # the gloo group async sharded saves gather over
         self.last_write_s: float | None = None  # how long the last finished write took (the copy from the GPU too)
 
-    def submit(self, snapshot: HostSnapshot, path: Path) -> float:
-        """Queue the write; the seconds this waited for earlier writes (training's time, on rank 0)."""
+    def make_room(self) -> float:
+        """Wait until one more write may be queued; the seconds waited (training's time, on rank 0)."""
         import time
 
         t = time.perf_counter()
         while self._pending and (self._pending[0].done() or len(self._pending) >= self.QUEUED):
             self._pending.popleft().result()  # (raises a failed write's error)
-        self._pending.append(self._pool.submit(self._write, snapshot, path))
         return time.perf_counter() - t
+
+    def submit(self, snapshot: HostSnapshot, path: Path) -> None:
+        self.make_room()
+        self._pending.append(self._pool.submit(self._write, snapshot, path))
 
     def _write(self, snapshot: HostSnapshot, path: Path) -> None:
         import time

@@ -820,16 +820,17 @@ class Trainer:
         row["epoch_s"] = (next_started or time.perf_counter()) - queued.started
         if self.is_main:
             self.recipe.report(row, self.device, strategy.world_size)
-        self.history.append(row)
         if queued.snapshot is not None:
-            # (copies of the rows: this one gains the checkpoint's cost below while the writer reads them)
-            queued.snapshot.add(epoch=epoch + 1, history=[dict(r) for r in self.history], config=to_plain(cfg))
-            waited = self.writer.submit(queued.snapshot, last_checkpoint(self.run_dir))
             # What the checkpoint cost training on rank 0 (under ddp every rank waits for it at its next
             # all-reduce): queuing the copies and waiting for earlier writes; and how long a write takes.
+            waited = self.writer.make_room()
             row["checkpoint_wait_s"] = round(queued.snapshot_s + waited, 4)
             if self.writer.last_write_s is not None:
                 row["checkpoint_write_s"] = round(self.writer.last_write_s, 3)
+        self.history.append(row)
+        if queued.snapshot is not None:
+            queued.snapshot.add(epoch=epoch + 1, history=list(self.history), config=to_plain(cfg))
+            self.writer.submit(queued.snapshot, last_checkpoint(self.run_dir))
         elif self.strategy.sharded and cfg.checkpoint:  # (its epochs end at once: the state is the epoch's)
             checkpoint.save_sharded(strategy, self.nets, self.steppers, self.device, last_checkpoint(self.run_dir),
                                     epoch + 1, {"epoch": epoch + 1, "history": list(self.history),
