@@ -33,7 +33,7 @@ gpt)
 diagnose)
     # why two GPUs scale badly: the interconnect as NCCL uses it, clocks, and GPT-2 with and without checkpoints
     nvidia-smi topo -m > "$OUT/topo-$commit.txt" 2>&1
-    NCCL_DEBUG=INFO timeout 90 python3 -m torch.distributed.run --standalone --nproc-per-node=2 bench/allreduce_bw.py \
+    NCCL_DEBUG=INFO timeout 90 python3 -m torch.distributed.run --standalone --nproc-per-node=2 bench/probe/allreduce.py 1 25 100 500 \
         > "$OUT/allreduce-$commit.jsonl" 2> "$OUT/allreduce-nccl-$commit.log"
     cat "$OUT/allreduce-$commit.jsonl"; grep -h ' via \|NVLS\|P2P' "$OUT/allreduce-nccl-$commit.log" | sort | uniq -c | head -20
     nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu,clocks_throttle_reasons.active \

@@ -126,7 +126,7 @@ def pin(path: Path, checked: tuple | None, into: Path, setting: str) -> Path | N
             log.debug("%s: the checkpoint is read in place (no hard links in %s: %s)", setting, into, exc)
             shutil.rmtree(into, ignore_errors=True)
             return None
-        if identity(pinned)[:2] != (checked or (None, None))[:2]:
+        if identity(pinned) != checked:  # (a link is the same file: same identity)
             load_checkpoint(pinned, setting)  # (a newer one than was checked: its seal and shards checked too)
         return pinned
     raise LaunchError(f"{setting} failed: {path} was replaced {ATTEMPTS} times while it was read (a run writing "

@@ -397,7 +397,7 @@ def warm_pinned_memory(state: dict[str, Any], copies: int, share: float = 0.25) 
     the copies warmed."""
     tensors = [t for t in _tensors(state) if t.device.type == "cuda"]
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
-    if not tensors:
+    if not nbytes:
         return 0
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
