@@ -39,13 +39,16 @@ class LaunchRun:
 
 
 def run_launch(*overrides: str, env: dict[str, str] | None = None, module: str = "launcher",
-               timeout: float | None = None) -> LaunchRun:
-    """`python -m MODULE overrides...` (launch's entry point was `launcher.cli` before 0.2). `timeout`: past
+               timeout: float | None = None, files: dict[str, str] | None = None) -> LaunchRun:
+    """`python -m MODULE overrides...` (launch's entry point was `launcher.cli` before 0.2). `files`: written into
+    the scratch directory launch runs in first (name -> text: a recipe file, say). `timeout`: past
     it, launch is sent SIGTERM (it stops its workers) and the run is returned as it stood: exit code 124,
     the epochs it recorded, and the last lines of its train.log after its console output."""
     import signal
 
     with tempfile.TemporaryDirectory(prefix="bench-launch-") as scratch:
+        for name, text in (files or {}).items():
+            (Path(scratch) / name).write_text(text)
         start = time.perf_counter()
         run_started = time.time()
         proc = subprocess.Popen([sys.executable, "-m", module, *overrides], cwd=scratch, stdout=subprocess.PIPE,

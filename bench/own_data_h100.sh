@@ -5,6 +5,9 @@
 # Run from the repository root on the device machine, .device-wheels carried, and .whl holding nvImageCodec's
 # wheels (nvidia-nvimgcodec-cu13, nvidia-nvjpeg) where the hardware decoder is to be measured.
 # Raw output: $OUT/own-data-<commit>.*
+#   bash bench/own_data_h100.sh [all | imagefolder | launch-imagefolder | gpt | lightning]
+#   launch-imagefolder: `launch recipe=imagefolder` alone, once per DECODES (default "auto"), EPOCHS epochs
+#   lightning: a recipe's TensorDatasets through launch against a Lightning Trainer (bench/lightning_dataset.py)
 set -uo pipefail
 source bench/device_env.sh
 python3 -c "from nvidia import nvimgcodec; print('nvimgcodec', nvimgcodec.__version__)" 2>&1 | tail -1
@@ -12,9 +15,18 @@ what=${1:-all}
 if [ "$what" = all ] || [ "$what" = imagefolder ]; then
     timeout 300 python3 bench/imagefolder.py --root /tmp/imagenet-gen --n 20000 --no-feed \
         --only "${ONLY:-limit,baseline,gpu,auto,gpu-nvjpeg}" 2>&1 | tee "$OUT/own-data-imagefolder-$commit.jsonl"
-    (cd /tmp && timeout 200 launch recipe=imagefolder data.root=/tmp/imagenet-gen gpus=[0] epochs=2 \
-        perf.compile=true eval.every=0 ${LAUNCH_ARGS:-}) 2>&1 | grep -v Warning \
-        | tee "$OUT/own-data-launch-imagefolder-$commit.txt"
+fi
+if [ "$what" = all ] || [ "$what" = imagefolder ] || [ "$what" = launch-imagefolder ]; then
+    python3 bench/imagefolder.py --root /tmp/imagenet-gen --n 20000 --only none >/dev/null 2>&1  # (the folder)
+    for decode in ${DECODES:-auto}; do
+    (cd /tmp && timeout "${LAUNCH_LIMIT:-200}" launch recipe=imagefolder data.root=/tmp/imagenet-gen gpus=[0] \
+        perf.compile=true eval.every=0 data.decode=$decode epochs=${EPOCHS:-2} ${LAUNCH_ARGS:-}) 2>&1 \
+        | grep -v Warning | tee "$OUT/own-data-launch-imagefolder-$decode-$commit.txt"
+    done
+fi
+if [ "$what" = all ] || [ "$what" = lightning ]; then
+    timeout "${LIGHTNING_LIMIT:-300}" python3 bench/lightning_dataset.py compare 2>&1 \
+        | tee "$OUT/own-data-lightning-$commit.jsonl"
 fi
 if [ "$what" = all ] || [ "$what" = gpt ]; then
     python3 bench/make_token_shards.py /tmp/shards --shards 2 --tokens-per-shard 327680 --val-tokens 65536 >/dev/null
