@@ -64,6 +64,10 @@ class Block(nn.Module):
         return torch.relu(self.bn2(self.conv2(out)) + self.skip(x))
 
 
+def linear(num_classes=10):  # (a network that costs nothing: what is left is each side's own work per step)
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, num_classes))
+
+
 def resnet18(num_classes=10):
     layers = [nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()]
     cin = 64
@@ -81,7 +85,7 @@ class CifarTensorsConfig(RecipeConfig):
 
 class CifarTensors(Recipe):
     Config = CifarTensorsConfig
-    models = ("resnet18",)
+    models = ("resnet18", "linear")
 
     def load(self):
         return tensors(self.hp.samples, 0), tensors(self.hp.eval_samples, 1)
@@ -90,7 +94,7 @@ class CifarTensors(Recipe):
         return 10
 
     def build_model(self, num_classes):
-        return resnet18(num_classes)
+        return linear(num_classes) if self.hp.model == "linear" else resnet18(num_classes)
 '''
 
 
@@ -103,7 +107,7 @@ def write_recipe(folder: Path) -> Path:
 def run_launch_side(a: argparse.Namespace) -> dict:
     gpus = "[0]" if a.device == "cuda" else "[]"
     overrides = ["recipe=cifar_tensors", f"gpus={gpus}", f"batch_size={a.batch}", f"epochs={a.epochs}",
-                 f"recipe.samples={a.n}", f"recipe.eval_samples={a.eval_n}", f"data.workers={a.workers}",
+                 f"recipe.samples={a.n}", f"recipe.eval_samples={a.eval_n}", f"recipe.model={a.model}", f"data.workers={a.workers}",
                  "data.worker_prefetch=4", "optim=sgd", f"lr={a.lr}", "eval.every=0", "progress=lines",
                  f"perf.compile={'false' if a.no_compile else 'true'}", *a.launch_args]
     run = run_launch(*overrides, files={"cifar_tensors.py": RECIPE}, timeout=a.timeout)
@@ -113,7 +117,7 @@ def run_launch_side(a: argparse.Namespace) -> dict:
     rows = run.metrics[1:] or run.metrics
     rate = sum(r["samples_per_s"] for r in rows) / len(rows)
     return {**record, "samples_per_s": round(rate, 1), "compiled": run.results.get("compiled"),
-            "per_epoch": [[round(r["samples_per_s"]), r.get("input_stall"), round(r["train_s"], 3)]
+            "per_epoch": [[round(r["samples_per_s"]), r.get("input_stall"), round(r["train_s"], 3), r.get("host_issue_s")]
                           for r in run.metrics], "device": (run.results.get("devices") or [None])[0],
             "torch": run.results.get("torch")}
 
@@ -153,7 +157,7 @@ def lightning_main(a: argparse.Namespace) -> None:
     class Module(L.LightningModule):
         def __init__(self):
             super().__init__()
-            net = cifar_tensors.resnet18(10)
+            net = getattr(cifar_tensors, a.model)(10)
             if cuda:
                 net = net.to(memory_format=torch.channels_last)
             self.net = net if a.no_compile else torch.compile(net)
@@ -227,6 +231,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers (default: launch's: cores - 1)")
     p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--model", default="resnet18", choices=["resnet18", "linear"],
+                   help="linear: a network that costs nothing, so each side's own work per step is what is timed")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--timeout", type=float, default=400)
     p.add_argument("--launch-args", nargs="*", default=[])
