@@ -107,7 +107,8 @@ def write_recipe(folder: Path) -> Path:
 def run_launch_side(a: argparse.Namespace) -> dict:
     gpus = "[0]" if a.device == "cuda" else "[]"
     overrides = ["recipe=cifar_tensors", f"gpus={gpus}", f"batch_size={a.batch}", f"epochs={a.epochs}",
-                 f"recipe.samples={a.n}", f"recipe.eval_samples={a.eval_n}", f"recipe.model={a.model}", f"data.workers={a.workers}",
+                 f"recipe.samples={a.n}", f"recipe.eval_samples={a.eval_n}", f"recipe.model={a.model}",
+                 f"data.workers={a.workers}",
                  "data.worker_prefetch=4", "optim=sgd", f"lr={a.lr}", "eval.every=0", "progress=lines",
                  f"perf.compile={'false' if a.no_compile else 'true'}", *a.launch_args]
     run = run_launch(*overrides, files={"cifar_tensors.py": RECIPE}, timeout=a.timeout)
@@ -117,9 +118,9 @@ def run_launch_side(a: argparse.Namespace) -> dict:
     rows = run.metrics[1:] or run.metrics
     rate = sum(r["samples_per_s"] for r in rows) / len(rows)
     return {**record, "samples_per_s": round(rate, 1), "compiled": run.results.get("compiled"),
-            "per_epoch": [[round(r["samples_per_s"]), r.get("input_stall"), round(r["train_s"], 3), r.get("host_issue_s")]
-                          for r in run.metrics], "device": (run.results.get("devices") or [None])[0],
-            "torch": run.results.get("torch")}
+            "per_epoch": [[round(r["samples_per_s"]), r.get("input_stall"), round(r["train_s"], 3),
+                           r.get("host_issue_s")] for r in run.metrics],
+            "device": (run.results.get("devices") or [None])[0], "torch": run.results.get("torch")}
 
 
 def run_lightning_side(a: argparse.Namespace) -> dict:
@@ -195,7 +196,18 @@ def lightning_main(a: argparse.Namespace) -> None:
             self.steps += 1
             self.end = self._now()
 
+        def on_train_epoch_start(self, trainer, module):
+            if a.profile and trainer.current_epoch == 1:  # (the second epoch, as launch's profile=true)
+                from torch.profiler import ProfilerActivity, profile
+
+                self.profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                self.profiler.__enter__()
+
         def on_train_epoch_end(self, trainer, module):
+            if getattr(self, "profiler", None) is not None:
+                self.profiler.__exit__(None, None, None)
+                self.profiler.export_chrome_trace(a.profile)
+                self.profiler = None
             if cuda:
                 torch.cuda.synchronize()
                 span = self.start.elapsed_time(self.end) / 1000
@@ -235,6 +247,8 @@ def main() -> None:
                    help="linear: a network that costs nothing, so each side's own work per step is what is timed")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--timeout", type=float, default=400)
+    p.add_argument("--profile", default=None,
+                   help="lightning: torch.profiler over its second epoch, to this trace file")
     p.add_argument("--launch-args", nargs="*", default=[])
     a = p.parse_args()
     if a.workers is None:
