@@ -603,6 +603,8 @@ class Trainer:
         checkpoint.restore(saved, self.strategy, self.nets, self.steppers, self.device, local=True,
                            scaler=self.step.scaler)
         self.step.zero_grads()
+        if self.compiled.compile:
+            settle_heap()
         self._sync()
         seconds = time.perf_counter() - start
         if self.timings.warmup_s is None:
@@ -1133,6 +1135,19 @@ class _Aside:
         self.thread.join()
         if self.failed is not None:
             raise self.failed
+
+
+def settle_heap() -> None:
+    """After compiling: collect the garbage once, then freeze what lives (gc.freeze), so that no full
+    collection walks the compiled code's objects again. Compiling leaves hundreds of thousands of them
+    (a compiled ResNet-18: ~640,000, walked in 0.1-0.4 s); without this a full collection, let loose by
+    those new objects, can fall inside an early epoch and hold up a step the host is issuing, where the
+    host sets the pace (a small network's compiled step). Reference counting frees frozen objects as
+    ever; only cyclic garbage among them stays (gc.unfreeze would let it go)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 @contextlib.contextmanager

@@ -3,6 +3,9 @@ PYTHONPATH (the launcher, its forkserver and the workers forked from it), append
 $GC_TRACE_DIR/gc-<pid>.txt as `unix_time generation milliseconds collected`.
 
     PYTHONPATH=bench/probe/gc_trace:$PYTHONPATH GC_TRACE_DIR=/tmp/gc launch recipe=cifar10_fast ...
+
+GC_NO_FREEZE=1 also makes gc.freeze do nothing (the launcher's heap left unfrozen after compiling, as before
+settle_heap in launcher/train/loop.py): an A/B of that change in one call.
 """
 
 import gc
@@ -26,3 +29,6 @@ def _trace(phase: str, info: dict) -> None:
 if _where:
     os.makedirs(_where, exist_ok=True)
     gc.callbacks.append(_trace)
+
+if os.environ.get("GC_NO_FREEZE") == "1":
+    gc.freeze = lambda: None
