@@ -548,9 +548,14 @@ class PerfConfig(Schema):
     compile_auto_min_s: float = 60.0
     compile_mode: CompileMode = CompileMode["default"]  # type: ignore[valid-type]
     # GPUs: capture each step (augment, forward, backward, gradient all-reduce) as one CUDA graph and
-    # replay it. Under ddp the gradients then sit in flat buckets averaged by the launcher instead of
-    # DDP's reducer (launcher/train/step.py), so DDP's static_graph/find_unused_parameters do not apply.
-    cuda_graph: bool = False
+    # replay it (true | false | auto). Under ddp the gradients then sit in flat buckets averaged by the
+    # launcher instead of DDP's reducer (launcher/train/step.py), so DDP's static_graph/find_unused_parameters
+    # do not apply. auto: on one GPU (strategy single), where the step is the launcher's own (a recipe with
+    # no training_step of its own), the warm-up times the step eagerly and replayed and keeps the faster,
+    # said in one line: a small network's step, paced by the host's kernel launches, replays up to 2x
+    # faster (BENCHMARKS.md); a large one gains nothing. A recipe's own training_step is replayed only
+    # with true (a replay runs none of its Python: no .item(), no counters kept in Python).
+    cuda_graph: Any = "auto"
     # GPUs: let cuDNN time its algorithms for each convolution shape on first use (true | false | auto).
     # On the CIFAR networks it made steps ~3.5% shorter and the first step 4-7 s later (BENCHMARKS.md), so
     # auto autotunes exactly when the run compiles (perf.compile=true, or auto once it decides to compile):
@@ -567,6 +572,11 @@ class PerfConfig(Schema):
         """perf.cudnn_benchmark as True, False or "auto"."""
         return _true_false_auto(self.cudnn_benchmark)
 
+    @property
+    def cuda_graph_setting(self) -> bool | str:
+        """perf.cuda_graph as True, False or "auto"."""
+        return _true_false_auto(self.cuda_graph)
+
     def check(self, at: str) -> None:
         check_float(f"{at}.compile_auto_min_s", self.compile_auto_min_s, f"{at}.compile_auto_min_s=60", positive=False)
         if self.compile_setting not in (True, False, "auto"):
@@ -575,7 +585,10 @@ class PerfConfig(Schema):
         if self.cudnn_benchmark_setting not in (True, False, "auto"):
             raise ConfigError(f"{at}.cudnn_benchmark", self.cudnn_benchmark, "choose true, false or auto "
                               "(autotune cuDNN when the run compiles)", f"{at}.cudnn_benchmark=auto")
-        if (self.cuda_graph and self.compile_setting is not False
+        if self.cuda_graph_setting not in (True, False, "auto"):
+            raise ConfigError(f"{at}.cuda_graph", self.cuda_graph, "choose true, false or auto (one GPU: replay the "
+                              "step as a CUDA graph where that is measured faster)", f"{at}.cuda_graph=auto")
+        if (self.cuda_graph_setting is True and self.compile_setting is not False
                 and self.compile_mode.value in ("reduce-overhead", "max-autotune")):
             raise ConfigError(f"{at}.compile_mode", self.compile_mode, f"{at}.cuda_graph=true captures the whole "
                               "step already and this mode would make CUDA graphs inside it; use default or "

@@ -59,6 +59,10 @@ from launcher.world import WorldInfo
 log = logging.getLogger("launcher.train")
 
 WARMUP_STEPS = 3
+# perf.cuda_graph=auto: steps timed each way after the capture, and how much shorter a replayed step must be
+# for the graph to be kept (a tie keeps the eager step: nothing frozen, no graph memory held)
+AUTO_GRAPH_STEPS = 8
+GRAPH_GAIN = 0.95
 # On GPUs an epoch's figures are read (and it is logged and checkpointed) a few steps into the next
 # epoch, with those steps queued for the device to run meanwhile (`Trainer._epochs`): enough steps for
 # OVERLAP_S of device time by the last epoch's pace (OVERLAP_STEPS before any epoch was read).
@@ -182,6 +186,13 @@ class Trainer:
         # The run's dir: rank 0's, where every rank sees it; else (another machine) this node's own
         self.run_dir = self.dirs.main if self.dirs.shared else self.dirs.own
         self.recipe: Recipe = recipe_class(self.cfg.recipe.name)(self.cfg)
+        # perf.cuda_graph=auto (one GPU: strategies/__init__.py): the warm-up captures the step and keeps
+        # the graph only where it measures faster (`_keep_faster_step`). A recipe's own training_step is
+        # not captured under auto (a replay runs none of its Python), so its gradients stay plain.
+        self.auto_graph = self.cfg.perf.cuda_graph_setting == "auto" and self.strategy.static_gradients
+        if self.auto_graph and type(self.recipe).training_step is not Recipe.training_step:
+            self.strategy.static_gradients = False
+            self.auto_graph = False
         self.timings = Timings()
         self.faults = Faults(self.cfg.fault, world, device, last_checkpoint(self.run_dir))
         precision = self.cfg.perf.precision
@@ -594,6 +605,8 @@ class Trainer:
                 self._sync()
                 self.timeline.mark("warmup_steps")
                 self._capture(batch, idx, generator, side)
+                if self.auto_graph and self.step.captured is not None:
+                    self._keep_faster_step(batch, idx, generator)
         if side is not None:
             torch.cuda.current_stream(self.device).wait_stream(side)
             self._sync()
@@ -620,15 +633,59 @@ class Trainer:
         try:
             self.step.capture(batch, idx, generator, stream=side)
         except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
-            if isinstance(exc, torch.cuda.OutOfMemoryError):
+            if isinstance(exc, torch.cuda.OutOfMemoryError) and not self.auto_graph:
                 raise
             self.step.captured = None
+            self.step.optimizers_in_graph = False
             self._sync()
-            if self.is_main:
-                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            if self.is_main and self.auto_graph:
+                log.info("perf.cuda_graph=auto: the step runs eagerly (capturing it failed: %s)", first)
+            elif self.is_main:
                 log.warning("perf.cuda_graph: %s's step cannot be captured as a CUDA graph (%s); it runs eagerly "
                             "(no .item(), printing or other host reads in training_step lets it be captured; "
                             "perf.cuda_graph=false says so up front)", self.cfg.recipe.name, first)
+
+    def _keep_faster_step(self, batch: Any, idx: torch.Tensor, generator: torch.Generator) -> None:
+        """perf.cuda_graph=auto, right after the capture: the warm-up's last batch stepped eagerly, then
+        replayed, AUTO_GRAPH_STEPS steps each (the better of two tries, by the device's clock); the graph
+        is kept where its steps are at least 5% shorter, which is where the host's launches pace the
+        step (a small network or batch). The warm-up puts weights and optimizer state back afterwards."""
+        graph, stream = self.step.captured, torch.cuda.current_stream(self.device)
+
+        def per_step_ms(captured: Any) -> float:
+            self.step.captured = captured
+            best = math.inf
+            for _ in range(2):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                self._sync()
+                start.record(stream)
+                for _ in range(AUTO_GRAPH_STEPS):
+                    self.step(batch, idx, 0, generator)
+                end.record(stream)
+                end.synchronize()
+                best = min(best, start.elapsed_time(end) / AUTO_GRAPH_STEPS)
+            return best
+
+        try:
+            eager_ms = per_step_ms(None)
+        except torch.cuda.OutOfMemoryError:  # (the graph's memory held beside eager steps': the graph fits)
+            self.step.captured = graph
+            self._sync()
+            if self.is_main:
+                log.info("perf.cuda_graph=auto: the step replayed as one CUDA graph (eager steps beside it ran "
+                         "out of memory)")
+            return
+        graph_ms = per_step_ms(graph)
+        keep = graph_ms <= GRAPH_GAIN * eager_ms
+        self.step.captured = graph if keep else None
+        self.step.optimizers_in_graph = self.step.optimizers_in_graph and keep
+        self.step.eager_steps = 0
+        self._sync()
+        if self.is_main:
+            log.info("perf.cuda_graph=auto: %s (%.2f ms a step replayed, %.2f ms eagerly; perf.cuda_graph=%s "
+                     "decides it)", "the step replayed as one CUDA graph" if keep else "the step runs eagerly",
+                     graph_ms, eager_ms, "false" if keep else "true")
 
     # ---- epochs -------------------------------------------------------------------------------------
     def _epochs(self, start: Start) -> list[dict[str, Any]]:

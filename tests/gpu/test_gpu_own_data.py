@@ -110,3 +110,55 @@ def test_imagefolder_saved_inside_an_epoch_on_two_gpus_resumes_on_one_in_the_sam
                                    two=("gpus=[0,1]",), one=("gpus=[0]",),
                                    common=("recipe.model=resnet18", "recipe.image_size=64", "data.workers=2",
                                            "data.decode=gpu"))
+
+
+SMALL_STEP = '''"""A small network on in-memory tensors, with the launcher's own step (perf.cuda_graph=auto)."""
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from launcher.recipes import Recipe
+
+
+def tensors(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 4, (n,), generator=g)
+    return TensorDataset(torch.randn(n, 32, generator=g) + y.view(-1, 1), y)
+
+
+class SmallStep(Recipe):
+    models = ("mlp",)
+
+    def load(self):
+        return tensors(4096, 0), tensors(512, 1)
+
+    def num_classes(self, train):
+        return 4
+
+    def build_model(self, num_classes):
+        return nn.Sequential(*[m for _ in range(6) for m in (nn.Linear(32, 32), nn.GELU())], nn.Linear(32, 4))
+'''
+
+
+def test_cuda_graph_auto_replays_a_small_networks_step_and_says_so(launch, tmp_path):
+    """A step of many tiny kernels is paced by the host's launches: auto times both ways and replays it."""
+    (tmp_path / "small_step.py").write_text(SMALL_STEP)
+    result = launch("recipe=small_step", "gpus=[0]", "epochs=2", "batch_size=64", "optim=adamw", "lr=0.003",
+                    "data.workers=1", timeout=300)
+    assert result.returncode == 0, result.output
+    line = re.search(r"perf\.cuda_graph=auto: the step (replayed as one CUDA graph|runs eagerly) \(([\d.]+) ms a "
+                     r"step replayed, ([\d.]+) ms eagerly", result.output)
+    assert line, result.output
+    assert line.group(1) == "replayed as one CUDA graph" and float(line.group(2)) < float(line.group(3))
+    r = json.loads((_run_dir(result) / "results.json").read_text())
+    assert r["device_type"] == "cuda" and r["cuda_graph"] is True and r["test_acc"] > 0.9
+
+
+def test_cuda_graph_auto_leaves_a_recipes_own_training_step_eager(launch, tmp_path):
+    """A replay would skip the Python of a recipe's own training_step: auto does not capture it."""
+    _project(tmp_path)
+    result = launch("recipe=regression", "gpus=[0]", "epochs=2", "batch_size=256", "data.workers=1", timeout=300)
+    assert result.returncode == 0, result.output
+    assert "perf.cuda_graph" not in result.output
+    r = json.loads((_run_dir(result) / "results.json").read_text())
+    assert r["device_type"] == "cuda" and r["cuda_graph"] is False

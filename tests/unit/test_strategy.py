@@ -6,6 +6,7 @@ import pytest
 from launcher import strategies
 from launcher.config import (
     AutoStrategyConfig,
+    CompileMode,
     DataParallelConfig,
     DDPConfig,
     PerfConfig,
@@ -83,6 +84,29 @@ def test_cuda_graph_picks_the_captured_ddp_and_static_gradients_on_one_device():
     assert type(choose("auto", 0, 2, perf=graphed)) is CapturedDDP  # on CPU the same path runs eagerly
     single = choose("single", 1, None, perf=graphed)
     assert type(single) is Single and single.static_gradients
+
+
+def _chosen(name, gpus, nprocs=None, accumulate=1, **perf):
+    return strategies.choose(OPTIONS[name], Devices(tuple(range(gpus))), nprocs=nprocs, global_batch=64,
+                             perf=PerfConfig(**perf), gpus_text=str(gpus), accumulate=accumulate)
+
+
+def test_cuda_graph_auto_is_tried_on_one_gpu_only_and_off_elsewhere_without_a_word():
+    one = _chosen("auto", 1)
+    assert one.perf.cuda_graph == "auto" and type(one.strategy) is Single and one.strategy.static_gradients
+    # (elsewhere the plain path, unchanged: DDP's own reducer, plain gradients, and no note about graphs)
+    for chosen in (_chosen("auto", 2), _chosen("auto", 0), _chosen("auto", 0, nprocs=2), _chosen("dp", 2),
+                   _chosen("auto", 1, accumulate=2), _chosen("auto", 1, precision="fp16"),
+                   _chosen("auto", 1, compile=True, compile_mode=CompileMode["reduce-overhead"])):
+        assert chosen.perf.cuda_graph is False and not chosen.strategy.static_gradients
+        assert type(chosen.strategy) is not CapturedDDP and "cuda_graph" not in (chosen.note or "")
+    assert _chosen("auto", 1, cuda_graph="false").perf.cuda_graph is False  # (the command line's words too)
+    assert type(_chosen("auto", 2, cuda_graph="true").strategy) is CapturedDDP
+
+
+def test_cuda_graph_takes_true_false_or_auto_only():
+    with pytest.raises(ConfigError, match="^perf.cuda_graph=sometimes .*choose true, false or auto"):
+        PerfConfig(cuda_graph="sometimes").check("perf")
 
 
 def test_dataparallel_turns_off_compile_graphs_and_cudnn_autotuning():
