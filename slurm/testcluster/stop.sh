@@ -2,13 +2,18 @@
 # Stops what start.sh started, by the pids in its pid files (never by process name: other daemons of
 # the same name on this machine are not ours). Safe to call twice.
 DIR=$(realpath -m "${1:-/tmp/launch-slurm}")
+# All are asked to stop at once, then each is given up to 10 s before SIGKILL (one after another they took
+# 12 s at the end of every CI run, mostly mariadb's and slurmctld's shutdowns).
+pids=()
 for pidfile in "$DIR"/pids/slurmd*.pid "$DIR"/pids/{slurmctld,slurmdbd,mariadbd,munged}.pid; do
     [ -s "$pidfile" ] || continue
     pid=$(cat "$pidfile")
-    kill "$pid" 2>/dev/null || continue
+    rm -f "$pidfile"
+    kill "$pid" 2>/dev/null && pids+=("$pid")
+done
+for pid in "${pids[@]}"; do
     for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
-    rm -f "$pidfile"
 done
 # the two-node cluster's namespaces and bridge (start.sh DIR 2)
 if [ -s "$DIR/netns" ]; then

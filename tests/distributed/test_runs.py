@@ -38,14 +38,6 @@ def test_two_launches_at_once_both_finish(tmp_path):
     assert len(run_dirs) == 2
 
 
-def test_sequential_sweep(launch):
-    result = launch("-m", "epochs=1", "batch_size=32,64")
-    assert result.returncode == 0, result.output
-    sweep = sorted(p.parent for p in result.cwd.glob("multirun/**/results.json"))
-    assert len(sweep) == 2
-    assert {json.loads((d / "results.json").read_text())["batch_size"] for d in sweep} == {32, 64}
-
-
 def test_joins_a_world_started_by_torchrun(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "-m", "launcher", "gpus=[]", "epochs=2"]
@@ -74,13 +66,6 @@ def test_joins_a_world_that_srun_started(tmp_path):
     assert [d.name for d in run_dirs] == [f"slurm-{job_id}-0"]
     results = json.loads((run_dirs[0] / "results.json").read_text())
     assert results["world_size"] == 2 and results["ranks_agree"] and results["test_acc"] > 0.9
-
-
-def test_sweep_goes_on_after_a_failed_run_and_exits_nonzero(launch):
-    result = launch("-m", "epochs=1", "fault.rank=0,null", "fault.step=3")
-    assert result.returncode == 1, result.output
-    assert "rank 0 failed" in result.stderr and "1 of 2 sweep runs failed" in result.stderr
-    assert len(list(result.cwd.glob("multirun/**/results.json"))) == 1  # the healthy run finished
 
 
 def test_resumed_run_matches_an_uninterrupted_one(launch):

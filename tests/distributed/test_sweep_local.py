@@ -2,6 +2,7 @@
 is tests/unit/test_sweep_packing.py, and on two GPUs tests/gpu/test_gpu.py)."""
 
 import csv
+import json
 
 import pytest
 
@@ -23,8 +24,9 @@ def test_a_three_point_sweep_runs_side_by_side_and_summarizes(launch):
     assert (sweep_dir / "summary.md").read_text().count("\n") == 5  # header, rule, 3 rows
     assert (sweep_dir / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| job | overrides |" in out and "summary.png" in out
-    for job in range(3):  # each run's own dir, output and results
-        assert (sweep_dir / str(job) / "results.json").exists() and (sweep_dir / str(job) / "launch.out").exists()
+    for job, batch in enumerate((32, 64, 128)):  # each run's own dir, output and results, with its own value
+        assert (sweep_dir / str(job) / "launch.out").exists()
+        assert json.loads((sweep_dir / str(job) / "results.json").read_text())["batch_size"] == batch
 
 
 def test_a_failing_run_does_not_stop_the_others_and_fails_the_sweep(launch):
@@ -35,3 +37,4 @@ def test_a_failing_run_does_not_stop_the_others_and_fails_the_sweep(launch):
     assert "sweep: job 0 FAILED (exit 1)" in result.stderr and "sweep: job 1 done" in result.stdout
     assert "rank 0 failed: RuntimeError: injected failure" in result.stderr  # the run's own reason
     assert "1 of 2 sweep runs failed" in result.stderr
+    assert len(list(result.cwd.glob("multirun/**/results.json"))) == 1  # the healthy run finished
