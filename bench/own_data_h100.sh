@@ -17,7 +17,8 @@ if [ "$what" = all ] || [ "$what" = imagefolder ]; then
         --only "${ONLY:-limit,baseline,gpu,auto,gpu-nvjpeg}" 2>&1 | tee "$OUT/own-data-imagefolder-$commit.jsonl"
 fi
 if [ "$what" = all ] || [ "$what" = imagefolder ] || [ "$what" = launch-imagefolder ]; then
-    python3 bench/imagefolder.py --root /tmp/imagenet-gen --n 20000 --only none >/dev/null 2>&1  # (the folder)
+    python3 -c "import sys, pathlib; sys.path.insert(0, 'bench'); import imagefolder as f; \
+f.make_folder(pathlib.Path('/tmp/imagenet-gen'), 20000, 100)"  # (the folder, where the bench did not make it)
     for decode in ${DECODES:-auto}; do
     (cd /tmp && timeout "${LAUNCH_LIMIT:-200}" launch recipe=imagefolder data.root=/tmp/imagenet-gen gpus=[0] \
         perf.compile=true eval.every=0 data.decode=$decode epochs=${EPOCHS:-2} ${LAUNCH_ARGS:-}) 2>&1 \

@@ -93,6 +93,7 @@ class Progress(Choice):
 
 
 CompileMode = _choice("CompileMode", "default reduce-overhead max-autotune max-autotune-no-cudagraphs")
+GRAPHING_COMPILE_MODES = ("reduce-overhead", "max-autotune")  # the modes whose compiled code makes CUDA graphs
 # A plain string checked by FaultConfig.check, not a Choice: Hydra reads `fault.kind=nan` as a float.
 FAULT_KINDS = ("raise", "exit", "hang", "kill", "nan", "oom", "damage")
 
@@ -552,9 +553,10 @@ class PerfConfig(Schema):
     # launcher instead of DDP's reducer (launcher/train/step.py), so DDP's static_graph/find_unused_parameters
     # do not apply. auto: on one GPU (strategy single), where the step is the launcher's own (a recipe with
     # no training_step of its own), the warm-up times the step eagerly and replayed and keeps the faster,
-    # said in one line: a small network's step, paced by the host's kernel launches, replays up to 2x
-    # faster (BENCHMARKS.md); a large one gains nothing. A recipe's own training_step is replayed only
-    # with true (a replay runs none of its Python: no .item(), no counters kept in Python).
+    # said in one line: a small network's step, paced by the host's kernel launches, replays about 2x
+    # faster (a ResNet-18 at batch 512 on an H200: 2.2-2.5x, BENCHMARKS.md); a large one gains nothing.
+    # A recipe's own training_step is replayed only with true (a replay runs none of its Python: no
+    # .item(), no counters kept in Python).
     cuda_graph: Any = "auto"
     # GPUs: let cuDNN time its algorithms for each convolution shape on first use (true | false | auto).
     # On the CIFAR networks it made steps ~3.5% shorter and the first step 4-7 s later (BENCHMARKS.md), so
@@ -577,6 +579,11 @@ class PerfConfig(Schema):
         """perf.cuda_graph as True, False or "auto"."""
         return _true_false_auto(self.cuda_graph)
 
+    @property
+    def compile_makes_graphs(self) -> bool:
+        """Whether torch.compile, where it runs, makes CUDA graphs itself (these compile modes do)."""
+        return self.compile_mode.value in GRAPHING_COMPILE_MODES
+
     def check(self, at: str) -> None:
         check_float(f"{at}.compile_auto_min_s", self.compile_auto_min_s, f"{at}.compile_auto_min_s=60", positive=False)
         if self.compile_setting not in (True, False, "auto"):
@@ -588,8 +595,7 @@ class PerfConfig(Schema):
         if self.cuda_graph_setting not in (True, False, "auto"):
             raise ConfigError(f"{at}.cuda_graph", self.cuda_graph, "choose true, false or auto (one GPU: replay the "
                               "step as a CUDA graph where that is measured faster)", f"{at}.cuda_graph=auto")
-        if (self.cuda_graph_setting is True and self.compile_setting is not False
-                and self.compile_mode.value in ("reduce-overhead", "max-autotune")):
+        if self.cuda_graph_setting is True and self.compile_setting is not False and self.compile_makes_graphs:
             raise ConfigError(f"{at}.compile_mode", self.compile_mode, f"{at}.cuda_graph=true captures the whole "
                               "step already and this mode would make CUDA graphs inside it; use default or "
                               f"max-autotune-no-cudagraphs, or {at}.cuda_graph=false to let torch.compile graph it",

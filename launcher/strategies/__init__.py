@@ -96,8 +96,8 @@ def _auto_graph(cls: type[Strategy], perf: PerfConfig, on_gpu: bool, accumulate:
     (perf.cuda_graph=true asks for it, and is told where it cannot be had)."""
     if perf.cuda_graph_setting != "auto":
         return derive(perf, cuda_graph=perf.cuda_graph_setting)
-    graphs_itself = perf.compile_setting is not False and perf.compile_mode.value in ("reduce-overhead", "max-autotune")
-    tried = (cls is Single and on_gpu and accumulate == 1 and str(perf.precision) != "fp16" and not graphs_itself)
+    graphs_itself = perf.compile_setting is not False and perf.compile_makes_graphs
+    tried = cls is Single and on_gpu and accumulate == 1 and str(perf.precision) != "fp16" and not graphs_itself
     return derive(perf, cuda_graph="auto" if tried else False)
 
 

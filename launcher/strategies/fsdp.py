@@ -56,7 +56,7 @@ class FSDP(DDP):
         if perf.cuda_graph:
             notes.append("perf.cuda_graph is off under strategy=fsdp (a replayed graph cannot follow the weights "
                          "FSDP2 gathers and frees)")
-        if compile_setting is True and mode in ("reduce-overhead", "max-autotune"):
+        if compile_setting is True and perf.compile_makes_graphs:
             mode = "default" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"
             notes.append(f"perf.compile_mode={perf.compile_mode.value} makes CUDA graphs, which strategy=fsdp cannot "
                          f"replay: {mode} instead")

@@ -62,6 +62,7 @@ WARMUP_STEPS = 3
 # perf.cuda_graph=auto: steps timed each way after the capture, and how much shorter a replayed step must be
 # for the graph to be kept (a tie keeps the eager step: nothing frozen, no graph memory held)
 AUTO_GRAPH_STEPS = 8
+AUTO_GRAPH_S = 0.1  # (fewer steps a try where one step is longer: 2 at least)
 GRAPH_GAIN = 0.95
 # On GPUs an epoch's figures are read (and it is logged and checkpointed) a few steps into the next
 # epoch, with those steps queued for the device to run meanwhile (`Trainer._epochs`): enough steps for
@@ -648,27 +649,30 @@ class Trainer:
 
     def _keep_faster_step(self, batch: Any, idx: torch.Tensor, generator: torch.Generator) -> None:
         """perf.cuda_graph=auto, right after the capture: the warm-up's last batch stepped eagerly, then
-        replayed, AUTO_GRAPH_STEPS steps each (the better of two tries, by the device's clock); the graph
-        is kept where its steps are at least 5% shorter, which is where the host's launches pace the
-        step (a small network or batch). The warm-up puts weights and optimizer state back afterwards."""
-        graph, stream = self.step.captured, torch.cuda.current_stream(self.device)
+        replayed (the better of two tries each, by the device's clock: StepClock); the graph is kept where
+        its steps are at least 5% shorter, which is where the host's launches pace the step (a small
+        network or batch). Each try is as many steps as fill AUTO_GRAPH_S of one eager step's time (2 to
+        AUTO_GRAPH_STEPS), so a large network's start is not held up by it. The warm-up puts weights and
+        optimizer state back afterwards."""
+        graph = self.step.captured
 
-        def per_step_ms(captured: Any) -> float:
+        def per_step_ms(captured: Any, steps: int, tries: int = 2) -> float:
             self.step.captured = captured
             best = math.inf
-            for _ in range(2):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for _ in range(tries):
                 self._sync()
-                start.record(stream)
-                for _ in range(AUTO_GRAPH_STEPS):
+                clock = StepClock(self.device)
+                clock.start()
+                for _ in range(steps):
                     self.step(batch, idx, 0, generator)
-                end.record(stream)
-                end.synchronize()
-                best = min(best, start.elapsed_time(end) / AUTO_GRAPH_STEPS)
+                    clock.step_end()
+                best = min(best, 1000 * clock.finish().span_s / steps)
             return best
 
         try:
-            eager_ms = per_step_ms(None)
+            one_ms = per_step_ms(None, 1, tries=1)
+            steps = max(2, min(AUTO_GRAPH_STEPS, math.ceil(1000 * AUTO_GRAPH_S / max(one_ms, 1e-3))))
+            eager_ms = per_step_ms(None, steps)
         except torch.cuda.OutOfMemoryError:  # (the graph's memory held beside eager steps': the graph fits)
             self.step.captured = graph
             self._sync()
@@ -676,7 +680,7 @@ class Trainer:
                 log.info("perf.cuda_graph=auto: the step replayed as one CUDA graph (eager steps beside it ran "
                          "out of memory)")
             return
-        graph_ms = per_step_ms(graph)
+        graph_ms = per_step_ms(graph, steps)
         keep = graph_ms <= GRAPH_GAIN * eager_ms
         self.step.captured = graph if keep else None
         self.step.optimizers_in_graph = self.step.optimizers_in_graph and keep
