@@ -3,17 +3,20 @@
     python bench/probe/imagefolder_profile.py --root /tmp/imagenet-gen --variant data.decode=auto \\
         --variant data.decode=cpu
 
-Each variant is one `launch recipe=imagefolder data.root=ROOT gpus=[0] perf.compile=true eval.every=0 epochs=2
-profile=true ...`; the launcher profiles its second epoch (torch.profiler) and writes trace.json. Prints one
+Each variant is one `launch recipe=imagefolder data.root=ROOT gpus=[0] perf.compile=true eval.every=0 epochs=3
+profile=true ...`; the launcher profiles its second epoch (torch.profiler; the third is not profiled: its
+epoch line is the speed) and writes trace.json. Prints one
 JSON line per variant: the epoch's GPU window and the steps in it, and per CUDA stream its kernels' summed
 time and busy time (a step's share: ms per step), the top kernels of each, and the main stream's idle gaps
-(the time the training stream had nothing to run). The stream with the most kernel time is the training one.
+(the time the training stream had nothing to run), and which host thread and op issued the GPU events
+that --who names. The stream with the most kernel time is the training one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -24,8 +27,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fast_profile import GPU_CATS, busy_union  # noqa: E402
 
 
-def analyse(trace: dict, top: int) -> dict:
+def launched_by(events: list[dict], names: dict, pattern: str) -> dict:
+    """For the GPU events whose name matches `pattern`: counted by the host thread that issued them and the
+    CPU ops (innermost three) around the runtime call that did (matched by the trace's correlation ids)."""
+    wanted = re.compile(pattern)
+    runtime = {(e.get("args") or {}).get("correlation"): e for e in events if e.get("cat") == "cuda_runtime"}
+    ops: dict[tuple, list[dict]] = defaultdict(list)
+    for e in events:
+        if e.get("cat") == "cpu_op":
+            ops[(e.get("pid"), e.get("tid"))].append(e)
+    found: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e.get("cat") not in GPU_CATS or not wanted.search(e["name"]):
+            continue
+        call = runtime.get((e.get("args") or {}).get("correlation"))
+        if call is None:
+            found[f"{e['name'][:50]} <- (no runtime call in the trace)"] += 1
+            continue
+        key = (call.get("pid"), call.get("tid"))
+        around = sorted((o for o in ops[key] if o["ts"] <= call["ts"] <= o["ts"] + o.get("dur", 0)),
+                        key=lambda o: -o["ts"])[:3]
+        thread = names.get(key, str(call.get("tid")))
+        found[f"{e['name'][:50]} <- {thread}: {' < '.join(o['name'][:40] for o in around) or call['name']}"] += 1
+    return dict(sorted(found.items(), key=lambda kv: -kv[1])[:12])
+
+
+def analyse(trace: dict, top: int, who: str) -> dict:
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    names = {(e.get("pid"), e.get("tid")): (e.get("args") or {}).get("name", "")
+             for e in trace.get("traceEvents", []) if e.get("ph") == "M" and e.get("name") == "thread_name"}
     gpu = [e for e in events if e.get("cat") in GPU_CATS]
     if not gpu:
         return {"error": "no GPU events in the trace"}
@@ -58,7 +88,8 @@ def analyse(trace: dict, top: int) -> dict:
     return {"gpu_window_ms": round(window / 1000, 1), "gpu_busy_ms": round(all_busy / 1000, 1),
             "optimizer_kernels": steps, "main_stream": main_id,
             "main_idle_ms": round(sum(gaps) / 1000, 1), "main_gaps_over_1ms": sum(g > 1000 for g in gaps),
-            "main_largest_gaps_ms": [round(g / 1000, 2) for g in gaps[:8]], "streams": rows}
+            "main_largest_gaps_ms": [round(g / 1000, 2) for g in gaps[:8]],
+            "launched_by": launched_by(events, names, who) if who else {}, "streams": rows}
 
 
 def main() -> None:
@@ -67,13 +98,15 @@ def main() -> None:
     p.add_argument("--variant", action="append", default=None)
     p.add_argument("--top", type=int, default=8)
     p.add_argument("--timeout", type=int, default=240)
+    p.add_argument("--who", default="FillFunctor|Memcpy DtoD", help="which GPU events to trace to their host op")
+    p.add_argument("--epochs", type=int, default=3, help="the second is profiled; the third is not")
     args = p.parse_args()
     for variant in args.variant or ["data.decode=auto"]:
         with tempfile.TemporaryDirectory(prefix="if-profile-") as scratch:
             run_dir = Path(scratch) / "run"
             cmd = [sys.executable, "-m", "launcher", "recipe=imagefolder", f"data.root={args.root}", "gpus=[0]",
-                   "perf.compile=true", "eval.every=0", "epochs=2", "profile=true", f"hydra.run.dir={run_dir}",
-                   *variant.split()]
+                   "perf.compile=true", "eval.every=0", f"epochs={args.epochs}", "profile=true",
+                   f"hydra.run.dir={run_dir}", *variant.split()]
             try:
                 proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, timeout=args.timeout)
                 code, text = proc.returncode, proc.stdout + proc.stderr
@@ -84,7 +117,7 @@ def main() -> None:
                                          and "images/s" in ln][-3:]}
             trace = run_dir / "trace.json"
             if trace.exists():
-                row.update(analyse(json.loads(trace.read_text()), args.top))
+                row.update(analyse(json.loads(trace.read_text()), args.top, args.who))
             else:
                 row["output_tail"] = text[-1500:]
             print(json.dumps(row), flush=True)
