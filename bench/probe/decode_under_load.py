@@ -3,7 +3,7 @@
     python bench/probe/decode_under_load.py [--root /tmp/imagenet-gen] [--batch 256] [--reps 12]
 
 The recipe's HardwareDecoder (recipes/imagefolder.py) decodes one batch of --batch training JPEGs, with the
-JPEGs' bytes in pageable memory (as today) or pinned, split between 1, 2 or 4 decoders, alone and while
+JPEGs' bytes in pageable memory (as today) or pinned, split between 2, 4 or 8 decoders, alone and while
 another thread keeps the GPU's SMs busy (a queue of large bf16 matmuls, as a training step keeps them).
 One JSON line per case: ms a batch (the decode call, host wall time), and the kinds of memcpy it issued.
 """
@@ -90,7 +90,7 @@ def main() -> None:
     device = torch.device("cuda", 0)
     print(json.dumps({"device": torch.cuda.get_device_name(), "batch": args.batch,
                       "mean_kb": round(batches[0].data.numel() / args.batch / 1000, 1)}), flush=True)
-    for parts in (1, 2, 4):
+    for parts in (2, 4, 8):
         HardwareDecoder.PARTS = parts
         decoder = HardwareDecoder(device)
         for memory, source in (("pageable", batches), ("pinned", pinned)):
