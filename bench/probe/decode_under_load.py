@@ -3,7 +3,8 @@
     python bench/probe/decode_under_load.py [--root /tmp/imagenet-gen] [--batch 256] [--reps 12]
 
 The recipe's HardwareDecoder (recipes/imagefolder.py) decodes one batch of --batch training JPEGs, with the
-JPEGs' bytes in pageable memory (as today) or pinned, split between 2, 4 or 8 decoders, alone and while
+JPEGs' bytes in pageable memory (as today) or pinned, split between 2, 4 or 8 decoders, their streams of the
+default or the highest priority, alone and while
 another thread keeps the GPU's SMs busy (a queue of large bf16 matmuls, as a training step keeps them).
 One JSON line per case: ms a batch (the decode call, host wall time), and the kinds of memcpy it issued.
 """
@@ -90,25 +91,32 @@ def main() -> None:
     device = torch.device("cuda", 0)
     print(json.dumps({"device": torch.cuda.get_device_name(), "batch": args.batch,
                       "mean_kb": round(batches[0].data.numel() / args.batch / 1000, 1)}), flush=True)
-    for parts in (2, 4, 8):
+    low, high = torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else (0, -1)
+    cases = [(2, "pageable", 0), (2, "pinned", 0), (2, "pageable", high), (4, "pageable", 0), (4, "pageable", high),
+             (8, "pageable", 0), (8, "pageable", high)]
+    for parts, memory, priority in cases:
         HardwareDecoder.PARTS = parts
         decoder = HardwareDecoder(device)
-        for memory, source in (("pageable", batches), ("pinned", pinned)):
-            def once(source=source, decoder=decoder) -> float:
-                start = time.perf_counter()
+        first = torch.cuda.Stream(device, priority=priority)
+        decoder._streams = [torch.cuda.Stream(device, priority=priority) for _ in range(parts - 1)]
+        source = batches if memory == "pageable" else pinned
+        def once(source=source, decoder=decoder, first=first) -> float:
+            start = time.perf_counter()
+            with torch.cuda.stream(first):
                 for b in source:
                     decoder(b)
                     decoder.release_after()
-                torch.cuda.synchronize()
-                return (time.perf_counter() - start) * 1000 / len(source)
+            torch.cuda.synchronize()
+            return (time.perf_counter() - start) * 1000 / len(source)
 
-            once()
-            row = {"parts": parts, "memory": memory, "memcpy": memcpy_kinds(lambda once=once: once())}
-            row["alone_ms"] = round(min(once() for _ in range(args.reps // 4)), 2)
-            with Load():
-                row["loaded_ms"] = round(min(once() for _ in range(args.reps // 4)), 2)
-                row["loaded_ms_median"] = round(sorted(once() for _ in range(args.reps // 4))[args.reps // 8], 2)
-            print(json.dumps(row), flush=True)
+        once()
+        row = {"parts": parts, "memory": memory, "priority": priority,
+               "memcpy": memcpy_kinds(lambda once=once: once())}
+        row["alone_ms"] = round(min(once() for _ in range(args.reps // 4)), 2)
+        with Load():
+            row["loaded_ms"] = round(min(once() for _ in range(args.reps // 4)), 2)
+            row["loaded_ms_median"] = round(sorted(once() for _ in range(args.reps // 4))[args.reps // 8], 2)
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
