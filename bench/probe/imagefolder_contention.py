@@ -111,9 +111,23 @@ def limit_row(args, step, device, what: str, busy: bool) -> dict:
     return {**row, "what": what}
 
 
+def timed_batches(loader):
+    """The DataLoader's batches, the wait for each counted (as "next", in the thread that takes them)."""
+    it = iter(loader)
+    while True:
+        start = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        HOST[f"{threading.current_thread().name}:next"] += time.perf_counter() - start
+        yield batch
+
+
 def data_row(args, step, device, mode: str, what: str) -> dict:
     HOST.clear()
     loader, transfer, share, decoder = bench.recipe_path(args, mode, device)
+    loader = timed_batches(loader)
     feeds = step is None
 
     # the main thread's own parts
