@@ -64,12 +64,63 @@ def memcpy_kinds(fn) -> dict:
     return dict(Counter(e.name for e in prof.events() if "Memcpy" in e.name))
 
 
+def kernel_names(fn) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return dict(Counter(e.name[:60] for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA))
+
+
+def formats(batches: list, reps: int) -> None:
+    """One decoder (the hardware backend), the batch decoded to each colour format: ms a batch alone and
+    under load, the kernels it launched, and what the Python Image looks like."""
+    from nvidia import nvimgcodec
+
+    nv = nvimgcodec
+    decoder = nv.Decoder(device_id=0, backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY)])
+    for name, spec, fmt in (("rgb-interleaved", "SRGB", "I_RGB"), ("ycc-interleaved", "SYCC", "I_YCC"),
+                            ("yuv-planar", "SYCC", "P_YUV"), ("unchanged-planar", "UNCHANGED", "P_UNCHANGED"),
+                            ("rgb-planar", "SRGB", "P_RGB")):
+        row: dict = {"format": name}
+        try:
+            params = nv.DecodeParams(apply_exif_orientation=False, color_spec=getattr(nv.ColorSpec, spec),
+                                     sample_format=getattr(nv.SampleFormat, fmt))
+            def once(params=params) -> float:
+                start = time.perf_counter()
+                out = None
+                for b in batches:
+                    data = b.data.numpy()
+                    srcs = [nv.CodeStream(data[x:y]) for x, y in zip(b.offsets[:-1], b.offsets[1:], strict=True)]
+                    out = decoder.decode(srcs, params=params)
+                torch.cuda.synchronize()
+                once.last = out
+                return (time.perf_counter() - start) * 1000 / len(batches)
+
+            once()
+            img = once.last[0]
+            row["image"] = {"shape": list(img.shape), "failed": sum(i is None for i in once.last),
+                            "cai": {k: v for k, v in img.__cuda_array_interface__.items() if k != "data"}}
+            for attr in ("sample_format", "color_spec", "chroma_subsampling", "num_planes", "planes"):
+                if hasattr(img, attr):
+                    row["image"][attr] = str(getattr(img, attr))[:200]
+            row["kernels"] = kernel_names(once)
+            row["alone_ms"] = round(min(once() for _ in range(reps // 4)), 2)
+            with Load():
+                row["loaded_ms"] = round(min(once() for _ in range(reps // 4)), 2)
+        except Exception as exc:  # noqa: BLE001 - a probe: say what failed
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", default="/tmp/imagenet-gen")
     p.add_argument("--n", type=int, default=20_000)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--reps", type=int, default=12)
+    p.add_argument("--formats", action="store_true", help="only the colour formats' rows")
     args = p.parse_args()
     import imagefolder as bench  # bench/imagefolder.py
 
@@ -91,6 +142,9 @@ def main() -> None:
     device = torch.device("cuda", 0)
     print(json.dumps({"device": torch.cuda.get_device_name(), "batch": args.batch,
                       "mean_kb": round(batches[0].data.numel() / args.batch / 1000, 1)}), flush=True)
+    if args.formats:
+        formats(batches, args.reps)
+        return
     low, high = torch.cuda.Stream.priority_range() if hasattr(torch.cuda.Stream, "priority_range") else (0, -1)
     cases = [(2, "pageable", 0), (2, "pinned", 0), (2, "pageable", high), (4, "pageable", 0), (4, "pageable", high),
              (8, "pageable", 0), (8, "pageable", high)]
