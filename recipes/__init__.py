@@ -118,10 +118,6 @@ class Recipe:
 
     # What throughput counts for a recipe whose `load` hands over Datasets: `<unit>_per_s` per epoch.
     unit: ClassVar[str] = "samples"
-    # How many batches' `on_after_batch_transfer` may run at once, each in a thread of its own
-    # (launcher/train/prefetch.py). More than 1 only for a hook that is safe to call from several threads
-    # and that waits on the GPU (a decoder's latency): recipe=imagefolder's takes 2.
-    transfer_threads: ClassVar[int] = 1
 
     def prepare(self) -> None:
         """In the launcher, once: download or check the data. Must not touch CUDA."""

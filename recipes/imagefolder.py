@@ -42,16 +42,13 @@ Hyper-parameters: ImageFolderConfig in launcher/config.py; values: conf/recipe/i
 
 from __future__ import annotations
 
-import contextlib
 import io
 import logging
 import math
 import os
 import random
-import threading
 import warnings
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -541,57 +538,32 @@ class HardwareDecoder:
         self._pending = []
 
 
-class HardwareDecoders:
-    """The hardware decoders of one device: each batch being decoded borrows one of its own (a decoder's
-    images stay its own until `release_after`), so as many are made as batches were ever decoded at once
-    (the launcher's prefetch threads: `ImageFolder.transfer_threads`)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self._free = [HardwareDecoder(device)]  # (the first at once: it raises where nvImageCodec does not work)
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def lend(self) -> Iterator[HardwareDecoder]:
-        with self._lock:
-            decoder = self._free.pop() if self._free else None
-        if decoder is None:
-            decoder = HardwareDecoder(self.device)
-        try:
-            yield decoder
-        finally:
-            with self._lock:
-                self._free.append(decoder)
+_hardware: dict[torch.device, HardwareDecoder | None] = {}
 
 
-_hardware: dict[torch.device, HardwareDecoders | None] = {}
-_hardware_lock = threading.Lock()
-
-
-def hardware_decoder(device: torch.device) -> HardwareDecoders | None:
-    """nvImageCodec's decoders for `device` where the package is installed and works there, else None
+def hardware_decoder(device: torch.device) -> HardwareDecoder | None:
+    """nvImageCodec's decoder for `device` where the package is installed and works there, else None
     (torchvision's nvJPEG decodes); made once per device."""
-    with _hardware_lock:
-        if device not in _hardware:
-            try:
-                _hardware[device] = HardwareDecoders(device) if device.type == "cuda" else None
-            except ImportError:  # (not installed: torchvision's nvJPEG, as the decode plan says)
-                _hardware[device] = None
-            except Exception as exc:  # noqa: BLE001 - installed but not working here: said, then torchvision's
-                log.warning("nvImageCodec is installed but its decoder does not start on %s (%s: %s): torchvision's "
-                            "nvJPEG decodes instead", device, type(exc).__name__, exc)
-                _hardware[device] = None
-        return _hardware[device]
+    if device not in _hardware:
+        try:
+            _hardware[device] = HardwareDecoder(device) if device.type == "cuda" else None
+        except ImportError:  # (not installed: torchvision's nvJPEG, as the decode plan says)
+            _hardware[device] = None
+        except Exception as exc:  # noqa: BLE001 - installed but not working here: said, then torchvision's
+            log.warning("nvImageCodec is installed but its decoder does not start on %s (%s: %s): torchvision's "
+                        "nvJPEG decodes instead", device, type(exc).__name__, exc)
+            _hardware[device] = None
+    return _hardware[device]
 
 
-def decode_jpegs(jpegs: HostJpegs, device: torch.device, skip_bad: bool,
-                 hardware: HardwareDecoder | None = None) -> tuple[list[Any], list[int]]:
-    """The batch's JPEGs decoded on `device` (one batched call: nvImageCodec's `hardware` decoder where
-    given, else torchvision's nvJPEG): uint8 RGB images, nvImageCodec's (HWC) or tensors (CHW); and the
+def decode_jpegs(jpegs: HostJpegs, device: torch.device, skip_bad: bool) -> tuple[list[Any], list[int]]:
+    """The batch's JPEGs decoded on `device` (one batched call: nvImageCodec's hardware decoder where
+    installed, else torchvision's nvJPEG): uint8 RGB images, nvImageCodec's (HWC) or tensors (CHW); and the
     indices of the ones that could not be (only when skip_bad; else a BadImageError names the first)."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
     tensors = jpegs.tensors()
+    hardware = hardware_decoder(device)
     if hardware is not None:
         images, bad = hardware(jpegs), []
         for i, img in enumerate(images):
@@ -696,33 +668,18 @@ def gpu_batch(batch: tuple[Any, ...], size: int, skip_bad: bool, normalize: Norm
                                                                                                 torch.Tensor]:
     """A mixed batch (see `collate`) as one normalized float NCHW batch on the labels' device, and its labels.
     The decoded JPEGs are cropped, resized, flipped and normalized by one kernel (image_kernels) where it
-    runs, else by `crop_resize` and torch ops. Safe to call from several threads at once (each batch
-    borrows a hardware decoder of its own)."""
+    runs, else by `crop_resize` and torch ops."""
+    from launcher.recipes import image_kernels
+
     pixels, labels, pixel_rows, jpegs = batch
     device = labels.device
     out = torch.empty((len(labels), 3, size, size), dtype=torch.float32, device=device)
     if normalize.channels_last and device.type == "cuda":
         out = out.contiguous(memory_format=torch.channels_last)
+    keep = None
     if len(pixel_rows):
         out[pixel_rows.to(device)] = normalize(pixels.to(device))
-    decoders = hardware_decoder(device)
-    with decoders.lend() if decoders is not None else contextlib.nullcontext() as hardware:
-        keep = _decode_into(out, labels, jpegs, size, skip_bad, normalize, hardware)
-    if keep is not None:
-        keep = keep.to(device)
-        return out[keep], labels[keep]
-    return out, labels
-
-
-def _decode_into(out: torch.Tensor, labels: torch.Tensor, jpegs: HostJpegs, size: int, skip_bad: bool,
-                 normalize: Normalizer, hardware: HardwareDecoder | None) -> torch.Tensor | None:
-    """The batch's JPEGs decoded, cropped and normalized into their rows of `out`; the rows to keep when
-    some could not be decoded (skip_bad), else None."""
-    from launcher.recipes import image_kernels
-
-    device = out.device
-    keep = None
-    images, bad = decode_jpegs(jpegs, device, skip_bad, hardware)
+    images, bad = decode_jpegs(jpegs, device, skip_bad)
     rows, boxes, flips = jpegs.rows, jpegs.boxes, jpegs.flips
     if bad:
         good = [i for i in range(len(jpegs)) if i not in set(bad)]
@@ -738,9 +695,13 @@ def _decode_into(out: torch.Tensor, labels: torch.Tensor, jpegs: HostJpegs, size
             crops = crop_resize([as_chw(img, device) for img in images], boxes, size)
             crops = torch.where(flips.to(device).view(-1, 1, 1, 1), crops.flip(-1), crops)
             out[rows.to(device)] = normalize(crops)
+    hardware = hardware_decoder(device)
     if hardware is not None:
         hardware.release_after()
-    return keep
+    if keep is not None:
+        keep = keep.to(device)
+        return out[keep], labels[keep]
+    return out, labels
 
 
 # ---- the recipe -------------------------------------------------------------------------------------------
@@ -768,7 +729,6 @@ class ImageFolder(Recipe):
     Config = ImageFolderConfig
     hp: ImageFolderConfig
     unit = "images"
-    transfer_threads = 2  # two batches decoded on the GPU at once (see gpu_batch)
 
     def __init__(self, cfg):
         super().__init__(cfg)

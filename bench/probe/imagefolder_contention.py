@@ -18,7 +18,6 @@ Rows (each: img/s, and for data rows the host seconds per batch spent in each pa
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import threading
@@ -180,16 +179,15 @@ def gil_row(args, device) -> dict:
 
     def decode_loop():
         torch.cuda.set_device(device)
-        decoders = imagefolder.hardware_decoder(device)
         while not stop.is_set():
-            with decoders.lend() if decoders is not None else contextlib.nullcontext() as hw:
-                t = time.perf_counter()
-                imagefolder.decode_jpegs(jpegs, device, False, hw)
-                torch.cuda.synchronize(device)
-                decode_s[0] += time.perf_counter() - t
-                decoded[0] += len(jpegs)
-                if hw is not None:
-                    hw.release_after()
+            t = time.perf_counter()
+            imagefolder.decode_jpegs(jpegs, device, False)
+            torch.cuda.synchronize(device)
+            decode_s[0] += time.perf_counter() - t
+            decoded[0] += len(jpegs)
+            hw = imagefolder.hardware_decoder(device)
+            if hw is not None:
+                hw.release_after()
 
     t = threading.Thread(target=decode_loop, daemon=True)
     with Spinner() as s:

@@ -234,10 +234,9 @@ class DatasetSplit:
         if type(self.recipe).on_after_batch_transfer is not _base_after():
             def after(item: tuple[Any, Any]) -> tuple[Any, Any]:
                 return self.recipe.on_after_batch_transfer(item[0], self.training), item[1]
-        # (a recipe's GPU work on its batches, decoding say, is issued from threads of their own: see prefetch.py)
+        # (a recipe's GPU work on its batches, decoding say, is issued from a thread of its own: see prefetch.py)
         for batch, idx in CudaPrefetcher(((b, torch.as_tensor(i)) for b, i in source), self.device,
-                                         depth=self.depth, after=after, threaded=after is not None,
-                                         threads=max(1, int(getattr(self.recipe, "transfer_threads", 1)))):
+                                         depth=self.depth, after=after, threaded=after is not None):
             yield batch, idx
 
     def _read(self, rows: list[list[int]], whole: torch.Tensor | None, epoch: int | None) -> Iterator[Any]:

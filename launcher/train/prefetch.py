@@ -15,10 +15,7 @@ marked with `record_stream` so the caching allocator does not hand its memory to
 compute stream may still be reading it.
 
 With `threaded=True` the copies and `after` are issued by a thread of their own, `depth` batches ahead:
-the training loop's thread never waits for them. With `threads=N` (N > 1), N threads each take the next
-batch from the source and issue it on a copy stream of their own, so N batches' `after` run at once
-(for an `after` that is safe to call from several threads and that waits on the GPU: a decoder's
-latency, not its work, is what limits one thread). That matters when `after` blocks its thread (a GPU
+the training loop's thread never waits for them. That matters when `after` blocks its thread (a GPU
 image decoder that returns only once its images are decoded): in the loop's thread the GPU would idle
 meanwhile, and a step would cost the decode plus the training (measured with ResNet-50 on an H100:
 training at 5,600 img/s and decoding alone at 7,400 gave 3,000 img/s together). The thread's batches
@@ -31,6 +28,7 @@ On a CPU device the batches pass through unchanged (`after` still applies, in th
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -44,7 +42,7 @@ Batch = Any
 
 class CudaPrefetcher:
     def __init__(self, batches: Iterable[Batch], device: torch.device, depth: int = 2,
-                 after: Callable[[Batch], Batch] | None = None, threaded: bool = False, threads: int = 1):
+                 after: Callable[[Batch], Batch] | None = None, threaded: bool = False):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.batches = batches
@@ -54,7 +52,6 @@ class CudaPrefetcher:
         self.depth = depth
         self.after = after
         self.threaded = threaded
-        self.threads = threads
 
     def __iter__(self) -> Iterator[Batch]:
         if self.threaded:
@@ -94,84 +91,41 @@ class CudaPrefetcher:
 
     def _threaded(self) -> Iterator[Batch]:
         cuda = self.device.type == "cuda"
+        copy_stream = torch.cuda.Stream(self.device) if cuda else None
         compute_stream = torch.cuda.current_stream(self.device) if cuda else None
-        threads = max(1, self.threads)
-        ahead = self.depth + threads  # (batches taken from the source, not yet handed out: one in each thread's hands)
-        source = iter(self.batches)
-        source_lock = threading.Lock()  # (a DataLoader's iterator is not for several threads at once)
-        cond = threading.Condition()
-        issued: dict[int, tuple[Batch, torch.cuda.Event | None]] = {}
-        state = _Progress()
+        ready: queue.Queue = queue.Queue(maxsize=self.depth)
         stop = threading.Event()
 
-        def finish(seq: int, item: tuple[Batch, Any] | None = None) -> None:
-            with cond:
-                if item is not None:
-                    issued[seq] = item
-                    if isinstance(item[0], _Failed):  # (nothing after it is handed out)
-                        state.end = seq + 1 if state.end is None else min(state.end, seq + 1)
-                else:  # the source ended before `seq`
-                    state.end = seq if state.end is None else min(state.end, seq)
-                cond.notify_all()
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
 
-        def produce(copy_stream: torch.cuda.Stream | None) -> None:
+        def produce() -> None:
             try:
                 if cuda:
                     torch.cuda.set_device(self.device)
-                take_and_issue(copy_stream)
-            except BaseException as exc:  # noqa: BLE001 - (not the batches' own errors: those are handed over)
-                with cond:
-                    state.broken = exc
-                    cond.notify_all()
+                for host in self.batches:
+                    if not put(self._issue(host, copy_stream)):
+                        return
+            except BaseException as exc:  # noqa: BLE001 - handed to the loop's thread, raised there
+                put((_Failed(exc), None))
+                return
+            put((_END, None))
 
-        def take_and_issue(copy_stream: torch.cuda.Stream | None) -> None:
-            while True:
-                with cond:
-                    while not stop.is_set() and state.end is None and state.taken - state.given >= ahead:
-                        cond.wait(0.05)
-                    if stop.is_set() or state.end is not None:
-                        return
-                with source_lock:
-                    if stop.is_set() or state.end is not None:
-                        return
-                    seq = state.taken
-                    try:
-                        host = next(source)
-                    except StopIteration:
-                        finish(seq)
-                        return
-                    except BaseException as exc:  # noqa: BLE001 - handed to the loop's thread, raised there
-                        finish(seq, (_Failed(exc), None))
-                        return
-                    state.taken += 1
-                try:
-                    item = self._issue(host, copy_stream)
-                except BaseException as exc:  # noqa: BLE001 - as above
-                    finish(seq, (_Failed(exc), None))
-                    return
-                with cond:
-                    issued[seq] = item
-                    cond.notify_all()
-
-        workers = [threading.Thread(target=produce, args=(torch.cuda.Stream(self.device) if cuda else None,),
-                                    name="launch-prefetch", daemon=True) for _ in range(threads)]
-        for worker in workers:
-            worker.start()
+        thread = threading.Thread(target=produce, name="launch-prefetch", daemon=True)
+        thread.start()
         finished = False
         try:
             while True:
-                with cond:
-                    while (state.given not in issued and (state.end is None or state.given < state.end)
-                           and state.broken is None):
-                        cond.wait()
-                    if state.broken is not None and state.given not in issued:
-                        raise state.broken
-                    if state.given not in issued:  # the source's end
-                        finished = True
-                        return
-                    batch, copied = issued.pop(state.given)
-                    state.given += 1
-                    cond.notify_all()
+                batch, copied = ready.get()
+                if batch is _END:
+                    finished = True
+                    return
                 if isinstance(batch, _Failed):
                     raise batch.exc
                 try:
@@ -181,12 +135,9 @@ class CudaPrefetcher:
                     raise
         finally:
             stop.set()
-            with cond:
-                cond.notify_all()
-            # On the way out of a failed or interrupted run (Ctrl-C), a thread may be waiting on a
-            # DataLoader worker that is gone too: they are daemons, so waiting a little is enough.
-            for worker in workers:
-                worker.join(None if finished else 5.0)
+            # On the way out of a failed or interrupted run (Ctrl-C), the thread may be waiting on a
+            # DataLoader worker that is gone too: it is a daemon, so waiting a little is enough.
+            thread.join(None if finished else 5.0)
 
     def _prefetch(self) -> Iterator[Batch]:
         copy_stream = torch.cuda.Stream(self.device)
@@ -210,16 +161,6 @@ class CudaPrefetcher:
             batch = self._hand_over(batch, copied, compute_stream)
             issue_next()
             yield batch
-
-
-class _Progress:
-    """The threaded prefetcher's count: batches taken from the source, handed out, and where the source
-    ended (None: not yet)."""
-
-    def __init__(self):
-        self.taken = self.given = 0
-        self.end: int | None = None
-        self.broken: BaseException | None = None  # a thread's own failure, outside any batch
 
 
 class _Failed:

@@ -43,62 +43,6 @@ def test_threaded_prefetcher_keeps_the_order_applies_after_and_raises_its_errors
     assert not [t for t in threading.enumerate() if t.name == "launch-prefetch"]
 
 
-def test_prefetcher_with_several_threads_keeps_the_order_though_they_finish_out_of_it():
-    import random
-    import threading
-
-    batches = [(torch.full((2,), float(i)), i) for i in range(40)]
-    running, most = [0], [0]
-    lock = threading.Lock()
-
-    def slow_after(batch):  # a decoder's wait: each batch takes its own time, several at once
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        time.sleep(random.Random(batch[1]).uniform(0.0, 0.01))
-        with lock:
-            running[0] -= 1
-        return batch[0] * 10, batch[1]
-
-    out = list(CudaPrefetcher(iter(batches), CPU, depth=2, after=slow_after, threaded=True, threads=3))
-    assert [i for _, i in out] == list(range(40))
-    assert all(torch.equal(x, torch.full((2,), 10.0 * i)) for x, i in out)
-    assert most[0] > 1  # the threads did overlap
-    assert not [t for t in threading.enumerate() if t.name == "launch-prefetch"]
-
-
-def test_prefetcher_with_several_threads_raises_a_batchs_error_in_order_and_stops_them_all():
-    import threading
-
-    def source():
-        for i in range(30):
-            if i == 25:
-                raise OSError("the source broke at 25")
-            yield torch.zeros(1), i
-
-    def hook(batch):
-        if batch[1] == 7:
-            time.sleep(0.02)  # (batch 8 and on are done before it)
-            raise KeyError("bad sample 7")
-        return batch
-
-    seen = []
-    with pytest.raises(KeyError, match="bad sample 7"):
-        for _, i in CudaPrefetcher(source(), CPU, depth=2, after=hook, threaded=True, threads=2):
-            seen.append(i)
-    assert seen == list(range(7))
-    seen = []
-    with pytest.raises(OSError, match="broke at 25"):
-        for _, i in CudaPrefetcher(source(), CPU, depth=2, after=lambda b: b, threaded=True, threads=2):
-            seen.append(i)
-    assert seen == list(range(25))
-    for _, i in CudaPrefetcher(source(), CPU, depth=2, threaded=True, threads=4):
-        if i == 2:
-            break
-    time.sleep(0.01)
-    assert not [t for t in threading.enumerate() if t.name == "launch-prefetch"]
-
-
 def test_prefetcher_rejects_a_depth_below_one():
     with pytest.raises(ValueError, match="depth"):
         CudaPrefetcher([], CPU, depth=0)
