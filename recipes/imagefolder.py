@@ -47,6 +47,8 @@ import logging
 import math
 import os
 import random
+import threading
+import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -358,7 +360,10 @@ class ImageFolderSplit(torch.utils.data.Dataset):
         self._paths = np.array([p[start:].encode("utf-8", "surrogateescape") for p in paths], dtype=np.bytes_)
         self._labels = np.array([label for _, label in folder.samples], dtype=np.int64)
         self.train, self.image_size, self.eval_resize, self.min_scale = train, image_size, eval_resize, min_scale
-        self.seed, self.gpu_share, self.skip_bad, self.draft = seed, gpu_share, skip_bad, draft
+        self.seed, self.skip_bad, self.draft = seed, skip_bad, draft
+        # The share of samples meant for the GPU decoder, in shared memory: data.decode=auto changes it while
+        # the DataLoader's workers (forked, persistent) read it, sample by sample (DecodeTrial).
+        self._gpu_share = torch.full((1,), float(gpu_share), dtype=torch.float64).share_memory_()
         self._epoch = -1  # this process's (set_epoch)
         self._visits: dict[int, int] = {}
 
@@ -377,6 +382,14 @@ class ImageFolderSplit(torch.utils.data.Dataset):
     def targets(self) -> list[int]:
         return self._labels.tolist()
 
+    @property
+    def gpu_share(self) -> float:
+        return float(self._gpu_share[0])
+
+    @gpu_share.setter
+    def gpu_share(self, share: float) -> None:
+        self._gpu_share[0] = float(share)
+
     def set_epoch(self, epoch: int) -> None:
         """The epoch the samples this process reads next belong to (the launcher tells each worker)."""
         self._epoch = int(epoch)
@@ -394,10 +407,12 @@ class ImageFolderSplit(torch.utils.data.Dataset):
         return random.Random(_mix(self.seed, epoch, index))
 
     def _on_gpu(self, index: int) -> bool:
-        """Whether the sample is meant for the GPU decoder (a fixed split per sample index under auto)."""
-        if self.gpu_share <= 0.0 or self.gpu_share >= 1.0:
-            return self.gpu_share >= 1.0
-        return _mix(0x5EED, index) % 10_000 < self.gpu_share * 10_000
+        """Whether the sample is meant for the GPU decoder (under auto, the samples whose index hashes below
+        the share: the same ones for the same share)."""
+        share = self.gpu_share
+        if share <= 0.0 or share >= 1.0:
+            return share >= 1.0
+        return _mix(0x5EED, index) % 10_000 < share * 10_000
 
     def __getitem__(self, index: int) -> Any:
         path, label = self.path(index), int(self._labels[index])
@@ -715,6 +730,71 @@ def cpu_share(workers: int, hardware: bool = False) -> float:
     return cpu / (cpu + (HW_DECODE_RATE_BESIDE_TRAINING if hardware else GPU_DECODE_RATE_BESIDE_TRAINING))
 
 
+class DecodeTrial:
+    """data.decode=auto on CUDA: which way of decoding trains faster, measured on the run's own first
+    training batches. Each candidate (a share of each batch for the GPU decoder) is set in the Dataset
+    (its workers read the share sample by sample) and timed by the gaps between training batches reaching
+    the launcher's prefetch thread, which in a steady run are the gaps between steps; the median of
+    MEASURE of them, counted from the first batch made under that share (the batches the workers had
+    already made under the last one are not counted). The faster is kept, said in one line; the workers
+    alone win a tie within TIE (GPU decoding beside training also costs the step's host and GPU time).
+    Which samples go to which decoder changes the pixels only by the two decoders' rounding: the crops,
+    flips, order and resume are the same whatever is kept."""
+
+    MEASURE = 24
+    TIE = 0.02
+    GIVE_UP = 200  # batches without one made under the candidate's share (a folder of PNGs, say): skip it
+
+    def __init__(self, splits: tuple[ImageFolderSplit, ImageFolderSplit], candidates: list[tuple[float, str]]):
+        self.splits = splits
+        self.candidates = candidates  # (GPU share, how it is said), tried in this order
+        self.index, self.waited = 0, 0
+        self.stamps: list[float] = []
+        self.results: list[float | None] = []
+        self.done = False
+        self._lock = threading.Lock()
+        splits[0].gpu_share = candidates[0][0]
+
+    def batch(self, gpu_samples: int) -> None:
+        """A training batch reached the prefetch thread; `gpu_samples` of it are for the GPU decoder."""
+        if self.done:
+            return
+        with self._lock:
+            share = self.candidates[self.index][0]
+            if (gpu_samples > 0) != (share > 0):  # (still one of the last candidate's batches)
+                self.stamps.clear()
+                self.waited += 1
+                if self.waited >= self.GIVE_UP:
+                    self._next(None)
+                return
+            self.stamps.append(time.perf_counter())
+            if len(self.stamps) > self.MEASURE:
+                gaps = sorted(b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False))
+                self._next(gaps[len(gaps) // 2])
+
+    def _next(self, seconds: float | None) -> None:
+        self.results.append(seconds)
+        self.index, self.waited, self.stamps = self.index + 1, 0, []
+        if self.index < len(self.candidates):
+            self.splits[0].gpu_share = self.candidates[self.index][0]
+            return
+        self.done = True
+        timed = [(t, k) for k, t in enumerate(self.results) if t is not None]
+        if not timed:
+            return
+        best = min(timed)[1]
+        alone = next((k for k, (share, _) in enumerate(self.candidates) if share == 0.0), None)
+        if alone is not None and self.results[alone] is not None and \
+                self.results[alone] <= self.results[best] * (1 + self.TIE):
+            best = alone
+        share, said = self.candidates[best]
+        for split in self.splits:
+            split.gpu_share = share
+        figures = ", ".join(f"{self.candidates[k][1]} {1000 * t:.1f} ms" for t, k in sorted(timed, key=lambda x: x[1]))
+        log.info("data.decode=auto: kept %s (time between training batches, the median of %d each: %s); "
+                 "data.decode=cpu or gpu picks one", said, self.MEASURE, figures)
+
+
 def default_workers(cfg) -> int:
     """This rank's DataLoader workers: data.workers, or as the launcher counts them when null
     (launcher/train/loader.py): the cores this process may use, shared by the ranks on this machine
@@ -733,6 +813,7 @@ class ImageFolder(Recipe):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.decode = "cpu"  # where this worker's batches are decoded (decided in load)
+        self.trial: DecodeTrial | None = None  # data.decode=auto's measured choice (load)
         self._normalize = Normalizer(bool(cfg.perf.channels_last))
 
     def prepare(self) -> None:
@@ -761,10 +842,14 @@ class ImageFolder(Recipe):
         workers = default_workers(self.cfg)
         share = cpu_share(workers, hardware) if workers > 0 else 0.0
         gpu_rate = HW_DECODE_RATE_BESIDE_TRAINING if hardware else GPU_DECODE_RATE_BESIDE_TRAINING
-        log.info("data.decode=auto: %d%% of each batch decoded by the %d DataLoader workers (PIL), %d%% on the GPU "
-                 "by %s (a fixed split from measured rates: %.0f img/s per worker, %.0f img/s of GPU decoding beside "
-                 "training); data.decode=cpu or gpu picks one", round(100 * share), workers, round(100 * (1 - share)),
-                 decoder, CPU_RATE_PER_WORKER, gpu_rate)
+        if workers == 0:
+            log.info("data.decode=auto: no DataLoader workers (data.workers=0), so the GPU decodes (%s)", decoder)
+            return "auto", 1.0
+        log.info("data.decode=auto: the first training batches try %d%% of each batch decoded by the %d DataLoader "
+                 "workers (PIL) and %d%% on the GPU by %s (the split of the rates measured apart: %.0f img/s per "
+                 "worker, %.0f img/s of GPU decoding beside training), then the workers alone; the faster is kept "
+                 "and said", round(100 * share), workers, round(100 * (1 - share)), decoder, CPU_RATE_PER_WORKER,
+                 gpu_rate)
         return "auto", 1.0 - share
 
     def load(self) -> tuple[ImageFolderSplit, ImageFolderSplit]:
@@ -772,13 +857,19 @@ class ImageFolder(Recipe):
         self.decode, gpu_share = self.decode_plan(torch.cuda.is_available())
         common = dict(image_size=self.hp.image_size, eval_resize=self.hp.eval_side, min_scale=self.hp.min_scale,
                       seed=self.cfg.seed, gpu_share=gpu_share, skip_bad=str(self.cfg.data.on_bad_file) == "skip")
-        return (ImageFolderSplit(folders["train"], train=True, **common),
-                ImageFolderSplit(folders["val"], train=False, **common))
+        splits = (ImageFolderSplit(folders["train"], train=True, **common),
+                  ImageFolderSplit(folders["val"], train=False, **common))
+        if self.decode == "auto" and 0.0 < gpu_share < 1.0:
+            self.trial = DecodeTrial(splits, [(gpu_share, f"{round(100 * gpu_share)}% on the GPU"),
+                                              (0.0, "the workers alone")])
+        return splits
 
     def collate(self, samples: list[Any]) -> Any:
         return collate(samples)
 
     def on_after_batch_transfer(self, batch: Any, training: bool) -> Any:
+        if training and self.trial is not None:
+            self.trial.batch(len(batch[3]) if len(batch) == 4 else 0)
         if len(batch) == 4:  # some samples still to decode (see collate)
             return gpu_batch(batch, self.hp.image_size, str(self.cfg.data.on_bad_file) == "skip", self._normalize)
         x, labels = batch

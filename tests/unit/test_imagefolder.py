@@ -330,6 +330,57 @@ def test_decode_gpu_without_cuda_says_so_and_decodes_on_the_cpu(folder, caplog):
     assert abs(on_gpu / 1000 - share) < 0.06
 
 
+def test_decode_auto_tries_both_ways_on_the_first_batches_and_keeps_the_faster(folder, monkeypatch, caplog):
+    """data.decode=auto: the split first, then the workers alone, each timed by the gaps between training
+    batches (from the first batch made under its share: the workers' read-ahead does not count), the
+    faster kept in both splits and said; the workers alone win a tie."""
+    from launcher.recipes import imagefolder
+    from launcher.recipes.imagefolder import DecodeTrial
+
+    def run(split_gap: float, alone_gap: float) -> tuple[DecodeTrial, tuple]:
+        now = [0.0]
+        monkeypatch.setattr(imagefolder.time, "perf_counter", lambda: now[0])
+        splits = (split(folder, gpu_share=0.3), split(folder, train=False, gpu_share=0.3))
+        trial = DecodeTrial(splits, [(0.74, "74% on the GPU"), (0.0, "the workers alone")])
+        assert splits[0].gpu_share == 0.74 and splits[1].gpu_share == 0.3
+        for _ in range(DecodeTrial.MEASURE + 1):
+            now[0] += split_gap
+            trial.batch(gpu_samples=190)
+        assert splits[0].gpu_share == 0.0 and not trial.done  # the second candidate's turn
+        for _ in range(30):  # batches the workers had made under the split: not counted
+            now[0] += 5.0
+            trial.batch(gpu_samples=190)
+        for _ in range(DecodeTrial.MEASURE + 1):
+            now[0] += alone_gap
+            trial.batch(gpu_samples=0)
+        assert trial.done
+        return trial, splits
+
+    with caplog.at_level("INFO", logger="launcher.train"):
+        _, splits = run(0.040, 0.045)
+    assert splits[0].gpu_share == splits[1].gpu_share == 0.74
+    assert ("kept 74% on the GPU (time between training batches, the median of 24 each: 74% on the GPU 40.0 ms, "
+            "the workers alone 45.0 ms)") in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="launcher.train"):
+        trial, splits = run(0.040, 0.0405)  # within the tie: the workers alone
+    assert splits[0].gpu_share == splits[1].gpu_share == 0.0 and "kept the workers alone" in caplog.text
+    trial.batch(gpu_samples=0)  # done: nothing changes any more
+    assert splits[0].gpu_share == 0.0
+
+
+def test_a_share_set_in_the_launchers_process_reaches_the_running_workers(folder):
+    """The auto trial changes the share while persistent, forked DataLoader workers read samples."""
+    ds = split(folder, gpu_share=1.0)
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, collate_fn=collate,
+                                         multiprocessing_context="fork")
+    first = next(iter(loader))
+    assert len(first) == 4 and len(first[3]) > 0  # JPEGs left for the GPU
+    ds.gpu_share = 0.0
+    kinds = [len(b) for b in loader]  # (the same workers, a new pass)
+    assert set(kinds) == {2}  # every sample decoded by the workers
+
+
 def test_the_model_is_torchvisions_untrained(folder):
     recipe = ImageFolder(config_of("recipe=imagefolder", "recipe.model=resnet18", "gpus=[]"))
     model = recipe.build_model(3)
