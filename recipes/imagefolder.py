@@ -23,9 +23,12 @@ workers call them. Where the images are decoded is `data.decode`:
         buffers (roi_align's adaptive sampling: an antialiased downscale), flips and normalizes it into the
         batch. Files nvJPEG cannot or should not take (PNG, BMP, WebP, grey, CMYK and progressive JPEGs, a
         JPEG without its end marker) are decoded by the worker as for cpu; the batch carries both kinds.
-  auto  on CUDA both at once: a fixed share of each batch is decoded by the CPU workers, the rest on the GPU
-        (the share follows from the worker count and the rates measured in MEASURED.md; one log line says
-        it). Without CUDA: cpu. data.decode=gpu without CUDA says so in one line and decodes on the CPU.
+  auto  on CUDA, measured in the run (DecodeTrial): the first training batches are decoded both at once (a
+        share of each batch by the CPU workers, from the worker count and the rates in MEASURED.md, the
+        rest on the GPU), then by the workers alone; the way whose batches came faster is kept, said in
+        one line. (On one H200 with 16 cores, ResNet-50: the workers alone, ~0.9x of the model's limit,
+        where the split gave ~0.87x.) Without CUDA: cpu. data.decode=gpu without CUDA says so in one line
+        and decodes on the CPU.
 
 Augmentation is drawn per sample from (seed, epoch, sample index), so a resumed run repeats it: the
 launcher tells the dataset the epoch with `set_epoch(epoch)` in the process that reads a batch, before its
@@ -742,13 +745,14 @@ class DecodeTrial:
     flips, order and resume are the same whatever is kept."""
 
     MEASURE = 24
+    SETTLE = 8  # the run's first training batches, not timed (the warm-up's, the pipeline filling)
     TIE = 0.02
     GIVE_UP = 200  # batches without one made under the candidate's share (a folder of PNGs, say): skip it
 
     def __init__(self, splits: tuple[ImageFolderSplit, ImageFolderSplit], candidates: list[tuple[float, str]]):
         self.splits = splits
         self.candidates = candidates  # (GPU share, how it is said), tried in this order
-        self.index, self.waited = 0, 0
+        self.index, self.waited, self.seen = 0, 0, 0
         self.stamps: list[float] = []
         self.results: list[float | None] = []
         self.done = False
@@ -760,6 +764,9 @@ class DecodeTrial:
         if self.done:
             return
         with self._lock:
+            self.seen += 1
+            if self.seen <= self.SETTLE:
+                return
             share = self.candidates[self.index][0]
             if (gpu_samples > 0) != (share > 0):  # (still one of the last candidate's batches)
                 self.stamps.clear()

@@ -343,6 +343,9 @@ def test_decode_auto_tries_both_ways_on_the_first_batches_and_keeps_the_faster(f
         splits = (split(folder, gpu_share=0.3), split(folder, train=False, gpu_share=0.3))
         trial = DecodeTrial(splits, [(0.74, "74% on the GPU"), (0.0, "the workers alone")])
         assert splits[0].gpu_share == 0.74 and splits[1].gpu_share == 0.3
+        for _ in range(DecodeTrial.SETTLE):  # the first batches: not timed
+            now[0] += 9.0
+            trial.batch(gpu_samples=190)
         for _ in range(DecodeTrial.MEASURE + 1):
             now[0] += split_gap
             trial.batch(gpu_samples=190)
