@@ -23,12 +23,12 @@ workers call them. Where the images are decoded is `data.decode`:
         buffers (roi_align's adaptive sampling: an antialiased downscale), flips and normalizes it into the
         batch. Files nvJPEG cannot or should not take (PNG, BMP, WebP, grey, CMYK and progressive JPEGs, a
         JPEG without its end marker) are decoded by the worker as for cpu; the batch carries both kinds.
-  auto  on CUDA, measured in the run (DecodeTrial): the first training batches are decoded both at once (a
-        share of each batch by the CPU workers, from the worker count and the rates in MEASURED.md, the
-        rest on the GPU), then by the workers alone; the way whose batches came faster is kept, said in
-        one line. (On one H200 with 16 cores, ResNet-50: the workers alone, ~0.9x of the model's limit,
-        where the split gave ~0.87x.) Without CUDA: cpu. data.decode=gpu without CUDA says so in one line
-        and decodes on the CPU.
+  auto  on CUDA, measured in the run (DecodeTrial): the first training batches (with perf.compile=auto, the
+        second epoch's, once compiling is decided) are decoded both at once (a share of each batch by the
+        CPU workers, from the worker count and the rates in MEASURED.md, the rest on the GPU), then by the
+        workers alone; the way whose batches came faster is kept, said in one line. (On one H200 with 16
+        cores, ResNet-50: the workers alone, ~0.9x of the model's limit, where the split gave ~0.87x.)
+        Without CUDA: cpu. data.decode=gpu without CUDA says so in one line and decodes on the CPU.
 
 Augmentation is drawn per sample from (seed, epoch, sample index), so a resumed run repeats it: the
 launcher tells the dataset the epoch with `set_epoch(epoch)` in the process that reads a batch, before its
@@ -749,8 +749,10 @@ class DecodeTrial:
     TIE = 0.02
     GIVE_UP = 200  # batches without one made under the candidate's share (a folder of PNGs, say): skip it
 
-    def __init__(self, splits: tuple[ImageFolderSplit, ImageFolderSplit], candidates: list[tuple[float, str]]):
+    def __init__(self, splits: tuple[ImageFolderSplit, ImageFolderSplit], candidates: list[tuple[float, str]],
+                 start_after: int = 0):
         self.splits = splits
+        self.start_after = start_after  # training batches before the trial (the first candidate meanwhile)
         self.candidates = candidates  # (GPU share, how it is said), tried in this order
         self.index, self.waited, self.seen = 0, 0, 0
         self.stamps: list[float] = []
@@ -765,7 +767,7 @@ class DecodeTrial:
             return
         with self._lock:
             self.seen += 1
-            if self.seen <= self.SETTLE:
+            if self.seen <= self.start_after + self.SETTLE:
                 return
             share = self.candidates[self.index][0]
             if (gpu_samples > 0) != (share > 0):  # (still one of the last candidate's batches)
@@ -852,11 +854,13 @@ class ImageFolder(Recipe):
         if workers == 0:
             log.info("data.decode=auto: no DataLoader workers (data.workers=0), so the GPU decodes (%s)", decoder)
             return "auto", 1.0
-        log.info("data.decode=auto: the first training batches try %d%% of each batch decoded by the %d DataLoader "
+        when = (" (those of the second epoch: perf.compile=auto decides at the first one's end)"
+                if self.cfg.perf.compile_setting == "auto" and self.cfg.epochs > 1 else "")
+        log.info("data.decode=auto: the first training batches%s try %d%% of each batch decoded by the %d DataLoader "
                  "workers (PIL) and %d%% on the GPU by %s (the split of the rates measured apart: %.0f img/s per "
                  "worker, %.0f img/s of GPU decoding beside training), then the workers alone; the faster is kept "
-                 "and said", round(100 * share), workers, round(100 * (1 - share)), decoder, CPU_RATE_PER_WORKER,
-                 gpu_rate)
+                 "and said", when, round(100 * share), workers, round(100 * (1 - share)), decoder,
+                 CPU_RATE_PER_WORKER, gpu_rate)
         return "auto", 1.0 - share
 
     def load(self) -> tuple[ImageFolderSplit, ImageFolderSplit]:
@@ -867,8 +871,12 @@ class ImageFolder(Recipe):
         splits = (ImageFolderSplit(folders["train"], train=True, **common),
                   ImageFolderSplit(folders["val"], train=False, **common))
         if self.decode == "auto" and 0.0 < gpu_share < 1.0:
+            # perf.compile=auto decides at the first epoch's end: the trial then waits for the second epoch,
+            # timing the step the run goes on with
+            later = self.cfg.perf.compile_setting == "auto" and self.cfg.epochs > 1
             self.trial = DecodeTrial(splits, [(gpu_share, f"{round(100 * gpu_share)}% on the GPU"),
-                                              (0.0, "the workers alone")])
+                                              (0.0, "the workers alone")],
+                                     start_after=len(splits[0]) // max(1, int(self.cfg.batch_size)) if later else 0)
         return splits
 
     def collate(self, samples: list[Any]) -> Any:

@@ -372,6 +372,26 @@ def test_decode_auto_tries_both_ways_on_the_first_batches_and_keeps_the_faster(f
     assert splits[0].gpu_share == 0.0
 
 
+def test_decode_auto_times_the_second_epoch_when_compiling_is_decided_at_the_first_ones_end(folder, caplog):
+    from launcher.recipes.imagefolder import DecodeTrial
+
+    splits = (split(folder), split(folder, train=False))
+    trial = DecodeTrial(splits, [(0.74, "74% on the GPU"), (0.0, "the workers alone")], start_after=40)
+    for _ in range(40 + DecodeTrial.SETTLE + DecodeTrial.MEASURE):
+        trial.batch(gpu_samples=190)
+    assert splits[0].gpu_share == 0.74 and not trial.results  # one more, then the first is timed
+    trial.batch(gpu_samples=190)
+    assert splits[0].gpu_share == 0.0 and len(trial.results) == 1
+    for compile_, epochs, said in (("auto", 2, True), ("true", 2, False), ("auto", 1, False)):
+        recipe = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "data.workers=15",
+                                       f"perf.compile={compile_}", f"epochs={epochs}"))
+        caplog.clear()
+        with caplog.at_level("INFO", logger="launcher.train"):
+            recipe.decode_plan(cuda=True)
+        assert ("the first training batches (those of the second epoch: perf.compile=auto decides" in caplog.text) \
+            == said
+
+
 def test_a_share_set_in_the_launchers_process_reaches_the_running_workers(folder):
     """The auto trial changes the share while persistent, forked DataLoader workers read samples."""
     ds = split(folder, gpu_share=1.0)
