@@ -50,7 +50,6 @@ import logging
 import math
 import os
 import random
-import threading
 import time
 import warnings
 from collections import deque
@@ -758,28 +757,27 @@ class DecodeTrial:
         self.stamps: list[float] = []
         self.results: list[float | None] = []
         self.done = False
-        self._lock = threading.Lock()
         splits[0].gpu_share = candidates[0][0]
 
     def batch(self, gpu_samples: int) -> None:
-        """A training batch reached the prefetch thread; `gpu_samples` of it are for the GPU decoder."""
+        """A training batch reached the prefetch thread (one thread: launcher/train/prefetch.py); `gpu_samples`
+        of it are for the GPU decoder."""
         if self.done:
             return
-        with self._lock:
-            self.seen += 1
-            if self.seen <= self.start_after + self.SETTLE:
-                return
-            share = self.candidates[self.index][0]
-            if (gpu_samples > 0) != (share > 0):  # (still one of the last candidate's batches)
-                self.stamps.clear()
-                self.waited += 1
-                if self.waited >= self.GIVE_UP:
-                    self._next(None)
-                return
-            self.stamps.append(time.perf_counter())
-            if len(self.stamps) > self.MEASURE:
-                gaps = sorted(b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False))
-                self._next(gaps[len(gaps) // 2])
+        self.seen += 1
+        if self.seen <= self.start_after + self.SETTLE:
+            return
+        share = self.candidates[self.index][0]
+        if (gpu_samples > 0) != (share > 0):  # (still one of the last candidate's batches)
+            self.stamps.clear()
+            self.waited += 1
+            if self.waited >= self.GIVE_UP:
+                self._next(None)
+            return
+        self.stamps.append(time.perf_counter())
+        if len(self.stamps) > self.MEASURE:
+            gaps = sorted(b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False))
+            self._next(gaps[len(gaps) // 2])
 
     def _next(self, seconds: float | None) -> None:
         self.results.append(seconds)
@@ -799,7 +797,7 @@ class DecodeTrial:
         share, said = self.candidates[best]
         for split in self.splits:
             split.gpu_share = share
-        figures = ", ".join(f"{self.candidates[k][1]} {1000 * t:.1f} ms" for t, k in sorted(timed, key=lambda x: x[1]))
+        figures = ", ".join(f"{self.candidates[k][1]} {1000 * t:.1f} ms" for t, k in timed)
         log.info("data.decode=auto: kept %s (time between training batches, the median of %d each: %s); "
                  "data.decode=cpu or gpu picks one", said, self.MEASURE, figures)
 

@@ -23,6 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from roi_decode import gpu_events  # noqa: E402  (bench/probe/roi_decode.py)
 
 
 class Load:
@@ -56,21 +59,11 @@ class Load:
 
 
 def memcpy_kinds(fn) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return dict(Counter(e.name for e in prof.events() if "Memcpy" in e.name))
+    return dict(Counter(e.name for e in gpu_events(fn) if "Memcpy" in e.name))
 
 
 def kernel_names(fn) -> dict:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return dict(Counter(e.name[:60] for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA))
+    return dict(Counter(e.name[:60] for e in gpu_events(fn)))
 
 
 def formats(batches: list, reps: int) -> None:

@@ -30,17 +30,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def kernels(fn) -> dict:
+def gpu_events(fn) -> list:
+    """The GPU's events (kernels, copies) while `fn` runs, through torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def kernels(fn) -> dict:
+    """The GPU time `fn` took (ms, summed) and its top six events by time: [name, ms, count]."""
     by: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            by[e.name[:80]][0] += e.device_time_total / 1000
-            by[e.name[:80]][1] += 1
+    for e in gpu_events(fn):
+        by[e.name[:80]][0] += e.device_time_total / 1000
+        by[e.name[:80]][1] += 1
     top = sorted(by.items(), key=lambda kv: -kv[1][0])[:6]
     return {"kernel_ms": round(sum(v[0] for v in by.values()), 3),
             "top": [[k, round(v[0], 3), v[1]] for k, v in top]}
