@@ -27,7 +27,8 @@ workers call them. Where the images are decoded is `data.decode`:
         second epoch's, once compiling is decided) are decoded both at once (a share of each batch by the
         CPU workers, from the worker count and the rates in MEASURED.md, the rest on the GPU), then by the
         workers alone; the way whose batches came faster is kept, said in one line. (On one H200 with 16
-        cores, ResNet-50: the workers alone, ~0.9x of the model's limit, where the split gave ~0.87x.)
+        cores, ResNet-50: the workers alone, 0.83x-0.94x of the model's limit an epoch, where the splits
+        gave 0.78x-0.89x: BENCHMARKS.md.)
         Without CUDA: cpu. data.decode=gpu without CUDA says so in one line and decodes on the CPU.
 
 Augmentation is drawn per sample from (seed, epoch, sample index), so a resumed run repeats it: the
@@ -363,9 +364,8 @@ class ImageFolderSplit(torch.utils.data.Dataset):
         self._labels = np.array([label for _, label in folder.samples], dtype=np.int64)
         self.train, self.image_size, self.eval_resize, self.min_scale = train, image_size, eval_resize, min_scale
         self.seed, self.skip_bad, self.draft = seed, skip_bad, draft
-        # The share of samples meant for the GPU decoder, in shared memory: data.decode=auto changes it while
-        # the DataLoader's workers (forked, persistent) read it, sample by sample (DecodeTrial).
-        self._gpu_share = torch.full((1,), float(gpu_share), dtype=torch.float64).share_memory_()
+        # The share of samples meant for the GPU decoder (read sample by sample; see share_with_workers).
+        self._gpu_share = torch.full((1,), float(gpu_share), dtype=torch.float64)
         self._epoch = -1  # this process's (set_epoch)
         self._visits: dict[int, int] = {}
 
@@ -391,6 +391,11 @@ class ImageFolderSplit(torch.utils.data.Dataset):
     @gpu_share.setter
     def gpu_share(self, share: float) -> None:
         self._gpu_share[0] = float(share)
+
+    def share_with_workers(self) -> None:
+        """Keep the share in shared memory, so that DataLoader workers forked after this follow a change made
+        here while they run (data.decode=auto's DecodeTrial; a run that never changes it needs none)."""
+        self._gpu_share.share_memory_()
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the samples this process reads next belong to (the launcher tells each worker)."""
@@ -757,6 +762,8 @@ class DecodeTrial:
         self.stamps: list[float] = []
         self.results: list[float | None] = []
         self.done = False
+        for split in splits:
+            split.share_with_workers()
         splits[0].gpu_share = candidates[0][0]
 
     def batch(self, gpu_samples: int) -> None:

@@ -343,6 +343,7 @@ def test_decode_auto_tries_both_ways_on_the_first_batches_and_keeps_the_faster(f
         splits = (split(folder, gpu_share=0.3), split(folder, train=False, gpu_share=0.3))
         trial = DecodeTrial(splits, [(0.74, "74% on the GPU"), (0.0, "the workers alone")])
         assert splits[0].gpu_share == 0.74 and splits[1].gpu_share == 0.3
+        assert all(s._gpu_share.is_shared() for s in splits)
         for _ in range(DecodeTrial.SETTLE):  # the first batches: not timed
             now[0] += 9.0
             trial.batch(gpu_samples=190)
@@ -395,6 +396,7 @@ def test_decode_auto_times_the_second_epoch_when_compiling_is_decided_at_the_fir
 def test_a_share_set_in_the_launchers_process_reaches_the_running_workers(folder):
     """The auto trial changes the share while persistent, forked DataLoader workers read samples."""
     ds = split(folder, gpu_share=1.0)
+    ds.share_with_workers()  # (as DecodeTrial does, before the workers start)
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, collate_fn=collate,
                                          multiprocessing_context="fork")
     first = next(iter(loader))
