@@ -101,7 +101,40 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_limit(args, step: Step, device: torch.device) -> dict:
+def _busy(path: str, nice: int) -> None:
+    """A stand-in DataLoader worker: decodes one JPEG over and over (PIL, with draft) at `nice`."""
+    from PIL import Image
+
+    if nice:
+        os.nice(nice)
+    while True:
+        with Image.open(path) as im:
+            im.draft("RGB", (im.width // 2, im.height // 2))
+            im.convert("RGB").resize((224, 224))
+
+
+def measure_limit(args, step: Step, device: torch.device, busy: int = 0, nice: int = 0) -> dict:
+    """The step on one batch already on the device; `busy`: with that many processes decoding JPEGs beside
+    it at `nice` (what the CPU workers of a data path cost the training process's host)."""
+    import multiprocessing as mp
+
+    procs = []
+    if busy:
+        sample = next(iter(sorted((Path(args.root) / "train").glob("*/*.JPEG"))))
+        procs = [mp.get_context("fork").Process(target=_busy, args=(str(sample), nice), daemon=True)
+                 for _ in range(busy)]
+        for proc in procs:
+            proc.start()
+        time.sleep(1.0)
+    try:
+        return _measure_limit(args, step, device) | ({"busy": busy, "nice": nice} if busy else {})
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.join()
+
+
+def _measure_limit(args, step: Step, device: torch.device) -> dict:
     x = torch.randn(args.batch, 3, args.size, args.size, device=device)
     if device.type == "cuda":
         x = x.contiguous(memory_format=torch.channels_last)
@@ -263,6 +296,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=15)
     p.add_argument("--steps", type=int, default=30, help="timed steps (batches) per measurement")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compiling happens there)")
+    p.add_argument("--busy", type=int, nargs="*", default=[],
+                   help="the limit again with N processes decoding JPEGs beside it (one row per N and nice)")
+    p.add_argument("--busy-nice", type=int, nargs="*", default=[0])
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--no-feed", dest="feed", action="store_false", help="skip the data paths measured alone")
     p.add_argument("--only", default="limit,baseline,cpu,gpu,auto,gpu-nvjpeg,auto-nvjpeg",
@@ -287,6 +323,9 @@ def main() -> None:
 
     if "limit" in only:
         emit(measure_limit(args, step, device))
+    for n in args.busy:
+        for nice in args.busy_nice:
+            emit({**measure_limit(args, step, device, n, nice), "what": f"limit-busy{n}-nice{nice}"})
     if "baseline" in only:
         loader, transfer = baseline(args, device)
         emit(measure_loader("baseline", loader, transfer, step, args, device))
