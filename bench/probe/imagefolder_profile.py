@@ -52,6 +52,57 @@ def launched_by(events: list[dict], names: dict, pattern: str) -> dict:
     return dict(sorted(found.items(), key=lambda kv: -kv[1])[:12])
 
 
+def host_threads(events: list[dict], names: dict, start: float, end: float) -> dict:
+    """The host side of the epoch: per thread, its ops' busy time in [start, end); for the thread that
+    launched the most kernels (the training loop's), the time it ran no op at all (its gaps over 0.2 ms: a
+    wait for the GIL, a blocking call, sleep) and which other threads ran ops during its longest gaps."""
+    ops: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    launches: dict[tuple, int] = defaultdict(int)
+    for e in events:
+        if not (start <= e["ts"] < end):
+            continue
+        key = (e.get("pid"), e.get("tid"))
+        if e.get("cat") in ("cpu_op", "python_function", "user_annotation"):
+            ops[key].append((e["ts"], e["ts"] + e.get("dur", 0)))
+        elif e.get("cat") == "cuda_runtime" and "Launch" in e["name"]:
+            launches[key] += 1
+    if not launches:
+        return {}
+    loop = max(launches, key=launches.get)
+    spans = sorted(ops[loop])
+    gaps, last = [], spans[0][1] if spans else start
+    for a, b in spans[1:]:
+        if a - last > 200:
+            gaps.append((a - last, last, a))
+        last = max(last, b)
+    gaps.sort(reverse=True)
+    during: dict[str, float] = defaultdict(float)
+    for _, a, b in gaps[:50]:
+        for key, sp in ops.items():
+            if key != loop:
+                covered = busy_union([(max(a, x), min(b, y)) for x, y in sp if x < b and y > a])
+                if covered:
+                    during[names.get(key, str(key[1]))] += covered
+    outer: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])  # the loop thread's outermost ops, by name
+    reach = float("-inf")
+    for e in sorted((e for e in events if (e.get("pid"), e.get("tid")) == loop and start <= e["ts"] < end
+                     and e.get("cat") in ("cpu_op", "user_annotation")), key=lambda e: (e["ts"], -e.get("dur", 0))):
+        if e["ts"] >= reach:
+            outer[e["name"][:60]][0] += e.get("dur", 0)
+            outer[e["name"][:60]][1] += 1
+            reach = e["ts"] + e.get("dur", 0)
+    return {"loop_thread": names.get(loop, str(loop[1])), "loop_launches": launches[loop],
+            "loop_outer_ops_ms": [[k, round(v[0] / 1000, 1), v[1]] for k, v in
+                                  sorted(outer.items(), key=lambda kv: -kv[1][0])[:12]],
+            "loop_op_ms": round(busy_union(spans) / 1000, 1),
+            "loop_gaps_over_0.2ms": len(gaps), "loop_gap_ms": round(sum(g for g, _, _ in gaps) / 1000, 1),
+            "loop_largest_gaps_ms": [round(g / 1000, 2) for g, _, _ in gaps[:8]],
+            "others_busy_in_50_longest_gaps_ms": {k: round(v / 1000, 1) for k, v in
+                                                   sorted(during.items(), key=lambda kv: -kv[1])[:6]},
+            "threads_op_ms": {names.get(k, str(k[1])): round(busy_union(sorted(v)) / 1000, 1)
+                              for k, v in sorted(ops.items(), key=lambda kv: -len(kv[1]))[:8]}}
+
+
 def analyse(trace: dict, top: int, who: str) -> dict:
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
     names = {(e.get("pid"), e.get("tid")): (e.get("args") or {}).get("name", "")
@@ -89,7 +140,8 @@ def analyse(trace: dict, top: int, who: str) -> dict:
             "optimizer_kernels": steps, "main_stream": main_id,
             "main_idle_ms": round(sum(gaps) / 1000, 1), "main_gaps_over_1ms": sum(g > 1000 for g in gaps),
             "main_largest_gaps_ms": [round(g / 1000, 2) for g in gaps[:8]],
-            "launched_by": launched_by(events, names, who) if who else {}, "streams": rows}
+            "launched_by": launched_by(events, names, who) if who else {},
+            "host": host_threads(events, names, start, start + window), "streams": rows}
 
 
 def main() -> None:
@@ -99,16 +151,18 @@ def main() -> None:
     p.add_argument("--top", type=int, default=8)
     p.add_argument("--timeout", type=int, default=240)
     p.add_argument("--who", default="FillFunctor|Memcpy DtoD", help="which GPU events to trace to their host op")
+    p.add_argument("--recipe", default="imagefolder", help="a recipe file's name too (run in --cwd)")
+    p.add_argument("--cwd", default=None, help="where launch runs (a recipe file's folder); default a scratch dir")
     p.add_argument("--epochs", type=int, default=3, help="the second is profiled; the third is not")
     args = p.parse_args()
     for variant in args.variant or ["data.decode=auto"]:
         with tempfile.TemporaryDirectory(prefix="if-profile-") as scratch:
             run_dir = Path(scratch) / "run"
-            cmd = [sys.executable, "-m", "launcher", "recipe=imagefolder", f"data.root={args.root}", "gpus=[0]",
+            cmd = [sys.executable, "-m", "launcher", f"recipe={args.recipe}", f"data.root={args.root}", "gpus=[0]",
                    "perf.compile=true", "eval.every=0", f"epochs={args.epochs}", "profile=true",
                    f"hydra.run.dir={run_dir}", *variant.split()]
             try:
-                proc = subprocess.run(cmd, cwd=scratch, capture_output=True, text=True, timeout=args.timeout)
+                proc = subprocess.run(cmd, cwd=args.cwd or scratch, capture_output=True, text=True, timeout=args.timeout)
                 code, text = proc.returncode, proc.stdout + proc.stderr
             except subprocess.TimeoutExpired as exc:
                 code, text = "timeout", str(exc.stdout or "") + str(exc.stderr or "")
