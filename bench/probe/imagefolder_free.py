@@ -1,7 +1,10 @@
 """Probe (issue 33): recipe=imagefolder with its decoding taken away, as a recipe file.
 
     cd bench/probe && launch recipe=imagefolder_free data.root=/tmp/imagenet-gen gpus=[0] perf.compile=true \\
-        eval.every=0 epochs=5
+        eval.every=0 epochs=5 $(cat imagefolder_free.args)
+
+A recipe file gets the launcher's defaults, not conf/recipe/imagefolder.yaml's: imagefolder_free.args holds
+that file's settings (batch 256, channels_last, no CUDA graph, its lr, weight decay, warm-up, smoothing).
 
 The same folder's classes and sizes, the same launcher path (DataLoader workers, collate, pinned copy on the
 side stream, normalisation, the compiled step), but each sample is one fixed 224 x 224 crop already decoded:
