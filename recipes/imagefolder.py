@@ -26,7 +26,9 @@ workers call them. Where the images are decoded is `data.decode`:
   auto  on CUDA, measured in the run (DecodeTrial): the first training batches (with perf.compile=auto, the
         second epoch's, once compiling is decided) are decoded both at once (a share of each batch by the
         CPU workers, from the worker count and the rates in MEASURED.md, the rest on the GPU), then by the
-        workers alone; the way whose batches came faster is kept, said in one line. (On one H200 with 16
+        workers alone; the way whose batches came faster is kept, said in one line (each timed by the steps'
+        pace and by the time its workers need for a batch: their stock of batches made ahead cannot hide
+        that they do not keep up). (On one H200 with 16
         cores, ResNet-50: the workers alone, 0.83x-0.94x of the model's limit an epoch, where the splits
         gave 0.78x-0.89x: BENCHMARKS.md.)
         Without CUDA: cpu. data.decode=gpu without CUDA says so in one line and decodes on the CPU.
@@ -81,6 +83,7 @@ GPU_DECODE_RATE_BESIDE_TRAINING = 3000.0
 # nvImageCodec on the GPU's hardware JPEG engines decodes ~10,000 img/s alone (MEASURED.md) without the SMs:
 # beside training it is counted on for nearly that (an estimate: not measured beside a training step).
 HW_DECODE_RATE_BESIDE_TRAINING = 8000.0
+WORK_SLOTS = 1025  # rows of ImageFolderSplit's work counts: one per DataLoader worker (data.workers <= 1024), one more
 EXAMPLE = "recipe=imagefolder data.root=/data/imagenet"
 
 
@@ -366,6 +369,10 @@ class ImageFolderSplit(torch.utils.data.Dataset):
         self.seed, self.skip_bad, self.draft = seed, skip_bad, draft
         # The share of samples meant for the GPU decoder (read sample by sample; see share_with_workers).
         self._gpu_share = torch.full((1,), float(gpu_share), dtype=torch.float64)
+        # Per DataLoader worker (row = worker id; the last row: no worker), the samples it made and the seconds
+        # it spent making them: data.decode=auto's measure of what the workers can make (share_with_workers)
+        self._work: torch.Tensor | None = None
+        self._work_view: np.ndarray | None = None  # (this process's numpy view of it: cheap to add to)
         self._epoch = -1  # this process's (set_epoch)
         self._visits: dict[int, int] = {}
 
@@ -394,8 +401,14 @@ class ImageFolderSplit(torch.utils.data.Dataset):
 
     def share_with_workers(self) -> None:
         """Keep the share in shared memory, so that DataLoader workers forked after this follow a change made
-        here while they run (data.decode=auto's DecodeTrial; a run that never changes it needs none)."""
+        here while they run, and have them count their work where this process reads it (`work`;
+        data.decode=auto's DecodeTrial; a run that does neither needs no shared memory for it)."""
         self._gpu_share.share_memory_()
+        self._work = torch.zeros((WORK_SLOTS, 2), dtype=torch.float64).share_memory_()
+
+    def work(self) -> torch.Tensor | None:
+        """(samples made, seconds spent making them) per DataLoader worker so far; None unless shared."""
+        return None if self._work is None else self._work.clone()
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch the samples this process reads next belong to (the launcher tells each worker)."""
@@ -422,6 +435,22 @@ class ImageFolderSplit(torch.utils.data.Dataset):
         return _mix(0x5EED, index) % 10_000 < share * 10_000
 
     def __getitem__(self, index: int) -> Any:
+        if self._work is None:
+            return self._sample(index)
+        began = time.perf_counter()
+        try:
+            return self._sample(index)
+        finally:
+            info = torch.utils.data.get_worker_info()
+            if self._work_view is None:
+                self._work_view = self._work.numpy()
+            row = self._work_view[info.id if info is not None and info.id < WORK_SLOTS - 1 else WORK_SLOTS - 1]
+            row += (1.0, time.perf_counter() - began)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_work_view": None}  # (a view would be pickled as a copy: made again there)
+
+    def _sample(self, index: int) -> Any:
         path, label = self.path(index), int(self._labels[index])
         rng = self._rng(index) if self.train else None
         try:
@@ -740,16 +769,23 @@ def cpu_share(workers: int, hardware: bool = False) -> float:
 class DecodeTrial:
     """data.decode=auto on CUDA: which way of decoding trains faster, measured on the run's own first
     training batches. Each candidate (a share of each batch for the GPU decoder) is set in the Dataset
-    (its workers read the share sample by sample) and timed by the gaps between training batches reaching
-    the launcher's prefetch thread, which in a steady run are the gaps between steps; the median of
-    MEASURE of them, counted from the first batch made under that share (the batches the workers had
-    already made under the last one are not counted). The faster is kept, said in one line; the workers
-    alone win a tie within TIE (GPU decoding beside training also costs the step's host and GPU time).
-    Which samples go to which decoder changes the pixels only by the two decoders' rounding: the crops,
-    flips, order and resume are the same whatever is kept."""
+    (its workers read the share sample by sample) and timed two ways over MEASURE training batches made
+    under it, after its first SETTLE (the pipeline filling):
+
+    - the steps: the mean gap between batches reaching the launcher's prefetch thread. While the workers
+      have a stock of batches made ahead, that is the step's own time, the GPU decoding included;
+    - the workers: the time they need to make a batch, from what each one made and the seconds it spent
+      making it (ImageFolderSplit.work: each of them working at once, as they do).
+
+    A batch takes the longer of the two. The gaps alone would not do: the workers' stock (up to their
+    prefetch_factor each) hides for a while that they cannot keep up (on one H200 host the gaps said 37.8 ms
+    for the workers alone where the epochs then took 48-59 ms a batch). The faster candidate is kept, said
+    in one line; the workers alone win a tie within TIE (GPU decoding beside training also costs the step's
+    host and GPU time). Which samples go to which decoder changes the pixels only by the two decoders'
+    rounding: the crops, flips, order and resume are the same whatever is kept."""
 
     MEASURE = 24
-    SETTLE = 8  # the run's first training batches, not timed (the warm-up's, the pipeline filling)
+    SETTLE = 8  # a candidate's first batches, untimed (the warm-up's, the pipeline filling)
     TIE = 0.02
     GIVE_UP = 200  # batches without one made under the candidate's share (a folder of PNGs, say): skip it
 
@@ -758,55 +794,75 @@ class DecodeTrial:
         self.splits = splits
         self.start_after = start_after  # training batches before the trial (the first candidate meanwhile)
         self.candidates = candidates  # (GPU share, how it is said), tried in this order
-        self.index, self.waited, self.seen = 0, 0, 0
+        self.index, self.waited, self.made, self.seen, self.samples = 0, 0, 0, 0, 0
         self.stamps: list[float] = []
-        self.results: list[float | None] = []
+        self.work_from: torch.Tensor | None = None
+        self.results: list[tuple[float, float, float] | None] = []  # (a batch, the steps, the workers), seconds
         self.done = False
         for split in splits:
             split.share_with_workers()
         splits[0].gpu_share = candidates[0][0]
 
-    def batch(self, gpu_samples: int) -> None:
-        """A training batch reached the prefetch thread (one thread: launcher/train/prefetch.py); `gpu_samples`
-        of it are for the GPU decoder."""
+    def batch(self, samples: int, gpu_samples: int) -> None:
+        """A training batch of `samples` reached the prefetch thread (one thread: launcher/train/prefetch.py);
+        `gpu_samples` of them are for the GPU decoder."""
         if self.done:
             return
         self.seen += 1
-        if self.seen <= self.start_after + self.SETTLE:
+        if self.seen <= self.start_after:
             return
         share = self.candidates[self.index][0]
         if (gpu_samples > 0) != (share > 0):  # (still one of the last candidate's batches)
-            self.stamps.clear()
             self.waited += 1
             if self.waited >= self.GIVE_UP:
                 self._next(None)
             return
+        self.made += 1
+        if self.made <= self.SETTLE:
+            return
         self.stamps.append(time.perf_counter())
+        if len(self.stamps) == 1:
+            self.work_from, self.samples = self.splits[0].work(), 0
+            return
+        self.samples += samples
         if len(self.stamps) > self.MEASURE:
-            gaps = sorted(b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False))
-            self._next(gaps[len(gaps) // 2])
+            steps = (self.stamps[-1] - self.stamps[0]) / self.MEASURE
+            workers = self._workers_per_batch(self.samples / self.MEASURE)
+            self._next((max(steps, workers), steps, workers))
 
-    def _next(self, seconds: float | None) -> None:
-        self.results.append(seconds)
-        self.index, self.waited, self.stamps = self.index + 1, 0, []
+    def _workers_per_batch(self, samples: float) -> float:
+        """Seconds the workers need for a batch of `samples`, at the rate each made its samples since timing
+        began (all working at once); 0 where none made any."""
+        work = self.splits[0].work()
+        if work is None or self.work_from is None:
+            return 0.0
+        made, spent = (work - self.work_from).unbind(1)
+        busy = (made > 0) & (spent > 0)
+        rate = float((made[busy] / spent[busy]).sum())
+        return samples / rate if rate > 0 else 0.0
+
+    def _next(self, figures: tuple[float, float, float] | None) -> None:
+        self.results.append(figures)
+        self.index, self.waited, self.made, self.stamps = self.index + 1, 0, 0, []
         if self.index < len(self.candidates):
             self.splits[0].gpu_share = self.candidates[self.index][0]
             return
         self.done = True
-        timed = [(t, k) for k, t in enumerate(self.results) if t is not None]
+        timed = [(f[0], k) for k, f in enumerate(self.results) if f is not None]
         if not timed:
             return
         best = min(timed)[1]
         alone = next((k for k, (share, _) in enumerate(self.candidates) if share == 0.0), None)
         if alone is not None and self.results[alone] is not None and \
-                self.results[alone] <= self.results[best] * (1 + self.TIE):
+                self.results[alone][0] <= self.results[best][0] * (1 + self.TIE):
             best = alone
         share, said = self.candidates[best]
         for split in self.splits:
             split.gpu_share = share
-        figures = ", ".join(f"{self.candidates[k][1]} {1000 * t:.1f} ms" for t, k in timed)
-        log.info("data.decode=auto: kept %s (time between training batches, the median of %d each: %s); "
-                 "data.decode=cpu or gpu picks one", said, self.MEASURE, figures)
+        figures = ", ".join(f"{self.candidates[k][1]} {1000 * t:.1f} ms (steps {1000 * self.results[k][1]:.1f}, "
+                            f"workers {1000 * self.results[k][2]:.1f})" for t, k in timed)
+        log.info("data.decode=auto: kept %s (a training batch every, over %d batches after the first %d: %s); "
+                 "data.decode=cpu or gpu picks one", said, self.MEASURE, self.SETTLE, figures)
 
 
 def default_workers(cfg) -> int:
@@ -889,7 +945,7 @@ class ImageFolder(Recipe):
 
     def on_after_batch_transfer(self, batch: Any, training: bool) -> Any:
         if training and self.trial is not None:
-            self.trial.batch(len(batch[3]) if len(batch) == 4 else 0)
+            self.trial.batch(len(batch[1]), len(batch[3]) if len(batch) == 4 else 0)
         if len(batch) == 4:  # some samples still to decode (see collate)
             return gpu_batch(batch, self.hp.image_size, str(self.cfg.data.on_bad_file) == "skip", self._normalize)
         x, labels = batch

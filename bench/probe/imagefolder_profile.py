@@ -162,7 +162,8 @@ def main() -> None:
                    "perf.compile=true", "eval.every=0", f"epochs={args.epochs}", "profile=true",
                    f"hydra.run.dir={run_dir}", *variant.split()]
             try:
-                proc = subprocess.run(cmd, cwd=args.cwd or scratch, capture_output=True, text=True, timeout=args.timeout)
+                proc = subprocess.run(cmd, cwd=args.cwd or scratch, capture_output=True, text=True,
+                                      timeout=args.timeout)
                 code, text = proc.returncode, proc.stdout + proc.stderr
             except subprocess.TimeoutExpired as exc:
                 code, text = "timeout", str(exc.stdout or "") + str(exc.stderr or "")

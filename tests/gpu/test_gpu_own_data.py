@@ -63,6 +63,20 @@ def test_imagefolder_decodes_jpegs_on_the_gpu_and_trains(launch, tmp_path):
             assert "data.decode=auto: the first training batches (those of the second epoch" in result.output
 
 
+def test_imagefolder_decode_auto_times_both_ways_and_says_which_it_kept(launch, tmp_path):
+    """Enough batches for data.decode=auto's trial to end: the split, then the workers alone, each timed by
+    the steps and by its workers; one line says which was kept, and the run goes on with it."""
+    root = write_image_folder(tmp_path / "imagenet", train_per_class=40, odd_files=False)
+    result = launch("recipe=imagefolder", f"data.root={root}", "recipe.model=resnet18", "recipe.image_size=64",
+                    "gpus=[0]", "epochs=3", "batch_size=2", "data.workers=2", "data.decode=auto",
+                    "perf.compile=false", "eval.every=0", timeout=300)
+    assert result.returncode == 0, result.output
+    kept = [line for line in result.output.splitlines() if "data.decode=auto: kept " in line]
+    assert len(kept) == 1, result.output
+    assert "on the GPU" in kept[0] and "the workers alone" in kept[0] and "(steps " in kept[0], kept[0]
+    assert json.loads((_run_dir(result) / "results.json").read_text())["device_type"] == "cuda"
+
+
 def test_imagefolders_one_kernel_on_cuda_matches_the_torch_ops_for_each_decoder(tmp_path):
     """The batch's crops, flips and normalization by image_kernels' Triton kernel on CUDA against the torch ops
     it replaced, on the same decoded images; and nvImageCodec's decoder (the batch split between its two

@@ -332,45 +332,52 @@ def test_decode_gpu_without_cuda_says_so_and_decodes_on_the_cpu(folder, caplog):
 
 def test_decode_auto_tries_both_ways_on_the_first_batches_and_keeps_the_faster(folder, monkeypatch, caplog):
     """data.decode=auto: the split first, then the workers alone, each timed by the gaps between training
-    batches (from the first batch made under its share: the workers' read-ahead does not count), the
-    faster kept in both splits and said; the workers alone win a tie."""
+    batches (from its SETTLE-th batch made under its share: the batches the workers had made the other way
+    do not count) and by the time its workers need for a batch (their stock would hide that they cannot keep
+    up); the faster kept in both splits and said; the workers alone win a tie."""
     from launcher.recipes import imagefolder
     from launcher.recipes.imagefolder import DecodeTrial
 
-    def run(split_gap: float, alone_gap: float) -> tuple[DecodeTrial, tuple]:
+    def run(mixed: tuple[float, float], alone: tuple[float, float]) -> tuple[DecodeTrial, tuple]:
+        """(the gap between batches, the workers' img/s) of the split and of the workers alone"""
         now = [0.0]
         monkeypatch.setattr(imagefolder.time, "perf_counter", lambda: now[0])
         splits = (split(folder, gpu_share=0.3), split(folder, train=False, gpu_share=0.3))
         trial = DecodeTrial(splits, [(0.74, "74% on the GPU"), (0.0, "the workers alone")])
         assert splits[0].gpu_share == 0.74 and splits[1].gpu_share == 0.3
-        assert all(s._gpu_share.is_shared() for s in splits)
-        for _ in range(DecodeTrial.SETTLE):  # the first batches: not timed
-            now[0] += 9.0
-            trial.batch(gpu_samples=190)
-        for _ in range(DecodeTrial.MEASURE + 1):
-            now[0] += split_gap
-            trial.batch(gpu_samples=190)
+        assert all(s._gpu_share.is_shared() and s._work.is_shared() for s in splits)
+
+        def batches(n: int, gap: float, gpu: int, workers_rate: float = 0.0) -> None:
+            for _ in range(n):
+                now[0] += gap
+                splits[0]._work[:15] += torch.tensor([workers_rate * gap / 15, gap])  # 15 workers, busy
+                trial.batch(256, gpu_samples=gpu)
+
+        batches(DecodeTrial.SETTLE, 9.0, 190)  # the first batches: not timed
+        batches(DecodeTrial.MEASURE + 1, mixed[0], 190, mixed[1])
         assert splits[0].gpu_share == 0.0 and not trial.done  # the second candidate's turn
-        for _ in range(30):  # batches the workers had made under the split: not counted
-            now[0] += 5.0
-            trial.batch(gpu_samples=190)
-        for _ in range(DecodeTrial.MEASURE + 1):
-            now[0] += alone_gap
-            trial.batch(gpu_samples=0)
+        batches(30, 5.0, 190)  # batches the workers had made under the split: not counted
+        batches(DecodeTrial.SETTLE, 9.0, 0)
+        batches(DecodeTrial.MEASURE + 1, alone[0], 0, alone[1])
         assert trial.done
         return trial, splits
 
     with caplog.at_level("INFO", logger="launcher.train"):
-        _, splits = run(0.040, 0.045)
+        _, splits = run((0.040, 20_000.0), (0.045, 20_000.0))
     assert splits[0].gpu_share == splits[1].gpu_share == 0.74
-    assert ("kept 74% on the GPU (time between training batches, the median of 24 each: 74% on the GPU 40.0 ms, "
-            "the workers alone 45.0 ms)") in caplog.text
+    assert ("kept 74% on the GPU (a training batch every, over 24 batches after the first 8: 74% on the GPU 40.0 ms "
+            "(steps 40.0, workers 12.8), the workers alone 45.0 ms (steps 45.0, workers 12.8))") in caplog.text
     caplog.clear()
     with caplog.at_level("INFO", logger="launcher.train"):
-        trial, splits = run(0.040, 0.0405)  # within the tie: the workers alone
+        trial, splits = run((0.040, 20_000.0), (0.0405, 20_000.0))  # within the tie: the workers alone
     assert splits[0].gpu_share == splits[1].gpu_share == 0.0 and "kept the workers alone" in caplog.text
-    trial.batch(gpu_samples=0)  # done: nothing changes any more
+    trial.batch(256, gpu_samples=0)  # done: nothing changes any more
     assert splits[0].gpu_share == 0.0
+    caplog.clear()
+    with caplog.at_level("INFO", logger="launcher.train"):  # steps fed from the workers' stock, faster than they
+        _, splits = run((0.045, 20_000.0), (0.0378, 4_654.5))  # can make batches (256 / 4,654.5 img/s: 55 ms)
+    assert splits[0].gpu_share == 0.74
+    assert "the workers alone 55.0 ms (steps 37.8, workers 55.0)" in caplog.text
 
 
 def test_decode_auto_times_the_second_epoch_when_compiling_is_decided_at_the_first_ones_end(folder, caplog):
@@ -379,9 +386,9 @@ def test_decode_auto_times_the_second_epoch_when_compiling_is_decided_at_the_fir
     splits = (split(folder), split(folder, train=False))
     trial = DecodeTrial(splits, [(0.74, "74% on the GPU"), (0.0, "the workers alone")], start_after=40)
     for _ in range(40 + DecodeTrial.SETTLE + DecodeTrial.MEASURE):
-        trial.batch(gpu_samples=190)
+        trial.batch(256, gpu_samples=190)
     assert splits[0].gpu_share == 0.74 and not trial.results  # one more, then the first is timed
-    trial.batch(gpu_samples=190)
+    trial.batch(256, gpu_samples=190)
     assert splits[0].gpu_share == 0.0 and len(trial.results) == 1
     for compile_, epochs, said in (("auto", 2, True), ("true", 2, False), ("auto", 1, False)):
         recipe = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "data.workers=15",
@@ -404,6 +411,9 @@ def test_a_share_set_in_the_launchers_process_reaches_the_running_workers(folder
     ds.gpu_share = 0.0
     kinds = [len(b) for b in loader]  # (the same workers, a new pass)
     assert set(kinds) == {2}  # every sample decoded by the workers
+    work = ds.work()  # what each worker made, and the seconds it spent, seen here
+    assert work[:2, 0].sum() >= len(ds) + 4 and (work[:2, 0] > 0).all() and (work[:2, 1] > 0).all()
+    assert work[2:].sum() == 0  # (no other worker, nothing read in this process)
 
 
 def test_the_model_is_torchvisions_untrained(folder):
