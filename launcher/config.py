@@ -506,9 +506,6 @@ class DataConfig(Schema):
     # keeps ready (DataLoader's prefetch_factor)
     workers: int | None = None
     worker_prefetch: int = 4
-    # How much lower the workers' CPU priority is than the training process's (Unix nice, 0-19): busy
-    # workers on every core then never keep the loop from launching the next step on time
-    worker_nice: int = 0
     decode: Decode = Decode.auto  # image recipes that decode files (recipe=imagefolder): where
     on_bad_file: OnBadFile = OnBadFile.error  # a file that cannot be read or decoded
 
@@ -517,7 +514,6 @@ class DataConfig(Schema):
         if self.workers is not None:
             check_int(f"{at}.workers", self.workers, 0, f"{at}.workers=8", high=1024)
         check_int(f"{at}.worker_prefetch", self.worker_prefetch, 1, f"{at}.worker_prefetch=4", high=64)
-        check_int(f"{at}.worker_nice", self.worker_nice, 0, f"{at}.worker_nice=5", high=19)
 
 
 @dataclass

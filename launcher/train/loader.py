@@ -33,7 +33,6 @@ stream must say its length (`__len__`: samples per epoch) so every rank runs the
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -60,13 +59,10 @@ def default_workers(local_ranks: int) -> int:
     return max(0, cores // max(1, local_ranks) - 1)
 
 
-def _tied_to_rank(nice: int, worker_id: int) -> None:
-    """A DataLoader worker's start: it dies with its rank, and yields the CPU to it (`nice` lower priority)."""
+def _tied_to_rank(worker_id: int) -> None:
     from launcher.lifetime import die_with_parent
 
     die_with_parent()
-    if nice > 0:
-        os.nice(nice)
 
 
 class _Plan:
@@ -192,7 +188,7 @@ class DatasetSplit:
             # Forked from this rank (not from launch's forkserver, the process-wide default here): they
             # are its children, and die with it (parent-death signal) however it ends.
             common.update(prefetch_factor=options.worker_prefetch, multiprocessing_context="fork",
-                          worker_init_fn=functools.partial(_tied_to_rank, options.worker_nice))
+                          worker_init_fn=_tied_to_rank)
         self.upcoming = upcoming if training and self.workers > 0 else None
         self._pass: _Pass | None = None  # the training pass that reads ahead into the next epoch
         if self.iterable:

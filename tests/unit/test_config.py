@@ -91,7 +91,6 @@ def test_choices_are_typed_by_name_torchs_spelling_included():
     ("nprocs=0", "nprocs"), ("max_restarts=-1", "max_restarts"), ("strategy.timeout_s=0", "strategy.timeout_s"),
     ("optim.momentum=1.5", "optim.momentum"), ("resume=true", "resume"), ("eval.every=-1", "eval.every"),
     ("recipe.translate=9", "recipe.translate"), ("data.prefetch_depth=0", "data.prefetch_depth"),
-    ("data.worker_nice=20", "data.worker_nice"),
     ("fault.kind=explode", "fault.kind"),
 ])
 def test_ranges_are_checked_with_one_line(override, key):

@@ -101,25 +101,3 @@ def test_without_workers_the_epoch_is_told_in_the_training_process(tmp_path):
     for epoch in range(2):
         epoch_of(split, order(epoch), epoch)
     assert {r[0] for r in reads(journal)} == {os.getpid()}
-
-
-class Niceness(Dataset):
-    """Sample i is the CPU priority (nice) of the process that read it."""
-
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        return torch.tensor([os.getpriority(os.PRIO_PROCESS, 0)])
-
-
-def test_workers_run_at_a_lower_cpu_priority_than_their_rank_when_asked():
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    for nice, expected in ((0, own), (5, min(19, own + 5))):
-        split = DatasetSplit(Niceness(), Plain(), DataConfig(workers=2, worker_nice=nice), CPU, True, 1, 0, 1, 4)
-        try:
-            seen = {int(v) for b, _ in split.batches(rank_order(8, 4, seed=0, epoch=0), 0) for v in b.flatten()}
-        finally:
-            split.close()
-        assert seen == {expected}, (nice, seen)
-    assert os.getpriority(os.PRIO_PROCESS, 0) == own  # the rank itself keeps its priority
