@@ -284,31 +284,47 @@ def _draft(img: Image.Image, need_w: float, need_h: float) -> float:
 
 
 def decode_train_crop(img: Image.Image, box: tuple[int, int, int, int], size: int, flip: bool,
-                      draft: bool = True) -> np.ndarray:
+                      draft: bool = True) -> torch.Tensor:
     """The crop `box` (left, top, width, height, in the original's pixels) of `img`, resized to size x size
-    (bilinear, antialiased as PIL does), flipped if asked: uint8 HWC."""
+    (bilinear, antialiased), flipped if asked: uint8 CHW. Where `draft` lets the JPEG decode smaller, the
+    box's edges are rounded to the smaller image's pixels."""
     left, top, w, h = box
     width, height = img.size
     if draft:
         _draft(img, width * size / w, height * size / h)
-    img = to_rgb(img)
-    sx, sy = img.size[0] / width, img.size[1] / height
-    out = img.resize((size, size), Image.Resampling.BILINEAR, box=(left * sx, top * sy, (left + w) * sx,
-                                                                   (top + h) * sy), reducing_gap=None)
-    if flip:
-        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return np.array(out)
+    pixels = _hwc(to_rgb(img))
+    sx, sy = pixels.shape[1] / width, pixels.shape[0] / height
+    x0, y0 = round(left * sx), round(top * sy)
+    x1, y1 = max(x0 + 1, round((left + w) * sx)), max(y0 + 1, round((top + h) * sy))
+    out = _resize(pixels[y0:y1, x0:x1], size, size)
+    return out.flip(-1) if flip else out
 
 
-def decode_eval_crop(img: Image.Image, resize: int, size: int, draft: bool = True) -> np.ndarray:
-    """Resize(resize) + CenterCrop(size), as torchvision does them on PIL images: uint8 HWC."""
+def decode_eval_crop(img: Image.Image, resize: int, size: int, draft: bool = True) -> torch.Tensor:
+    """Resize(resize) + CenterCrop(size), as torchvision does them: uint8 CHW."""
     width, height = img.size
     new_w, new_h, left, top = eval_geometry(width, height, resize, size)
     if draft:
         _draft(img, new_w, new_h)
-    img = to_rgb(img)
-    resized = img.resize((new_w, new_h), Image.Resampling.BILINEAR, reducing_gap=None)
-    return np.array(resized.crop((left, top, left + size, top + size)))
+    resized = _resize(_hwc(to_rgb(img)), new_h, new_w)
+    return resized[:, top:top + size, left:left + size].contiguous()
+
+
+def _hwc(img: Image.Image) -> torch.Tensor:
+    """An RGB image's pixels, uint8 HWC (one copy, out of PIL; read only)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (PIL's buffer is read only; nothing writes to it)
+        return torch.from_numpy(np.asarray(img))
+
+
+def _resize(hwc: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """uint8 HWC pixels resized to height x width, bilinear and antialiased (PIL's filter, in torch's
+    vectorized uint8 kernel: about 3x faster than PIL's own on one core): uint8 CHW, contiguous."""
+    chw = hwc.permute(2, 0, 1).unsqueeze(0)  # (a channels-last view: what that kernel reads fastest)
+    if chw.shape[-2:] == (height, width):
+        return chw[0].contiguous()
+    return torch.nn.functional.interpolate(chw, size=(height, width), mode="bilinear", antialias=True,
+                                           align_corners=False)[0].contiguous()
 
 
 # ---- what a worker hands over for the GPU ------------------------------------------------------------------
@@ -472,10 +488,8 @@ class ImageFolderSplit(torch.utils.data.Dataset):
             if rng is not None:
                 box = random_resized_crop_box(rng, *img.size, (self.min_scale, 1.0))
                 flip = rng.random() < 0.5
-                hwc = decode_train_crop(img, box, self.image_size, flip, self.draft)
-            else:
-                hwc = decode_eval_crop(img, self.eval_resize, self.image_size, self.draft)
-        return torch.from_numpy(hwc).permute(2, 0, 1)
+                return decode_train_crop(img, box, self.image_size, flip, self.draft)
+            return decode_eval_crop(img, self.eval_resize, self.image_size, self.draft)
 
     def _encoded(self, path: str, rng: random.Random | None) -> Encoded | None:
         """The file's bytes and crop box for nvJPEG, or None when the file is for the CPU decoder. The

@@ -27,7 +27,9 @@ from launcher.recipes.imagefolder import (
     decode_eval_crop,
     eval_geometry,
     gpu_batch,
+    random_resized_crop_box,
     scan,
+    to_rgb,
 )
 from tests.conftest import config_of
 from tests.imagefolders import CLASSES, write_image_folder
@@ -148,6 +150,24 @@ def test_every_image_mode_becomes_an_rgb_uint8_crop(folder):
     assert torch.equal(ds[by_name["grey.jpg"]][0][0], ds[by_name["grey.jpg"]][0][2])
 
 
+def test_a_training_crop_is_torchvisions_random_resized_crop_and_flip_of_the_same_box(folder):
+    """The CPU path's crop (torch's antialiased uint8 resize): torchvision's resized_crop of the same box on
+    the PIL image, then the flip, to within a level or two of 255 at a few pixels."""
+    from torchvision.transforms.v2 import functional as TF
+
+    ds = split(folder, draft=False)
+    for i in range(len(ds)):
+        path = ds.samples[i][0]
+        rng = ds._rng(i)
+        with Image.open(path) as img:
+            left, top, w, h = random_resized_crop_box(rng, *img.size, (ds.min_scale, 1.0))
+            flip = rng.random() < 0.5
+            ref = TF.pil_to_tensor(TF.resized_crop(to_rgb(img), top, left, h, w, [32, 32], antialias=True))
+        ref = ref.flip(-1) if flip else ref
+        diff = (ds[i][0].int() - ref.int()).abs()
+        assert diff.float().mean() < 0.5 and diff.max() <= 8, (path, diff.float().mean(), diff.max())
+
+
 def test_augmentation_repeats_for_the_same_seed_epoch_and_index_and_changes_with_them(folder):
     a, b = split(folder, seed=1), split(folder, seed=1)
     assert all(torch.equal(a[i][0], b[i][0]) for i in range(len(a)))
@@ -193,8 +213,8 @@ def test_jpeg_draft_decoding_changes_pixels_little(tmp_path):
     with Image.open(path) as a, Image.open(path) as b:
         drafted, full = decode_eval_crop(a, 64, 56, draft=True), decode_eval_crop(b, 64, 56, draft=False)
         assert a.size == (120, 90)  # decoded at 1/4 scale, still larger than the 85x64 it is resized to
-    diff = abs(drafted.astype(int) - full.astype(int))
-    assert drafted.shape == full.shape == (56, 56, 3) and diff.mean() < 2.0
+    diff = (drafted.int() - full.int()).abs().float()
+    assert drafted.shape == full.shape == (3, 56, 56) and diff.mean() < 2.0
 
 
 # ---- bad files ----------------------------------------------------------------------------------------------
