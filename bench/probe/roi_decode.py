@@ -179,7 +179,8 @@ def main() -> None:
         torch.cuda.synchronize()
         print(json.dumps({"crop_kernel": mode, **kernels(crop)}), flush=True)
 
-    # one core's PIL decode + crop (data.decode=cpu's work per sample)
+    # one core's PIL decode + crop (data.decode=cpu's work per sample; a DataLoader worker runs torch on one thread)
+    torch.set_num_threads(1)
     start = time.perf_counter()
     for f, box in zip(pick, boxes, strict=True):
         with Image.open(f) as img:
