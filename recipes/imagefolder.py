@@ -13,8 +13,9 @@ workers call them. Where the images are decoded is `data.decode`:
 
   cpu   the worker decodes with PIL (JPEGs at reduced size via `draft` when the crop allows), converts any
         mode to RGB, crops (training: RandomResizedCrop(image_size, scale=(min_scale, 1)) + a random
-        horizontal flip; evaluation: the shorter side resized to eval_resize, then a center crop), and
-        hands over uint8 CHW crops. The GPU only normalizes them.
+        horizontal flip; evaluation: the shorter side resized to eval_resize, then a center crop; resized
+        by torch's antialiased uint8 kernel, PIL's filter at a third of its cost), and hands over uint8 CHW
+        crops. The GPU only normalizes them.
   gpu   the worker reads the file's bytes and the JPEG's header (its size) and draws the crop box;
         `on_after_batch_transfer` (on the launcher's side stream, from its prefetch thread) decodes the
         batch's JPEGs on the GPU (nvImageCodec on the hardware JPEG engines where installed, the batch split
