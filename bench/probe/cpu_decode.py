@@ -3,7 +3,8 @@
     python bench/probe/cpu_decode.py --root /tmp/imagenet-gen [--n 400] [--processes 1 15]
 
 On the training images of an ImageNet-layout folder (bench/imagefolder.py makes one), one JSON line each:
-  parts      one core (torch on one thread, as in a DataLoader worker), ms a sample: opening the file,
+  parts      one core (torch on one thread, as in a DataLoader worker), collate's stacking of 256 crops
+             (HWC memory viewed as CHW, as the crops were, against contiguous CHW), and ms a sample: opening the file,
              decoding it (PIL, with `draft` as the recipe sets it), resizing the crop with PIL's filter and
              with torch's antialiased uint8 kernel (what the recipe uses), and the whole sample as the
              recipe makes it (recipes/imagefolder.py decode_train_crop) against the same with PIL's resize
@@ -84,7 +85,7 @@ def parts(jobs, size: int) -> dict:
             img.load()
 
     pictures = []
-    for path, box, flip in jobs:
+    for path, box, _ in jobs:
         img = Image.open(path)
         left, top, w, h = box
         width, height = img.size
@@ -108,11 +109,25 @@ def parts(jobs, size: int) -> dict:
         with Image.open(path) as img:
             pil_crop(img, box, size, flip)
 
-    return {"what": "parts", "ms_per_sample": {
+    crops = []
+    for path, box, flip in (jobs * 2)[:256]:
+        with Image.open(path) as img:
+            crops.append(decode_train_crop(img, box, size, flip))
+    views = [c.permute(1, 2, 0).contiguous().permute(2, 0, 1) for c in crops]  # (HWC memory: the old crops)
+
+    def stack(tensors, _box=None, _flip=None):
+        torch.stack(tensors)
+
+    collate = {"collate_256_old_views_ms": _per_sample_ms(stack, [(views,)]),
+               "collate_256_now_ms": _per_sample_ms(stack, [(crops,)])}
+    return {"what": "parts", **collate, "ms_per_sample": {
         "open": _per_sample_ms(opened, jobs), "decode": _per_sample_ms(decoded, jobs),
         "resize_pil": _per_sample_ms(pil_resize, pictures), "resize_torch_incl_copy_out_of_pil":
             _per_sample_ms(torch_resize, pictures),
         "sample_recipe": _per_sample_ms(whole, jobs), "sample_pil_resize": _per_sample_ms(whole_pil, jobs)}}
+
+
+PASSES = 4  # each process goes over the samples this many times (a longer, steadier figure)
 
 
 def _worker(jobs, size: int, pil: bool, start, out) -> None:
@@ -121,10 +136,11 @@ def _worker(jobs, size: int, pil: bool, start, out) -> None:
     torch.set_num_threads(1)
     start.wait()
     began = time.perf_counter()
-    for path, box, flip in jobs:
-        with Image.open(path) as img:
-            (pil_crop if pil else decode_train_crop)(img, box, size, flip)
-    out.put((len(jobs), time.perf_counter() - began))
+    for _ in range(PASSES):
+        for path, box, flip in jobs:
+            with Image.open(path) as img:
+                (pil_crop if pil else decode_train_crop)(img, box, size, flip)
+    out.put((PASSES * len(jobs), time.perf_counter() - began))
 
 
 def processes(jobs, size: int, count: int, pil: bool) -> dict:
