@@ -77,8 +77,11 @@ SPLITS = ("train", "val")
 # ImageNet's per-channel mean and std, in 0..255 pixel units
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-# data.decode=auto's split (MEASURED.md, one H100 host): a worker decodes and crops ~190 img/s with PIL
-# (14 workers: 2,632 img/s); nvJPEG decodes 12,000 img/s alone, of which we count on a quarter beside training.
+# data.decode=auto's first candidate, the split (DecodeTrial then measures it against the workers alone), from
+# rates measured apart (MEASURED.md, one H100 host): a worker decodes and crops ~190 img/s with PIL (14 workers:
+# 2,632 img/s); nvJPEG decodes 12,000 img/s alone, of which we count on a quarter beside training. (Since then
+# one H200 host's core made 516 img/s, and the CPU path got faster: BENCHMARKS.md. The split these give has
+# not been measured, so the rates stay as they were.)
 CPU_RATE_PER_WORKER = 190.0
 GPU_DECODE_RATE_BESIDE_TRAINING = 3000.0
 # nvImageCodec on the GPU's hardware JPEG engines decodes ~10,000 img/s alone (MEASURED.md) without the SMs:
