@@ -912,11 +912,12 @@ class ImageFolder(Recipe):
         """(cpu | gpu | auto, the share of samples meant for the GPU decoder), said in one log line."""
         asked = str(self.cfg.data.decode)
         if asked == "cpu" or not cuda:
+            where = ("the DataLoader workers decode" if default_workers(self.cfg) > 0 else
+                     "the training process decodes (data.workers=0)")
             if asked == "gpu":
-                log.warning("data.decode=gpu: no CUDA device here; the DataLoader workers decode the images "
-                            "instead (as data.decode=cpu)")
+                log.warning("data.decode=gpu: no CUDA device here; %s the images instead (as data.decode=cpu)", where)
             elif asked == "auto":
-                log.info("data.decode=auto: no CUDA device, so the DataLoader workers decode (PIL)")
+                log.info("data.decode=auto: no CUDA device, so %s (PIL)", where)
             return "cpu", 0.0
         hardware = (torch.cuda.is_available()
                     and hardware_decoder(torch.device("cuda", torch.cuda.current_device())) is not None)

@@ -116,7 +116,10 @@ def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
         except OSError as unwritten:  # (a full disk): the console still hears why
             print(f"launch: rank {world.rank} failed: {type(exc).__name__}: {exc} (its failure record could not be "
                   f"written: {unwritten})", file=sys.stderr, flush=True)
-        if not isinstance(exc, LaunchError):
+        if isinstance(exc, LaunchError):  # (its one line: the console has it from the launcher)
+            logging.getLogger("launcher.worker").error("rank %d stopped: %s", world.rank, exc,
+                                                       extra={"file_only": True})
+        else:
             logging.getLogger("launcher.worker").error("rank %d failed: %s: %s", world.rank, type(exc).__name__, exc,
                                                        exc_info=exc, extra={"file_only": True})
         logging.shutdown()

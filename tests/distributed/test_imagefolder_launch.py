@@ -54,6 +54,9 @@ def test_a_bad_file_is_one_line_or_skipped_and_counted(launch, folder):
     stopped = launch(*TINY, f"data.root={folder}", "epochs=1", "batch_size=10")
     assert stopped.returncode == 2 and "ant_003.JPEG cannot be decoded" in stopped.stderr
     assert "Traceback" not in stopped.stderr
+    log = stopped.run_dir().joinpath("train.log").read_text()  # the run's log says why it stopped, too
+    assert "ant_003.JPEG cannot be decoded" in log and "Traceback" not in log
+    assert stopped.stderr.count("ant_003.JPEG cannot be decoded") == 1  # (said once on the console)
     bad_val = folder / "val" / "bee" / "bee_001.JPEG"
     bad_val.write_bytes(b"not a jpeg")
     skipped = launch(*TINY, f"data.root={folder}", "epochs=1", "batch_size=10", "data.on_bad_file=skip")

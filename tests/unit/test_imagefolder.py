@@ -336,11 +336,19 @@ def test_on_after_batch_transfer_normalizes_both_kinds_of_batch(folder):
 
 
 def test_decode_gpu_without_cuda_says_so_and_decodes_on_the_cpu(folder, caplog):
-    recipe = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "gpus=[]", "data.decode=gpu"))
+    recipe = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "gpus=[]", "data.decode=gpu",
+                                   "data.workers=2"))
     with caplog.at_level("INFO", logger="launcher.train"):
         assert recipe.decode_plan(cuda=False) == ("cpu", 0.0)
         assert recipe.decode_plan(cuda=True) == ("gpu", 1.0)
-    assert "no CUDA device here" in caplog.text
+    assert "no CUDA device here; the DataLoader workers decode the images instead" in caplog.text
+    for workers, said in (("0", "the training process decodes (data.workers=0)"), ("2", "the DataLoader workers")):
+        caplog.clear()
+        on_cpu = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "gpus=[]", "data.decode=auto",
+                                       f"data.workers={workers}"))
+        with caplog.at_level("INFO", logger="launcher.train"):
+            assert on_cpu.decode_plan(cuda=False) == ("cpu", 0.0)
+        assert f"data.decode=auto: no CUDA device, so {said}" in caplog.text
     auto = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "data.decode=auto", "data.workers=15"))
     with caplog.at_level("INFO", logger="launcher.train"):
         mode, share = auto.decode_plan(cuda=True)
