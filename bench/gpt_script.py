@@ -49,6 +49,10 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=1.0,
                         help="gradient-norm clipping, as nanoGPT and recipe=text (optim.clip_grad_norm); 0: none")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--compile-mode", default=None,
+                        help="torch.compile's mode (default, max-autotune-no-cudagraphs, ...): a lever to measure")
+    parser.add_argument("--sdpa", default="default", choices=["default", "cudnn", "flash", "efficient"],
+                        help="the attention kernel scaled_dot_product_attention may use (default: torch's choice)")
     parser.add_argument("--loss", choices=["inside", "outside"], default="inside",
                         help="inside: the cross-entropy in the compiled module's forward (nanoGPT's model returns "
                              "its loss); outside: the logits returned, the loss eager after them")
@@ -102,7 +106,14 @@ def main() -> None:
         net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[local_rank] if cuda else None,
                                                         gradient_as_bucket_view=True)
     if not args.no_compile:
-        net = torch.compile(net)
+        net = torch.compile(net, mode=args.compile_mode)
+    from contextlib import nullcontext
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+               "efficient": SDPBackend.EFFICIENT_ATTENTION}.get(args.sdpa)
+    attention = (lambda: sdpa_kernel([backend])) if backend is not None else nullcontext
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, fused=cuda)
     offsets = torch.arange(args.context + 1, device=device)
     g = torch.Generator(device=device).manual_seed(1000 + rank)
@@ -117,7 +128,7 @@ def main() -> None:
         w = stream[starts[:, None] + offsets].long()
         if mask is not None:
             w &= mask
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda), attention():
             if args.loss == "inside":
                 loss = net(w[:, :-1], w[:, 1:])
             else:
@@ -172,7 +183,7 @@ def main() -> None:
         print(json.dumps({
             "what": "gpt_script", "world_size": world, "layers": args.layers, "width": args.width,
             "heads": args.heads, "context": t, "batch_per_gpu": b, "compiled": not args.no_compile,
-            "loss_where": args.loss,
+            "loss_where": args.loss, "compile_mode": args.compile_mode, "sdpa": args.sdpa,
             "data": "shards" if args.shards else "stream", "data_tokens": len(stream), "vocab_size": vocab,
             "padded_vocab_size": padded_vocab(vocab),
             "parameters": sum(p.numel() for p in model.parameters()), "flops_per_token": flops_per_token,

@@ -8,6 +8,7 @@
 #   bash bench/own_data_h100.sh [all | imagefolder | launch-imagefolder | gpt | lightning]
 #   launch-imagefolder: `launch recipe=imagefolder` alone, once per DECODES (default "auto"), EPOCHS epochs
 #   lightning: a recipe's TensorDatasets through launch against a Lightning Trainer (bench/lightning_dataset.py)
+#   gpt-levers: the nanoGPT-style script under each attention kernel and compile mode (what could beat it)
 set -uo pipefail
 source bench/device_env.sh
 python3 -c "from nvidia import nvimgcodec; print('nvimgcodec', nvimgcodec.__version__)" 2>&1 | tail -1
@@ -33,4 +34,12 @@ if [ "$what" = all ] || [ "$what" = gpt ]; then
     python3 bench/make_token_shards.py /tmp/shards --shards 2 --tokens-per-shard 327680 --val-tokens 65536 >/dev/null
     timeout 300 python3 bench/gpt.py compare --gpus 1 --shards '/tmp/shards/*.bin' --epochs "${EPOCHS:-2}" \
         --steps 40 2>&1 | tee "$OUT/own-data-gpt-$commit.jsonl"
+fi
+if [ "$what" = gpt-levers ]; then
+    python3 bench/make_token_shards.py /tmp/shards --shards 2 --tokens-per-shard 327680 --val-tokens 65536 >/dev/null
+    for lever in "--sdpa default" "--sdpa cudnn" "--sdpa flash" "--sdpa efficient" \
+                 "--compile-mode max-autotune-no-cudagraphs"; do
+        timeout 240 python3 bench/gpt_script.py --shards '/tmp/shards/*.bin' --steps 40 --epochs 3 $lever 2>&1 \
+            | grep '"what"' | tee -a "$OUT/gpt-levers-$commit.jsonl"
+    done
 fi
