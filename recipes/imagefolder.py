@@ -14,7 +14,7 @@ workers call them. Where the images are decoded is `data.decode`:
   cpu   the worker decodes with PIL (JPEGs at reduced size via `draft` when the crop allows), converts any
         mode to RGB, crops (training: RandomResizedCrop(image_size, scale=(min_scale, 1)) + a random
         horizontal flip; evaluation: the shorter side resized to eval_resize, then a center crop; resized
-        by torch's antialiased uint8 kernel, PIL's filter at a third of its cost), and hands over uint8 CHW
+        by torch's antialiased uint8 kernel, PIL's filter at about half its cost), and hands over uint8 CHW
         crops. The GPU only normalizes them.
   gpu   the worker reads the file's bytes and the JPEG's header (its size) and draws the crop box;
         `on_after_batch_transfer` (on the launcher's side stream, from its prefetch thread) decodes the
@@ -29,9 +29,9 @@ workers call them. Where the images are decoded is `data.decode`:
         CPU workers, from the worker count and the rates in MEASURED.md, the rest on the GPU), then by the
         workers alone; the way whose batches came faster is kept, said in one line (each timed by the steps'
         pace and by the time its workers need for a batch: their stock of batches made ahead cannot hide
-        that they do not keep up). (On one H200 with 16
-        cores, ResNet-50: the workers alone, 0.83x-0.94x of the model's limit an epoch, where the splits
-        gave 0.78x-0.89x: BENCHMARKS.md.)
+        that they do not keep up). (On one H200 with 16 cores, ResNet-50: the workers alone were kept every
+        time, at 0.83x-0.94x of the model's limit an epoch on machines with fast cores and 0.59x-0.78x on
+        others, where the splits gave 0.78x-0.89x: BENCHMARKS.md.)
         Without CUDA: cpu. data.decode=gpu without CUDA says so in one line and decodes on the CPU.
 
 Augmentation is drawn per sample from (seed, epoch, sample index), so a resumed run repeats it: the
@@ -315,15 +315,14 @@ def decode_eval_crop(img: Image.Image, resize: int, size: int, draft: bool = Tru
 
 
 def _hwc(img: Image.Image) -> torch.Tensor:
-    """An RGB image's pixels, uint8 HWC (one copy, out of PIL; read only)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # (PIL's buffer is read only; nothing writes to it)
-        return torch.from_numpy(np.asarray(img))
+    """An RGB image's pixels, uint8 HWC (a writable copy out of PIL: as fast as a read-only view, which torch
+    warns about, and nothing global to silence that warning from the threads that decode)."""
+    return torch.from_numpy(np.array(img))
 
 
 def _resize(hwc: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """uint8 HWC pixels resized to height x width, bilinear and antialiased (PIL's filter, in torch's
-    vectorized uint8 kernel: about 3x faster than PIL's own on one core): uint8 CHW, contiguous."""
+    vectorized uint8 kernel: about 2x faster than PIL's own on one core): uint8 CHW, contiguous."""
     chw = hwc.permute(2, 0, 1).unsqueeze(0)  # (a channels-last view: what that kernel reads fastest)
     if chw.shape[-2:] == (height, width):
         return chw[0].contiguous()
@@ -889,8 +888,9 @@ def default_workers(cfg) -> int:
     (LOCAL_WORLD_SIZE), less one."""
     if cfg.data.workers is not None:
         return int(cfg.data.workers)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0, cores // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)) - 1)
+    from launcher.train.loader import default_workers as launchers
+
+    return launchers(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
 
 
 class ImageFolder(Recipe):

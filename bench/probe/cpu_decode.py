@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def _jobs(root: Path, n: int) -> list[tuple[str, tuple[int, int, int, int], bool]]:
     from launcher.recipes.imagefolder import random_resized_crop_box
 
-    paths = sorted((root / "train").glob("*/*"))[:: max(1, len(list((root / "train").glob("*/*"))) // n)][:n]
+    every = sorted((root / "train").glob("*/*"))
+    paths = every[:: max(1, len(every) // n)][:n]
     rng = random.Random(0)
     jobs = []
     for p in paths:
