@@ -37,8 +37,9 @@ if [ "$what" = all ] || [ "$what" = gpt ]; then
 fi
 if [ "$what" = gpt-levers ]; then
     python3 bench/make_token_shards.py /tmp/shards --shards 2 --tokens-per-shard 327680 --val-tokens 65536 >/dev/null
-    for lever in "--sdpa default" "--sdpa cudnn" "--sdpa flash" "--sdpa efficient" \
-                 "--compile-mode max-autotune-no-cudagraphs"; do
+    for lever in ${LEVERS:-"--sdpa default" "--sdpa cudnn" "--sdpa flash" "--sdpa efficient" \
+                 "--compile-mode max-autotune-no-cudagraphs" "--sdpa cudnn --compile-mode max-autotune-no-cudagraphs" \
+                 "--compile-mode max-autotune" "--loss outside"}; do
         timeout 240 python3 bench/gpt_script.py --shards '/tmp/shards/*.bin' --steps 40 --epochs 3 $lever 2>&1 \
             | grep '"what"' | tee -a "$OUT/gpt-levers-$commit.jsonl"
     done
