@@ -53,6 +53,12 @@ def main() -> None:
                         help="torch.compile's mode (default, max-autotune-no-cudagraphs, ...): a lever to measure")
     parser.add_argument("--sdpa", default="default", choices=["default", "cudnn", "flash", "efficient"],
                         help="the attention kernel scaled_dot_product_attention may use (default: torch's choice)")
+    parser.add_argument("--bucket-mb", type=int, default=25, help="DDP's bucket_cap_mb (torch's default 25)")
+    parser.add_argument("--static-graph", action="store_true", help="DDP(static_graph=True)")
+    parser.add_argument("--ddp-hook", default="none", choices=["none", "bf16"],
+                        help="bf16: gradients all-reduced in bf16 (torch's bf16_compress_hook; changes the numbers)")
+    parser.add_argument("--no-optimize-ddp", action="store_true",
+                        help="torch._dynamo.config.optimize_ddp=False: one compiled graph, no split at buckets")
     parser.add_argument("--loss", choices=["inside", "outside"], default="inside",
                         help="inside: the cross-entropy in the compiled module's forward (nanoGPT's model returns "
                              "its loss); outside: the logits returned, the loss eager after them")
@@ -104,7 +110,13 @@ def main() -> None:
         net = WithLoss(model)
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[local_rank] if cuda else None,
-                                                        gradient_as_bucket_view=True)
+                                                        gradient_as_bucket_view=True, bucket_cap_mb=args.bucket_mb,
+                                                        static_graph=args.static_graph)
+        if args.ddp_hook == "bf16":
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+            net.register_comm_hook(None, bf16_compress_hook)
+    if args.no_optimize_ddp:
+        torch._dynamo.config.optimize_ddp = False
     if not args.no_compile:
         net = torch.compile(net, mode=args.compile_mode)
     from contextlib import nullcontext
@@ -184,6 +196,8 @@ def main() -> None:
             "what": "gpt_script", "world_size": world, "layers": args.layers, "width": args.width,
             "heads": args.heads, "context": t, "batch_per_gpu": b, "compiled": not args.no_compile,
             "loss_where": args.loss, "compile_mode": args.compile_mode, "sdpa": args.sdpa,
+            "bucket_mb": args.bucket_mb, "static_graph": args.static_graph, "ddp_hook": args.ddp_hook,
+            "optimize_ddp": not args.no_optimize_ddp,
             "data": "shards" if args.shards else "stream", "data_tokens": len(stream), "vocab_size": vocab,
             "padded_vocab_size": padded_vocab(vocab),
             "parameters": sum(p.numel() for p in model.parameters()), "flops_per_token": flops_per_token,

@@ -5,6 +5,7 @@
 #   bash bench/own_data_2gpu.sh imagefolder     launch on 1 and 2 GPUs; torchvision's DataLoader + DDP on 2
 #   bash bench/own_data_2gpu.sh gpt             GPT-2 124M on uint16 shards: launch (single, ddp) against the
 #                                               nanoGPT-style script on 1 and 2 GPUs, then fsdp on 2
+#   bash bench/own_data_2gpu.sh ddp-levers      the script on 1 GPU, then on 2 under each DDP setting
 #   bash bench/own_data_2gpu.sh tests           the GPU tests: the 2-GPU ones and the rest side by side
 set -uo pipefail
 source bench/device_env.sh
@@ -46,6 +47,20 @@ diagnose)
     timeout 110 python3 bench/gpt.py compare --gpus 2 --no-script --shards '/tmp/shards/*.bin' --epochs 4 \
         --steps 40 --launch-args checkpoint=false 2>&1 | tee "$OUT/gpt-ddp-nocheckpoint-$commit.jsonl"
     kill $smi
+    ;;
+ddp-levers)
+    # what DDP itself costs GPT-2 124M on two GPUs, and which of DDP's settings win it back: the script on one
+    # GPU, then on two under each setting (bucket size, static graph, bf16 all-reduce, one compiled graph)
+    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
+        >/dev/null || exit 1
+    timeout 120 python3 bench/gpt_script.py --shards '/tmp/shards/*.bin' --steps 40 --epochs 3 2>&1 \
+        | grep '"what"' | tee -a "$OUT/gpt-ddp-levers-$commit.jsonl"
+    for lever in ${LEVERS:-"--bucket-mb 25" "--bucket-mb 100" "--bucket-mb 300" "--static-graph" \
+                 "--ddp-hook bf16" "--no-optimize-ddp"}; do
+        timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node=2 bench/gpt_script.py \
+            --shards '/tmp/shards/*.bin' --steps 40 --epochs 3 $lever 2>&1 | grep '"what"' \
+            | tee -a "$OUT/gpt-ddp-levers-$commit.jsonl"
+    done
     ;;
 tests)
     (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \
