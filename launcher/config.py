@@ -400,12 +400,14 @@ class DDPConfig(StrategyConfig):
     timeout_s: int = 600  # a collective that waits longer than this ends the launch instead of hanging
     gradient_as_bucket_view: bool = True
     static_graph: bool = False
-    bucket_cap_mb: int = 25  # also the bucket size of perf.cuda_graph's own gradient all-reduce
+    # DDP's gradient buckets in MB, also those of perf.cuda_graph's own all-reduce; 0: by the model's size
+    # (a fifth of its gradients, from torch's 25 to 100; launcher/strategies/base.py bucket_mb)
+    bucket_cap_mb: int = 0
     find_unused_parameters: bool = False
 
     def check(self, at: str) -> None:
         check_int(f"{at}.timeout_s", self.timeout_s, 1, f"{at}.timeout_s=600")
-        check_int(f"{at}.bucket_cap_mb", self.bucket_cap_mb, 1, f"{at}.bucket_cap_mb=25")
+        check_int(f"{at}.bucket_cap_mb", self.bucket_cap_mb, 0, f"{at}.bucket_cap_mb=25 (0: by the model's size)")
 
 
 @dataclass

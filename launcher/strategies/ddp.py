@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.config import DDPConfig, ProcessGroupBackend, StrategyConfig
 from launcher.errors import ConfigError
-from launcher.strategies.base import Devices, Nets, Strategy
+from launcher.strategies.base import Devices, Nets, Strategy, bucket_mb
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +81,8 @@ class DDP(Strategy):
         o = self.options
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                       gradient_as_bucket_view=o.gradient_as_bucket_view, static_graph=o.static_graph,
-                                      bucket_cap_mb=o.bucket_cap_mb, find_unused_parameters=o.find_unused_parameters)
+                                      bucket_cap_mb=bucket_mb(o.bucket_cap_mb, model),
+                                      find_unused_parameters=o.find_unused_parameters)
         return Nets(model, ddp, model)  # every rank holds the same weights: evaluate the bare module
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -174,8 +175,9 @@ class CapturedDDP(DDP):
 
         for tensor in model.state_dict().values():  # every rank starts from rank 0's weights, as DDP does
             dist.broadcast(tensor, src=0)
-        grads = FlatGradients(model.parameters(), self.world_size, self.options.bucket_cap_mb)
+        grads = FlatGradients(model.parameters(), self.world_size, bucket_mb(self.options.bucket_cap_mb, model))
         return Nets(model, model, model, grads)
 
     def collective_timeout(self) -> float | None:
         return float(self.options.timeout_s)
+

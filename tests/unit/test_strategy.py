@@ -136,3 +136,22 @@ def test_a_strategy_travels_to_the_workers():
     strategy = choose("ddp", 0, 2)
     again = pickle.loads(pickle.dumps(strategy))
     assert (again.name, again.world_size, again.process_group_backend) == ("ddp", 2, "gloo")
+
+
+def test_ddp_buckets_grow_with_the_model_unless_the_user_chose_them():
+    """strategy.bucket_cap_mb=0 (the default): torch's 25 MB for a small model, a fifth of the gradients for a
+    larger one, at most 100 MB (GPT-2 124M's 498 MB of fp32 gradients ran 4% faster on 2 GPUs at 100 than
+    at 25); a number the user typed is used as it is."""
+    import torch
+
+    from launcher.strategies.base import bucket_mb
+
+    small = torch.nn.Linear(1000, 1000)  # 4 MB of gradients
+    mid = torch.nn.Linear(8192, 8192)  # 256 MB
+    large = torch.nn.Sequential(*(torch.nn.Linear(8192, 8192) for _ in range(4)))  # 1 GB
+    frozen = torch.nn.Linear(8192, 8192).requires_grad_(False)
+    assert DDPConfig().bucket_cap_mb == 0
+    assert [bucket_mb(0, m) for m in (small, mid, large, frozen)] == [25, 51, 100, 25]
+    assert bucket_mb(10, large) == 10 and bucket_mb(300, small) == 300
+    with pytest.raises(ConfigError, match="bucket_cap_mb"):
+        DDPConfig(bucket_cap_mb=-1).check("strategy")
