@@ -24,8 +24,9 @@ CLASSES = [  # first match wins; names are CUDA kernels' as the profiler reports
     ("loss", re.compile(r"log_softmax|nll|cross_entropy|_softmax", re.I)),
     ("optimizer", re.compile(r"adam|multi_tensor|foreach|norm_.*clip|_amp_", re.I)),
     ("gemm", re.compile(r"gemm|nvjet|cutlass|sm\d+_xmma|ampere_|hopper|s16816|wgmma|cublas|mm_", re.I)),
+    ("fused elementwise", re.compile(r"^triton_", re.I)),  # inductor's kernels: norms, GELU, residuals, casts
     ("copy", re.compile(r"memcpy|memset|copy|cat", re.I)),
-    ("fused elementwise", re.compile(r"triton|elementwise|vectorized|reduce", re.I)),
+    ("elementwise", re.compile(r"elementwise|vectorized|reduce", re.I)),
 ]
 
 
