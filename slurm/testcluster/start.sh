@@ -90,7 +90,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
-SchedulerParameters=sched_interval=5,bf_interval=5
+SchedulerParameters=sched_interval=1,bf_interval=1
 ReturnToService=2
 MpiDefault=none
 StateSaveLocation=$DIR/state
