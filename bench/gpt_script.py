@@ -97,17 +97,8 @@ def main() -> None:
     flops_per_token = model.flops_per_token()
     net: torch.nn.Module = model
 
-    class WithLoss(torch.nn.Module):  # nanoGPT's forward(idx, targets): logits, then the loss, one graph
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def forward(self, idx, targets):
-            logits = self.model(idx)
-            return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
     if args.loss == "inside":
-        net = WithLoss(model)
+        net = with_loss(model)
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[local_rank] if cuda else None,
                                                         gradient_as_bucket_view=True, bucket_cap_mb=args.bucket_mb,
@@ -207,6 +198,22 @@ def main() -> None:
             "device": torch.cuda.get_device_name(device) if cuda else "cpu", "torch": torch.__version__}), flush=True)
     if world > 1:
         dist.destroy_process_group()
+
+
+def with_loss(model):
+    """`model` with nanoGPT's forward(idx, targets): the logits, then the loss in fp32, in one graph."""
+    import torch
+    import torch.nn.functional as F
+
+    class WithLoss(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, idx, targets):
+            return F.cross_entropy(self.model(idx).flatten(0, 1).float(), targets.flatten())
+
+    return WithLoss(model)
 
 
 def shards_on(pattern: str, context: int, device):

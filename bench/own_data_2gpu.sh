@@ -55,8 +55,9 @@ ddp-levers)
         >/dev/null || exit 1
     timeout 120 python3 bench/gpt_script.py --shards '/tmp/shards/*.bin' --steps 40 --epochs 3 2>&1 \
         | grep '"what"' | tee -a "$OUT/gpt-ddp-levers-$commit.jsonl"
-    for lever in ${LEVERS:-"--bucket-mb 25" "--bucket-mb 100" "--bucket-mb 300" "--static-graph" \
-                 "--ddp-hook bf16" "--no-optimize-ddp"}; do
+    levers=("--bucket-mb 25" "--bucket-mb 100" "--bucket-mb 300" "--static-graph" "--ddp-hook bf16" "--no-optimize-ddp")
+    [ -n "${LEVERS:-}" ] && IFS=';' read -ra levers <<< "$LEVERS"  # (LEVERS='--bucket-mb 50;--static-graph')
+    for lever in "${levers[@]}"; do
         timeout 150 python3 -m torch.distributed.run --standalone --nproc-per-node=2 bench/gpt_script.py \
             --shards '/tmp/shards/*.bin' --steps 40 --epochs 3 $lever 2>&1 | grep '"what"' \
             | tee -a "$OUT/gpt-ddp-levers-$commit.jsonl"

@@ -9,6 +9,8 @@
 #   launch-imagefolder: `launch recipe=imagefolder` alone, once per DECODES (default "auto"), EPOCHS epochs
 #   lightning: a recipe's TensorDatasets through launch against a Lightning Trainer (bench/lightning_dataset.py)
 #   gpt-levers: the nanoGPT-style script under each attention kernel and compile mode (what could beat it)
+#     (LEVERS='--sdpa cudnn;--loss outside' picks some; the max-autotune modes autotune for minutes each, and all eight
+#     do not fit one 600 s call)
 set -uo pipefail
 source bench/device_env.sh
 python3 -c "from nvidia import nvimgcodec; print('nvimgcodec', nvimgcodec.__version__)" 2>&1 | tail -1
@@ -37,9 +39,11 @@ if [ "$what" = all ] || [ "$what" = gpt ]; then
 fi
 if [ "$what" = gpt-levers ]; then
     python3 bench/make_token_shards.py /tmp/shards --shards 2 --tokens-per-shard 327680 --val-tokens 65536 >/dev/null
-    for lever in ${LEVERS:-"--sdpa default" "--sdpa cudnn" "--sdpa flash" "--sdpa efficient" \
-                 "--compile-mode max-autotune-no-cudagraphs" "--sdpa cudnn --compile-mode max-autotune-no-cudagraphs" \
-                 "--compile-mode max-autotune" "--loss outside"}; do
+    levers=("--sdpa default" "--sdpa cudnn" "--sdpa flash" "--sdpa efficient"
+            "--compile-mode max-autotune-no-cudagraphs" "--sdpa cudnn --compile-mode max-autotune-no-cudagraphs"
+            "--compile-mode max-autotune" "--loss outside")
+    [ -n "${LEVERS:-}" ] && IFS=';' read -ra levers <<< "$LEVERS"
+    for lever in "${levers[@]}"; do
         timeout 240 python3 bench/gpt_script.py --shards '/tmp/shards/*.bin' --steps 40 --epochs 3 $lever 2>&1 \
             | grep '"what"' | tee -a "$OUT/gpt-levers-$commit.jsonl"
     done

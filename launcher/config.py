@@ -407,7 +407,7 @@ class DDPConfig(StrategyConfig):
 
     def check(self, at: str) -> None:
         check_int(f"{at}.timeout_s", self.timeout_s, 1, f"{at}.timeout_s=600")
-        check_int(f"{at}.bucket_cap_mb", self.bucket_cap_mb, 0, f"{at}.bucket_cap_mb=25 (0: by the model's size)")
+        check_int(f"{at}.bucket_cap_mb", self.bucket_cap_mb, 0, f"{at}.bucket_cap_mb=0")
 
 
 @dataclass

@@ -17,7 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # (bench/: gpt_script's loss module)
 
 CLASSES = [  # first match wins; names are CUDA kernels' as the profiler reports them
     ("attention", re.compile(r"flash|fmha|cudnn.*attn|attention|sdpa", re.I)),
@@ -40,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    import torch.nn.functional as F
+    from gpt_script import with_loss
     from torch.profiler import ProfilerActivity, profile
 
     from launcher.recipes.text import GPT, peak_flops
@@ -52,15 +56,7 @@ def main() -> None:
     vocab = padded_vocab(50257)
     model = GPT(vocab, args.context, 12, 768, 12, 0.0).to(device)
 
-    class WithLoss(torch.nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def forward(self, idx, targets):
-            return F.cross_entropy(self.model(idx).flatten(0, 1).float(), targets.flatten())
-
-    net = torch.compile(WithLoss(model))
+    net = torch.compile(with_loss(model))
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.01, fused=True)
     tokens = torch.randint(0, 50257, (args.batch, args.context + 1), device=device)
 

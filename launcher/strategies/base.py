@@ -259,8 +259,8 @@ def bucket_mb(chosen: int, model: torch.nn.Module) -> int:
     the model's gradients, no less than torch's 25 and no more than 100. Small models keep torch's
     default; GPT-2 124M (498 MB of fp32 gradients) gets 100: on 2x H200 the nanoGPT-style script ran at
     822,872 tokens/s with 25 MB buckets and 856,627 with 100 (300: 855,852), BENCHMARKS.md issue 36.
-    Fewer buckets mean fewer graphs where dynamo splits a compiled model at them, and fewer all-reduce
-    launches; the last bucket, which nothing overlaps, stays at most 100 MB."""
+    Why was not measured apart (fewer buckets are fewer pieces where dynamo splits a compiled model, and
+    fewer all-reduces); the cap keeps the last bucket, which nothing overlaps, at most 100 MB."""
     if chosen:
         return chosen
     grad_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20

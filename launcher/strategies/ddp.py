@@ -180,4 +180,3 @@ class CapturedDDP(DDP):
 
     def collective_timeout(self) -> float | None:
         return float(self.options.timeout_s)
-

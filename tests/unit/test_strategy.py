@@ -146,10 +146,13 @@ def test_ddp_buckets_grow_with_the_model_unless_the_user_chose_them():
 
     from launcher.strategies.base import bucket_mb
 
-    small = torch.nn.Linear(1000, 1000)  # 4 MB of gradients
-    mid = torch.nn.Linear(8192, 8192)  # 256 MB
-    large = torch.nn.Sequential(*(torch.nn.Linear(8192, 8192) for _ in range(4)))  # 1 GB
-    frozen = torch.nn.Linear(8192, 8192).requires_grad_(False)
+    def linear(n):  # (on the meta device: sizes without memory)
+        return torch.nn.Linear(n, n, device="meta")
+
+    small = linear(1000)  # 4 MB of gradients
+    mid = linear(8192)  # 256 MB
+    large = torch.nn.Sequential(*(linear(8192) for _ in range(4)))  # 1 GB
+    frozen = linear(8192).requires_grad_(False)
     assert DDPConfig().bucket_cap_mb == 0
     assert [bucket_mb(0, m) for m in (small, mid, large, frozen)] == [25, 51, 100, 25]
     assert bucket_mb(10, large) == 10 and bucket_mb(300, small) == 300
