@@ -2,8 +2,8 @@
 
 Hydra composes the config from the YAML files in conf/ (values, with comments and the command that
 uses them) over these classes (types): a typo in a key or a value of the wrong type fails when the
-config is composed, with one line (launcher/host/hydra_errors.py); launcher/host/validate.py checks what
-a type cannot say (ranges, combinations). Workers get the composed config as these dataclasses, frozen
+config is composed, with one line (launcher/host/hydra_errors.py); each schema's `check` says what a
+type cannot (ranges, combinations), before anything starts. Workers get the composed config as these dataclasses, frozen
 (launcher/spec.py), never as a DictConfig.
 
 Sections, by who reads them:
@@ -16,6 +16,10 @@ Sections, by who reads them:
     backend    where the workers run (a group: local, slurm; launcher/host/backends)
     sweep      `launch -m` on this host
     fault      deliberate failures, to see supervision work
+    log        the trackers the epochs' figures go to (a group whose options are picked several at once:
+               log=[tensorboard,mlflow,csv]; launcher/train/trackers.py)
+    early_stop stop a run whose figure stopped improving
+    checkpoint last.pt every epoch, and the best epochs' (keep_best)
 and the keys typed most often (gpus, batch_size, epochs, lr, ...) at the top.
 
 To add an option to a group (a strategy, a backend, an optimizer, a recipe): its schema class here
@@ -652,6 +656,140 @@ class SweepConfig(Schema):
         check_int(f"{at}.parallel", self.parallel, 0, f"{at}.parallel=2")
 
 
+class Mode(Choice):
+    auto = "auto"  # min for a loss or an error (loss, mse, mae, error, bpb, ppl in its name), else max
+    min = "min"
+    max = "max"
+
+
+FIGURE_ALIASES = {"accuracy": "acc"}  # TensorBoard's tag names -> the figures' own (test/accuracy: test_acc)
+
+
+def figure_key(name: Any) -> str:
+    """A figure as typed (`val/mse`, `test/mse`, `test_mse`, `train/loss`, `loss`, `test/accuracy`) -> its key in
+    an epoch's row (metrics.jsonl, results.json): the held-out split's figures are test_NAME (val/ and eval/
+    name them too), the training ones train_NAME, the training loss `loss`."""
+    text = str(name).strip()
+    for prefixes, to in ((("val/", "val_", "valid/", "eval/", "test/"), "test_"), (("train/",), "train_")):
+        for prefix in prefixes:
+            if text.startswith(prefix) and len(text) > len(prefix):
+                rest = text[len(prefix):]
+                rest = FIGURE_ALIASES.get(rest, rest)
+                return "loss" if (to, rest) == ("train_", "loss") else to + rest
+    return text
+
+
+def smaller_is_better(key: str, mode: Mode | str) -> bool:
+    """Whether a smaller value of the figure `key` is better: as `mode` says, or by its name when auto."""
+    return minimized(key, "auto") if str(mode) == "auto" else str(mode) == "min"
+
+
+def _check_figure(key: str, value: Any, example: str) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value)):
+        raise ConfigError(key, value, "names a figure of the epoch line: test_NAME (or val/NAME, test/NAME) for a "
+                          "held-out figure, train_NAME or loss for a training one", example)
+
+
+@dataclass
+class CheckpointConfig(Schema):
+    """`checkpoint=false` turns checkpoints off; `checkpoint.keep_best=3 checkpoint.metric=test_acc` keeps the
+    best 3 epochs' checkpoints beside last.pt (launcher/train/best.py)."""
+
+    enabled: bool = True  # checkpoints/last.pt every epoch (atomically)
+    keep_best: int = 0  # also keep the best this many epochs' checkpoints (checkpoints/best.pt, best-epoch-N.pt)
+    # the figure that ranks them (default: early_stop.metric, else test_acc or the first test_NAME)
+    metric: str | None = None
+    mode: Mode = Mode.auto  # min | max | auto
+
+    def check(self, at: str) -> None:
+        check_int(f"{at}.keep_best", self.keep_best, 0, f"{at}.keep_best=3", high=1000)
+        _check_figure(f"{at}.metric", self.metric, f"{at}.keep_best=3 {at}.metric=test_acc")
+        if self.keep_best and not self.enabled:
+            raise ConfigError(f"{at}.keep_best", self.keep_best, "keeps the best of the run's checkpoints, and "
+                              f"{at}.enabled=false writes none", f"{at}.enabled=true {at}.keep_best={self.keep_best}")
+
+
+@dataclass
+class EarlyStopConfig(Schema):
+    """Stop a run whose figure stopped improving (launcher/train/early_stop.py): the same decision on every rank."""
+
+    metric: str | None = None  # the figure watched (test_mse, val/mse, loss, ...); null: never stop early
+    mode: Mode = Mode.auto  # min | max | auto
+    patience: int = 3  # evaluations without an improvement before the run stops
+    min_delta: float = 0.0  # an improvement smaller than this does not count
+
+    def check(self, at: str) -> None:
+        _check_figure(f"{at}.metric", self.metric, f"{at}.metric=test_loss {at}.patience=3")
+        check_int(f"{at}.patience", self.patience, 1, f"{at}.patience=3")
+        check_float(f"{at}.min_delta", self.min_delta, f"{at}.min_delta=0.001", positive=False)
+
+
+class WandbMode(Choice):
+    offline = "offline"  # written under the run dir only; `wandb sync DIR` sends it, if and when you choose
+    online = "online"
+    disabled = "disabled"
+
+
+@dataclass
+class TensorBoardLog(Schema):
+    folder: str = "tensorboard"  # under the run dir: tensorboard --logdir RUN_DIR
+
+
+@dataclass
+class CsvLog(Schema):
+    file: str = "metrics.csv"  # under the run dir: one row per epoch, a column per figure
+
+
+@dataclass
+class MlflowLog(Schema):
+    # null: MLFLOW_TRACKING_URI, else MLflow's own local store in the folder launch runs in (MLflow 3:
+    # sqlite:///mlflow.db, which `mlflow ui` there shows); a server's http://HOST:PORT, or file:./mlruns
+    tracking_uri: str | None = None
+    experiment: str | None = None  # default: the recipe's name
+    run_name: str | None = None  # default: the run dir's name
+    tags: dict[str, Any] = field(default_factory=dict)
+
+    def check(self, at: str) -> None:
+        if self.tracking_uri is not None and not str(self.tracking_uri).strip():
+            raise ConfigError(f"{at}.tracking_uri", self.tracking_uri, "give a URI (http://HOST:5000, "
+                              "sqlite:///mlflow.db, file:./mlruns) or leave it out", f"{at}.tracking_uri=http://127.0.0.1:5000")
+
+
+@dataclass
+class WandbLog(Schema):
+    mode: WandbMode = WandbMode.offline  # offline: nothing leaves the machine unless you run `wandb sync`
+    project: str | None = None  # default: launch-<recipe>
+    entity: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+# Where the epochs' figures go besides metrics.jsonl: `log=[tensorboard,mlflow,csv]` picks several options of
+# the `log` group at once (conf/log/<name>.yaml each fills its field of LogConfig); launcher/train/trackers.py
+# has one class per tracker. The pip package each needs, checked before any worker starts.
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "csv": None, "mlflow": "mlflow", "wandb": "wandb"}
+
+
+@dataclass
+class LogConfig(Schema):
+    # a tracker not installed or not reachable stops the launch before any worker (false: a warning; it goes on)
+    required: bool = True
+    tensorboard: TensorBoardLog | None = None
+    csv: CsvLog | None = None
+    mlflow: MlflowLog | None = None
+    wandb: WandbLog | None = None
+
+    @property
+    def chosen(self) -> list[str]:
+        """The trackers picked (`log=[...]`), in a fixed order."""
+        return [name for name in TRACKER_PACKAGES if getattr(self, name) is not None]
+
+    def check(self, at: str) -> None:
+        for name in self.chosen:
+            section = getattr(self, name)
+            if isinstance(section, Schema):
+                section.check(f"{at}.{name}")
+
+
 @dataclass
 class Config(Schema):
     # The four groups are typed by the option chosen: each option's YAML brings its own schema (a
@@ -666,6 +804,8 @@ class Config(Schema):
     data: DataConfig = field(default_factory=DataConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    log: LogConfig = field(default_factory=LogConfig)  # `log=[tensorboard,mlflow,csv]`: the trackers (conf/log/)
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     # The keys typed most often sit at the top level.
     gpus: Any = "auto"  # [0,1] ids | 2 a count | all | auto (all visible, else CPU) | [] or cpu: the CPU
     nprocs: int | None = None  # CPU ranks for ddp on the CPU (gpus=[]); with GPUs it is one per GPU
@@ -685,7 +825,9 @@ class Config(Schema):
     rdzv: str | None = None  # HOST:PORT where node 0's launch listens for the others
     rdzv_timeout_s: int = 300  # how long a node waits for all the others to join (and to rejoin after a restart)
     dry_run: bool = False  # print the plan, start nothing
-    checkpoint: bool = True  # write checkpoints/last.pt every epoch (atomically)
+    # checkpoints/last.pt every epoch, atomically (`checkpoint=false`: none); `checkpoint.keep_best=3
+    # checkpoint.metric=test_acc` keeps the best epochs' too (a section: CheckpointConfig; true/false stand for it)
+    checkpoint: Any = field(default_factory=CheckpointConfig)
     # also every this many steps inside an epoch (0: at epoch ends only): a restart or resume then continues the
     # epoch's global order from the next step, on any number of ranks
     checkpoint_every_steps: int = 0
@@ -694,7 +836,7 @@ class Config(Schema):
     # recipe's own (recipe.model).
     model: dict[str, Any] = field(default_factory=lambda: {"_target_": None})
     profile: bool = False  # torch.profiler over the second epoch: profile.txt and trace.json in the run dir
-    tensorboard: bool = True  # scalars every epoch into <run dir>/tensorboard
+    tensorboard: bool = True  # false: no TensorBoard even where `log` picks it (the switch before `log` existed)
     progress: Progress = Progress.auto
     # Your own torchrun-style script instead of a recipe (launcher/host/script.py): `args.KEY=V` become
     # `--KEY V`; what follows `--` on the command line is added after them.
@@ -702,8 +844,22 @@ class Config(Schema):
     args: dict[str, Any] = field(default_factory=dict)
     script_args: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.checkpoint, bool):  # (`checkpoint=false`, as before the section existed)
+            self.checkpoint = CheckpointConfig(enabled=self.checkpoint)
+        elif isinstance(self.checkpoint, dict):
+            self.checkpoint = CheckpointConfig(**self.checkpoint)
+
+    @property
+    def saves(self) -> bool:
+        """Whether the run writes checkpoints (checkpoint.enabled)."""
+        return bool(self.checkpoint.enabled)
+
     def check(self, at: str = "") -> None:
         """Every range and combination a type cannot express, section by section. Raises ConfigError."""
+        if not isinstance(self.checkpoint, CheckpointConfig):
+            raise ConfigError("checkpoint", self.checkpoint, "is true, false, or a section (checkpoint.keep_best=3 "
+                              "checkpoint.metric=test_acc)", "checkpoint=true")
         check_int("epochs", self.epochs, 1, "epochs=10")
         check_int("batch_size", self.batch_size, 1, "batch_size=256")
         check_int("accumulate", self.accumulate, 1, "accumulate=2", high=self.batch_size)

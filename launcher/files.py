@@ -40,6 +40,10 @@ OUTCOME = "outcome.json"  # how the launch of this run ended: exit code and its 
 CLAIM = ".launch-claim.json"  # which launch owns the dir: pid, host, start, command (host/rundir.py)
 NODE = "node.json"  # a launch over several machines: this node's rank, and where rank 0's run dir is
 RUN_ID = ".launch-run-id"  # the run's random name, which its checkpoints carry in their seal (integrity.py)
+SWEEP_MARK = ".launch-sweep"  # in a sweep dir: its runs are one sweep's (trackers group them: an MLflow parent run)
+BEST_INDEX = "best.json"  # checkpoints/: the best epochs kept (checkpoint.keep_best), best first
+BEST_CHECKPOINT = "best.pt"  # checkpoints/: the best of them (a hard link to its best-epoch-N.pt)
+CSV_METRICS = "metrics.csv"  # log=[csv]: one row per epoch
 WORLD_TOKEN = ".launch-world"  # rank 0's mark, by which the other nodes tell whether they see its run dir
 
 

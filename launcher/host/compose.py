@@ -276,6 +276,8 @@ def _groups() -> str:
         extra = (", or your own recipe: a file here (recipe=my_recipe for ./my_recipe.py) or a module path "
                  "(recipe=my_pkg.my_recipe)") if group == "recipe" else ""
         lines.append(f"  {group}: {', '.join(options)}{extra}")
+    trackers = sorted(p.name[:-5] for p in conf.joinpath("log").iterdir() if p.name.endswith(".yaml"))
+    lines.append(f"  log: {', '.join(trackers)} (several at once: log=[tensorboard,mlflow,csv]; log=[] for none)")
     return "\n".join(lines)
 
 

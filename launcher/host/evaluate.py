@@ -1,6 +1,7 @@
 """`launch eval RUN_DIR [key=value ...]`: evaluate a saved model, on any gpus and strategy.
 
     launch eval outputs/2026-11-22/10-00-00-cifar10-ab12              its test split, where launch picks
+    launch eval outputs/2026-11-22/10-00-00-cifar10-ab12 best         its best checkpoint (checkpoint.keep_best)
     launch eval outputs/.../checkpoints/last.pt gpus=[0,1] strategy=ddp
 
 The weights are read with weights_only=True; the run is a new run dir (TIME-RECIPE-eval-ID) holding
@@ -31,7 +32,9 @@ from launcher.host.resume import data_root_here, load_checkpoint, resolve
 
 log = logging.getLogger("launcher")
 
-USAGE = "launch eval RUN_DIR_OR_CHECKPOINT [key=value ...] (e.g. launch eval outputs/DATE/TIME-RECIPE-ID gpus=[0])"
+USAGE = ("launch eval RUN_DIR_OR_CHECKPOINT [best|last] [key=value ...] (e.g. launch eval outputs/DATE/TIME-RECIPE-ID "
+         "best gpus=[0])")
+WHICH = ("best", "last")  # the run's checkpoint to evaluate: best.pt (checkpoint.keep_best) or last.pt
 
 
 def _hydra_value(value: Any) -> str:
@@ -53,7 +56,16 @@ def command_line(argv: list[str]) -> list[str]:
     if len(argv) < 2 or "=" in argv[1] or argv[1].startswith("-"):
         raise LaunchError(f"launch eval needs the run dir or checkpoint to evaluate: {USAGE}")
     where, overrides = argv[1], argv[2:]
-    path = resolve(where, setting="launch eval")
+    which = "last"
+    if overrides and overrides[0] in WHICH:  # `launch eval RUN best`: its best checkpoint (checkpoint.keep_best)
+        which, overrides = overrides[0], overrides[1:]
+    bad = next((o for o in overrides if "=" not in o and not o.startswith("-")), None)
+    if bad is not None:
+        raise LaunchError(f"launch eval {where} {bad} is not valid: after the run dir come best or last, then "
+                          f"key=value overrides (e.g. launch eval {where} best gpus=[0])")
+    path = resolve(where, setting="launch eval", which=which)
+    if which == "best":
+        where = str(path)  # (what the eval run and its messages name)
     state = load_checkpoint(path, f"launch eval {where}")
     recipe = (state.get("config") or {}).get("recipe") or {}
     if not recipe.get("name"):

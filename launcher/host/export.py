@@ -4,7 +4,8 @@ The checkpoint's model weights (checkpoints/last.pt; under strategy=fsdp its tor
 folder, gathered whole here in host memory by torch's own `dcp_to_torch_save`) are written as a plain
 state_dict: `torch.load(OUT)` reads it into the recipe's network (`model.load_state_dict`). OUT ending in
 .safetensors writes safetensors instead (where the safetensors package is installed). Default OUT:
-RUN_DIR/model.pt; OUT a folder: OUT/model.pt. An existing file is never overwritten.
+RUN_DIR/model.pt (`best`: the run's best checkpoint, checkpoint.keep_best, to RUN_DIR/model-best.pt); OUT a
+folder: OUT/model.pt. An existing file is never overwritten.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from launcher.errors import LaunchError
 from launcher.files import disk_full, identity
 from launcher.host.resume import load_checkpoint, resolve
 
-USAGE = "launch export RUN_DIR [OUT.pt | OUT.safetensors]"
+USAGE = "launch export RUN_DIR [best|last] [OUT.pt | OUT.safetensors]"
 
 
 def weights(path: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -66,9 +67,10 @@ def _umask() -> int:
     return mask
 
 
-def export(value: str, out: str | None = None) -> Path:
-    path = resolve(value, setting="launch export").resolve()
-    target = Path(out).expanduser() if out else path.parent.parent / "model.pt"
+def export(value: str, out: str | None = None, which: str = "last") -> Path:
+    path = resolve(value, setting="launch export", which=which).resolve()
+    default = path.parent.parent / ("model-best.pt" if which == "best" else "model.pt")
+    target = Path(out).expanduser() if out else default
     if out and (target.is_dir() or out.endswith("/")):  # a folder: the file goes in it, as cp would put it
         target = target / "model.pt"
     def exists() -> LaunchError:
@@ -159,11 +161,14 @@ def place_new(written: Path, target: Path) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    which = "last"
+    if len(argv) > 1 and argv[1] in ("best", "last"):  # (a file named so: ./best)
+        which, argv = argv[1], [argv[0], *argv[2:]]
     if not argv or len(argv) > 2 or argv[0].startswith("-"):
         print(f"usage: {USAGE}", file=sys.stderr)
         return 2
     try:
-        export(argv[0], argv[1] if len(argv) > 1 else None)
+        export(argv[0], argv[1] if len(argv) > 1 else None, which=which)
     except LaunchError as err:
         print(f"launch: {err}", file=sys.stderr)
         return err.exit_code

@@ -72,6 +72,9 @@ def unknown_key(full_key: str, schema_name: str | None) -> str:
         return (f"unknown key '{full_key}': `launch --help` lists every key (one of your own in a free-form section "
                 f"such as args or backend.additional takes a leading +: launch +{full_key}=VALUE)")
     prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
+    if full_key.startswith("checkpoint.") and leaf in known:  # (`checkpoint=false` left no section to set it in)
+        return (f"{full_key} is not valid beside checkpoint=true/false, which stands for the whole section: write "
+                f"checkpoint.enabled=false (or true) instead (e.g. launch checkpoint.keep_best=3)")
     guess = difflib.get_close_matches(leaf, known, n=1)
     hint = f"did you mean {prefix}{guess[0]}? " if guess else ""
     listing = ", ".join(prefix + k for k in known)
@@ -116,6 +119,30 @@ def describe_hydra_error(exc: BaseException) -> str:
         close = difflib.get_close_matches(option, pool, n=1)
         example = f"did you mean {group}={close[0]}?" if close else f"e.g. launch {group}={options[0]}"
         return f"{group}={option} is not valid: choose one of {', '.join(options)}{own} ({example})"
+
+    if "Unexpected type for root: NoneType" in text:  # (a key of a tracker that log=[...] does not pick)
+        import sys
+
+        from launcher.config import TRACKER_PACKAGES
+
+        for arg in sys.argv[1:]:
+            key = arg.partition("=")[0].lstrip("+~")
+            parts = key.split(".")
+            if len(parts) > 2 and parts[0] == "log" and parts[1] in TRACKER_PACKAGES:
+                return (f"{key} sets the {parts[1]} tracker, which log does not pick: add it, e.g. launch "
+                        f"log=[tensorboard,{parts[1]}] {arg}")
+
+    m = re.search(r"Could not load '(log)/([^']+)'", text)  # (a group whose options are picked several at once)
+    if m:
+        from importlib import resources
+
+        group, option = m.group(1), m.group(2)
+        options = sorted(p.name[:-5] for p in resources.files("launcher.conf").joinpath(group).iterdir()
+                         if p.name.endswith(".yaml"))
+        close = difflib.get_close_matches(option, options, n=1)
+        example = f"did you mean {close[0]}?" if close else f"e.g. launch {group}=[{','.join(options[:2])}]"
+        return (f"{group}: {option} is not valid: choose any of {', '.join(options)}, several at once "
+                f"({group}=[tensorboard,mlflow]; {group}=[] for none) ({example})")
 
     m = re.search(r"full_key: (\S+)", text)
     full_key = m.group(1) if m else None

@@ -35,16 +35,17 @@ from typing import Any
 from launcher import integrity
 from launcher.config import Config, choices, flat_keys, saved_choices, to_plain
 from launcher.errors import LaunchError
-from launcher.files import CHECKPOINTS, LAST_CHECKPOINT, PREVIOUS_CHECKPOINT, last_checkpoint
+from launcher.files import BEST_CHECKPOINT, CHECKPOINTS, LAST_CHECKPOINT, PREVIOUS_CHECKPOINT, last_checkpoint
 
 # Settings a resumed run may differ in without it meaning anything for the training (not reported).
-_NOT_SETTINGS = {"resume", "dry_run", "progress", "tensorboard", "profile", "fault"}
+_NOT_SETTINGS = {"resume", "dry_run", "progress", "tensorboard", "profile", "fault", "log"}
 
 # Keys (and sections) a resume takes from this command line or the defaults, never from the checkpoint:
 # where the run runs (the machine may be another one; batch_size is global, so the training is the same
 # on any number of ranks), the speed settings (perf.*: the checkpoint holds them as the plan fitted them
 # to its machine and strategy, e.g. channels_last off on the CPU) and what concerns this launch only.
 NOT_CARRIED = ("resume", "dry_run", "max_restarts", "checkpoint", "progress", "tensorboard", "profile", "fault",
+               "log", "early_stop",
                "sweep", "script", "args", "script_args", "gpus", "nprocs", "nodes", "node_rank", "rdzv",
                "rdzv_timeout_s", "strategy", "backend", "eval.checkpoint", "data.root", "data.download",
                "data.placement", "perf")
@@ -74,10 +75,13 @@ class Resume:
         return f"resuming {self.path} after epoch {self.epoch} with its settings; changed here: {shown}"
 
 
-def resolve(value: str, search_root: Path = Path("outputs"), setting: str = "resume") -> Path:
+def resolve(value: str, search_root: Path = Path("outputs"), setting: str = "resume", which: str = "last") -> Path:
     """`resume` (or `setting`) -> the checkpoint file: a .pt file, a run dir holding checkpoints/last.pt,
     or `latest` (the newest under outputs/). `setting` is a key (resume) or a command (`launch eval`),
-    which the messages spell as typed: resume=VALUE, launch eval VALUE."""
+    which the messages spell as typed: resume=VALUE, launch eval VALUE. which="best" (`launch eval RUN best`):
+    the run's checkpoints/best.pt instead (checkpoint.keep_best)."""
+    if which == "best":
+        return _best(value, search_root, setting)
 
     def typed(v: str) -> str:
         return f"{setting} {v}" if " " in setting else f"{setting}={v}"
@@ -98,6 +102,22 @@ def resolve(value: str, search_root: Path = Path("outputs"), setting: str = "res
         raise LaunchError(f"{typed(value)} is not valid: {path} does not exist; give a run dir that holds "
                           f"checkpoints/last.pt, a .pt file, or latest (e.g. {example('latest')})")
     return path
+
+
+def _best(value: str, search_root: Path, setting: str) -> Path:
+    """The best checkpoint of the run `value` names (its dir, a checkpoint file in its checkpoints/, latest)."""
+    last = resolve(value, search_root, setting) if value == "latest" else Path(os.path.expanduser(value))
+    folder = last / CHECKPOINTS if last.is_dir() else last.parent
+    best = folder / BEST_CHECKPOINT
+    if best.is_file():
+        return best
+    run = folder.parent if folder.name == CHECKPOINTS else folder
+    if not folder.is_dir():
+        raise LaunchError(f"{setting} {value} best is not valid: {run} is not a run dir (give the run dir, e.g. "
+                          f"{setting} outputs/DATE/TIME-RECIPE-ID best)")
+    raise LaunchError(f"{setting} {value} best is not valid: {run} kept no best checkpoint (it was trained without "
+                      f"checkpoint.keep_best); use its last one ({setting} {value}), or train with "
+                      "checkpoint.keep_best=3")
 
 
 def _pickle_start(path: Path) -> bool:

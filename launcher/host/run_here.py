@@ -39,7 +39,7 @@ from launcher.files import (
     read_json,
     write_json,
 )
-from launcher.host import script
+from launcher.host import script, trackers
 from launcher.host.compose import to_yaml
 from launcher.host.evaluate import checkpoint_to_evaluate, pin, unpin
 from launcher.host.evaluate import summarize as summarize_evaluation
@@ -88,6 +88,9 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
             return _run_user_script(plan, run_dir, context)
         recipe = check_runnable(cfg)
         evaluate, checked = checkpoint_to_evaluate(cfg) if cfg.eval.checkpoint else (None, None)
+        if evaluate is None:  # (every tracker log=[...] picks works here, or goes with a warning)
+            tracked, untracked = trackers.check(plan.config)
+            plan = dataclasses.replace(plan, config=tracked, notes=(*plan.notes, *untracked))
         if evaluate is not None:  # one pass over the test split: compiling would cost more than it saves
             plan = dataclasses.replace(plan, config=derive(plan.config, perf=derive(plan.config.perf, compile=False)))
         resume = inspect_resume(cfg.resume, plan.config) if cfg.resume and not requeued else None
@@ -285,6 +288,14 @@ def summarize(results: dict | None, run_dir: Path, elapsed: float) -> None:
     timed = results.get("timed") or {}
     if timed.get("train_eval_s"):
         acc_text += f", training + evaluation {timed['train_eval_s']:.2f}s ({timed['clock']})"
+    stopped = results.get("stopped_early")
+    if isinstance(stopped, dict):  # (early_stop: exit 0, said here as in the epoch line and results.json)
+        acc_text = f"stopped early after epoch {stopped.get('epoch')} of {results.get('epochs')}, {acc_text}"
+    kept = (results.get("best_checkpoint") or {}).get("kept") or []
+    if kept:
+        best = kept[0]
+        acc_text += (f"; best.pt: epoch {best['epoch']} ({results['best_checkpoint']['metric']} {best['value']:.4g}, "
+                     f"launch eval {run_dir} best)")
     curves = run_dir / CURVES
     log.info("done in %.1fs: %s. results: %s  checkpoints: %s  log: %s%s%s", elapsed, acc_text,
              run_dir / RESULTS, run_dir / CHECKPOINTS, run_dir / LOG,

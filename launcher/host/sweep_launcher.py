@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from hydra.plugins.launcher import Launcher
 from omegaconf import OmegaConf, open_dict, read_write
 
 from launcher.errors import LaunchError
+from launcher.files import SWEEP_MARK, write_json
 from launcher.host import backends
 from launcher.host.compose import typed
 from launcher.host.outcome import RunFailed
@@ -53,6 +55,8 @@ class SweepLauncher(Launcher):
         setup_globals()
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        if not (sweep_dir / SWEEP_MARK).exists():  # (its runs are one sweep's: trackers group them by it)
+            write_json(sweep_dir / SWEEP_MARK, {"sweep_dir": str(sweep_dir), "started_unix": round(time.time(), 3)})
         jobs = [self._compose(num, list(overrides)) for num, overrides in enumerate(job_overrides, initial_job_idx)]
         inline = existing_world() is not None  # inside torchrun/srun every rank runs the sweep, here
         returns: dict[int, Any] = {}

@@ -27,6 +27,7 @@ import torch
 from launcher import integrity
 from launcher.errors import LaunchError
 from launcher.files import CHECKPOINTS, LAST_CHECKPOINT, PREVIOUS_CHECKPOINT, DiskFull, disk_full, write_atomic
+from launcher.train import best
 
 log = logging.getLogger("launcher.train")
 
@@ -164,7 +165,8 @@ def _dcp_state(nets: Nets, steppers: list[Stepper]) -> dict[str, Any]:
 
 
 def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: torch.device, path: Path,
-                 epoch: int, plain: dict[str, Any], writer: BackgroundWriter) -> None:
+                 epoch: int, plain: dict[str, Any], writer: BackgroundWriter,
+                 then: Callable[[Path, str | None], None] | None = None) -> None:
     """Every rank writes its shards to checkpoints/epoch-<epoch>.dcp (torch.distributed.checkpoint); then
     rank 0 writes `path` (last.pt: the schedules, RNG, epoch, history and config, and which folder holds
     the tensors) atomically and removes the folders of earlier epochs but the one previous.pt names. A
@@ -189,9 +191,12 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
             return
         before = _sharded_folder(path)  # (the folder last.pt names now: previous.pt will name it)
         save_atomic(state, path, folder)
+        keep = {folder.name, before} | best.kept_folders(path.parent)  # (and those the best checkpoints name)
         for old in path.parent.glob("epoch-*.dcp"):
-            if old.name not in (folder.name, before):
+            if old.name not in keep:
                 shutil.rmtree(old, ignore_errors=True)
+        if then is not None:
+            then(path, folder.name)
 
     def failed(exc: BaseException) -> BaseException:
         """What to raise for a save that failed on some rank (every rank hears of it, after every rank's
@@ -504,16 +509,20 @@ class BackgroundWriter:
             self._pending.popleft().result()  # (raises a failed write's error)
         return time.perf_counter() - t
 
-    def submit(self, snapshot: HostSnapshot, path: Path) -> None:
+    def submit(self, snapshot: HostSnapshot, path: Path,
+               then: Callable[[Path, str | None], None] | None = None) -> None:
+        """Write `snapshot` to `path`; then, on the same thread, `then(path, None)` (the best checkpoints)."""
         self.make_room()
-        self._pending.append(self._pool.submit(self._write, snapshot, path))
+        self._pending.append(self._pool.submit(self._write, snapshot, path, then))
 
-    def _write(self, snapshot: HostSnapshot, path: Path) -> None:
+    def _write(self, snapshot: HostSnapshot, path: Path, then: Callable[[Path, str | None], None] | None) -> None:
         import time
 
         t = time.perf_counter()
         save_snapshot(snapshot, path)
         self.last_write_s = time.perf_counter() - t
+        if then is not None:
+            then(path, None)
 
     def track_sharded(self, future: Any, finish: Callable[[], None],
                       failed: Callable[[BaseException], BaseException]) -> None:

@@ -80,6 +80,19 @@ def eval_chunks(n: int, chunk: int, world_size: int = 1, rank: int = 0,
     return list(shard.split(chunk))
 
 
+def warm_up_chunks(mine: list[torch.Tensor], n: int, chunk: int, world_size: int,
+                   lockstep: bool) -> list[torch.Tensor]:
+    """The chunks an evaluation's warm-up runs (one forward of each chunk size, so compiling and cuDNN's
+    autotuning stay out of the timed evaluation): one of each size among this rank's chunks `mine`; where
+    every rank's forward is a collective (`lockstep`, fsdp), one of each size that ANY rank's chunks have,
+    in the same order on every rank. (Each rank's own sizes differ where the split is uneven, [16, 16]
+    against [16, 15]: the rank with the extra forward waited forever in its all-gather, seen on 2x H200.)"""
+    if not lockstep or world_size == 1:
+        return list({len(c): c for c in mine}.values())
+    sizes = sorted({len(c) for r in range(world_size) for c in eval_chunks(n, chunk, world_size, r, True)})
+    return [torch.arange(size) for size in sizes]
+
+
 def choose_placement(requested: Placement | str, device: torch.device, nbytes: int) -> tuple[str, str]:
     """(placement, why) for a dataset of `nbytes` on `device`."""
     requested = str(requested)

@@ -37,15 +37,26 @@ from typing import Any
 
 import torch
 
-from launcher.config import DEFAULT_OBJECTIVE, Config, Precision, minimized, model_name, to_plain
+from launcher.config import (
+    DEFAULT_OBJECTIVE,
+    Config,
+    Precision,
+    figure_key,
+    minimized,
+    model_name,
+    smaller_is_better,
+    to_plain,
+)
 from launcher.errors import ConfigError, ExplainedStop
-from launcher.files import CONFUSION, CURVES, EVAL, last_checkpoint, write_json
+from launcher.files import CONFUSION, CURVES, EVAL, RESULTS, last_checkpoint, write_json
 from launcher.models import configured, from_config
 from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
-from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, reporting
-from launcher.train.data import Data, eval_chunks, rank_order
+from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, reporting, trackers
+from launcher.train.best import BestCheckpoints
+from launcher.train.data import Data, eval_chunks, rank_order, warm_up_chunks
+from launcher.train.early_stop import EarlyStop, check_named, default_figure
 from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog, write_results
 from launcher.train.optim import Stepper
@@ -95,7 +106,7 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     trainer = None
     try:
         # (a world over several machines: rank 0's run dir, and whether every rank sees it)
-        dirs = nodes.meet(world, Path(spec.run_dir), strategy.sharded, cfg.checkpoint and not spec.evaluate,
+        dirs = nodes.meet(world, Path(spec.run_dir), strategy.sharded, cfg.saves and not spec.evaluate,
                           settings=to_plain(cfg))
         trainer = Trainer(spec, world, device, timeline, dirs)
         results = trainer.evaluate(spec.evaluate) if spec.evaluate else trainer.run()
@@ -120,6 +131,7 @@ class Start:
     source: str | None = None
     step: int = 0  # steps of `epoch` already done (a checkpoint written inside an epoch)
     generator: torch.Tensor | None = None  # the augmentation generator's state there
+    own: bool = False  # from this run dir's own checkpoint (a restart or requeue): its trackers' runs go on
 
 
 @dataclass
@@ -208,6 +220,10 @@ class Trainer:
         self.step_s: float | None = None  # the last epoch's seconds per step (the slowest rank's)
         self.stager: checkpoint.Stager | None = None  # rank 0 on a GPU: checkpoint copies staged on the device
         self.asides: list[_Aside] = []  # set-up work on threads, waited for at the first epoch's end
+        self.early_stop = EarlyStop.from_config(self.cfg)  # early_stop.metric: None when not asked
+        self.stopped_early: dict[str, Any] | None = None  # why the run stopped before its last epoch
+        self.best: BestCheckpoints | None = None  # checkpoint.keep_best (rank 0, from the first evaluation)
+        self.trackers = trackers.Trackers(self.cfg, self.run_dir, self.is_main)  # log=[mlflow,csv,wandb]
 
     # ---- the run, top to bottom --------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
@@ -221,11 +237,20 @@ class Trainer:
         start = self._resume()
         self.faults.check_reach(self.cfg.epochs * self.steps_per_epoch, start.epoch * self.steps_per_epoch + start.step)
         self.timeline.mark("model_built")
+        try:
+            return self._run(start, t_start)
+        finally:
+            self.trackers.close()  # (what they were sent goes first; FAILED where the run did not end well)
+
+    def _run(self, start: Start, t_start: float) -> dict[str, Any] | None:
+        self.trackers.start(start.history, restarted=start.own)
         with contextlib.ExitStack() as stack:
             self.writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter()))
             self.preemption = stack.enter_context(contextlib.closing(PreemptionWatch(self.spec.requeue)))
             self.tensorboard = stack.enter_context(contextlib.closing(
-                reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard)))
+                reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard
+                                         and self.cfg.log.tensorboard is not None,
+                                         self.cfg.log.tensorboard.folder if self.cfg.log.tensorboard else None)))
             # (the writer opened beside the warm-up; the first epoch's end waits for it, and so does
             # the exit, before the writer is closed)
             if self.tensorboard.enabled:
@@ -234,6 +259,7 @@ class Trainer:
             self.bar = progress.EpochBar(progress.wanted(str(self.cfg.progress), self.is_main), self.device,
                                          self.cfg.epochs, self.data.unit)
             self._warm_up()
+            self.trackers.wait_started()
             history = self._epochs(start)
             self.data.close()  # (its DataLoader workers, if any: nothing reads from them any more)
         # (the writer is closed: the last checkpoint is on disk before the run reports itself done)
@@ -241,10 +267,18 @@ class Trainer:
         # (a sharded model's forward takes every rank, so all of them run the recipe's finish)
         finished = self.recipe.finish(self.nets.module, self.run_dir, self.device, self.is_main) \
             if self.is_main or self.strategy.sharded else {}
+        # (the trained weights for MLflow or W&B to keep; gathered from every rank's shards under fsdp)
+        state = self.strategy.state_dict(self.nets) if self.trackers.want_weights or (
+            self.strategy.sharded and (self.cfg.log.mlflow or self.cfg.log.wandb)) else None
         if not self.is_main:
             return None
         reporting.plot_curves(history, self.run_dir / CURVES)
-        return self._results(history, digests, devices, start.source, time.perf_counter() - t_start, finished)
+        results = self._results(history, digests, devices, start.source, time.perf_counter() - t_start, finished)
+        if self.trackers.active:
+            weights = trackers.weights_file(state) if state else None
+            self.trackers.finish(results, [self.run_dir / CURVES, self.run_dir / RESULTS], weights)
+            self.trackers.ok = True
+        return results
 
     def evaluate(self, source: str) -> dict[str, Any] | None:
         """`launch eval`: the saved weights of `source` on the test split (the recipe's predict, so its
@@ -500,7 +534,7 @@ class Trainer:
             step = min(samples // self.cfg.batch_size, self.steps_per_epoch)
         optim.continue_with(self.steppers, settings, epoch * self.steps_per_epoch + step)
         generator = state.get("generator") if step else None
-        return Start(epoch, list(state.get("history", [])), source, step, generator)
+        return Start(epoch, list(state.get("history", [])), source, step, generator, own=mine)
 
     def _own_checkpoint(self, own: Path) -> tuple[str, dict[str, Any]]:
         """A restart's checkpoint where every rank reads the run dir: rank 0 checks last.pt against its seal
@@ -720,11 +754,14 @@ class Trainer:
             with profiled(self.run_dir) if profiling else contextlib.nullcontext():
                 queued = self._train_epoch(epoch, pending, first)
             deciding = self.compiled.pending and epoch + 1 < cfg.epochs
-            if epoch + 1 == cfg.epochs or deciding or not self.strategy.overlaps_epoch_ends:
+            # (early stopping decides before the next epoch changes the weights: its epochs end at once)
+            if epoch + 1 == cfg.epochs or deciding or not self.strategy.overlaps_epoch_ends or self.early_stop:
                 self._conclude(queued)
                 pending = None
             else:
                 pending = queued
+            if self.stopped_early is not None:
+                break
         return self.history
 
     def _upcoming(self, epoch: int) -> torch.Tensor | None:
@@ -771,7 +808,7 @@ class Trainer:
         host_start = time.perf_counter()
         batches = self.bar.wrap(self.data.train.batches(order, epoch), epoch, steps,
                                 self.cfg.batch_size * self.data.targets_per_sample)
-        every = self.cfg.checkpoint_every_steps if self.cfg.checkpoint else 0
+        every = self.cfg.checkpoint_every_steps if self.cfg.saves else 0
         with contextlib.closing(batches):
             for step, (batch, idx) in enumerate(batches):
                 if pending is not None and step == conclude_at:
@@ -825,7 +862,7 @@ class Trainer:
             figures += evaluation.figures.tensors()
         row["lr"] = self.steppers[0].scheduler.get_last_lr()[0]
         snapshot, snapshot_start = None, time.perf_counter()
-        if self.is_main and self.cfg.checkpoint and not self.strategy.sharded:
+        if self.is_main and self.cfg.saves and not self.strategy.sharded:
             # copied now (the next steps change the weights in place), completed and written at the conclusion
             if self.stager is None and self.device.type == "cuda":
                 self.stager = checkpoint.Stager(self.device)
@@ -891,24 +928,50 @@ class Trainer:
             if self.writer.last_write_s is not None:
                 row["checkpoint_write_s"] = round(self.writer.last_write_s, 3)
         self.history.append(row)
+        if self.early_stop is not None and epoch + 1 < cfg.epochs:  # (the same on every rank: the rows are)
+            self.stopped_early = self.early_stop.judge(self.history)
+            if self.stopped_early is not None:
+                row["stopped_early"] = self.stopped_early["reason"]
+        then = self._best_after(row)  # (checkpoint.keep_best: this epoch is among the best)
         if queued.snapshot is not None:
             queued.snapshot.add(epoch=epoch + 1, history=list(self.history), config=to_plain(cfg))
-            self.writer.submit(queued.snapshot, last_checkpoint(self.run_dir))
-        elif self.strategy.sharded and cfg.checkpoint:  # (its epochs end at once: the state is the epoch's)
+            self.writer.submit(queued.snapshot, last_checkpoint(self.run_dir), then=then)
+        elif self.strategy.sharded and cfg.saves:  # (its epochs end at once: the state is the epoch's)
             checkpoint.save_sharded(strategy, self.nets, self.steppers, self.device, last_checkpoint(self.run_dir),
                                     epoch + 1, {"epoch": epoch + 1, "history": list(self.history),
-                                                "config": to_plain(cfg)}, writer=self.writer)
+                                                "config": to_plain(cfg)}, writer=self.writer, then=then)
         if self.is_main:
             self.metrics_log.append(row)
             self.tensorboard.epoch(row)
+            self.trackers.epoch(row)
             self.bar.epoch_done(row)
             self._log_epoch(row)
             self.advised = self.advised or self._advise(row, epoch)
-        more_to_do = epoch + 1 < cfg.epochs and cfg.checkpoint
+        more_to_do = epoch + 1 < cfg.epochs and cfg.saves and self.stopped_early is None
         if stop > 0 and more_to_do and self.preemption.may_requeue(warn=self.is_main):
             self._stop_for_requeue(epoch + 1)
-        if self.compiled.pending and epoch + 1 < cfg.epochs:
+        if self.compiled.pending and epoch + 1 < cfg.epochs and self.stopped_early is None:
             self._compile_if_it_pays(span_s, cfg.epochs - epoch - 1)
+
+    def _best_after(self, row: dict[str, Any]) -> Callable[[Path, str | None], None] | None:
+        """checkpoint.keep_best on rank 0: where this epoch is among the best so far by checkpoint.metric,
+        what the checkpoint writer does once its last.pt is on disk (link it as one of the best)."""
+        section = self.cfg.checkpoint
+        if not (section.keep_best and self.is_main and self.cfg.saves):
+            return None
+        if self.best is None:
+            typed = section.metric or self.cfg.early_stop.metric
+            key = figure_key(typed) if typed else default_figure(row)
+            if key is None or (key.startswith("test_") and not any(k.startswith("test_") for k in row)):
+                return None  # (not evaluated after this epoch: eval.every)
+            check_named(key, typed or key, "checkpoint.metric", row)
+            mode = section.mode if section.metric or not self.cfg.early_stop.metric else self.cfg.early_stop.mode
+            self.best = BestCheckpoints(last_checkpoint(self.run_dir).parent, section.keep_best, key,
+                                        smaller_is_better(key, mode))
+        best, epoch, value = self.best, int(row["epoch"]), row.get(self.best.key)
+        if not best.ranks(epoch, value):
+            return None
+        return lambda last, shards: best.keep(epoch, float(value), last, shards)
 
     def _first_step_done(self) -> None:
         self._sync()
@@ -922,7 +985,7 @@ class Trainer:
         # ResNet-18's state). Done here on this thread, with TensorBoard's import and writer, that work
         # left recipe=cifar10_fast's first epoch GPU idle 0.1 s, 0.4 s on a fresh machine (BENCHMARKS.md).
         self.strategy.prepare_reduce_host()
-        if self.is_main and self.cfg.checkpoint and self.device.type == "cuda" and not self.strategy.sharded:
+        if self.is_main and self.cfg.saves and self.device.type == "cuda" and not self.strategy.sharded:
             state = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device)
             self.asides.append(_Aside(self.device, checkpoint.warm_pinned_memory, state,
                                       copies=checkpoint.BackgroundWriter.QUEUED + 1))
@@ -1010,8 +1073,10 @@ class Trainer:
         if not (self.compiled.compile or self.captures) or not self.data.in_memory:
             return
         start = time.perf_counter()
-        one_of_each = {len(c): c for c in chunks}.values()
-        for batch, _ in self.data.test.batches(list(one_of_each)):
+        s = self.strategy
+        one_of_each = warm_up_chunks(chunks, len(self.data.test), max(1, self.cfg.eval.batch_size // s.world_size),
+                                     s.world_size, s.lockstep_eval)
+        for batch, _ in self.data.test.batches(one_of_each):
             with self.autocast():
                 self.recipe.eval_step(self.nets.eval, self._eval_inputs(batch))
         self._sync()
@@ -1041,7 +1106,7 @@ class Trainer:
         self.writer.wait()
         steps = self.steps_per_epoch
         last = last_checkpoint(self.run_dir)
-        if epoch > 0 and last.exists() and self.cfg.checkpoint:
+        if epoch > 0 and last.exists() and self.cfg.saves:
             good = (f"the last good checkpoint is {last} (after epoch {epoch}); resume from it with "
                     f"resume={self.run_dir} and a lower lr (now {self.cfg.lr})")
         else:
@@ -1088,6 +1153,8 @@ class Trainer:
         if row.get("overflow_steps"):
             parts.append(f"fp16 overflow {row['overflow_steps']} steps (skipped)")
         parts += [f"input wait {100 * row['input_stall']:.1f}%", f"{row['epoch_s']:.2f}s"]
+        if row.get("stopped_early"):
+            parts.append(f"stopping early: {row['stopped_early']}")
         log.info("%s", "  ".join(parts))
 
     def _advise(self, row: dict[str, Any], epoch: int) -> bool:
@@ -1151,6 +1218,9 @@ class Trainer:
             **{k: v for k, v in final.items() if k.startswith("test_") and k != "test_acc"},
             "objective": objective,
             f"best_{objective}": best,
+            "epochs_run": len(history),
+            "stopped_early": self.stopped_early,  # None, or why the run stopped before its last epoch (early_stop)
+            "best_checkpoint": ({"metric": self.best.key, "kept": self.best.kept} if self.best is not None else None),
             "skipped_samples": sum(int(r.get("skipped", 0)) for r in history),
             # (each evaluation reads the same files: the last one's count)
             "skipped_eval_samples": int(final.get("eval_skipped", 0)),

@@ -2,11 +2,11 @@
 
     tensorboard --logdir <run dir>       # loss, accuracy, lr, img/s, GPU memory, input wait per epoch
 
-TensorBoard goes through torch.utils.tensorboard into `<run dir>/tensorboard/` (`tensorboard=false`
-turns it off); the forkserver imports it (launcher/train/preload.py) and the trainer opens the writer
-on a thread of its own while the run warms up (launcher/train/loop.py), so neither the start-up nor the
-first epoch waits for it. `curves.png` is drawn from the epoch history with matplotlib, so a run that
-is resumed draws its whole history.
+TensorBoard goes through torch.utils.tensorboard into `<run dir>/tensorboard/` (one of the trackers
+`log=[...]` picks, the default; the others are in launcher/train/trackers.py); the forkserver imports it
+(launcher/train/preload.py) and the trainer opens the writer on a thread of its own while the run warms
+up (launcher/train/loop.py), so neither the start-up nor the first epoch waits for it. `curves.png` is
+drawn from the epoch history with matplotlib, so a run that is resumed draws its whole history.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ def figure_tag(key: str) -> str | None:
 
 
 class TensorBoardLog:
-    def __init__(self, run_dir: Path, enabled: bool):
-        self.folder = Path(run_dir) / TENSORBOARD
+    def __init__(self, run_dir: Path, enabled: bool, folder: str | None = None):
+        self.folder = Path(run_dir) / (folder or TENSORBOARD)
         self.enabled = enabled
         self._writer = None
 

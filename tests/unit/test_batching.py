@@ -2,7 +2,7 @@
 
 import torch
 
-from launcher.train.data import eval_chunks, rank_order
+from launcher.train.data import eval_chunks, rank_order, warm_up_chunks
 from launcher.train.optim import linear_decay, triangular_schedule
 
 
@@ -34,6 +34,17 @@ def test_eval_chunks_split_the_test_set_between_ranks():
     chunks = [eval_chunks(1001, 100, world_size=2, rank=r) for r in range(2)]
     flat = sorted(torch.cat(chunks[0] + chunks[1]).tolist())
     assert flat == list(range(1001)) and max(len(c) for c in chunks[0]) == 100
+
+
+def test_under_fsdp_every_rank_warms_evaluation_up_with_the_same_forwards():
+    # GPT-2 on 2x H200 hung at its last epoch: 63 held-out windows in chunks of 16 a rank are [16, 16] on
+    # rank 0 and [16, 15] on rank 1, and the warm-up ran one forward per size of each rank's own chunks
+    for n, chunk, world in ((63, 16, 2), (1001, 100, 4), (10, 3, 3), (64, 16, 2)):
+        mine = [eval_chunks(n, chunk, world, r, equal_counts=True) for r in range(world)]
+        warmed = [[len(c) for c in warm_up_chunks(mine[r], n, chunk, world, lockstep=True)] for r in range(world)]
+        assert all(w == warmed[0] for w in warmed)  # the same forwards, in the same order, on every rank
+        assert set(warmed[0]) == {len(c) for chunks in mine for c in chunks}  # each size any rank evaluates
+    assert [len(c) for c in warm_up_chunks(eval_chunks(63, 16, 2, 1, True), 63, 16, 2, lockstep=False)] == [16, 15]
 
 
 def test_triangular_schedule_rises_then_falls_to_zero():

@@ -36,6 +36,7 @@ from launcher.bytecode import enable as keep_bytecode
 from launcher.config import Config, LocalBackendConfig, SlurmBackendConfig, derive
 from launcher.errors import LaunchError
 from launcher.files import CONFIG, LOG, PREEMPTED, RESULTS, SLURM_RECORD
+from launcher.host import trackers
 from launcher.host.backends.base import Backend
 from launcher.host.compose import allow_imports_from_cwd, to_yaml
 from launcher.host.gpus import GpuRequest
@@ -197,6 +198,7 @@ class SlurmBackend(Backend):
 
     def check(self, cfg: Config) -> None:
         check_runnable(cfg)
+        trackers.check(cfg)  # (installed here; the job's own launch checks again where it runs)
         sbatch_parameters(cfg)  # tasks, GPUs and the batch split of the job
 
     def run(self, cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:

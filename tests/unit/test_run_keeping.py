@@ -1,0 +1,160 @@
+"""The trackers' config (log=[...]) and their check before any worker, figure names, early stopping's
+decision and the best checkpoints' bookkeeping, without starting a run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from launcher.config import CheckpointConfig, Config, figure_key
+from launcher.errors import LaunchError
+from launcher.host import trackers as host_trackers
+from launcher.host.compose import typed
+from launcher.train.best import BestCheckpoints, kept_folders
+from launcher.train.early_stop import EarlyStop
+from tests.conftest import launch_command
+
+
+def compose(*overrides):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    from launcher.host.compose import register
+
+    register(list(overrides))
+    with initialize_config_module("launcher.conf", version_base=None):
+        return typed(hydra_compose("config", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize(("typed_name", "key"), [
+    ("val/mse", "test_mse"), ("test/mse", "test_mse"), ("test_mse", "test_mse"), ("eval/acc", "test_acc"),
+    ("test/accuracy", "test_acc"), ("train/loss", "loss"), ("loss", "loss"), ("train/acc", "train_acc"),
+    ("img_per_s", "img_per_s"),
+])
+def test_a_figure_is_named_as_users_type_it(typed_name, key):
+    assert figure_key(typed_name) == key
+
+
+def test_log_picks_several_trackers_and_tensorboard_alone_by_default():
+    assert compose().log.chosen == ["tensorboard"]
+    cfg = compose("log=[tensorboard,mlflow,csv]", "log.mlflow.tracking_uri=http://127.0.0.1:5000",
+                  "log.required=false")
+    assert cfg.log.chosen == ["tensorboard", "csv", "mlflow"] and not cfg.log.required
+    assert cfg.log.mlflow.tracking_uri == "http://127.0.0.1:5000" and cfg.log.csv.file == "metrics.csv"
+    assert compose("log=[]").log.chosen == []
+    assert str(compose("log=[wandb]").log.wandb.mode) == "offline"  # nothing leaves the machine unless asked
+
+
+def test_checkpoint_is_a_section_and_true_false_still_stand_for_it():
+    assert compose().checkpoint == CheckpointConfig() and compose().saves
+    assert not compose("checkpoint=false").saves
+    cfg = compose("checkpoint.keep_best=3", "checkpoint.metric=val/mse", "checkpoint.mode=min")
+    assert cfg.checkpoint.keep_best == 3 and cfg.checkpoint.metric == "val/mse" and str(cfg.checkpoint.mode) == "min"
+    assert Config(checkpoint=False).checkpoint.enabled is False  # (a config built in code takes a bool too)
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("log=[tensorbord]",), "log: tensorbord is not valid: choose any of csv, mlflow, tensorboard, wandb"),
+    (("log.mlflow.tracking_uri=http://x",), "log.mlflow.tracking_uri sets the mlflow tracker, which log does not "
+                                            "pick: add it, e.g. launch log=[tensorboard,mlflow]"),
+    (("checkpoint=false", "checkpoint.keep_best=2"), "checkpoint.keep_best is not valid beside checkpoint=true/false"),
+    (("checkpoint.enabled=false", "checkpoint.keep_best=2"), "checkpoint.keep_best=2 is not valid: keeps the best"),
+    (("checkpoint.keep_best=-1",), "checkpoint.keep_best=-1 is not valid"),
+    (("early_stop.metric=test_loss", "early_stop.patience=0"), "early_stop.patience=0 is not valid"),
+    (("early_stop.mode=down",), "early_stop.mode=down is not valid: choose one of auto, min, max"),
+])
+def test_bad_keeping_settings_are_one_line_and_exit_2(tmp_path, args, expected):
+    proc = subprocess.run(launch_command(*args, "gpus=[]", "dry_run=true"), cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert expected in lines[0]
+
+
+def test_a_tracker_that_is_not_installed_stops_the_launch_or_is_left_out(monkeypatch):
+    real = host_trackers.importlib.util.find_spec
+    monkeypatch.setattr(host_trackers.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(LaunchError, match=r"log picks wandb, and the wandb package is not installed here \(pip "
+                                          r"install wandb\); or drop it from log=\[...\], or log.required=false"):
+        host_trackers.check(compose("log=[tensorboard,wandb]"))
+    cfg, warnings = host_trackers.check(compose("log=[tensorboard,wandb]", "log.required=false"))
+    assert cfg.log.chosen == ["tensorboard"] and "the run goes on without wandb" in warnings[0]
+
+
+def test_tensorboard_false_still_turns_tensorboard_off():
+    cfg, _ = host_trackers.check(compose("tensorboard=false", "log=[tensorboard,csv]"))
+    assert cfg.log.chosen == ["csv"]
+
+
+# ---- early stopping ---------------------------------------------------------------------------------
+
+def rows(values, key="test_loss", evaluated=None):
+    return [{"epoch": i + 1, "loss": 1.0, **({key: v} if evaluated is None or (i + 1) in evaluated else {})}
+            for i, v in enumerate(values)]
+
+
+def judge(history, **settings):
+    cfg = compose(*(f"early_stop.{k}={v}" for k, v in settings.items()))
+    return EarlyStop.from_config(cfg).judge(history)
+
+
+def test_early_stop_counts_evaluations_without_improvement():
+    history = rows([1.0, 0.5, 0.6, 0.55, 0.7])
+    assert judge(history[:3], metric="val/loss", patience=2) is None
+    assert judge(history[:4], metric="val/loss", patience=2)["epoch"] == 4
+    assert judge(history[:4], metric="val/loss", patience=3) is None
+    stop = judge(history, metric="val/loss", patience=3)
+    assert stop["epoch"] == 5 and stop["best"] == 0.5 and stop["best_epoch"] == 2 and stop["metric"] == "test_loss"
+    # a gain smaller than min_delta is no gain; a higher-is-better figure by name (acc) or by mode
+    assert judge(rows([1.0, 0.999, 0.998]), metric="test_loss", patience=2, min_delta=0.01)["best_epoch"] == 1
+    assert judge(rows([0.5, 0.6, 0.6, 0.6], "test_acc"), metric="test/acc", patience=2)["best_epoch"] == 2
+    assert judge(rows([3.0, 2.0, 1.0], "test_score"), metric="test_score", mode="min", patience=2) is None
+    assert judge(rows([float("nan"), float("nan")]), metric="test_loss", patience=2) is not None  # NaN: no gain
+
+
+def test_early_stop_judges_only_evaluated_epochs_and_names_a_missing_figure():
+    history = rows([1.0, 0.9, 0.9, 0.9, 0.9, 0.9], evaluated={2, 4, 6})
+    assert judge(history[:5], metric="test_loss", patience=2) is None  # (epoch 5 was not evaluated)
+    assert judge(history, metric="test_loss", patience=2)["epoch"] == 6
+    from launcher.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"early_stop.metric=val/mae is not valid: names no figure of this run's "
+                                          r"epochs; they are loss, test_loss"):
+        judge(rows([1.0]), metric="val/mae", patience=2)
+
+
+# ---- best checkpoints -------------------------------------------------------------------------------
+
+def test_the_best_k_are_linked_and_what_drops_out_is_removed_after(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    best = BestCheckpoints(folder, 2, "test_loss", minimize=True)
+    for epoch, value in enumerate([0.9, 0.5, 0.7, 0.5, 0.3], start=1):
+        tmp = folder / "tmp"  # (each epoch's last.pt is renamed over the one before, as save_atomic does)
+        tmp.write_text(f"epoch {epoch}")
+        os.replace(tmp, folder / "last.pt")
+        if best.ranks(epoch, value):
+            best.keep(epoch, value, folder / "last.pt", f"epoch-{epoch}.dcp")
+    index = json.loads((folder / "best.json").read_text())
+    assert [(e["epoch"], e["value"]) for e in index["kept"]] == [(5, 0.3), (2, 0.5)]  # (a tie keeps epoch 2)
+    assert sorted(p.name for p in folder.glob("best*")) == ["best-epoch-0002.pt", "best-epoch-0005.pt", "best.json",
+                                                            "best.pt"]
+    assert (folder / "best.pt").read_text() == "epoch 5" and (folder / "best-epoch-0002.pt").read_text() == "epoch 2"
+    assert kept_folders(folder) == {"epoch-5.dcp", "epoch-2.dcp"}
+    # a restart in the same run dir goes on with what was kept
+    again = BestCheckpoints(folder, 2, "test_loss", minimize=True)
+    assert not again.ranks(6, 0.6) and again.ranks(6, 0.4)
+
+
+def test_an_eval_or_export_of_best_without_best_checkpoints_is_one_line(tmp_path):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "last.pt").write_bytes(b"x")
+    for command in (("eval", "run", "best"), ("export", "run", "best")):
+        proc = subprocess.run([sys.executable, "-m", "launcher", *command], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+        lines = [x for x in proc.stderr.splitlines() if x.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+        assert "run kept no best checkpoint (it was trained without checkpoint.keep_best)" in lines[0]
