@@ -21,9 +21,9 @@ import torch
 from torch.nn import functional as F
 
 from launcher.recipes import vision_models
+from launcher.strategies.gradients import FlatGradients
 from launcher.train import optim
 from launcher.train.compiling import compile_for_training
-from launcher.train.step import FlatGradients
 
 
 def conv_where_pooled(conv, x: torch.Tensor) -> torch.Tensor:

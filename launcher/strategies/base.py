@@ -28,7 +28,7 @@ from launcher.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-    from launcher.train.step import FlatGradients
+    from launcher.strategies.gradients import FlatGradients
     from launcher.world import WorldInfo
 
 
@@ -178,7 +178,7 @@ class Strategy:
         """The model (already on its device) as training and evaluation use it."""
         grads = None
         if self.static_gradients:
-            from launcher.train.step import FlatGradients
+            from launcher.strategies.gradients import FlatGradients
 
             grads = FlatGradients(model.parameters(), 1, bucket_mb(getattr(self.options, "bucket_cap_mb", 0), model))
         return Nets(model, model, model, grads)
@@ -187,15 +187,13 @@ class Strategy:
         """Sum (or max) `tensor` over the ranks, in place; returns it."""
         return tensor
 
-    def compile(self, nets: Nets, mode: str | None) -> Nets:
-        """The nets with torch.compile applied (perf.compile; launcher/train/compiling.py). Here the
-        training net is compiled whole: under ddp, compiling the DDP module lets dynamo split the graph
-        at gradient buckets so the all-reduce still overlaps the backward pass; evaluation compiles the
-        bare model."""
-        from launcher.train import compiling
-
-        train_net = compiling.compiled(nets.train, mode)
-        eval_net = train_net if nets.eval is nets.train else compiling.compiled(nets.eval, mode)
+    def compile(self, nets: Nets, compiled: Callable[[Callable], Callable]) -> Nets:
+        """The nets with `compiled` applied (perf.compile: the trainer hands in torch.compile with the run's
+        mode and caches, launcher/train/compiling.py). Here the training net is compiled whole: under ddp,
+        compiling the DDP module lets dynamo split the graph at gradient buckets so the all-reduce still
+        overlaps the backward pass; evaluation compiles the bare model."""
+        train_net = compiled(nets.train)
+        eval_net = train_net if nets.eval is nets.train else compiled(nets.eval)
         return Nets(nets.module, train_net, eval_net, nets.grads)
 
     def no_sync(self, nets: Nets) -> contextlib.AbstractContextManager:
@@ -246,9 +244,7 @@ class Strategy:
 
     def weights_digest(self, nets: Nets) -> str:
         """SHA-256 of the weights this rank holds (results.json shows every rank's: they must agree)."""
-        from launcher.train.checkpoint import digest
-
-        return digest(self.state_dict(nets))
+        return weights_sha256(self.state_dict(nets))
 
     def teardown(self) -> None:
         """Leave what setup() joined, after a run that ended well."""
@@ -265,3 +261,18 @@ def bucket_mb(chosen: int, model: torch.nn.Module) -> int:
         return chosen
     grad_mb = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad) / 2**20
     return int(min(100, max(25, round(grad_mb / 5))))
+
+
+def weights_sha256(state: dict[str, Any]) -> str:
+    """SHA-256 of a state dict's names and values (every tensor as float64 or int64 on the CPU): the weights
+    digest results.json shows for every rank (they must agree)."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, tensor in state.items():
+        h.update(name.encode())
+        h.update(tensor.detach().to("cpu", torch.float64 if tensor.is_floating_point() else torch.int64)
+                 .contiguous().numpy().tobytes())
+    return h.hexdigest()

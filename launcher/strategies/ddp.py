@@ -5,7 +5,7 @@ Two ways of averaging, one chosen by the plan:
 - DDP: torch's DistributedDataParallel and its reducer (per-parameter autograd hooks, bucketed
   all-reduce overlapping the backward pass).
 - CapturedDDP (perf.cuda_graph=true): the step is captured as one CUDA graph and replayed
-  (launcher/train/step.py). DDP's reducer keeps host-side state a replay would skip, so the gradients
+  (launcher/strategies/gradients.py). DDP's reducer keeps host-side state a replay would skip, so the gradients
   live in flat buffers (FlatGradients) whose buckets are all-reduced from autograd hooks; captured
   once, those all-reduces replay with the backward pass. On a CPU device the same code runs eagerly.
 """
@@ -171,7 +171,7 @@ class CapturedDDP(DDP):
     def wrap(self, model: torch.nn.Module, device: torch.device) -> Nets:
         import torch.distributed as dist
 
-        from launcher.train.step import FlatGradients
+        from launcher.strategies.gradients import FlatGradients
 
         for tensor in model.state_dict().values():  # every rank starts from rank 0's weights, as DDP does
             dist.broadcast(tensor, src=0)

@@ -63,16 +63,14 @@ class FSDP(DDP):
         return (derive(perf, compile=compile_setting, cuda_graph=False, compile_mode=CompileMode[mode]),
                 "; ".join(notes) or None)
 
-    def compile(self, nets: Nets, mode: str | None) -> Nets:
+    def compile(self, nets: Nets, compiled: Callable[[Callable], Callable]) -> Nets:
         """Each shard unit's forward compiled in place; FSDP2's hooks around it stay eager."""
-        from launcher.train import compiling
-
         for unit in shard_units(nets.module):
             inner = getattr(unit, "_recomputed_forward", None)
             if inner is not None:  # (activation checkpointing: compile what is recomputed)
-                unit._recomputed_forward = compiling.compiled(inner, mode)
+                unit._recomputed_forward = compiled(inner)
             else:
-                unit.forward = compiling.compiled(unit.forward, mode)
+                unit.forward = compiled(unit.forward)
         return nets
 
     @property
@@ -132,10 +130,10 @@ class FSDP(DDP):
         """One model, sharded: rank 0 digests it whole and every rank reports that."""
         import torch.distributed as dist
 
-        from launcher.train.checkpoint import digest
+        from launcher.strategies.base import weights_sha256
 
         full = self.state_dict(nets)
-        shared = [digest(full) if self.is_main else None]
+        shared = [weights_sha256(full) if self.is_main else None]
         dist.broadcast_object_list(shared, src=0)
         return str(shared[0])
 

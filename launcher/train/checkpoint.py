@@ -140,18 +140,6 @@ def _cloned(obj: Any) -> Any:
     return obj
 
 
-def digest(state: dict[str, Any]) -> str:
-    """SHA-256 of a state dict's names and values (every tensor as float64 or int64 on the CPU)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for name, tensor in state.items():
-        h.update(name.encode())
-        h.update(tensor.detach().to("cpu", torch.float64 if tensor.is_floating_point() else torch.int64)
-                 .contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 # ---- sharded checkpoints (strategy=fsdp): torch.distributed.checkpoint -----------------------------
 
 

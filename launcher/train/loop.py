@@ -455,7 +455,8 @@ class Trainer:
         return self.recipe.build_model(self.data.num_classes)
 
     def _compiled_nets(self, nets: Nets) -> Nets:
-        return self.strategy.compile(nets, compiling.compiled_mode(self.cfg.perf.compile_mode.value))
+        mode = compiling.compiled_mode(self.cfg.perf.compile_mode.value)
+        return self.strategy.compile(nets, lambda fn: compiling.compiled(fn, mode))
 
     def _autotune(self) -> None:
         """cuDNN's autotuning (perf.cudnn_benchmark): as set, or with auto, when the run compiles. Set

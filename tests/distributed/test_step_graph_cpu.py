@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from launcher.train.step import FlatGradients
+from launcher.strategies.gradients import FlatGradients
 
 pytestmark = pytest.mark.distributed
 

@@ -92,8 +92,9 @@ def test_optimizers_captured_in_the_graph_step_like_eager_ones(optimizer):
     from launcher.config import AdamWConfig, MuonConfig, SGDConfig
     from launcher.recipes.vision_models import Airbench94
     from launcher.strategies.base import Nets
+    from launcher.strategies.gradients import FlatGradients
     from launcher.train import checkpoint, optim
-    from launcher.train.step import FlatGradients, TrainStep
+    from launcher.train.step import TrainStep
 
     device = torch.device("cuda")
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False

@@ -127,7 +127,7 @@ def test_the_compiled_model_trains_into_the_flat_gradients_and_evaluates_eagerly
     import torch._dynamo
 
     from launcher.recipes.vision_models import MODELS
-    from launcher.train.step import FlatGradients
+    from launcher.strategies.gradients import FlatGradients
 
     torch._dynamo.reset()
     torch.manual_seed(0)

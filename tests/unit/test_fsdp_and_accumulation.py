@@ -44,7 +44,7 @@ def test_fsdp_compiles_but_says_what_it_turns_off():
 
 
 @pytest.mark.parametrize("recompute", [False, True])
-def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, monkeypatch, recompute):
+def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, recompute):
     """Every block's forward runs compiled (traced by dynamo) inside FSDP2's hooks, and the model
     computes what the eager sharded model computes, gradients included."""
     import torch.distributed as dist
@@ -52,15 +52,12 @@ def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, monkeypatc
 
     from launcher.recipes.text import GPT
     from launcher.strategies.base import Nets
-    from launcher.train import compiling
 
     traced = []
 
-    def eager_backend(fn, mode):
+    def eager_backend(fn):  # (the trainer hands in torch.compile with the run's mode and caches)
         traced.append(fn)
         return torch.compile(fn, backend="eager")
-
-    monkeypatch.setattr(compiling, "compiled", eager_backend)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         nets = []
@@ -68,7 +65,7 @@ def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, monkeypatc
             torch.manual_seed(0)
             s = choose(gpus=0, nprocs=1, options=FSDPConfig(activation_checkpointing=recompute)).strategy
             nets.append(s.wrap(GPT(256, 16, 2, 32, 2, 0.0), torch.device("cpu")))
-        compiled = s.compile(nets[1], None)
+        compiled = s.compile(nets[1], eager_backend)
         assert isinstance(compiled, Nets) and compiled.module is nets[1].module and len(traced) == 2
         x = torch.randint(0, 256, (4, 16))
         torch._dynamo.reset()  # (a graph cached by an earlier test would not be traced again)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from launcher.errors import ConfigError
+from launcher.strategies.gradients import FlatGradients
 from launcher.train.stall import DeviceTimeout, wait_for
-from launcher.train.step import FlatGradients
 from tests.conftest import config_of
 
 
