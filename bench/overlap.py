@@ -13,7 +13,7 @@ CIFAR-shaped data (50,000 x 3x32x32):
 The pageable/pinned/prefetcher paths cycle through a pool of pre-gathered host batches, so they
 differ only in how the copy is made. Input is uint8 pixels (normalized on the GPU) or float32
 already normalized on the host (4x the bytes). Each cell prints one JSON line with img/s, its ratio
-to `resident` for the same model and input, and the input-stall fraction launcher/stall.py measured.
+to `resident` for the same model and input, and the input-stall fraction launcher/train/stall.py measured.
 Modes are measured in paired rounds (a short chunk of each mode per round, order rotated); a ratio is
 the median over rounds of (mode / resident in the same round), with its interquartile range.
 """

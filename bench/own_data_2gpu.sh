@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue 36's figures on a machine with two GPUs, in one device call each (BENCHMARKS.md "Your own data on two
-# GPUs"). Run from the repository root on the device machine, .device-wheels carried (and .whl holding
-# nvImageCodec's wheels: nvidia-nvimgcodec-cu13, nvidia-nvjpeg). Raw output: $OUT/*-<commit>.*
+# Issue 36's figures on a machine with two GPUs, in one device call each (BENCHMARKS.md "Language models,
+# FSDP2, GPT-2 124M" and "Your own data"). Run from the repository root on the device machine, .device-wheels
+# carried (and .whl holding nvImageCodec's wheels: nvidia-nvimgcodec-cu13, nvidia-nvjpeg). Raw output:
+# $OUT/*-<commit>.*
 #   bash bench/own_data_2gpu.sh imagefolder     launch on 1 and 2 GPUs; torchvision's DataLoader + DDP on 2
 #   bash bench/own_data_2gpu.sh gpt             GPT-2 124M on uint16 shards: launch (single, ddp) against the
 #                                               nanoGPT-style script on 1 and 2 GPUs, then fsdp on 2

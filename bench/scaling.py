@@ -12,7 +12,7 @@ bench/torchrun_ddp.py, a plain DDP script on the same networks.
 Start-up: seconds from the command starting to (a) `import torch; torch.cuda.init()` finishing,
 (b) torchrun's 2 processes having initialized NCCL and all-reduced one tensor, (c) `launch`'s first
 training step on 2 GPUs (the tiny digits recipe, so data and model cost little), twice, with launch's
-own itemized timeline (launcher/timeline.py), and (d) torchrun again with launch's bytecode cache,
+own itemized timeline (launcher/train/timeline.py), and (d) torchrun again with launch's bytecode cache,
 when launch made one (see startup_rows).
 """
 

@@ -7,9 +7,13 @@
       resume    from this run's own checkpoint after a restart or requeue, else from `resume`
       warm up   torch.compile and/or the CUDA-graph capture on the real shapes, then everything put back
       epochs    train; queue the epoch's end (average buffers, evaluate, copy the sums and the
-                checkpoint's tensors to host memory); a few steps into the next epoch, read it: stop
-                on a NaN loss, save, report, stop for preemption
-      results   rank 0's results.json
+                checkpoint's tensors to host memory); a few steps into the next epoch (DeferredEnd),
+                read it: stop on a NaN loss, save (and the best: best.py), report to the trackers
+                (trackers.py), stop early (early_stop.py) or for preemption
+      results   rank 0's results.json (results.py)
+
+Beside it: evaluation.py (the held-out figures, queued on the device), results.py (the epoch line and
+results.json), stops.py (the NaN and out-of-memory messages).
 
 Per epoch: this rank's shard of the epoch's order (launcher/train/data.py) streams through the data
 path (`data.placement`), augmentation and normalization run on the training device, and nothing syncs
@@ -38,32 +42,31 @@ from typing import Any
 import torch
 
 from launcher.config import (
-    DEFAULT_OBJECTIVE,
     Config,
     Precision,
     figure_key,
-    minimized,
     model_name,
     smaller_is_better,
     to_plain,
 )
-from launcher.errors import ConfigError, ExplainedStop
+from launcher.errors import ConfigError
 from launcher.files import CONFUSION, CURVES, EVAL, RESULTS, last_checkpoint, write_json
 from launcher.models import configured, from_config
 from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
-from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, reporting, trackers
+from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, reporting, results, stops, trackers
 from launcher.train.best import BestCheckpoints
-from launcher.train.data import Data, eval_chunks, rank_order, warm_up_chunks
+from launcher.train.data import Data, rank_order
 from launcher.train.early_stop import EarlyStop, check_named, default_figure
+from launcher.train.evaluation import Evaluation, QueuedEvaluation
 from launcher.train.faults import Faults
-from launcher.train.metrics import MetricsLog, write_results
+from launcher.train.metrics import MetricsLog
 from launcher.train.optim import Stepper
 from launcher.train.preemption import Preempted, PreemptionWatch
-from launcher.train.prefetch import batch_len
 from launcher.train.stall import Readback, StepClock, input_advice
-from launcher.train.step import Figures, TrainStep, eval_figures
+from launcher.train.step import Figures, TrainStep
+from launcher.train.stops import NonFiniteLoss, OutOfMemory
 from launcher.train.timeline import StartupTimeline
 from launcher.world import WorldInfo
 
@@ -80,14 +83,6 @@ GRAPH_GAIN = 0.95
 # OVERLAP_S of device time by the last epoch's pace (OVERLAP_STEPS before any epoch was read).
 OVERLAP_S = 0.05
 OVERLAP_STEPS = 4
-
-
-class NonFiniteLoss(ExplainedStop):
-    """The training loss became NaN or infinite: every rank stops at the end of that epoch."""
-
-
-class OutOfMemory(ExplainedStop):
-    """CUDA ran out of memory on a rank: the message says where, at which batch size, and what to lower."""
 
 
 def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict[str, Any] | None:
@@ -109,17 +104,17 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
         dirs = nodes.meet(world, Path(spec.run_dir), strategy.sharded, cfg.saves and not spec.evaluate,
                           settings=to_plain(cfg))
         trainer = Trainer(spec, world, device, timeline, dirs)
-        results = trainer.evaluate(spec.evaluate) if spec.evaluate else trainer.run()
+        outcome = trainer.evaluate(spec.evaluate) if spec.evaluate else trainer.run()
         # Let go of the nets and a captured step before teardown: destroying NCCL's communicator while
         # a CUDA graph that captured its all-reduce is alive blocks forever (seen on 2x H200).
         trainer = None
     except torch.OutOfMemoryError as exc:
         nets = getattr(trainer, "nets", None)
         params = list(nets.module.parameters()) if nets is not None else []
-        raise OutOfMemory(_oom_message(cfg, strategy, device, params)) from exc
+        raise OutOfMemory(stops.oom_message(cfg, strategy, device, params)) from exc
     # On failure nothing is torn down (see DDP.teardown); here every rank finished.
     strategy.teardown()
-    return results
+    return outcome
 
 
 @dataclass
@@ -132,16 +127,6 @@ class Start:
     step: int = 0  # steps of `epoch` already done (a checkpoint written inside an epoch)
     generator: torch.Tensor | None = None  # the augmentation generator's state there
     own: bool = False  # from this run dir's own checkpoint (a restart or requeue): its trackers' runs go on
-
-
-@dataclass
-class QueuedEvaluation:
-    """An evaluation queued on the device: its sums stay there until read."""
-
-    figures: Figures  # the recipe's eval_step figures: sums and counts
-    clock: StepClock
-    matrix: torch.Tensor | None = None  # the confusion matrix, flattened (`launch eval`)
-    skipped: int = 0  # evaluation samples this rank's Dataset skipped (bad files, data.on_bad_file=skip)
 
 
 @dataclass
@@ -162,6 +147,35 @@ class QueuedEpoch:
     skipped: int = 0  # training samples this rank's Dataset skipped in the epoch
     first: int = 0  # the step of the epoch it started at
     snapshot_s: float = 0.0  # rank 0's host time queuing the snapshot's copies
+
+
+class DeferredEnd:
+    """The epoch whose end is queued on the device and not read yet: held from the end of its steps to step
+    `at` of the next epoch (OVERLAP_S of device time; 0 on the CPU, where nothing runs ahead of the host),
+    where `read_if_due` hands it to `conclude` (Trainer._conclude: NaN stop, log, checkpoint, preemption)
+    while the GPU runs those steps; or read at once (`read_now`: the last epoch, a compile decision,
+    early stopping, a strategy whose epoch ends do not overlap)."""
+
+    def __init__(self, conclude: Callable[[QueuedEpoch, float | None], None]):
+        self._conclude = conclude
+        self._held: QueuedEpoch | None = None
+        self.at = 0
+
+    @property
+    def held(self) -> bool:
+        return self._held is not None
+
+    def hold(self, queued: QueuedEpoch) -> None:
+        self._held = queued
+
+    def read_now(self, queued: QueuedEpoch) -> None:
+        self._conclude(queued, None)
+
+    def read_if_due(self, step: int, next_started: float) -> None:
+        """At step `step` of the next epoch (begun at `next_started`): read the held end if this is its step."""
+        if self._held is not None and step == self.at:
+            queued, self._held = self._held, None
+            self._conclude(queued, next_started)
 
 
 @dataclass
@@ -207,13 +221,13 @@ class Trainer:
             self.strategy.static_gradients = False
             self.auto_graph = False
         self.timings = Timings()
+        self.evaluation = Evaluation(self.cfg, self.recipe, self.strategy, device, self.autocast, self.timings)
         self.faults = Faults(self.cfg.fault, world, device, last_checkpoint(self.run_dir))
         precision = self.cfg.perf.precision
         self.bf16 = precision is Precision.bf16 or (precision is Precision.auto and device.type == "cuda")
         self.fp16 = precision is Precision.fp16
         # The augmentation's generator, on the device: seeded per (seed, epoch, rank) at each epoch.
         self.generator = torch.Generator(device=device)
-        self.eval_warm = False  # evaluation has had its warm-up (`_warm_up_eval`)
         self._stepped = False  # a training step has run (a network that does not take the batches says so before)
         self.advised = False  # the input-bound advice was logged (once per run)
         self.said_sharded_steps = False  # checkpoint_every_steps under a sharded strategy was said (once)
@@ -273,12 +287,13 @@ class Trainer:
         if not self.is_main:
             return None
         reporting.plot_curves(history, self.run_dir / CURVES)
-        results = self._results(history, digests, devices, start.source, time.perf_counter() - t_start, finished)
+        outcome = results.write(self, history, digests, devices, start.source, time.perf_counter() - t_start,
+                                finished)
         if self.trackers.active:
             weights = trackers.weights_file(state) if state else None
-            self.trackers.finish(results, [self.run_dir / CURVES, self.run_dir / RESULTS], weights)
+            self.trackers.finish(outcome, [self.run_dir / CURVES, self.run_dir / RESULTS], weights)
             self.trackers.ok = True
-        return results
+        return outcome
 
     def evaluate(self, source: str) -> dict[str, Any] | None:
         """`launch eval`: the saved weights of `source` on the test split (the recipe's predict, so its
@@ -295,24 +310,25 @@ class Trainer:
             else:
                 self.strategy.load_state_dict(self.nets, state["net_state_dict"])
         self.strategy.barrier()
-        row = self._evaluate(confusion=self._classifies)
+        row = self.evaluation.read_now(self.nets, self.data, self.compiled.compile or self.captures,
+                                       confusion=self._classifies)
         self.data.close()
         if not self.is_main:
             return None
         if not self._classifies:
             self.recipe.report(row, self.device, self.strategy.world_size)
-            results = {"evaluated": source, "recipe": self.cfg.recipe.name, "model": model_name(self.cfg),
+            report = {"evaluated": source, "recipe": self.cfg.recipe.name, "model": model_name(self.cfg),
                        "trained_epochs": state.get("epoch"), "strategy": self.strategy.name,
                        "world_size": self.strategy.world_size, "device_type": self.device.type,
                        "synthetic_data": self.data.synthetic, **row, "worker_s": time.perf_counter() - t_start,
                        "torch": torch.__version__}
-            write_json(self.run_dir / EVAL, results)
-            return results
+            write_json(self.run_dir / EVAL, report)
+            return report
         confusion = row.pop("confusion")
         counts = [sum(r) for r in confusion]
         per_class = [confusion[i][i] / counts[i] if counts[i] else None for i in range(len(confusion))]
         names = self._class_names(len(confusion))
-        results = {
+        report = {
             "evaluated": source, "recipe": self.cfg.recipe.name, "model": model_name(self.cfg),
             "trained_epochs": state.get("epoch"), "strategy": self.strategy.name,
             "world_size": self.strategy.world_size, "device_type": self.device.type,
@@ -320,9 +336,9 @@ class Trainer:
             **row, "classes": names, "per_class_acc": dict(zip(names, per_class, strict=True)),
             "confusion": confusion, "worker_s": time.perf_counter() - t_start, "torch": torch.__version__,
         }
-        write_json(self.run_dir / EVAL, results)
+        write_json(self.run_dir / EVAL, report)
         reporting.plot_confusion(confusion, names, self.run_dir / CONFUSION)
-        return results
+        return report
 
     def _class_names(self, count: int) -> list[str]:
         """The recipe's class names, else its evaluation Dataset's `classes` (an image folder's folder names,
@@ -647,8 +663,8 @@ class Trainer:
             torch.cuda.current_stream(self.device).wait_stream(side)
             self._sync()
             self.timeline.mark("captured")
-        # Evaluation warms up later, at the first evaluation (`_warm_up_eval`): not before the first step.
-        self.eval_warm = False
+        # Evaluation warms up later, at the first evaluation (evaluation.py): not before the first step.
+        self.evaluation.warm = False
         checkpoint.restore(saved, self.strategy, self.nets, self.steppers, self.device, local=True,
                            scaler=self.step.scaler)
         self.step.zero_grads()
@@ -742,7 +758,7 @@ class Trainer:
             self.metrics_log.rewrite(self.history)
             if start.source:
                 log.info("resumed from %s after epoch %d", start.source, start.epoch)
-        pending: QueuedEpoch | None = None
+        ends = DeferredEnd(self._conclude)
         for epoch in range(start.epoch, cfg.epochs):
             # Seeded per (seed, epoch, rank), so a resumed run augments exactly as an uninterrupted one.
             self.generator.manual_seed((cfg.seed * 100_003 + epoch) * 1_009 + self.strategy.rank)
@@ -753,14 +769,13 @@ class Trainer:
                 log.info("resuming epoch %d at step %d of %d", epoch + 1, first + 1, self.steps_per_epoch)
             profiling = cfg.profile and epoch == min(start.epoch + 1, cfg.epochs - 1) and self.is_main
             with profiled(self.run_dir) if profiling else contextlib.nullcontext():
-                queued = self._train_epoch(epoch, pending, first)
+                queued = self._train_epoch(epoch, ends, first)
             deciding = self.compiled.pending and epoch + 1 < cfg.epochs
             # (early stopping decides before the next epoch changes the weights: its epochs end at once)
             if epoch + 1 == cfg.epochs or deciding or not self.strategy.overlaps_epoch_ends or self.early_stop:
-                self._conclude(queued)
-                pending = None
+                ends.read_now(queued)
             else:
-                pending = queued
+                ends.hold(queued)
             if self.stopped_early is not None:
                 break
         return self.history
@@ -773,9 +788,9 @@ class Trainer:
         return rank_order(len(self.data.train), self.cfg.batch_size, self.cfg.seed, epoch, self.strategy.world_size,
                           self.strategy.rank, drawn=self.data.drawn_per_epoch)
 
-    def _train_epoch(self, epoch: int, pending: QueuedEpoch | None, first: int = 0) -> QueuedEpoch:
-        """Queue one epoch's steps from step `first` (a resume in the middle of the epoch), concluding
-        `pending`, the epoch before, a few steps in, and its end."""
+    def _train_epoch(self, epoch: int, ends: DeferredEnd, first: int = 0) -> QueuedEpoch:
+        """Queue one epoch's steps from step `first` (a resume in the middle of the epoch), reading the end of
+        the epoch before (`ends`, where it is held) a few steps in, and queue this epoch's end."""
         strategy, sums = self.strategy, self.step.sums
         started = time.perf_counter()
         row: dict[str, Any] = {"epoch": epoch + 1, "started_unix": round(time.time(), 3)}
@@ -791,16 +806,14 @@ class Trainer:
         steps = len(order)
         # Where the epoch before is read: the same step on every rank (its reading is a collective); on
         # the CPU, where nothing runs ahead of the host, before this epoch's clock starts.
-        conclude_at = 0
+        ends.at = 0
         if self.device.type == "cuda":  # (step_s is agreed by every rank, so they all stop at the same step)
             cover = OVERLAP_STEPS if self.step_s is None else max(1, math.ceil(OVERLAP_S / self.step_s))
-            conclude_at = min(cover, steps - 1)
-        if pending is not None and conclude_at == 0:
-            self._conclude(pending, next_started=started)
-            pending = None
+            ends.at = min(cover, steps - 1)
+        ends.read_if_due(0, started)
         # A bounded wait at the epoch's end when collectives run inside a graph (no NCCL watchdog there).
         clock = StepClock(self.device, strategy.collective_timeout())
-        if pending is None:
+        if not ends.held:
             # Start every rank's clock when all have arrived: rank 0's work before this epoch (the
             # start-up timeline's log, a compile) would otherwise count as the other ranks' training
             # time. After an overlapped epoch end there is nothing to wait for: the devices kept running.
@@ -812,9 +825,7 @@ class Trainer:
         every = self.cfg.checkpoint_every_steps if self.cfg.saves else 0
         with contextlib.closing(batches):
             for step, (batch, idx) in enumerate(batches):
-                if pending is not None and step == conclude_at:
-                    self._conclude(pending, next_started=started)
-                    pending = None
+                ends.read_if_due(step, started)
                 clock.batch_ready()
                 done = first + step  # steps of this epoch before this one, on every rank
                 self.faults.at(epoch * self.steps_per_epoch + done)
@@ -823,7 +834,7 @@ class Trainer:
                 clock.step_end()
                 if self.timings.first_step_s is None:
                     self._first_step_done()
-                if every and (done + 1) % every == 0 and done + 1 < self.steps_per_epoch and pending is None:
+                if every and (done + 1) % every == 0 and done + 1 < self.steps_per_epoch and not ends.held:
                     self._save_within_epoch(epoch, done + 1)
         # How long the host took to issue the epoch. Close to the device's span: the host is what limits
         # the speed (Python, launches), and CUDA graphs or a larger batch would help more than kernels.
@@ -856,7 +867,8 @@ class Trainer:
         averaged, the evaluation, the sums and (rank 0) the checkpoint's tensors copied to host memory."""
         self._wait_asides()  # (TensorBoard's writer; the pinned memory the snapshot below takes)
         self.strategy.average_buffers(self.nets.module)
-        evaluation = self._queue_evaluation() if self._evaluates_after(epoch) else None
+        evaluation = self.evaluation.queue(self.nets, self.data, self.compiled.compile or self.captures) \
+            if self.evaluation.after(epoch) else None
         sums = self.step.sums
         figures = [sums.finite_steps, sums.overflowed, *sums.figures.tensors()]
         if evaluation is not None:
@@ -1002,91 +1014,6 @@ class Trainer:
                 if not quiet:
                     raise
 
-    @torch.no_grad()
-    def _queue_evaluation(self, confusion: bool = False) -> QueuedEvaluation:
-        """The recipe's evaluation figures (`eval_step`) summed on the device with their counts (and the
-        confusion matrix), queued without waiting. With several ranks every one holds the same weights
-        (buffers are averaged first), so each scores a disjoint shard, and the sums and counts are added
-        up when read: each figure is exact over the whole evaluation set."""
-        self.nets.eval.eval()
-        chunks = self._eval_chunks()
-        if not self.eval_warm:
-            self._warm_up_eval(chunks)
-        figures = Figures(self.device)
-        classes = self.data.num_classes
-        matrix = torch.zeros(classes * classes, device=self.device) if confusion else None
-        clock = StepClock(self.device)
-        clock.start()
-        skipped_before = getattr(self.data.test, "skipped", 0)
-        for batch, _ in self.data.test.batches(chunks):
-            batch = self._eval_inputs(batch)
-            with self.autocast():
-                if matrix is None:
-                    scored = eval_figures(self.recipe.eval_step(self.nets.eval, batch))
-                else:  # (the built-in classifiers: the predictions also fill the confusion matrix)
-                    logits = self.recipe.predict(self.nets.eval, batch[0])
-                    logits, y = logits.flatten(0, -2), batch[1].flatten()
-                    predicted = logits.argmax(-1)
-                    scored = {"loss": torch.nn.functional.cross_entropy(logits.float(), y, reduction="none"),
-                              "acc": predicted == y}
-                    matrix += torch.bincount(y * classes + predicted, minlength=classes * classes)
-            n = batch_len(batch)
-            for name, value in scored.items():
-                figures.add(name, value, n)
-        clock.step_end()
-        return QueuedEvaluation(figures, clock, matrix, getattr(self.data.test, "skipped", 0) - skipped_before)
-
-    def _eval_chunks(self) -> list[torch.Tensor]:
-        s = self.strategy
-        return eval_chunks(len(self.data.test), max(1, self.cfg.eval.batch_size // s.world_size), s.world_size,
-                           s.rank, equal_counts=s.lockstep_eval)
-
-    def _eval_inputs(self, batch: Any) -> Any:
-        """An evaluation batch as eval_step takes it: in-memory images normalized (no augmentation)."""
-        if not self.data.in_memory:
-            return batch
-        return (self.data.normalize(batch[0]), *batch[1:])
-
-    def _evaluate(self, confusion: bool = False) -> dict[str, Any]:
-        """An evaluation read at once (`launch eval`)."""
-        s = self.strategy
-        queued = self._queue_evaluation(confusion)
-        names = queued.figures.names
-        values = s.all_reduce(torch.stack(queued.figures.tensors())).tolist() if names else []
-        row: dict[str, Any] = {f"test_{k}": v for k, v in Figures.means(names, values).items()}
-        row["eval_s"] = queued.clock.finish().span_s
-        skipped = int(s.reduce_host([float(queued.skipped)])[0])
-        if skipped:
-            row["eval_skipped"] = skipped
-        if queued.matrix is not None:
-            classes = self.data.num_classes
-            row["confusion"] = [[int(v) for v in r]
-                                for r in s.all_reduce(queued.matrix).view(classes, classes).tolist()]
-        return row
-
-    @torch.no_grad()
-    def _warm_up_eval(self, chunks: list[torch.Tensor]) -> None:
-        """Before the first timed evaluation of a warmed-up run (compiled or captured): one untimed
-        forward pass per distinct chunk size, so cuDNN's autotuning (and compiling, where evaluation is
-        compiled) stays out of eval_s as it did out of the training clock. Deferred from `_warm_up` to
-        here so that the first training step does not wait for it. Eval-mode forwards change no state."""
-        self.eval_warm = True
-        if not (self.compiled.compile or self.captures) or not self.data.in_memory:
-            return
-        start = time.perf_counter()
-        s = self.strategy
-        one_of_each = warm_up_chunks(chunks, len(self.data.test), max(1, self.cfg.eval.batch_size // s.world_size),
-                                     s.world_size, s.lockstep_eval)
-        for batch, _ in self.data.test.batches(one_of_each):
-            with self.autocast():
-                self.recipe.eval_step(self.nets.eval, self._eval_inputs(batch))
-        self._sync()
-        self.timings.warmup_s = (self.timings.warmup_s or 0.0) + time.perf_counter() - start
-
-    def _evaluates_after(self, epoch: int) -> bool:
-        every = self.cfg.eval.every
-        return epoch + 1 == self.cfg.epochs or (every > 0 and (epoch + 1) % every == 0)
-
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -1105,16 +1032,7 @@ class Trainer:
         """Every rank gets here at the same epoch (the step came through an all-reduce) and stops;
         this epoch is not saved, so the last checkpoint is the last good state."""
         self.writer.wait()
-        steps = self.steps_per_epoch
-        last = last_checkpoint(self.run_dir)
-        if epoch > 0 and last.exists() and self.cfg.saves:
-            good = (f"the last good checkpoint is {last} (after epoch {epoch}); resume from it with "
-                    f"resume={self.run_dir} and a lower lr (now {self.cfg.lr})")
-        else:
-            good = f"no checkpoint precedes it; try a lower lr (now {self.cfg.lr})"
-        return NonFiniteLoss(f"the training loss became {loss} at step {bad_step} (epoch {epoch + 1}, step "
-                             f"{bad_step - epoch * steps + 1} of {steps}); training stopped on every rank and "
-                             f"epoch {epoch + 1} was not saved; {good}")
+        return stops.non_finite_loss(self.cfg, self.run_dir, epoch, loss, bad_step, self.steps_per_epoch)
 
     def _stop_for_requeue(self, epochs_done: int) -> None:
         """SIGUSR2 reached a rank during this epoch: checkpoint, requeue the job, and leave on every rank."""
@@ -1128,35 +1046,7 @@ class Trainer:
 
     # ---- reporting ----------------------------------------------------------------------------------
     def _log_epoch(self, row: dict[str, Any]) -> None:
-        epochs = self.cfg.epochs
-        unit = self.data.unit
-        parts = [f"epoch {row['epoch']:{len(str(epochs))}d}/{epochs}", f"loss {row['loss']:.4f}"]
-        if "train_acc" in row:
-            parts.append(f"train {100 * row['train_acc']:.2f}%")
-        if "test_acc" in row:
-            parts.append(f"test {100 * row['test_acc']:.2f}%")
-        elif "train_acc" in row:
-            parts.append("test -")
-        shown = {"train_acc", "test_acc"}
-        # the recipe's own figures (train_NAME, test_NAME), the held-out loss where no accuracy says it,
-        # and what its report adds
-        for key, value in row.items():
-            named = key.startswith(("train_", "test_")) and key not in ("train_s",)
-            if (named or key in ("test_bpb", "mfu")) and key not in shown and isinstance(value, (int, float)):
-                if key == "test_loss" and "test_acc" in row:
-                    continue
-                parts.append(f"{key} {value:.4g}" if key != "test_bpb" else f"{key} {value:.3f}")
-        parts.append(f"{row[f'{unit}_per_s']:,.0f} {unit}/s")
-        if row.get("skipped"):
-            parts.append(f"skipped {row['skipped']}")
-        if row.get("eval_skipped"):
-            parts.append(f"skipped in evaluation {row['eval_skipped']}")
-        if row.get("overflow_steps"):
-            parts.append(f"fp16 overflow {row['overflow_steps']} steps (skipped)")
-        parts += [f"input wait {100 * row['input_stall']:.1f}%", f"{row['epoch_s']:.2f}s"]
-        if row.get("stopped_early"):
-            parts.append(f"stopping early: {row['stopped_early']}")
-        log.info("%s", "  ".join(parts))
+        log.info("%s", results.epoch_line(row, self.cfg.epochs, self.data.unit))
 
     def _advise(self, row: dict[str, Any], epoch: int) -> bool:
         """Say once per run when training was input-bound (not judged on a first epoch that has more)."""
@@ -1176,73 +1066,6 @@ class Trainer:
         if len(set(digests)) > 1 and self.is_main:
             log.warning("ranks ended with DIFFERENT weights (digests %s): the replicas diverged", digests)
         return digests, [name for _, names, _ in everyone for name in names]
-
-    def _results(self, history: list[dict[str, Any]], digests: list[str], devices: list[str],
-                 resumed_from: str | None, total_s: float, recipe_facts: dict[str, Any]) -> dict[str, Any]:
-        cfg, s, t = self.cfg, self.strategy, self.timings
-        final = history[-1] if history else {}
-        scored = [r["test_acc"] for r in history if "test_acc" in r]
-        stalls = [r["input_stall"] for r in history]
-        objective = cfg.sweep.objective
-        if objective == DEFAULT_OBJECTIVE and "test_acc" not in final:
-            # (a recipe with figures of its own and no accuracy: its first held-out figure, test_mse say)
-            objective = next((k for k, v in final.items() if k.startswith("test_")
-                              and isinstance(v, (int, float)) and not isinstance(v, bool)), objective)
-        ranked = [r[objective] for r in history if isinstance(r.get(objective), (int, float))]
-        best = ((min if minimized(objective, cfg.sweep.direction) else max)(ranked) if ranked else None)
-        timed = {"train_s": t.train_s, "eval_s": t.eval_s, "train_eval_s": t.train_s + t.eval_s,
-                 "clock": "cuda events" if self.device.type == "cuda" else "host clock",
-                 "compile_warmup_s": t.warmup_s}
-        results = {
-            "recipe": cfg.recipe.name,
-            "model": model_name(cfg),
-            "strategy": s.name,
-            "world_size": s.world_size,
-            "device_type": self.device.type,
-            "devices": devices,
-            "hosts": self.hosts,  # each rank's machine, in rank order
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "epochs": cfg.epochs,
-            "batch_size": cfg.batch_size,
-            "batch_per_process": s.batch_per_process,
-            "synthetic_data": self.data.synthetic,
-            "data_placement": self.data.placement,
-            "compiled": self.compiled.compile,
-            "compile_decision": self.compiled.why,
-            "cuda_graph": self.step.captured is not None,
-            "cudnn_benchmark": self.device.type == "cuda" and torch.backends.cudnn.benchmark,
-            "gradient_sync": s.gradient_sync,
-            "final": final,
-            "test_acc": final.get("test_acc"),
-            "best_test_acc": max(scored, default=None),
-            # every figure of the last epoch, by name (what sweep.objective may name), and the objective's best
-            **{k: v for k, v in final.items() if k.startswith("test_") and k != "test_acc"},
-            "objective": objective,
-            f"best_{objective}": best,
-            "epochs_run": len(history),
-            "stopped_early": self.stopped_early,  # None, or why the run stopped before its last epoch (early_stop)
-            "best_checkpoint": ({"metric": self.best.key, "kept": self.best.kept} if self.best is not None else None),
-            "skipped_samples": sum(int(r.get("skipped", 0)) for r in history),
-            # (each evaluation reads the same files: the last one's count)
-            "skipped_eval_samples": int(final.get("eval_skipped", 0)),
-            **({"overflow_steps": sum(int(r.get("overflow_steps", 0)) for r in history)} if self.fp16 else {}),
-            "train_s": t.train_s,
-            "timed": timed,
-            "input_stall": round(sum(stalls) / len(stalls), 4) if stalls else None,
-            "worker_s": total_s,
-            "first_step_s": t.first_step_s,
-            "started_unix": self.spec.started_at,  # when `launch` began: first_step_s counts from it
-            "startup": self.timeline.as_dict(),
-            "resumed_from": resumed_from,
-            "restarts": self.world.restart_count,
-            "weights_sha256": digests,
-            "ranks_agree": len(set(digests)) == 1,
-            "torch": torch.__version__,
-            **recipe_facts,
-        }
-        write_results(self.run_dir, results)
-        return results
-
 
 class _Aside:
     """`fn(*args, **kwargs)` on a thread of its own, with `device` (a GPU) as its current device (a new
@@ -1294,53 +1117,3 @@ def profiled(run_dir: Path):
     (run_dir / "profile.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40) + "\n")
     prof.export_chrome_trace(str(run_dir / "trace.json"))
     log.info("profile of this epoch: %s (and trace.json for chrome://tracing or Perfetto)", run_dir / "profile.txt")
-
-
-def training_state_bytes(params: list[torch.Tensor], state_copies: int) -> tuple[int, int]:
-    """(parameters, bytes) this rank holds for training: weights, gradients and `state_copies` optimizer
-    tensors of each (its shards under fsdp). Activations and buffers come on top."""
-    count = nbytes = 0
-    for p in params:
-        local = p.to_local() if hasattr(p, "to_local") else p  # (a DTensor: this rank's shard)
-        count += p.numel()
-        nbytes += local.numel() * local.element_size() * (2 + state_copies)
-    return count, nbytes
-
-
-def _oom_message(cfg: Config, strategy: Strategy, device: torch.device, params: list[torch.Tensor] = ()) -> str:
-    """One line: where it ran out, and the change most likely to fit: a smaller batch; when the batch
-    is one sample a rank, what else; when the weights, gradients and optimizer state alone fill the
-    GPU, sharding them (strategy=fsdp)."""
-    where, total = "the CPU", 0
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        total = props.total_memory
-        peak = torch.cuda.max_memory_allocated(device) / 2**30
-        where = (f"GPU {device.index} ({props.name}, {total / 2**30:.0f} GiB; this process peaked at "
-                 f"{peak:.1f} GiB; CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')})")
-    ranks = strategy.world_size
-    head = f"out of memory on rank {strategy.rank}, {where}"
-    count, state = training_state_bytes(list(params), optim.state_per_parameter(cfg.optim))
-    if total and state > 0.8 * total:
-        held = "its shard of the" if strategy.sharded else "the"
-        per_param = state / max(1, count) * (ranks if strategy.sharded else 1)
-        if strategy.sharded:
-            fix = "more GPUs (fsdp divides them by their number), or a smaller model"
-        else:
-            needed = max(2, math.ceil(state / (0.6 * total)))
-            fix = (f"strategy=fsdp shards them over the GPUs (~{state / needed / 2**30:.0f} GiB each on {needed}: "
-                   f"gpus={needed} strategy=fsdp strategy.meta_init=true), or a smaller model")
-        return (f"{head}: {held} weights, gradients and {cfg.optim.name} state of the model's "
-                f"{count / 1e9:.2f}B parameters ({per_param:.0f} bytes each) need {state / 2**30:.0f} GiB on this "
-                f"GPU alone, before any activations; {fix}; every rank was stopped")
-    per_rank = f" = {strategy.batch_per_process} per rank" if ranks > 1 else ""
-    if strategy.batch_per_process <= 1:
-        return (f"{head}, at batch_size={cfg.batch_size}{per_rank}: one sample's activations do not fit beside the "
-                f"model's state; shorter inputs, a smaller model, or strategy=fsdp "
-                f"strategy.activation_checkpointing=true; every rank was stopped")
-    lower = max(1, cfg.batch_size // 2)
-    lower -= lower % ranks if lower >= ranks else 0
-    split = (f", or split it as it is (accumulate={cfg.accumulate * 2}: the same batch in smaller steps)"
-             if (strategy.batch_per_process // cfg.accumulate) % 2 == 0 else "")
-    return (f"{head}, at batch_size={cfg.batch_size}{per_rank}: lower it (e.g. batch_size={lower}){split}, "
-            f"or free the GPU (other jobs on it?); every rank was stopped")

@@ -166,7 +166,7 @@ def on_a_gpu(monkeypatch):
 def test_out_of_memory_with_a_model_whose_training_state_fills_the_gpu_says_to_shard_it(on_a_gpu):
     """~8.5B parameters under ddp (16 bytes each with AdamW): lowering batch_size=1 cannot help (the
     message used to say "lower it (e.g. batch_size=1)"); fsdp over enough GPUs can."""
-    from launcher.train.loop import _oom_message
+    from launcher.train.stops import oom_message as _oom_message
 
     cfg = config_of("recipe=text", "batch_size=2", "strategy=ddp")
     big = [torch.empty(1, 1).expand(4096, 4096)] * 500 + [torch.empty(1).expand(8_000_000)]  # 8.40B, no memory
@@ -183,7 +183,7 @@ def test_out_of_memory_with_a_model_whose_training_state_fills_the_gpu_says_to_s
 
 
 def test_out_of_memory_at_a_larger_batch_offers_a_smaller_one_or_accumulation(on_a_gpu):
-    from launcher.train.loop import _oom_message
+    from launcher.train.stops import oom_message as _oom_message
 
     cfg = config_of("recipe=text", "batch_size=64")
     line = _oom_message(cfg, choose(gpus=2, global_batch=64, options=DDPConfig()).strategy, on_a_gpu,

@@ -1,0 +1,111 @@
+"""What a run reports: each epoch's line in the log, and results.json at the end (rank 0)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from launcher.config import DEFAULT_OBJECTIVE, minimized, model_name
+from launcher.train.metrics import write_results
+
+
+def epoch_line(row: dict[str, Any], epochs: int, unit: str) -> str:
+    """An epoch's line in the log: loss, accuracies, the recipe's own figures, speed, input wait, time."""
+    parts = [f"epoch {row['epoch']:{len(str(epochs))}d}/{epochs}", f"loss {row['loss']:.4f}"]
+    if "train_acc" in row:
+        parts.append(f"train {100 * row['train_acc']:.2f}%")
+    if "test_acc" in row:
+        parts.append(f"test {100 * row['test_acc']:.2f}%")
+    elif "train_acc" in row:
+        parts.append("test -")
+    shown = {"train_acc", "test_acc"}
+    # the recipe's own figures (train_NAME, test_NAME), the held-out loss where no accuracy says it,
+    # and what its report adds
+    for key, value in row.items():
+        named = key.startswith(("train_", "test_")) and key not in ("train_s",)
+        if (named or key in ("test_bpb", "mfu")) and key not in shown and isinstance(value, (int, float)):
+            if key == "test_loss" and "test_acc" in row:
+                continue
+            parts.append(f"{key} {value:.4g}" if key != "test_bpb" else f"{key} {value:.3f}")
+    parts.append(f"{row[f'{unit}_per_s']:,.0f} {unit}/s")
+    if row.get("skipped"):
+        parts.append(f"skipped {row['skipped']}")
+    if row.get("eval_skipped"):
+        parts.append(f"skipped in evaluation {row['eval_skipped']}")
+    if row.get("overflow_steps"):
+        parts.append(f"fp16 overflow {row['overflow_steps']} steps (skipped)")
+    parts += [f"input wait {100 * row['input_stall']:.1f}%", f"{row['epoch_s']:.2f}s"]
+    if row.get("stopped_early"):
+        parts.append(f"stopping early: {row['stopped_early']}")
+    return "  ".join(parts)
+
+
+def write(trainer: Any, history: list[dict[str, Any]], digests: list[str], devices: list[str],
+          resumed_from: str | None, total_s: float, recipe_facts: dict[str, Any]) -> dict[str, Any]:
+    """results.json of a finished run (rank 0), from the trainer's facts and the epochs' history; returned."""
+    cfg, s, t = trainer.cfg, trainer.strategy, trainer.timings
+    final = history[-1] if history else {}
+    scored = [r["test_acc"] for r in history if "test_acc" in r]
+    stalls = [r["input_stall"] for r in history]
+    objective = cfg.sweep.objective
+    if objective == DEFAULT_OBJECTIVE and "test_acc" not in final:
+        # (a recipe with figures of its own and no accuracy: its first held-out figure, test_mse say)
+        objective = next((k for k, v in final.items() if k.startswith("test_")
+                          and isinstance(v, (int, float)) and not isinstance(v, bool)), objective)
+    ranked = [r[objective] for r in history if isinstance(r.get(objective), (int, float))]
+    best = ((min if minimized(objective, cfg.sweep.direction) else max)(ranked) if ranked else None)
+    timed = {"train_s": t.train_s, "eval_s": t.eval_s, "train_eval_s": t.train_s + t.eval_s,
+             "clock": "cuda events" if trainer.device.type == "cuda" else "host clock",
+             "compile_warmup_s": t.warmup_s}
+    results = {
+        "recipe": cfg.recipe.name,
+        "model": model_name(cfg),
+        "strategy": s.name,
+        "world_size": s.world_size,
+        "device_type": trainer.device.type,
+        "devices": devices,
+        "hosts": trainer.hosts,  # each rank's machine, in rank order
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "epochs": cfg.epochs,
+        "batch_size": cfg.batch_size,
+        "batch_per_process": s.batch_per_process,
+        "synthetic_data": trainer.data.synthetic,
+        "data_placement": trainer.data.placement,
+        "compiled": trainer.compiled.compile,
+        "compile_decision": trainer.compiled.why,
+        "cuda_graph": trainer.step.captured is not None,
+        "cudnn_benchmark": trainer.device.type == "cuda" and torch.backends.cudnn.benchmark,
+        "gradient_sync": s.gradient_sync,
+        "final": final,
+        "test_acc": final.get("test_acc"),
+        "best_test_acc": max(scored, default=None),
+        # every figure of the last epoch, by name (what sweep.objective may name), and the objective's best
+        **{k: v for k, v in final.items() if k.startswith("test_") and k != "test_acc"},
+        "objective": objective,
+        f"best_{objective}": best,
+        "epochs_run": len(history),
+        "stopped_early": trainer.stopped_early,  # None, or why the run stopped before its last epoch (early_stop)
+        "best_checkpoint": ({"metric": trainer.best.key, "kept": trainer.best.kept}
+                            if trainer.best is not None else None),
+        "skipped_samples": sum(int(r.get("skipped", 0)) for r in history),
+        # (each evaluation reads the same files: the last one's count)
+        "skipped_eval_samples": int(final.get("eval_skipped", 0)),
+        **({"overflow_steps": sum(int(r.get("overflow_steps", 0)) for r in history)} if trainer.fp16 else {}),
+        "train_s": t.train_s,
+        "timed": timed,
+        "input_stall": round(sum(stalls) / len(stalls), 4) if stalls else None,
+        "worker_s": total_s,
+        "first_step_s": t.first_step_s,
+        "started_unix": trainer.spec.started_at,  # when `launch` began: first_step_s counts from it
+        "startup": trainer.timeline.as_dict(),
+        "resumed_from": resumed_from,
+        "restarts": trainer.world.restart_count,
+        "weights_sha256": digests,
+        "ranks_agree": len(set(digests)) == 1,
+        "torch": torch.__version__,
+        **recipe_facts,
+    }
+    write_results(trainer.run_dir, results)
+    return results
