@@ -875,6 +875,12 @@ class Config(Schema):
         if self.nprocs is not None:
             # (more ranks than cores run, slowly, as under torchrun: 4 per core at most, a typo's guard)
             check_int("nprocs", self.nprocs, 1, "gpus=[] strategy=ddp nprocs=2", high=4 * (os.cpu_count() or 256))
+        watched = figure_key(self.early_stop.metric) if self.early_stop.metric else ""
+        if watched.startswith("test_") and self.eval.every == 0 and self.epochs > 1:
+            raise ConfigError("early_stop.metric", self.early_stop.metric, "watches a held-out figure, and "
+                              "eval.every=0 evaluates only after the last epoch: early stopping could never stop the "
+                              "run",
+                              f"eval.every=1 early_stop.metric={self.early_stop.metric}")
         if self.eval.checkpoint is not None and (self.resume is not None or self.script):
             raise ConfigError("eval.checkpoint", self.eval.checkpoint, "evaluates a saved model; it does not go "
                               "with resume or script", f"eval.checkpoint={self.eval.checkpoint}")

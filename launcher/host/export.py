@@ -76,7 +76,7 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
     def exists() -> LaunchError:
         other = target.with_name(f"{target.stem}-2{target.suffix}")
         return LaunchError(f"export is not valid: {target} exists and is not overwritten; give another file (e.g. "
-                           f"{USAGE.replace('RUN_DIR', value).split(' [')[0]} {other})")
+                           f"launch export {value}{' best' if which == 'best' else ''} {other})")
 
     if os.path.lexists(target):  # (a symbolic link too, even one pointing nowhere)
         raise exists()

@@ -164,6 +164,9 @@ def describe_hydra_error(exc: BaseException) -> str:
             value, _, target = m2.groups()
             kind = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}.get(target, target)
             return f"{full_key}={value} is not valid: must be {kind}"
+        m4 = re.search(r"Value '([^']*)' is not a valid bool", text)
+        if m4:
+            return f"{full_key}={m4.group(1)} is not valid: must be true or false (e.g. launch {full_key}=true)"
         m3 = re.search(r"Non optional field cannot be assigned None", text)
         if m3:
             return f"{full_key}=null is not valid: {full_key} needs a value"

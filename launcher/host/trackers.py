@@ -11,12 +11,16 @@ from __future__ import annotations
 import importlib.util
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from launcher.config import TRACKER_PACKAGES, Config, derive
 from launcher.errors import LaunchError
 
 REACH_TIMEOUT_S = 5.0
+# The tracking URIs MLflow takes: a server, a database, a folder (file:, or a plain path), Databricks
+MLFLOW_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks", "databricks-uc",
+                  "uc")
 INSTALL = {"mlflow": "pip install mlflow", "wandb": "pip install wandb", "tensorboard": "pip install tensorboard"}
 
 
@@ -32,17 +36,34 @@ def _problem(cfg: Config, name: str) -> str | None:
     package = TRACKER_PACKAGES[name]
     if package is not None and importlib.util.find_spec(package) is None:
         return f"log picks {name}, and the {package} package is not installed here ({INSTALL[name]})"
-    uri = mlflow_uri(cfg) if name == "mlflow" and not cfg.dry_run else None  # (a dry run contacts nothing)
-    if uri and uri.split(":", 1)[0].lower() in ("http", "https"):
+    uri = mlflow_uri(cfg) if name == "mlflow" else None
+    if uri and uri.split(":", 1)[0].lower() in ("http", "https") and not cfg.dry_run:  # (a dry run contacts nothing)
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S) as answer:
                 if answer.status >= 400:
                     raise urllib.error.HTTPError(uri, answer.status, "", answer.headers, None)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", None) or exc
+            where = urllib.parse.urlsplit(uri)
             return (f"the MLflow server at {uri} is not reachable ({str(reason).strip()[:120]}); start it "
-                    f"(mlflow server --host 127.0.0.1 --port 5000) or give its address with "
-                    f"log.mlflow.tracking_uri=http://HOST:PORT")
+                    f"(mlflow server --host {where.hostname or '127.0.0.1'} --port {where.port or 5000}) or give "
+                    f"its address with log.mlflow.tracking_uri=http://HOST:PORT")
+    return None
+
+
+def _not_a_uri(uri: str) -> str | None:
+    """What is wrong with a tracking URI MLflow would misread, or None: a server's address without http://
+    (MLflow takes `127.0.0.1:5000` for a folder of that name), or a scheme it has no store for."""
+    import re
+
+    if re.fullmatch(r"[\w.-]+:\d+(/.*)?", uri):
+        return (f"log.mlflow.tracking_uri={uri} is not valid: a server's address starts with http:// (MLflow would "
+                f"take it for a folder named so): log.mlflow.tracking_uri=http://{uri}")
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else None
+    if scheme is not None and scheme not in MLFLOW_SCHEMES:
+        return (f"log.mlflow.tracking_uri={uri} is not valid: MLflow has no store for {scheme}://; it takes "
+                f"http(s)://HOST:PORT (a server), sqlite:///FILE, file:/FOLDER or a database URI "
+                f"(e.g. log.mlflow.tracking_uri=http://127.0.0.1:5000)")
     return None
 
 
@@ -53,6 +74,10 @@ def check(cfg: Config) -> tuple[Config, list[str]]:
     if cfg.tensorboard is False and "tensorboard" in picked:  # (the older switch turns it off)
         cfg = derive(cfg, log=derive(cfg.log, tensorboard=None))
         picked.remove("tensorboard")
+    uri = mlflow_uri(cfg) if "mlflow" in picked else None
+    wrong = _not_a_uri(uri) if uri else None
+    if wrong:  # (bad input, whatever log.required says)
+        raise LaunchError(wrong)
     warnings: list[str] = []
     for name in picked:
         problem = _problem(cfg, name)

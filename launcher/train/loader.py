@@ -65,6 +65,20 @@ def _tied_to_rank(worker_id: int) -> None:
     die_with_parent()
 
 
+def _start(loader: DataLoader) -> Iterator[Any]:
+    """iter(loader). Where that forks the workers (a new pass of a DataLoader whose workers are not running),
+    the rank's garbage is collected first and what lives is frozen (gc.freeze): a forked worker's garbage
+    collector then never frees an object it inherited. A CUDA tensor freed in a forked child aborts it
+    ("CUDA error: initialization error": seen in a DataLoader worker of an imagefolder run resumed on one
+    H200 with data.decode=gpu, its garbage collector running during an import)."""
+    if loader.num_workers > 0 and getattr(loader, "_iterator", None) is None:
+        import gc
+
+        gc.collect()
+        gc.freeze()
+    return iter(loader)
+
+
 class _Plan:
     """The DataLoader's batch sampler: each batch as [(epoch, index), ...]. A pass starts with the rows
     it is given (`begin`), then, where it has `upcoming` (epoch -> this rank's rows, None past the last
@@ -248,7 +262,7 @@ class DatasetSplit:
                 and _same(whole, self.plan.asked.pop(epoch, None))):
             # (a new pass: a persistent DataLoader drops what its workers had read ahead)
             self.plan.begin(epoch, rows, self.upcoming if epoch is not None else None)
-            current = _Pass(iter(self.loader), epoch)
+            current = _Pass(_start(self.loader), epoch)
         return self._take(current, len(rows), epoch + 1 if epoch is not None and self.upcoming else None)
 
     def _take(self, current: _Pass, n: int, then: int | None) -> Iterator[Any]:
@@ -274,7 +288,7 @@ class DatasetSplit:
         """A stream's batches for `steps` steps (None: to its end); a training stream that ends first on
         this rank is an error (the other ranks would wait for it at their next collective)."""
         got = seen = 0
-        for got, batch in enumerate(self._counted(iter(self.loader)), start=1):
+        for got, batch in enumerate(self._counted(_start(self.loader)), start=1):
             n = batch_len(batch)
             yield batch, list(range(seen, seen + n))
             seen += n

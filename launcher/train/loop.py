@@ -28,6 +28,7 @@ asks which one it is.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -221,11 +222,15 @@ class Trainer:
             self.strategy.static_gradients = False
             self.auto_graph = False
         self.timings = Timings()
-        self.evaluation = Evaluation(self.cfg, self.recipe, self.strategy, device, self.autocast, self.timings)
         self.faults = Faults(self.cfg.fault, world, device, last_checkpoint(self.run_dir))
         precision = self.cfg.perf.precision
         self.bf16 = precision is Precision.bf16 or (precision is Precision.auto and device.type == "cuda")
         self.fp16 = precision is Precision.fp16
+        # (bf16 autocast on GPUs with perf.precision=auto; a function that holds no reference to the trainer,
+        # so that nothing the trainer holds refers back to it: `trainer = None` in train() frees its captured
+        # graph at once, before the process group is torn down)
+        self.autocast = functools.partial(autocast, device.type, self.bf16, self.fp16)
+        self.evaluation = Evaluation(self.cfg, self.recipe, self.strategy, device, self.autocast, self.timings)
         # The augmentation's generator, on the device: seeded per (seed, epoch, rank) at each epoch.
         self.generator = torch.Generator(device=device)
         self._stepped = False  # a training step has run (a network that does not take the batches says so before)
@@ -491,12 +496,6 @@ class Trainer:
         if self.compiled.compile and self.captures:
             step.compile_captured(compiling.compiled_mode(self.cfg.perf.compile_mode.value))
         return step
-
-    def autocast(self) -> torch.autocast:
-        """bf16 autocast on GPUs (perf.precision=auto), as perf.precision says otherwise."""
-        if self.fp16:
-            return torch.autocast(self.device.type, dtype=torch.float16)
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     @property
     def captures(self) -> bool:
@@ -1066,6 +1065,13 @@ class Trainer:
         if len(set(digests)) > 1 and self.is_main:
             log.warning("ranks ended with DIFFERENT weights (digests %s): the replicas diverged", digests)
         return digests, [name for _, names, _ in everyone for name in names]
+
+def autocast(device_type: str, bf16: bool, fp16: bool) -> torch.autocast:
+    """The autocast a step runs under: float16 (perf.precision=fp16), else bf16 where `bf16`, else none."""
+    if fp16:
+        return torch.autocast(device_type, dtype=torch.float16)
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16)
+
 
 class _Aside:
     """`fn(*args, **kwargs)` on a thread of its own, with `device` (a GPU) as its current device (a new

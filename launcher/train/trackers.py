@@ -153,6 +153,13 @@ class MlflowTracker(Tracker):
         return uri
 
     def start(self, info: RunInfo) -> None:
+        # A server that goes away mid-run fails a call within seconds (MLflow's default retries for about two
+        # minutes, each retry a console line): the tracker is then said once and left out.
+        for key, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+                           ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")):
+            os.environ.setdefault(key, value)
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
         from mlflow.tracking import MlflowClient
 
         uri = self._uri()
@@ -172,7 +179,8 @@ class MlflowTracker(Tracker):
         if sweep is not None:
             tags["launch.sweep_dir"] = str(sweep)
             tags["mlflow.parentRunId"] = self._parent(experiment_id, sweep, uri)
-        run = self.client.create_run(experiment_id, run_name=self.section.run_name or info.name, tags=tags)
+        name = self.section.run_name or (f"{sweep.name}/{info.name}" if sweep is not None else info.name)
+        run = self.client.create_run(experiment_id, run_name=name, tags=tags)
         self.run_id = run.info.run_id
         write_json(self.run_dir / self.ID_FILE, {"tracking_uri": uri, "run_id": self.run_id,
                                                  "experiment_id": experiment_id})
@@ -368,7 +376,7 @@ class Trackers:
                 getattr(tracker, method)(*args)
             except Exception as exc:  # noqa: BLE001 - a tracker's failure is said, never the run's
                 failed.add(tracker.name)
-                first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+                first = str(exc).strip().splitlines()[0][:400] if str(exc).strip() else type(exc).__name__
                 log.warning("log: %s failed (%s: %s) and is left out from here on; the run goes on, its own "
                             "files (metrics.jsonl, results.json, checkpoints) are in %s", tracker.name,
                             type(exc).__name__, first, self.run_dir)

@@ -130,12 +130,13 @@ def test_an_unreachable_tracker_is_one_line_before_any_worker_or_a_warning_with_
 
 
 class Refusing(BaseHTTPRequestHandler):
-    """A 'tracking server' that is up (/health answers) and refuses every call of the tracking API."""
+    """A 'tracking server' that is up (/health answers) and then unavailable to every call of the tracking API
+    (503: what a server going down behind its proxy answers, and what MLflow's client retries)."""
 
     def do_GET(self):
-        self.send_response(200 if self.path.startswith("/health") else 404)
+        self.send_response(200 if self.path.startswith("/health") else 503)
         self.end_headers()
-        self.wfile.write(b"OK" if self.path.startswith("/health") else b'{"error_code": "ENDPOINT_NOT_FOUND"}')
+        self.wfile.write(b"OK" if self.path.startswith("/health") else b'{"error_code": "TEMPORARILY_UNAVAILABLE"}')
 
     do_POST = do_GET
 
@@ -146,6 +147,7 @@ class Refusing(BaseHTTPRequestHandler):
 def test_a_tracker_failing_mid_run_is_said_once_and_the_run_and_its_files_go_on(launch, tmp_path):
     server = HTTPServer(("127.0.0.1", 0), Refusing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    started = time.perf_counter()
     try:
         result = launch("gpus=[]", "epochs=2", "log=[mlflow,csv]",
                         f"log.mlflow.tracking_uri=http://127.0.0.1:{server.server_port}", "hydra.run.dir=run",
@@ -154,6 +156,8 @@ def test_a_tracker_failing_mid_run_is_said_once_and_the_run_and_its_files_go_on(
         server.shutdown()
     assert result.returncode == 0, result.output
     assert result.output.count("log: mlflow failed") == 1, result.output
+    assert "Retrying" not in result.output  # (urllib3's retry lines stay out of the console)
+    assert time.perf_counter() - started < 90  # (a few seconds of retries, not MLflow's two minutes)
     run_dir = tmp_path / "run"
     assert len(rows(run_dir)) == 2 and (run_dir / "checkpoints" / "last.pt").is_file()
     assert json.loads((run_dir / "results.json").read_text())["epochs_run"] == 2

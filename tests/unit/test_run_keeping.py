@@ -64,6 +64,11 @@ def test_checkpoint_is_a_section_and_true_false_still_stand_for_it():
     (("checkpoint.keep_best=-1",), "checkpoint.keep_best=-1 is not valid"),
     (("early_stop.metric=test_loss", "early_stop.patience=0"), "early_stop.patience=0 is not valid"),
     (("early_stop.mode=down",), "early_stop.mode=down is not valid: choose one of auto, min, max"),
+    (("early_stop.metric=val/loss", "eval.every=0"), "eval.every=0 evaluates only after the last epoch"),
+    (("log=[mlflow]", "log.mlflow.tracking_uri=127.0.0.1:5000"), "a server's address starts with http://"),
+    (("log=[mlflow]", "log.mlflow.tracking_uri=htp://127.0.0.1:5000", "log.required=false"),
+     "MLflow has no store for htp://"),
+    (("log.required=maybe",), "log.required=maybe is not valid: must be true or false"),
 ])
 def test_bad_keeping_settings_are_one_line_and_exit_2(tmp_path, args, expected):
     proc = subprocess.run(launch_command(*args, "gpus=[]", "dry_run=true"), cwd=tmp_path, capture_output=True,
