@@ -722,6 +722,10 @@ class EarlyStopConfig(Schema):
         _check_figure(f"{at}.metric", self.metric, f"{at}.metric=test_loss {at}.patience=3")
         check_int(f"{at}.patience", self.patience, 1, f"{at}.patience=3")
         check_float(f"{at}.min_delta", self.min_delta, f"{at}.min_delta=0.001", positive=False)
+        if self.metric is None and (self.patience != 3 or self.min_delta or str(self.mode) != "auto"):
+            raise ConfigError(f"{at}.metric", None, f"names no figure to watch, so the other {at}.* settings would "
+                              "do nothing: name one (test_loss, val/mse, ...)",
+                              f"{at}.metric=test_loss {at}.patience={self.patience}")
 
 
 class WandbMode(Choice):

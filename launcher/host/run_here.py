@@ -296,6 +296,9 @@ def summarize(results: dict | None, run_dir: Path, elapsed: float) -> None:
         best = kept[0]
         acc_text += (f"; best.pt: epoch {best['epoch']} ({results['best_checkpoint']['metric']} {best['value']:.4g}, "
                      f"launch eval {run_dir} best)")
+    offline = sorted((run_dir / "wandb").glob("offline-run-*"))
+    if offline:  # (log=[wandb], offline: nothing was sent)
+        acc_text += f"; W&B offline: wandb sync {offline[-1]}"
     curves = run_dir / CURVES
     log.info("done in %.1fs: %s. results: %s  checkpoints: %s  log: %s%s%s", elapsed, acc_text,
              run_dir / RESULTS, run_dir / CHECKPOINTS, run_dir / LOG,

@@ -4,6 +4,7 @@ newest first: when, recipe, strategy, devices, epochs, best test accuracy, state
 A run's state, from what its dir holds (launcher/files.py names the files):
     running    its claim's process is alive (on this host)
     finished   results.json (or eval.json for `launch eval`), or a script's launch that ended with exit 0
+    stopped early (FIGURE)   finished before its last epoch: early_stop saw FIGURE stop improving
     preempted  SLURM asked it to stop and requeue (`preempted`), not finished since
     stopped    its launch was stopped by a signal (Ctrl-C, SIGTERM, ...): `stopped (SIGINT)`
     failed     anything else that started (a failure record, a launch that ended with an error, or
@@ -64,7 +65,8 @@ def describe(run_dir: Path) -> dict[str, Any]:
     if claim and pid_alive(claim.get("pid"), claim.get("host")):
         state = "running"
     elif results or ended.get("exit_code") == 0:
-        state = "finished"
+        stopped = results.get("stopped_early")
+        state = f"stopped early ({stopped.get('metric')})" if isinstance(stopped, dict) else "finished"
     elif (run_dir / PREEMPTED).exists():
         state = "preempted"
     elif ended.get("stopped_by"):

@@ -189,6 +189,7 @@ def test_wandb_offline_keeps_every_epoch_under_the_run_dir_and_leaves_no_process
     assert result.returncode == 0, result.output
     run_dir = tmp_path / "run"
     [record_file] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    assert f"W&B offline: wandb sync {record_file.parent}" in result.output  # (the way to send it, said)
     history, artifacts, names = [], set(), []
     for record in wandb_records(record_file):
         kind = record.WhichOneof("record_type")
@@ -215,9 +216,9 @@ def test_early_stopping_stops_a_stalled_figure_at_the_expected_epoch_on_every_ra
     # lr=1e-9: the held-out loss is flat from the first epoch on, so with patience 2 the run stops after epoch 3
     world = ["strategy=ddp", f"nprocs={ranks}"] if ranks > 1 else []
     result = launch("gpus=[]", *world, "epochs=8", "lr=1e-9", "early_stop.metric=val/loss", "early_stop.patience=2",
-                    "early_stop.min_delta=0.001", "hydra.run.dir=run", timeout=240)
+                    "early_stop.min_delta=0.001", "hydra.run.dir=outputs/run", timeout=240)
     assert result.returncode == 0, result.output
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / "outputs" / "run"
     results = json.loads((run_dir / "results.json").read_text())
     stopped = results["stopped_early"]
     assert stopped["epoch"] == 3 and stopped["metric"] == "test_loss" and stopped["best_epoch"] == 1
@@ -228,6 +229,9 @@ def test_early_stopping_stops_a_stalled_figure_at_the_expected_epoch_on_every_ra
     import torch
 
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 3
+    listed = launch("runs", "--json", timeout=120)
+    [shown] = json.loads(listed.stdout)
+    assert shown["state"] == "stopped early (test_loss)" and shown["epochs"] == "3/8"
 
 
 # ---- the best checkpoints ---------------------------------------------------------------------------

@@ -69,6 +69,7 @@ def test_checkpoint_is_a_section_and_true_false_still_stand_for_it():
     (("log=[mlflow]", "log.mlflow.tracking_uri=htp://127.0.0.1:5000", "log.required=false"),
      "MLflow has no store for htp://"),
     (("log.required=maybe",), "log.required=maybe is not valid: must be true or false"),
+    (("early_stop.patience=5",), "early_stop.metric=null is not valid: names no figure to watch"),
 ])
 def test_bad_keeping_settings_are_one_line_and_exit_2(tmp_path, args, expected):
     proc = subprocess.run(launch_command(*args, "gpus=[]", "dry_run=true"), cwd=tmp_path, capture_output=True,
