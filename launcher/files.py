@@ -130,6 +130,20 @@ class DiskFull(ExplainedStop):
                          f"); {kept}")
 
 
+def link_atomic(source: Path, target: Path) -> None:
+    """`target` becomes a second name of `source`'s file (a hard link: no copy), replacing what it named,
+    atomically: linked under a temporary name beside it, then renamed. Raises OSError where there are no
+    hard links (the temporary name is gone then)."""
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def remove_stale_temporaries(run_dir: Path) -> None:
     """Temporary files of writes whose process is gone (a worker killed mid-write): nobody will rename them."""
     for tmp in Path(run_dir).rglob(".*.tmp-*"):

@@ -16,11 +16,10 @@ names its torch.distributed.checkpoint folder) keeps its folder as long as a bes
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
-from launcher.files import BEST_CHECKPOINT, BEST_INDEX, read_json, write_json
+from launcher.files import BEST_CHECKPOINT, BEST_INDEX, link_atomic, read_json, write_atomic, write_json
 from launcher.train.early_stop import is_better
 
 log = logging.getLogger("launcher.train")
@@ -71,13 +70,11 @@ class BestCheckpoints:
 
 
 def _link(source: Path, target: Path) -> None:
-    """`target` becomes a second name of `source`'s file, atomically (a copy where there are no hard links)."""
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
+    """`target` becomes a second name of `source`'s file, atomically; a copy where there are no hard links."""
     try:
-        os.link(source, tmp)
+        link_atomic(source, target)
     except OSError:
         import shutil
 
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
+        with open(source, "rb") as whole:
+            write_atomic(target, lambda f: shutil.copyfileobj(whole, f, 1 << 24), durable=True)

@@ -26,7 +26,15 @@ import torch
 
 from launcher import integrity
 from launcher.errors import LaunchError
-from launcher.files import CHECKPOINTS, LAST_CHECKPOINT, PREVIOUS_CHECKPOINT, DiskFull, disk_full, write_atomic
+from launcher.files import (
+    CHECKPOINTS,
+    LAST_CHECKPOINT,
+    PREVIOUS_CHECKPOINT,
+    DiskFull,
+    disk_full,
+    link_atomic,
+    write_atomic,
+)
 from launcher.train import best
 
 log = logging.getLogger("launcher.train")
@@ -266,13 +274,10 @@ def keep_previous(path: Path) -> None:
     folder is kept as long, save_sharded). Where the filesystem has no hard links, nothing is kept."""
     if not path.is_file():
         return
-    previous = path.with_name(PREVIOUS_CHECKPOINT)
-    tmp = previous.with_name(f".{previous.name}.tmp-{os.getpid()}")
     try:
-        os.link(path, tmp)
-        os.replace(tmp, previous)
+        link_atomic(path, path.with_name(PREVIOUS_CHECKPOINT))
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
 
 
 def _sharded_folder(path: Path) -> str | None:

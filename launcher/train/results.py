@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from launcher.config import DEFAULT_OBJECTIVE, minimized, model_name
+from launcher.train.early_stop import default_figure
 from launcher.train.metrics import write_results
 
 
@@ -50,10 +51,9 @@ def write(trainer: Any, history: list[dict[str, Any]], digests: list[str], devic
     scored = [r["test_acc"] for r in history if "test_acc" in r]
     stalls = [r["input_stall"] for r in history]
     objective = cfg.sweep.objective
-    if objective == DEFAULT_OBJECTIVE and "test_acc" not in final:
+    if objective == DEFAULT_OBJECTIVE:
         # (a recipe with figures of its own and no accuracy: its first held-out figure, test_mse say)
-        objective = next((k for k, v in final.items() if k.startswith("test_")
-                          and isinstance(v, (int, float)) and not isinstance(v, bool)), objective)
+        objective = default_figure(final) or objective
     ranked = [r[objective] for r in history if isinstance(r.get(objective), (int, float))]
     best = ((min if minimized(objective, cfg.sweep.direction) else max)(ranked) if ranked else None)
     timed = {"train_s": t.train_s, "eval_s": t.eval_s, "train_eval_s": t.train_s + t.eval_s,

@@ -382,7 +382,6 @@ class Trackers:
                             type(exc).__name__, first, self.run_dir)
                 with contextlib.suppress(Exception):
                     tracker.close(False)
-        # (never reached)
 
     def close(self) -> None:
         """Send what is queued (CLOSE_TIMEOUT_S at most), then end each tracker's run."""
