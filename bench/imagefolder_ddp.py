@@ -52,11 +52,13 @@ def launch_run(a: argparse.Namespace, gpus: int) -> dict:
     rows = run.metrics[1:] or run.metrics
     workers = next((line for line in run.output.splitlines() if line.startswith("data: ")), "")
     decode = next((line for line in run.output.splitlines() if line.startswith("data.decode")), "")
+    kept = next((line[line.index("data.decode=auto: kept"):] for line in run.output.splitlines()
+                 if "data.decode=auto: kept" in line), "")
     return {**record, "img_per_s": round(sum(r["images_per_s"] for r in rows) / len(rows), 1),
             "per_epoch": [[round(r["images_per_s"]), r.get("input_stall"), r.get("host_issue_s"),
                            round(r["train_s"], 3), r.get("checkpoint_wait_s"), r.get("checkpoint_write_s")]
                           for r in run.metrics],
-            "workers": workers.split("samples, ")[-1], "decode": decode[:120],
+            "workers": workers.split("samples, ")[-1], "decode": decode[:120], "kept": kept[:400],
             "device": (run.results["devices"] or [None])[0], "torch": run.results["torch"]}
 
 

@@ -4,6 +4,7 @@
 # carried (and .whl holding nvImageCodec's wheels: nvidia-nvimgcodec-cu13, nvidia-nvjpeg). Raw output:
 # $OUT/*-<commit>.*
 #   bash bench/own_data_2gpu.sh imagefolder     launch on 1 and 2 GPUs; torchvision's DataLoader + DDP on 2
+#   bash bench/own_data_2gpu.sh scaling         launch on 1 and 2 GPUs in one call: imagefolder, then GPT-2 124M
 #   bash bench/own_data_2gpu.sh gpt             GPT-2 124M on uint16 shards: launch (single, ddp) against the
 #                                               nanoGPT-style script on 1 and 2 GPUs, then fsdp on 2
 #   bash bench/own_data_2gpu.sh ddp-levers      the script on 1 GPU, then on 2 under each DDP setting
@@ -20,6 +21,21 @@ imagefolder)
     timeout "${TWO_LIMIT:-330}" python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 \
         --epochs "${EPOCHS:-3}" 2>&1 | tee "$OUT/imagefolder-2gpu-$commit.jsonl"
     kill $vm
+    ;;
+scaling)
+    # 2 GPUs against 1 in one call: recipe=imagefolder (decode=auto on 1 and 2, decode=cpu on 2; 5 epochs, so
+    # that auto's trial, which spans the first ~66 batches, is over before the last epochs), then GPT-2 124M
+    vmstat -t 2 > "$OUT/vmstat-scaling-$commit.txt" 2>&1 &
+    vm=$!
+    timeout 200 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 2 --only launch \
+        --epochs 5 2>&1 | tee "$OUT/imagefolder-scaling-auto-$commit.jsonl"
+    timeout 110 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only launch \
+        --epochs 5 --launch-args data.decode=cpu 2>&1 | tee "$OUT/imagefolder-scaling-cpu-$commit.jsonl"
+    kill $vm
+    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
+        >/dev/null || exit 1
+    timeout "${GPT_LIMIT:-240}" python3 bench/gpt.py compare --gpus 1 2 --no-script --shards '/tmp/shards/*.bin' \
+        --epochs 3 --steps 40 2>&1 | tee "$OUT/gpt-scaling-$commit.jsonl"
     ;;
 gpt)
     python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
