@@ -109,6 +109,7 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
         # Let go of the nets and a captured step before teardown: destroying NCCL's communicator while
         # a CUDA graph that captured its all-reduce is alive blocks forever (seen on 2x H200).
         trainer = None
+        release_heap()
     except torch.OutOfMemoryError as exc:
         nets = getattr(trainer, "nets", None)
         params = list(nets.module.parameters()) if nets is not None else []
@@ -1104,11 +1105,23 @@ def settle_heap() -> None:
     (a compiled ResNet-18: ~640,000, walked in 0.1-0.4 s); without this a full collection, let loose by
     those new objects, can fall inside an early epoch and hold up a step the host is issuing, where the
     host sets the pace (a small network's compiled step). Reference counting frees frozen objects as
-    ever; only cyclic garbage among them stays (gc.unfreeze would let it go)."""
+    ever; only cyclic garbage among them stays, until release_heap at the run's end."""
     import gc
 
     gc.collect()
     gc.freeze()
+
+
+def release_heap() -> None:
+    """At the run's end, before teardown: undo settle_heap's freeze (and the loader's) and collect. The trainer
+    sits in reference cycles (its step's closures, a recipe's loader), so `trainer = None` alone frees it only
+    when a collection reaches it, and none reaches frozen objects: a compiled, captured ddp run on 2x H200
+    kept its CUDA graph, with NCCL's all-reduce in it, alive into destroy_process_group and blocked there
+    forever after its last epoch. One full collection here (a fraction of a second) frees it first."""
+    import gc
+
+    gc.unfreeze()
+    gc.collect()
 
 
 @contextlib.contextmanager

@@ -53,3 +53,50 @@ def test_waiting_for_a_stuck_device_ends_with_the_reason():
 def test_cuda_graph_with_a_compile_mode_that_graphs_itself_is_refused():
     with pytest.raises(ConfigError, match="perf.compile_mode=default"):
         config_of("perf.cuda_graph=true", "perf.compile=true", "perf.compile_mode=reduce-overhead")
+
+
+def test_the_trainer_is_freed_before_teardown_though_compiling_froze_the_heap(monkeypatch, tmp_path):
+    """A captured step's CUDA graph holds NCCL's all-reduce: destroying the communicator while the graph
+    lives blocks forever (a compiled, captured ddp run on 2x H200 hung after its last epoch). The trainer
+    sits in reference cycles, and settle_heap froze them after compiling, so train() must unfreeze and
+    collect before the strategy's teardown."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    from launcher.train import loop
+
+    alive: list[weakref.ref] = []
+    seen_at_teardown: list[bool] = []
+
+    class CyclicTrainer:
+        def __init__(self, *args, **kwargs):
+            self.step = lambda: self  # a closure over the trainer, as TrainStep's
+            alive.append(weakref.ref(self))
+            loop.settle_heap()  # as after compiling: the cycle is frozen while it lives
+
+        def run(self):
+            return {"done": True}
+
+    class Strategy:
+        distributed = sharded = False
+
+        def select_device(self, world, index):
+            return torch.device("cpu")
+
+        def setup(self, world, device):
+            pass
+
+        def teardown(self):
+            seen_at_teardown.append(alive[0]() is not None)
+
+    monkeypatch.setattr(loop, "Trainer", CyclicTrainer)
+    monkeypatch.setattr(loop.nodes, "meet", lambda *args, **kwargs: None)
+    monkeypatch.setattr(loop, "to_plain", lambda cfg: {})
+    spec = SimpleNamespace(config=SimpleNamespace(saves=False), strategy=Strategy(), device_index=None,
+                           run_dir=str(tmp_path), evaluate=None)
+    try:
+        assert loop.train(spec, SimpleNamespace(), SimpleNamespace(mark=lambda name: None)) == {"done": True}
+    finally:
+        gc.unfreeze()
+    assert seen_at_teardown == [False]
