@@ -9,6 +9,7 @@ name=${NAME:-run}; wait_s=${WAIT:-150}
 scratch=$(mktemp -d)
 (cd "$scratch" && exec python3 -m launcher "$@" progress=lines) > "$OUT/hang-$name-console.txt" 2>&1 &
 pid=$!
+spy=$(command -v py-spy || find /tmp/site -name py-spy -type f 2>/dev/null | head -1)
 start=$(date +%s)
 while kill -0 $pid 2>/dev/null && [ $(( $(date +%s) - start )) -lt "$wait_s" ]; do sleep 2; done
 if kill -0 $pid 2>/dev/null; then
@@ -16,7 +17,7 @@ if kill -0 $pid 2>/dev/null; then
     for p in $(pgrep -f "python3" ); do
         [ "$p" = "$$" ] && continue
         grep -q launcher /proc/$p/cmdline 2>/dev/null || continue
-        { echo "=== pid $p: $(tr '\0' ' ' < /proc/$p/cmdline | cut -c1-200)"; /tmp/site/bin/py-spy dump --pid $p 2>&1; } \
+        { echo "=== pid $p: $(tr '\0' ' ' < /proc/$p/cmdline | cut -c1-200)"; ${spy:-py-spy} dump --pid $p 2>&1; } \
             >> "$OUT/hang-$name-stacks.txt"
     done
     kill -INT $pid; sleep 15; kill -KILL $pid 2>/dev/null
