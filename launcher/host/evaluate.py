@@ -28,13 +28,12 @@ from typing import Any
 from launcher.config import Config, choices, saved_choices
 from launcher.errors import LaunchError
 from launcher.files import CONFUSION, EVAL, identity
-from launcher.host.resume import data_root_here, load_checkpoint, resolve
+from launcher.host.resume import WHICH, data_root_here, load_checkpoint, misspelled_which, resolve
 
 log = logging.getLogger("launcher")
 
 USAGE = ("launch eval RUN_DIR_OR_CHECKPOINT [best|last] [key=value ...] (e.g. launch eval outputs/DATE/TIME-RECIPE-ID "
          "best gpus=[0])")
-WHICH = ("best", "last")  # the run's checkpoint to evaluate: best.pt (checkpoint.keep_best) or last.pt
 
 
 def _hydra_value(value: Any) -> str:
@@ -61,7 +60,9 @@ def command_line(argv: list[str]) -> list[str]:
         which, overrides = overrides[0], overrides[1:]
     bad = next((o for o in overrides if "=" not in o and not o.startswith("-")), None)
     if bad is not None:
-        raise LaunchError(f"launch eval {where} {bad} is not valid: after the run dir come best or last, then "
+        guess = misspelled_which(bad)
+        hint = f"did you mean launch eval {where} {guess}? " if guess else ""
+        raise LaunchError(f"launch eval {where} {bad} is not valid: {hint}after the run dir come best or last, then "
                           f"key=value overrides (e.g. launch eval {where} best gpus=[0])")
     path = resolve(where, setting="launch eval", which=which)
     if which == "best":

@@ -18,7 +18,7 @@ from typing import Any
 
 from launcher.errors import LaunchError
 from launcher.files import disk_full, identity
-from launcher.host.resume import load_checkpoint, resolve
+from launcher.host.resume import WHICH, load_checkpoint, misspelled_which, resolve
 
 USAGE = "launch export RUN_DIR [best|last] [OUT.pt | OUT.safetensors]"
 
@@ -162,10 +162,15 @@ def place_new(written: Path, target: Path) -> bool:
 
 def main(argv: list[str]) -> int:
     which = "last"
-    if len(argv) > 1 and argv[1] in ("best", "last"):  # (a file named so: ./best)
+    if len(argv) > 1 and argv[1] in WHICH:  # (a file named so: ./best)
         which, argv = argv[1], [argv[0], *argv[2:]]
     if not argv or len(argv) > 2 or argv[0].startswith("-"):
         print(f"usage: {USAGE}", file=sys.stderr)
+        return 2
+    if len(argv) > 1 and not Path(argv[1]).suffix and not Path(argv[1]).exists() and misspelled_which(argv[1]):
+        # (`launch export RUN bset` would write the weights to a file named bset)
+        print(f"launch: launch export {argv[0]} {argv[1]} is not valid: did you mean launch export {argv[0]} "
+              f"{misspelled_which(argv[1])}? (an OUT file needs a name like model.pt: {USAGE})", file=sys.stderr)
         return 2
     try:
         export(argv[0], argv[1] if len(argv) > 1 else None, which=which)

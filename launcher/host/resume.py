@@ -75,6 +75,17 @@ class Resume:
         return f"resuming {self.path} after epoch {self.epoch} with its settings; changed here: {shown}"
 
 
+WHICH = ("best", "last")  # a run's checkpoints `launch eval` and `launch export` name: best.pt or last.pt
+
+
+def misspelled_which(word: str) -> str | None:
+    """`best` or `last` where `word` is a near miss of one (`bset`, `lats`), else None."""
+    import difflib
+
+    close = difflib.get_close_matches(word.lower(), WHICH, n=1, cutoff=0.6)
+    return close[0] if close and word not in WHICH else None
+
+
 def resolve(value: str, search_root: Path = Path("outputs"), setting: str = "resume", which: str = "last") -> Path:
     """`resume` (or `setting`) -> the checkpoint file: a .pt file, a run dir holding checkpoints/last.pt,
     or `latest` (the newest under outputs/). `setting` is a key (resume) or a command (`launch eval`),

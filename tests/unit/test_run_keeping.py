@@ -164,3 +164,17 @@ def test_an_eval_or_export_of_best_without_best_checkpoints_is_one_line(tmp_path
         lines = [x for x in proc.stderr.splitlines() if x.strip()]
         assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
         assert "run kept no best checkpoint (it was trained without checkpoint.keep_best)" in lines[0]
+
+
+def test_a_misspelled_best_or_last_after_eval_or_export_says_which_was_meant(tmp_path):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "last.pt").write_bytes(b"x")
+    for command, meant in ((("eval", "run", "bset"), "launch eval run best?"),
+                           (("export", "run", "bset"), "launch export run best?"),
+                           (("export", "run", "lats"), "launch export run last?")):
+        proc = subprocess.run([sys.executable, "-m", "launcher", *command], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+        lines = [x for x in proc.stderr.splitlines() if x.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+        assert f"did you mean {meant}" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no file named bset or lats was written
