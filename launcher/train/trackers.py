@@ -139,6 +139,7 @@ class MlflowTracker(Tracker):
         self.run_dir = Path(run_dir)
         self.client: Any = None
         self.run_id: str | None = None
+        self.uri, self.experiment_id = "", ""
 
     def _uri(self) -> str:
         import mlflow
@@ -156,7 +157,10 @@ class MlflowTracker(Tracker):
         # A server that goes away mid-run fails a call within seconds (MLflow's default retries for about two
         # minutes, each retry a console line): the tracker is then said once and left out.
         for key, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
-                           ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")):
+                           ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20"),
+                           # (MLflow prints two "View run" lines of its own on every run it ends, a sweep's parent
+                           # included, straight to stdout: the run's address is said once, in close)
+                           ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")):
             os.environ.setdefault(key, value)
         logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
@@ -167,6 +171,7 @@ class MlflowTracker(Tracker):
         experiment = self.section.experiment or info.config.recipe.name
         experiment_id = self._experiment(experiment)
         saved = read_json(self.run_dir / self.ID_FILE)
+        self.uri, self.experiment_id = uri, experiment_id
         if saved.get("tracking_uri") == uri and saved.get("run_id"):
             self.run_id = str(saved["run_id"])
             self.client.update_run(self.run_id, status="RUNNING")
@@ -247,6 +252,9 @@ class MlflowTracker(Tracker):
     def close(self, ok: bool) -> None:
         if self.client is not None and self.run_id is not None:
             self.client.set_terminated(self.run_id, "FINISHED" if ok else "FAILED")
+            if self.uri.startswith(("http://", "https://")):
+                log.info("mlflow: this run is at %s/#/experiments/%s/runs/%s", self.uri.rstrip("/"),
+                         self.experiment_id, self.run_id)
 
 
 class WandbTracker(Tracker):

@@ -75,6 +75,9 @@ def test_a_run_logs_its_config_metrics_and_artifacts_to_an_mlflow_server(launch,
     run_id = json.loads((run_dir / ".mlflow-run.json").read_text())["run_id"]
     run = rest(mlflow_server, "runs/get", run_id=run_id)["run"]
     assert run["info"]["status"] == "FINISHED" and run["info"]["run_name"] == "run"
+    # the run's address said once, in the launcher's words (not MLflow's own "View run" lines)
+    address = f"{mlflow_server}/#/experiments/{run['info']['experiment_id']}/runs/{run_id}"
+    assert result.output.count(f"mlflow: this run is at {address}") == 1 and "View run" not in result.output
     experiment = rest(mlflow_server, "experiments/get", experiment_id=run["info"]["experiment_id"])["experiment"]
     assert experiment["name"] == "digits"  # the recipe's name
     params = {p["key"]: p["value"] for p in run["data"]["params"]}
@@ -110,6 +113,7 @@ def test_a_sweeps_runs_are_children_of_one_mlflow_parent_run(launch, tmp_path, m
     assert len(parents) == 1
     parent = rest(mlflow_server, "runs/get", run_id=parents.pop())["run"]
     assert parent["info"]["run_name"] == "sweep"
+    assert "View run" not in result.output  # (MLflow's own lines, for the parent run too)
     assert sorted(float({p["key"]: p["value"] for p in r["data"]["params"]}["lr"]) for r in runs) == [0.05, 0.1]
 
 
