@@ -41,25 +41,64 @@ def _schema_named(name: str) -> type | None:
 
 
 def _known_keys(full_key: str, schema_name: str | None) -> list[str] | None:
-    """The keys beside the leaf of `full_key`: from the schema the error names, else by walking Config.
+    """The keys beside the leaf of `full_key`: by walking Config's typed sections (`log.mlflow.*`), else from
+    the group option's schema the error names (`optim.*`, `recipe.*`: typed by the option chosen).
     None: the leaf's section is a free-form dict (`args`, `backend.additional`), whose keys are the user's."""
-    node = _schema_named(schema_name) if schema_name else None
     parts = full_key.split(".")[:-1]
-    if node is not None:  # a group option's schema: the walk starts below the group's name
-        parts = parts[1:]
-    else:
-        node = config.Config
+    walked = _walk(config.Config, parts)
+    schema = _schema_named(schema_name) if schema_name else None
+    if walked == [] and schema is not None and schema is not config.Config:  # a group option's schema: the walk starts below the group's name
+        return _walk(schema, parts[1:])
+    return walked
+
+
+def _walk(node: type | None, parts: list[str]) -> list[str] | None:
     for part in parts:
         if not dataclasses.is_dataclass(node):
             return None
-        field = {f.name: f for f in dataclasses.fields(node)}.get(part)
-        factory = field.default_factory if field is not None else None
-        node = factory if isinstance(factory, type) else None
+        node = _section(node, part)
         if node is None:
             return []
     if not dataclasses.is_dataclass(node):
         return None
     return [f.name for f in dataclasses.fields(node)]
+
+
+def _section(node: type, name: str) -> type | None:
+    """The schema of `node`'s section `name`: its default's type, or, for a section that is there only when
+    chosen (`log.mlflow`: MlflowLog | None), the schema its annotation names."""
+    import typing
+
+    field = {f.name: f for f in dataclasses.fields(node)}.get(name)
+    if field is None:
+        return None
+    if isinstance(field.default_factory, type):
+        return field.default_factory
+    try:
+        hint = typing.get_type_hints(node).get(name)
+    except Exception:  # (an annotation that does not resolve here)
+        return None
+    return next((t for t in (typing.get_args(hint) or (hint,)) if dataclasses.is_dataclass(t)), None)
+
+
+def _misspelled_section(full_key: str) -> str | None:
+    """`full_key` with the first section Config does not have replaced by the nearest one it has, where the
+    rest then names a key there (`log.mlflw.tracking_uri` -> log.mlflow.tracking_uri); else None."""
+    parts = full_key.split(".")
+    node: type | None = config.Config
+    for i, part in enumerate(parts[:-1]):
+        if not dataclasses.is_dataclass(node):
+            return None
+        below = _section(node, part)
+        if below is None:
+            sections = [f.name for f in dataclasses.fields(node) if _section(node, f.name) is not None]
+            for guess in difflib.get_close_matches(part, sections, n=3):
+                fixed = ".".join([*parts[:i], guess, *parts[i + 1:]])
+                if parts[-1] in (_walk(config.Config, fixed.split(".")[:-1]) or []):
+                    return fixed
+            return None
+        node = below
+    return None
 
 
 def unknown_key(full_key: str, schema_name: str | None) -> str:
@@ -69,6 +108,9 @@ def unknown_key(full_key: str, schema_name: str | None) -> str:
         return (f"unknown key '{full_key}': {full_key.rsplit('.', 1)[0]}.* keys are your own; add a new one with a "
                 f"leading + (e.g. launch +{full_key}=VALUE)")
     if not known:
+        fixed = _misspelled_section(full_key)
+        if fixed is not None:
+            return f"unknown key '{full_key}': did you mean {fixed}?"
         return (f"unknown key '{full_key}': `launch --help` lists every key (one of your own in a free-form section "
                 f"such as args or backend.additional takes a leading +: launch +{full_key}=VALUE)")
     prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""

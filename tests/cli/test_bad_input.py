@@ -48,6 +48,12 @@ CASES = [
     ("script=train.py args.lr=0.1", "args.* keys are your own; add a new one with a leading + (e.g. launch +args.lr="),
     ("nodes=2", "nodes=2 is not valid: several machines meet at a rendezvous: add rdzv=HOST:PORT"),
     ("strategy=ddp strategy.bucket_cap=5", "did you mean strategy.bucket_cap_mb?"),
+    # a tracker's section is there only when log picks it: its keys are still known, and a section's name too
+    ("log=[mlflow] log.mlflow.trackng_uri=x", "unknown key 'log.mlflow.trackng_uri': did you mean "
+     "log.mlflow.tracking_uri? known keys: log.mlflow.tracking_uri, log.mlflow.experiment"),
+    ("log=[mlflow] log.mlflw.tracking_uri=x", "unknown key 'log.mlflw.tracking_uri': did you mean "
+     "log.mlflow.tracking_uri?"),
+    ("evl.every=2", "unknown key 'evl.every': did you mean eval.every?"),  # (listed Config's keys as evl.*)
     ("perf.precision=fp8", "perf.precision=fp8 is not valid: choose one of auto, bf16, fp16, fp32"),
     ("gpus=ALL", "gpus=ALL is not valid: no GPU is visible"),
     ("gpus=cpu strategy=dp", "DataParallel needs GPUs"),
