@@ -47,7 +47,8 @@ def _known_keys(full_key: str, schema_name: str | None) -> list[str] | None:
     parts = full_key.split(".")[:-1]
     walked = _walk(config.Config, parts)
     schema = _schema_named(schema_name) if schema_name else None
-    if walked == [] and schema is not None and schema is not config.Config:  # a group option's schema: the walk starts below the group's name
+    if walked == [] and schema is not None and schema is not config.Config:
+        # a group option's schema: the walk starts below the group's name
         return _walk(schema, parts[1:])
     return walked
 
