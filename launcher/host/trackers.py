@@ -1,4 +1,5 @@
-"""Before any worker starts: is every tracker `log=[...]` picks installed, and is an MLflow server reachable?
+"""Before any worker starts: is every tracker `log=[...]` picks installed, is an MLflow server reachable, and
+has W&B a login where it is to log online?
 
 A tracker that is not: one line and exit 2 (`log.required=true`, the default), or, with `log.required=false`,
 a warning, and the run goes on without it (the config the workers get no longer picks it). Nothing here
@@ -13,6 +14,7 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 from launcher.config import TRACKER_PACKAGES, Config, derive
 from launcher.errors import LaunchError
@@ -36,6 +38,9 @@ def _problem(cfg: Config, name: str) -> str | None:
     package = TRACKER_PACKAGES[name]
     if package is not None and importlib.util.find_spec(package) is None:
         return f"log picks {name}, and the {package} package is not installed here ({INSTALL[name]})"
+    if name == "wandb" and str(cfg.log.wandb.mode) == "online" and wandb_login() is None:
+        return ("log.wandb.mode=online, and W&B has no login here (none in WANDB_API_KEY, ~/.netrc or its settings "
+                "files): run wandb login first, or keep log.wandb.mode=offline and wandb sync the run later")
     uri = mlflow_uri(cfg) if name == "mlflow" else None
     if uri and uri.split(":", 1)[0].lower() in ("http", "https") and not cfg.dry_run:  # (a dry run contacts nothing)
         try:
@@ -48,6 +53,34 @@ def _problem(cfg: Config, name: str) -> str | None:
             return (f"the MLflow server at {uri} is not reachable ({str(reason).strip()[:120]}); start it "
                     f"(mlflow server --host {where.hostname or '127.0.0.1'} --port {where.port or 5000}) or give "
                     f"its address with log.mlflow.tracking_uri=http://HOST:PORT")
+    return None
+
+
+def wandb_login(cwd: Path | None = None) -> str | None:
+    """Where W&B would find a login, as its client looks (WANDB_API_KEY or an identity token file, a .netrc
+    entry for its host, an api_key in its settings files), or None where there is none."""
+    import configparser
+    import netrc
+
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return "the environment"
+    host = urllib.parse.urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or ""
+    home = Path.home()
+    for path in [Path(os.environ["NETRC"])] if os.environ.get("NETRC") else [home / ".netrc", home / "_netrc"]:
+        try:
+            if path.is_file() and netrc.netrc(str(path)).authenticators(host):
+                return str(path)
+        except (OSError, netrc.NetrcParseError):
+            continue
+    config_dir = Path(os.environ.get("WANDB_CONFIG_DIR") or home / ".config" / "wandb")
+    for path in (config_dir / "settings", (cwd or Path.cwd()) / "wandb" / "settings"):
+        settings = configparser.ConfigParser()
+        try:
+            settings.read(path)
+        except (OSError, configparser.Error):
+            continue
+        if any(settings.get(section, "api_key", fallback=None) for section in settings.sections()):
+            return str(path)
     return None
 
 

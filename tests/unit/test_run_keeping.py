@@ -90,6 +90,31 @@ def test_a_tracker_that_is_not_installed_stops_the_launch_or_is_left_out(monkeyp
     assert cfg.log.chosen == ["tensorboard"] and "the run goes on without wandb" in warnings[0]
 
 
+def test_wandb_online_without_a_login_stops_the_launch_before_any_worker(monkeypatch, tmp_path):
+    for key in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "NETRC", "WANDB_CONFIG_DIR", "WANDB_BASE_URL"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(host_trackers.importlib.util, "find_spec", lambda name, *a: object())  # (installed)
+    offline, _ = host_trackers.check(compose("log=[wandb]"))  # offline, the default: no login needed
+    assert offline.log.chosen == ["wandb"]
+    with pytest.raises(LaunchError, match=r"log.wandb.mode=online, and W&B has no login here .*: run wandb login "
+                                          r"first, or keep log.wandb.mode=offline"):
+        host_trackers.check(compose("log=[wandb]", "log.wandb.mode=online"))
+    # each place W&B's client finds a login: ~/.netrc for its host, its settings file, the environment
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    assert host_trackers.wandb_login() == str(tmp_path / ".netrc")
+    (tmp_path / ".netrc").unlink()
+    (tmp_path / ".config" / "wandb").mkdir(parents=True)
+    (tmp_path / ".config" / "wandb" / "settings").write_text("[default]\napi_key = " + "k" * 40 + "\n")
+    assert host_trackers.wandb_login() == str(tmp_path / ".config" / "wandb" / "settings")
+    (tmp_path / ".config" / "wandb" / "settings").unlink()
+    monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
+    online, _ = host_trackers.check(compose("log=[wandb]", "log.wandb.mode=online"))
+    assert online.log.chosen == ["wandb"]
+
+
 def test_tensorboard_false_still_turns_tensorboard_off():
     cfg, _ = host_trackers.check(compose("tensorboard=false", "log=[tensorboard,csv]"))
     assert cfg.log.chosen == ["csv"]
