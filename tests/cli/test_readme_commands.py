@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -97,15 +98,30 @@ def project(tmp_path_factory) -> tuple[Path, Path]:
     return here, images
 
 
+@pytest.fixture(scope="module")
+def ran(project) -> dict[int, tuple[list[str], Future]]:
+    """Every command that runs here, started two at a time as the module begins (each is a process that is
+    mostly one core's work: composing, checking, importing its recipe), so that the tests below mostly find
+    theirs done. line -> (the command as run, its CompletedProcess to come)."""
+    here, images = project
+    pool = ThreadPoolExecutor(max_workers=2)
+    started = {}
+    for line, argv in COMMANDS:
+        if left_out(argv) is None:
+            command = as_run_here(argv, images)
+            started[line] = (command, pool.submit(subprocess.run, launch_command(*command), cwd=here,
+                                                  capture_output=True, text=True, timeout=180, env=clean_env()))
+    yield started
+    pool.shutdown(cancel_futures=True)
+
+
 @pytest.mark.parametrize("line, argv", COMMANDS, ids=[f"README.md:{n}" for n, _ in COMMANDS])
-def test_a_readme_command_runs_as_written(line, argv, project):
+def test_a_readme_command_runs_as_written(line, argv, ran):
     why = left_out(argv)
     if why:
         pytest.skip(f"README.md:{line} `launch {' '.join(argv)}`: {why}")
-    here, images = project
-    command = as_run_here(argv, images)
-    proc = subprocess.run(launch_command(*command), cwd=here, capture_output=True, text=True, timeout=180,
-                          env=clean_env())
+    command, proc = ran[line]
+    proc = proc.result()
     shown = f"README.md:{line}: launch {' '.join(command)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     assert proc.returncode == 0, shown
     assert "Traceback" not in proc.stderr, shown
