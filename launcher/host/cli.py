@@ -61,11 +61,16 @@ class Invocation:
         started = self.started if (not self.codes and os.getpid() == self.pid) else time.time()
         context = LaunchContext(started=started, overrides=tuple(hydra_cfg.overrides.task))
         try:
-            # Hydra has composed and claimed: launch's own code from here, Ctrl-C acts at once (after
-            # torch's import, which cannot take it; every run path imports torch)
+            # Hydra has composed and claimed. Bad values the typed config finds are said first, with
+            # Ctrl-C still held: they need no torch, whose import takes seconds on some machines.
+            settings = typed(carry_settings(cfg, context.overrides))
+            settings.check()
+            # launch's own code from here: Ctrl-C acts at once (after torch's import, which cannot take
+            # it; every run path imports torch)
             let_ctrl_c_through("torch")
-            outcome = launch(typed(carry_settings(cfg, context.overrides)), run_dir, context)
+            outcome = launch(settings, run_dir, context)
         except LaunchError as err:
+            let_ctrl_c_through()  # (a Ctrl-C pressed meanwhile wins over the error)
             outcome = Outcome(err.exit_code, error=str(err))
         except Exception as exc:  # noqa: BLE001 - a failure of launch itself: exit 1, said in one line
             if os.environ.get("LAUNCH_DEBUG"):
