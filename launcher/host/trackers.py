@@ -42,6 +42,9 @@ def _problem(cfg: Config, name: str) -> str | None:
         return ("log.wandb.mode=online, and W&B has no login here (none in WANDB_API_KEY, ~/.netrc or its settings "
                 "files): run wandb login first, or keep log.wandb.mode=offline and wandb sync the run later")
     uri = mlflow_uri(cfg) if name == "mlflow" else None
+    store = _store_problem(uri, probe=not cfg.dry_run) if uri else None
+    if store:
+        return store
     if uri and uri.split(":", 1)[0].lower() in ("http", "https") and not cfg.dry_run:  # (a dry run contacts nothing)
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=REACH_TIMEOUT_S) as answer:
@@ -81,6 +84,44 @@ def wandb_login(cwd: Path | None = None) -> str | None:
             continue
         if any(settings.get(section, "api_key", fallback=None) for section in settings.sections()):
             return str(path)
+    return None
+
+
+# A database store's URI scheme (before any +driver) -> the driver packages SQLAlchemy may use for it, one needed
+DATABASE_DRIVERS = {"postgresql": ("psycopg2", "psycopg", "pg8000"), "mysql": ("pymysql", "MySQLdb", "mysql"),
+                    "mssql": ("pyodbc", "pymssql")}
+
+
+def _store_problem(uri: str, probe: bool) -> str | None:
+    """What keeps MLflow from opening a database store here, found without opening it, or None: a SQLite file
+    whose folder does not exist or cannot be written (MLflow retries for about two minutes, then the tracker
+    fails mid-run), or a database whose driver is not installed. `probe`: make and remove a file beside the
+    SQLite file to know (not in a dry run, which touches nothing)."""
+    scheme = uri.split(":", 1)[0].lower()
+    if scheme == "sqlite" and uri.lower().startswith("sqlite:///"):
+        path = Path(os.path.abspath(uri[len("sqlite:///"):]))  # (sqlite:////abs/x.db: an absolute path)
+        folder = path.parent
+        if not folder.is_dir():
+            return (f"the MLflow store {uri} cannot be opened: the folder {folder} does not exist (create it, or "
+                    f"give log.mlflow.tracking_uri=sqlite:///mlflow.db for a file where launch runs)")
+        if probe and not path.exists():  # (root passes os.access where files still cannot be made: /proc)
+            import tempfile
+
+            try:
+                with tempfile.NamedTemporaryFile(dir=folder, prefix=".launch-probe-"):
+                    pass
+            except OSError as exc:
+                return (f"the MLflow store {uri} cannot be opened: no file can be made in {folder} "
+                        f"({exc.strerror or exc})")
+        elif not os.access(path if path.exists() else folder, os.W_OK):
+            return f"the MLflow store {uri} cannot be opened: {path if path.exists() else folder} is not writable"
+    base = scheme.split("+", 1)[0]
+    if base in DATABASE_DRIVERS:
+        driver = scheme.split("+", 1)[1] if "+" in scheme else None
+        wanted = (driver,) if driver else DATABASE_DRIVERS[base]
+        if not any(importlib.util.find_spec(module) for module in wanted):
+            return (f"the MLflow store {uri} needs a {base} driver, and none is installed here ({', '.join(wanted)}; "
+                    f"e.g. pip install {'psycopg2-binary' if base == 'postgresql' else wanted[0]})")
     return None
 
 

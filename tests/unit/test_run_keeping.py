@@ -3,6 +3,7 @@ decision and the best checkpoints' bookkeeping, without starting a run."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -113,6 +114,24 @@ def test_wandb_online_without_a_login_stops_the_launch_before_any_worker(monkeyp
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)
     online, _ = host_trackers.check(compose("log=[wandb]", "log.wandb.mode=online"))
     assert online.log.chosen == ["wandb"]
+
+
+def test_an_mlflow_store_that_cannot_be_opened_stops_the_launch_before_any_worker(monkeypatch, tmp_path):
+    """A SQLite file in a folder that does not exist or takes no files (MLflow retried for two minutes, its
+    warnings on the console, and the run waited), or a database without its driver: one line, exit 2."""
+    real = host_trackers.importlib.util.find_spec
+    monkeypatch.setattr(host_trackers.importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "mlflow" else
+                        None if name in ("psycopg2", "psycopg", "pg8000") else real(name, *a))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for uri, said in ((f"sqlite:///{tmp_path}/no/such/folder/x.db", f"the folder {tmp_path}/no/such/folder does "
+                                                                     "not exist"),
+                      ("sqlite:////proc/x.db", "no file can be made in /proc"),
+                      ("postgresql://u@127.0.0.1:1/db", "needs a postgresql driver, and none is installed here")):
+        with pytest.raises(LaunchError, match=f"the MLflow store {re.escape(uri)} .*{re.escape(said)}"):
+            host_trackers.check(compose("log=[mlflow]", f"log.mlflow.tracking_uri={uri}"))
+    fine, _ = host_trackers.check(compose("log=[mlflow]", f"log.mlflow.tracking_uri=sqlite:///{tmp_path}/m.db"))
+    assert fine.log.chosen == ["mlflow"] and not list(tmp_path.iterdir())  # (the probe left nothing)
 
 
 def test_tensorboard_false_still_turns_tensorboard_off():
