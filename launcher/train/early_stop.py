@@ -33,7 +33,10 @@ def check_named(key: str, typed: str, setting: str, row: dict[str, Any]) -> None
         return
     known = [k for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
              and (k == "loss" or k.startswith(("train_", "test_"))) and k != "train_s"]
-    example = next((k for k in known if k.startswith("test_")), "loss")
+    import difflib
+
+    close = difflib.get_close_matches(key, known, n=1)
+    example = close[0] if close else next((k for k in known if k.startswith("test_")), "loss")
     raise ConfigError(setting, typed, f"names no figure of this run's epochs; they are {', '.join(known)} (val/NAME "
                       "and test/NAME name test_NAME)", f"{setting}={example}")
 

@@ -174,6 +174,8 @@ def test_early_stop_judges_only_evaluated_epochs_and_names_a_missing_figure():
     with pytest.raises(ConfigError, match=r"early_stop.metric=val/mae is not valid: names no figure of this run's "
                                           r"epochs; they are loss, test_loss"):
         judge(rows([1.0]), metric="val/mae", patience=2)
+    with pytest.raises(ConfigError, match=r"\(e.g. launch early_stop.metric=test_loss\)"):  # the nearest figure
+        judge(rows([1.0]), metric="val/los", patience=2)
 
 
 # ---- best checkpoints -------------------------------------------------------------------------------
