@@ -200,8 +200,9 @@ def describe_hydra_error(exc: BaseException) -> str:
         choice = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", text)
         if choice:
             value, options = choice.group(1), [o.strip() for o in choice.group(2).split(",")]
-            return (f"{full_key}={value} is not valid: choose one of {', '.join(options)} "
-                    f"(e.g. launch {full_key}={options[0]})")
+            close = difflib.get_close_matches(value.lower(), options, n=1)
+            example = f"did you mean {full_key}={close[0]}?" if close else f"e.g. launch {full_key}={options[0]}"
+            return f"{full_key}={value} is not valid: choose one of {', '.join(options)} ({example})"
         m2 = re.search(r"Value '([^']*)' of type '(\w+)' could not be converted to (\w+)", text)
         if m2:
             value, _, target = m2.groups()

@@ -53,6 +53,7 @@ CASES = [
      "log.mlflow.tracking_uri? known keys: log.mlflow.tracking_uri, log.mlflow.experiment"),
     ("log=[mlflow] log.mlflw.tracking_uri=x", "unknown key 'log.mlflw.tracking_uri': did you mean "
      "log.mlflow.tracking_uri?"),
+    ("progress=bars", "progress=bars is not valid: choose one of auto, bar, lines (did you mean progress=bar?)"),
     ("evl.every=2", "unknown key 'evl.every': did you mean eval.every?"),  # (listed Config's keys as evl.*)
     ("perf.precision=fp8", "perf.precision=fp8 is not valid: choose one of auto, bf16, fp16, fp32"),
     ("gpus=ALL", "gpus=ALL is not valid: no GPU is visible"),
