@@ -71,7 +71,10 @@ class Resume:
     def describe(self) -> str:
         if not self.changed:
             return f"resuming {self.path} after epoch {self.epoch}, every setting as it was"
-        shown = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in self.changed.items())
+        def said(value: Any) -> Any:  # (nprocs 2 -> (not set): Python's None means nothing to a user)
+            return "(not set)" if value is None else value
+
+        shown = ", ".join(f"{k} {said(old)} -> {said(new)}" for k, (old, new) in self.changed.items())
         return f"resuming {self.path} after epoch {self.epoch} with its settings; changed here: {shown}"
 
 
