@@ -167,10 +167,10 @@ def main(argv: list[str]) -> int:
     if not argv or len(argv) > 2 or argv[0].startswith("-"):
         print(f"usage: {USAGE}", file=sys.stderr)
         return 2
-    if len(argv) > 1 and not Path(argv[1]).suffix and not Path(argv[1]).exists() and misspelled_which(argv[1]):
-        # (`launch export RUN bset` would write the weights to a file named bset)
+    meant = misspelled_which(argv[1]) if len(argv) > 1 and not Path(argv[1]).suffix else None
+    if meant and not Path(argv[1]).exists():  # (`launch export RUN bset` would write the weights to a file bset)
         print(f"launch: launch export {argv[0]} {argv[1]} is not valid: did you mean launch export {argv[0]} "
-              f"{misspelled_which(argv[1])}? (an OUT file needs a name like model.pt: {USAGE})", file=sys.stderr)
+              f"{meant}? (an OUT file needs a name like model.pt: {USAGE})", file=sys.stderr)
         return 2
     try:
         export(argv[0], argv[1] if len(argv) > 1 else None, which=which)

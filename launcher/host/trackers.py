@@ -59,7 +59,7 @@ def _problem(cfg: Config, name: str) -> str | None:
     return None
 
 
-def wandb_login(cwd: Path | None = None) -> str | None:
+def wandb_login() -> str | None:
     """Where W&B would find a login, as its client looks (WANDB_API_KEY or an identity token file, a .netrc
     entry for its host, an api_key in its settings files), or None where there is none."""
     import configparser
@@ -76,7 +76,7 @@ def wandb_login(cwd: Path | None = None) -> str | None:
         except (OSError, netrc.NetrcParseError):
             continue
     config_dir = Path(os.environ.get("WANDB_CONFIG_DIR") or home / ".config" / "wandb")
-    for path in (config_dir / "settings", (cwd or Path.cwd()) / "wandb" / "settings"):
+    for path in (config_dir / "settings", Path.cwd() / "wandb" / "settings"):
         settings = configparser.ConfigParser()
         try:
             settings.read(path)
@@ -87,9 +87,13 @@ def wandb_login(cwd: Path | None = None) -> str | None:
     return None
 
 
-# A database store's URI scheme (before any +driver) -> the driver packages SQLAlchemy may use for it, one needed
-DATABASE_DRIVERS = {"postgresql": ("psycopg2", "psycopg", "pg8000"), "mysql": ("pymysql", "MySQLdb", "mysql"),
+# A database store's URI scheme (before any +driver) -> the modules of the drivers SQLAlchemy may use for it, one
+# needed; and a driver named in the URI (postgresql+psycopg2://) -> its module, where the two names differ
+DATABASE_DRIVERS = {"postgresql": ("psycopg2", "psycopg", "pg8000"), "mysql": ("pymysql", "MySQLdb", "mysql.connector"),
                     "mssql": ("pyodbc", "pymssql")}
+PIP_NAMES = {"psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient", "mysql.connector": "mysql-connector-python"}
+DRIVER_MODULES = {"psycopg2": "psycopg2", "psycopg": "psycopg", "pg8000": "pg8000", "pymysql": "pymysql",
+                  "mysqldb": "MySQLdb", "mysqlconnector": "mysql.connector", "pyodbc": "pyodbc", "pymssql": "pymssql"}
 
 
 def _store_problem(uri: str, probe: bool) -> str | None:
@@ -101,6 +105,8 @@ def _store_problem(uri: str, probe: bool) -> str | None:
     if scheme == "sqlite" and uri.lower().startswith("sqlite:///"):
         path = Path(os.path.abspath(uri[len("sqlite:///"):]))  # (sqlite:////abs/x.db: an absolute path)
         folder = path.parent
+        if path.is_dir():
+            return f"the MLflow store {uri} cannot be opened: {path} is a folder, not a database file"
         if not folder.is_dir():
             return (f"the MLflow store {uri} cannot be opened: the folder {folder} does not exist (create it, or "
                     f"give log.mlflow.tracking_uri=sqlite:///mlflow.db for a file where launch runs)")
@@ -118,10 +124,10 @@ def _store_problem(uri: str, probe: bool) -> str | None:
     base = scheme.split("+", 1)[0]
     if base in DATABASE_DRIVERS:
         driver = scheme.split("+", 1)[1] if "+" in scheme else None
-        wanted = (driver,) if driver else DATABASE_DRIVERS[base]
-        if not any(importlib.util.find_spec(module) for module in wanted):
+        wanted = (DRIVER_MODULES.get(driver),) if driver else DATABASE_DRIVERS[base]
+        if None not in wanted and not any(importlib.util.find_spec(module) for module in wanted):
             return (f"the MLflow store {uri} needs a {base} driver, and none is installed here ({', '.join(wanted)}; "
-                    f"e.g. pip install {'psycopg2-binary' if base == 'postgresql' else wanted[0]})")
+                    f"e.g. pip install {PIP_NAMES.get(wanted[0], wanted[0])})")
     return None
 
 
