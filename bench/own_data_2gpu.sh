@@ -80,6 +80,28 @@ ddp-levers)
             | tee -a "$OUT/gpt-ddp-levers-$commit.jsonl"
     done
     ;;
+why)
+    # where 2 GPUs lose against 1 (22nd session). GPT-2 124M at nanoGPT's batch (gradient accumulation: one
+    # all-reduce per 8 micro-batches of 16 x 1024 tokens), 1 GPU then 2; recipe=imagefolder with decoding taken
+    # away on 2 GPUs (the launcher's own path: does it scale?), then decode=cpu on 2 GPUs for 8 epochs
+    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 2621440 --val-tokens 65536 \
+        >/dev/null || exit 1
+    timeout 150 python3 bench/gpt.py compare --gpus 1 2 --no-script --shards '/tmp/shards/*.bin' --epochs 3 \
+        --batch-per-gpu 128 --launch-args accumulate=8 2>&1 | tee "$OUT/gpt-accumulate-$commit.jsonl"
+    (cd bench && python3 -c "from pathlib import Path; from imagefolder import make_folder
+make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
+    vmstat -t 2 > "$OUT/vmstat-why-$commit.txt" 2>&1 &
+    vm=$!
+    args=$(sed 's/batch_size=256/batch_size=512/' bench/probe/imagefolder_free.args)
+    (cd bench/probe && timeout 110 python3 -m launcher recipe=imagefolder_free data.root=/tmp/imagenet-gen gpus=[0,1] \
+        perf.compile=true eval.every=0 epochs=5 progress=lines $args hydra.run.dir=/tmp/free2 2>&1 | tail -12) \
+        | tee "$OUT/imagefolder-free-2gpu-$commit.txt"
+    cat /tmp/free2/metrics.jsonl >> "$OUT/imagefolder-free-2gpu-$commit.txt" 2>/dev/null
+    echo "--- decode=cpu 2 GPUs 8 epochs" >> "$OUT/vmstat-why-$commit.txt"
+    timeout 150 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only launch \
+        --epochs 8 --launch-args data.decode=cpu 2>&1 | tee "$OUT/imagefolder-cpu-8epochs-$commit.jsonl"
+    kill $vm
+    ;;
 tests)
     (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \
         > "$OUT/gpu-tests-one-$commit.txt" 2>&1; echo "one-GPU tests exit $?" >> "$OUT/gpu-tests-one-$commit.txt") &
