@@ -102,6 +102,22 @@ make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
         --epochs 8 --launch-args data.decode=cpu 2>&1 | tee "$OUT/imagefolder-cpu-8epochs-$commit.jsonl"
     kill $vm
     ;;
+why2)
+    # recipe=imagefolder without decoding (bench/probe/imagefolder_free.py), rank 0's second epoch profiled: on 2
+    # GPUs under DDP's reducer and captured, and on 1 GPU; then GPT-2 124M at nanoGPT's batch on 2 GPUs
+    (cd bench && python3 -c "from pathlib import Path; from imagefolder import make_folder
+make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
+    free=$(grep -v '^#' bench/probe/imagefolder_free.args | sed 's/batch_size=256 //; s/perf.cuda_graph=false //')
+    python3 bench/probe/imagefolder_profile.py --recipe imagefolder_free --cwd bench/probe --gpus "[0,1]" \
+        --timeout 150 --who "nccl|Memcpy" --variant "$free batch_size=512" \
+        --variant "$free batch_size=512 perf.cuda_graph=true" 2>&1 | tee "$OUT/imagefolder-free-profile-2gpu-$commit.jsonl"
+    python3 bench/probe/imagefolder_profile.py --recipe imagefolder_free --cwd bench/probe --timeout 120 \
+        --variant "$free batch_size=256 perf.cuda_graph=false" 2>&1 | tee "$OUT/imagefolder-free-profile-1gpu-$commit.jsonl"
+    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 2621440 --val-tokens 65536 \
+        >/dev/null || exit 1
+    timeout 120 python3 bench/gpt.py compare --gpus 2 --no-script --shards '/tmp/shards/*.bin' --epochs 3 \
+        --batch-per-gpu 128 --launch-args accumulate=8 2>&1 | tee "$OUT/gpt-accumulate-2gpu-$commit.jsonl"
+    ;;
 tests)
     (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \
         > "$OUT/gpu-tests-one-$commit.txt" 2>&1; echo "one-GPU tests exit $?" >> "$OUT/gpu-tests-one-$commit.txt") &

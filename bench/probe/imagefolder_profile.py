@@ -154,11 +154,12 @@ def main() -> None:
     p.add_argument("--recipe", default="imagefolder", help="a recipe file's name too (run in --cwd)")
     p.add_argument("--cwd", default=None, help="where launch runs (a recipe file's folder); default a scratch dir")
     p.add_argument("--epochs", type=int, default=3, help="the second is profiled; the third is not")
+    p.add_argument("--gpus", default="[0]", help="launch's gpus= (rank 0 is profiled); a variant sets batch_size")
     args = p.parse_args()
     for variant in args.variant or ["data.decode=auto"]:
         with tempfile.TemporaryDirectory(prefix="if-profile-") as scratch:
             run_dir = Path(scratch) / "run"
-            cmd = [sys.executable, "-m", "launcher", f"recipe={args.recipe}", f"data.root={args.root}", "gpus=[0]",
+            cmd = [sys.executable, "-m", "launcher", f"recipe={args.recipe}", f"data.root={args.root}", f"gpus={args.gpus}",
                    "perf.compile=true", "eval.every=0", f"epochs={args.epochs}", "profile=true",
                    f"hydra.run.dir={run_dir}", *variant.split()]
             try:
