@@ -109,7 +109,7 @@ why2)
 make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
     free=$(grep -v '^#' bench/probe/imagefolder_free.args | sed 's/batch_size=256 //; s/perf.cuda_graph=false //')
     python3 bench/probe/imagefolder_profile.py --recipe imagefolder_free --cwd bench/probe --gpus "[0,1]" \
-        --timeout 150 --who "nccl|Memcpy" --variant "$free batch_size=512" \
+        --timeout 150 --who "nccl|Memcpy" --variant "$free batch_size=512 perf.cuda_graph=false" \
         --variant "$free batch_size=512 perf.cuda_graph=true" 2>&1 | tee "$OUT/imagefolder-free-profile-2gpu-$commit.jsonl"
     python3 bench/probe/imagefolder_profile.py --recipe imagefolder_free --cwd bench/probe --timeout 120 \
         --variant "$free batch_size=256 perf.cuda_graph=false" 2>&1 | tee "$OUT/imagefolder-free-profile-1gpu-$commit.jsonl"
