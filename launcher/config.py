@@ -557,10 +557,12 @@ class PerfConfig(Schema):
     # GPUs: capture each step (augment, forward, backward, gradient all-reduce) as one CUDA graph and
     # replay it (true | false | auto). Under ddp the gradients then sit in flat buckets averaged by the
     # launcher instead of DDP's reducer (launcher/train/step.py), so DDP's static_graph/find_unused_parameters
-    # do not apply. auto: on one GPU (strategy single), where the step is the launcher's own (a recipe with
-    # no training_step of its own), the warm-up times the step eagerly and replayed and keeps the faster,
-    # said in one line: a small network's step, paced by the host's kernel launches, replays about 2x
-    # faster (a ResNet-18 at batch 512 on an H200: 2.2-2.5x, BENCHMARKS.md); a large one gains nothing.
+    # do not apply. auto: on GPUs, one process each (strategy single or ddp), where the step is the
+    # launcher's own (a recipe with no training_step of its own), the warm-up times the step eagerly and
+    # replayed and keeps the faster (under ddp every rank alike, both ways with flat buckets), said in one
+    # line: a small network's step, paced by the host's kernel launches, replays about 2x faster (a
+    # ResNet-18 at batch 512 on an H200: 2.2-2.5x, BENCHMARKS.md); a large one on one GPU gains nothing.
+    # A ddp run that sets strategy.find_unused_parameters or static_graph keeps DDP's reducer.
     # A recipe's own training_step is replayed only with true (a replay runs none of its Python: no
     # .item(), no counters kept in Python).
     cuda_graph: Any = "auto"
@@ -599,8 +601,8 @@ class PerfConfig(Schema):
             raise ConfigError(f"{at}.cudnn_benchmark", self.cudnn_benchmark, "choose true, false or auto "
                               "(autotune cuDNN when the run compiles)", f"{at}.cudnn_benchmark=auto")
         if self.cuda_graph_setting not in (True, False, "auto"):
-            raise ConfigError(f"{at}.cuda_graph", self.cuda_graph, "choose true, false or auto (one GPU: replay the "
-                              "step as a CUDA graph where that is measured faster)", f"{at}.cuda_graph=auto")
+            raise ConfigError(f"{at}.cuda_graph", self.cuda_graph, "choose true, false or auto (replay the step as a "
+                              "CUDA graph where that is measured faster)", f"{at}.cuda_graph=auto")
         if self.cuda_graph_setting is True and self.compile_setting is not False and self.compile_makes_graphs:
             raise ConfigError(f"{at}.compile_mode", self.compile_mode, f"{at}.cuda_graph=true captures the whole "
                               "step already and this mode would make CUDA graphs inside it; use default or "

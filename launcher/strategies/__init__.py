@@ -89,21 +89,28 @@ def _fp16(perf: PerfConfig, note: str | None) -> tuple[PerfConfig, str | None]:
     return perf, note
 
 
-def _auto_graph(cls: type[Strategy], perf: PerfConfig, on_gpu: bool, accumulate: int) -> PerfConfig:
-    """perf.cuda_graph=auto stays auto (the worker times the step both ways and keeps the faster) only
-    where a captured step is plain to try: one GPU of its own (strategy single), one micro-batch a step,
-    no fp16 scaler, no compile mode that makes CUDA graphs itself. Elsewhere it is off, without a word
-    (perf.cuda_graph=true asks for it, and is told where it cannot be had)."""
+def _auto_graph(cls: type[Strategy], perf: PerfConfig, on_gpu: bool, accumulate: int,
+                options: StrategyConfig | None = None) -> PerfConfig:
+    """perf.cuda_graph=auto stays auto (the worker times the step both ways and keeps the faster, every
+    rank alike) only where a captured step is plain to try: GPUs, one process each (strategy single or
+    ddp), one micro-batch a step, no fp16 scaler, no compile mode that makes CUDA graphs itself. Elsewhere
+    it is off, without a word (perf.cuda_graph=true asks for it, and is told where it cannot be had).
+    Under ddp the trial's two ways both average the gradients in flat buckets (CapturedDDP): DDP's
+    reducer runs host code each step that a replay would skip. A ddp run that sets DDP's own reducer options
+    (strategy.find_unused_parameters, strategy.static_graph) keeps DDP's reducer."""
     if perf.cuda_graph_setting != "auto":
         return derive(perf, cuda_graph=perf.cuda_graph_setting)
     graphs_itself = perf.compile_setting is not False and perf.compile_makes_graphs
-    tried = cls is Single and on_gpu and accumulate == 1 and str(perf.precision) != "fp16" and not graphs_itself
+    reducer_asked = isinstance(options, DDPConfig) and (options.find_unused_parameters or options.static_graph)
+    tried = (cls in (Single, DDP) and on_gpu and accumulate == 1 and str(perf.precision) != "fp16"
+             and not graphs_itself and not (cls is DDP and reducer_asked))
     return derive(perf, cuda_graph="auto" if tried else False)
 
 
 def _captured(cls: type[Strategy], perf: PerfConfig) -> tuple[type[Strategy], bool]:
-    """perf.cuda_graph needs gradients that stay in place: DDP then averages them itself."""
-    if perf.cuda_graph is True and cls is DDP:
+    """perf.cuda_graph (true, or auto where it is tried) needs gradients that stay in place: DDP then
+    averages them itself."""
+    if perf.cuda_graph in (True, "auto") and cls is DDP:
         return CapturedDDP, True
     return cls, bool(perf.cuda_graph)
 
@@ -127,7 +134,7 @@ def choose(options: StrategyConfig, devices: Devices, *, nprocs: int | None, glo
         raise ConfigError("perf.precision", "fp16", f"strategy={cls.name} shards its own mixed precision (bf16 "
                           "compute, fp32 gradient reduction: strategy.mixed_precision); fp16's gradient scaler is "
                           "for the other strategies", f"strategy={cls.name} perf.precision=auto")
-    perf = _auto_graph(cls, perf, devices.on_gpu, accumulate)
+    perf = _auto_graph(cls, perf, devices.on_gpu, accumulate, options)
     perf, note = cls.adjust_perf(perf)
     perf, note = _accumulating(perf, accumulate, note)
     perf, note = _fp16(perf, note)
@@ -147,7 +154,7 @@ def for_world(options: StrategyConfig, world: WorldInfo, devices: Devices, *, gl
     cls: type[Strategy] = DDP if world.world_size > 1 else Single
     if requested is not None and requested.distributed:  # (fsdp: sharded over the world's ranks)
         cls = requested
-    perf = _auto_graph(cls, perf, devices.on_gpu, accumulate)
+    perf = _auto_graph(cls, perf, devices.on_gpu, accumulate, options)
     perf, note = cls.adjust_perf(perf)
     perf, note = _accumulating(perf, accumulate, note)
     perf, note = _fp16(perf, note)

@@ -162,16 +162,23 @@ class DDP(Strategy):
 
 
 class CapturedDDP(DDP):
-    """DDP for a captured step: gradients in flat buckets, all-reduced from autograd hooks."""
+    """DDP for a captured step: gradients in flat buckets, all-reduced from autograd hooks.
+
+    Under perf.cuda_graph=auto the worker may find the step cannot be tried (a recipe's own training_step:
+    a replay runs none of its Python) and turn `static_gradients` off before wrapping: the model then goes
+    to DDP's own reducer, as under perf.cuda_graph=false."""
 
     @property
     def gradient_sync(self) -> str:
-        return "flat all-reduce"
+        return "flat all-reduce" if self.static_gradients else super().gradient_sync
 
     def wrap(self, model: torch.nn.Module, device: torch.device) -> Nets:
         import torch.distributed as dist
 
         from launcher.strategies.gradients import FlatGradients
+
+        if not self.static_gradients:
+            return super().wrap(model, device)
 
         for tensor in model.state_dict().values():  # every rank starts from rank 0's weights, as DDP does
             dist.broadcast(tensor, src=0)
@@ -179,4 +186,4 @@ class CapturedDDP(DDP):
         return Nets(model, model, model, grads)
 
     def collective_timeout(self) -> float | None:
-        return float(self.options.timeout_s)
+        return float(self.options.timeout_s) if self.static_gradients else None

@@ -215,9 +215,10 @@ class Trainer:
         # The run's dir: rank 0's, where every rank sees it; else (another machine) this node's own
         self.run_dir = self.dirs.main if self.dirs.shared else self.dirs.own
         self.recipe: Recipe = recipe_class(self.cfg.recipe.name)(self.cfg)
-        # perf.cuda_graph=auto (one GPU: strategies/__init__.py): the warm-up captures the step and keeps
-        # the graph only where it measures faster (`_keep_faster_step`). A recipe's own training_step is
-        # not captured under auto (a replay runs none of its Python), so its gradients stay plain.
+        # perf.cuda_graph=auto (single or ddp on GPUs: strategies/__init__.py): the warm-up captures the step
+        # and keeps the graph only where it measures faster (`_keep_faster_step`). A recipe's own
+        # training_step is not captured under auto (a replay runs none of its Python), so its gradients stay
+        # plain (under ddp: DDP's own reducer).
         self.auto_graph = self.cfg.perf.cuda_graph_setting == "auto" and self.strategy.static_gradients
         if self.auto_graph and type(self.recipe).training_step is not Recipe.training_step:
             self.strategy.static_gradients = False
@@ -657,6 +658,14 @@ class Trainer:
                 self._sync()
                 self.timeline.mark("warmup_steps")
                 self._capture(batch, idx, generator, side)
+                if self.auto_graph and self.strategy.distributed:  # (every rank keeps a graph, or none does)
+                    failed = self.strategy.reduce_host([float(self.step.captured is None)], op="max")[0]
+                    if failed and self.step.captured is not None:
+                        self.step.captured = None
+                        self.step.optimizers_in_graph = False
+                        if self.is_main:
+                            log.info("perf.cuda_graph=auto: the step runs eagerly (capturing it failed on "
+                                     "another rank)")
                 if self.auto_graph and self.step.captured is not None:
                     self._keep_faster_step(batch, idx, generator)
         if side is not None:
@@ -704,8 +713,10 @@ class Trainer:
         its steps are at least 5% shorter, which is where the host's launches pace the step (a small
         network or batch). Each try is as many steps as fill AUTO_GRAPH_S of one eager step's time (2 to
         AUTO_GRAPH_STEPS), so a large network's start is not held up by it. The warm-up puts weights and
-        optimizer state back afterwards."""
+        optimizer state back afterwards. Under ddp every rank runs the same steps (each one all-reduces) and
+        keeps the same way, by the slowest rank's times."""
         graph = self.step.captured
+        agreed = self.strategy.reduce_host if self.strategy.distributed else (lambda values, op: values)
 
         def per_step_ms(captured: Any, steps: int, tries: int = 2) -> float:
             self.step.captured = captured
@@ -721,10 +732,12 @@ class Trainer:
             return best
 
         try:
-            one_ms = per_step_ms(None, 1, tries=1)
+            one_ms = agreed([per_step_ms(None, 1, tries=1)], op="max")[0]
             steps = max(2, min(AUTO_GRAPH_STEPS, math.ceil(1000 * AUTO_GRAPH_S / max(one_ms, 1e-3))))
             eager_ms = per_step_ms(None, steps)
         except torch.cuda.OutOfMemoryError:  # (the graph's memory held beside eager steps': the graph fits)
+            if self.strategy.distributed:
+                raise  # (the other ranks' steps are past the point where this one stopped: no agreeing now)
             self.step.captured = graph
             self._sync()
             if self.is_main:
@@ -732,6 +745,7 @@ class Trainer:
                          "out of memory)")
             return
         graph_ms = per_step_ms(graph, steps)
+        graph_ms, eager_ms = agreed([graph_ms, eager_ms], op="max")
         keep = graph_ms <= GRAPH_GAIN * eager_ms
         self.step.captured = graph if keep else None
         self.step.optimizers_in_graph = self.step.optimizers_in_graph and keep

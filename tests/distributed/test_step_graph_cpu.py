@@ -87,3 +87,26 @@ def test_cuda_graph_ddp_run_trains_like_ddp(launch):
 
 def _rows(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_captured_ddp_whose_step_cannot_be_tried_wraps_with_ddps_own_reducer():
+    """perf.cuda_graph=auto under ddp picks CapturedDDP on the host; a worker that finds a recipe's own
+    training_step turns static gradients off, and the model must then get DDP's reducer, not flat
+    buckets nobody fills from a graph (and DDP's watchdog, not the graph's bounded wait)."""
+    from launcher.config import DDPConfig, PerfConfig
+    from launcher.strategies import CapturedDDP, Devices, choose
+
+    chosen = choose(DDPConfig(), Devices((0, 1)), nprocs=None, global_batch=8, perf=PerfConfig(), gpus_text="[0,1]")
+    strategy = chosen.strategy
+    assert type(strategy) is CapturedDDP and strategy.static_gradients and chosen.perf.cuda_graph == "auto"
+    assert strategy.gradient_sync == "flat all-reduce" and strategy.collective_timeout() is not None
+    strategy.static_gradients = False  # (what the worker does for a recipe's own training_step)
+    assert strategy.gradient_sync == "DDP" and strategy.collective_timeout() is None
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        nets = strategy.wrap(_model(), torch.device("cpu"))
+        assert isinstance(nets.train, torch.nn.parallel.DistributedDataParallel) and nets.grads is None
+        del nets
+        gc.collect()
+    finally:
+        dist.destroy_process_group()

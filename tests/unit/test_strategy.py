@@ -91,11 +91,19 @@ def _chosen(name, gpus, nprocs=None, accumulate=1, **perf):
                              perf=PerfConfig(**perf), gpus_text=str(gpus), accumulate=accumulate)
 
 
-def test_cuda_graph_auto_is_tried_on_one_gpu_only_and_off_elsewhere_without_a_word():
+def test_cuda_graph_auto_is_tried_on_gpus_one_process_each_and_off_elsewhere_without_a_word():
     one = _chosen("auto", 1)
     assert one.perf.cuda_graph == "auto" and type(one.strategy) is Single and one.strategy.static_gradients
+    # ddp on GPUs: both ways of the trial average flat gradients (DDP's reducer runs host code a replay skips)
+    for two in (_chosen("auto", 2), _chosen("ddp", 2)):
+        assert two.perf.cuda_graph == "auto" and type(two.strategy) is CapturedDDP and two.strategy.static_gradients
+        assert "cuda_graph" not in (two.note or "")
+    for asked in (DDPConfig(find_unused_parameters=True), DDPConfig(static_graph=True)):  # (DDP's reducer asked for)
+        kept = strategies.choose(asked, Devices((0, 1)), nprocs=None, global_batch=64, perf=PerfConfig(),
+                                 gpus_text="[0,1]")
+        assert kept.perf.cuda_graph is False and type(kept.strategy) is not CapturedDDP
     # (elsewhere the plain path, unchanged: DDP's own reducer, plain gradients, and no note about graphs)
-    for chosen in (_chosen("auto", 2), _chosen("auto", 0), _chosen("auto", 0, nprocs=2), _chosen("dp", 2),
+    for chosen in (_chosen("auto", 2, accumulate=2), _chosen("auto", 0), _chosen("auto", 0, nprocs=2), _chosen("dp", 2),
                    _chosen("auto", 1, accumulate=2), _chosen("auto", 1, precision="fp16"),
                    _chosen("auto", 1, compile=True, compile_mode=CompileMode["reduce-overhead"])):
         assert chosen.perf.cuda_graph is False and not chosen.strategy.static_gradients
