@@ -118,6 +118,23 @@ make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
     timeout 120 python3 bench/gpt.py compare --gpus 2 --no-script --shards '/tmp/shards/*.bin' --epochs 3 \
         --batch-per-gpu 128 --launch-args accumulate=8 2>&1 | tee "$OUT/gpt-accumulate-2gpu-$commit.jsonl"
     ;;
+auto)
+    # perf.cuda_graph=auto under ddp (39c7085): recipe=imagefolder's defaults on 1 and 2 GPUs (decode=auto,
+    # cuda_graph=auto), GPT-2 124M on 2 GPUs under auto and under DDP's reducer (perf.cuda_graph=false), then
+    # the two-GPU tests that run ddp's default path
+    timeout 270 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 2 --only launch \
+        --epochs 5 2>&1 | tee "$OUT/imagefolder-auto-graph-$commit.jsonl"
+    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
+        >/dev/null || exit 1
+    for graph in auto false; do
+        timeout 100 python3 bench/gpt.py compare --gpus 2 --no-script --shards '/tmp/shards/*.bin' --epochs 3 \
+            --launch-args perf.cuda_graph=$graph 2>&1 | grep '"what"' | tee -a "$OUT/gpt-auto-graph-$commit.jsonl"
+    done
+    timeout "${TESTS_LIMIT:-200}" python3 -m pytest -v -m two_gpus --timeout 150 -p no:cacheprovider tests/gpu \
+        -k "test_ddp_on_two_gpus or imagefolder_saved_inside or new_lr_then_eval" \
+        > "$OUT/gpu-tests-two-auto-$commit.txt" 2>&1; echo "exit $?" >> "$OUT/gpu-tests-two-auto-$commit.txt"
+    tail -6 "$OUT/gpu-tests-two-auto-$commit.txt"
+    ;;
 tests)
     (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \
         > "$OUT/gpu-tests-one-$commit.txt" 2>&1; echo "one-GPU tests exit $?" >> "$OUT/gpu-tests-one-$commit.txt") &

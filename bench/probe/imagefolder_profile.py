@@ -159,8 +159,8 @@ def main() -> None:
     for variant in args.variant or ["data.decode=auto"]:
         with tempfile.TemporaryDirectory(prefix="if-profile-") as scratch:
             run_dir = Path(scratch) / "run"
-            cmd = [sys.executable, "-m", "launcher", f"recipe={args.recipe}", f"data.root={args.root}", f"gpus={args.gpus}",
-                   "perf.compile=true", "eval.every=0", f"epochs={args.epochs}", "profile=true",
+            cmd = [sys.executable, "-m", "launcher", f"recipe={args.recipe}", f"data.root={args.root}",
+                   f"gpus={args.gpus}", "perf.compile=true", "eval.every=0", f"epochs={args.epochs}", "profile=true",
                    f"hydra.run.dir={run_dir}", *variant.split()]
             try:
                 proc = subprocess.run(cmd, cwd=args.cwd or scratch, capture_output=True, text=True,
