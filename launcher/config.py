@@ -562,7 +562,7 @@ class PerfConfig(Schema):
     # replayed and keeps the faster (under ddp every rank alike, both ways with flat buckets), said in one
     # line: a small network's step, paced by the host's kernel launches, replays about 2x faster (a
     # ResNet-18 at batch 512 on an H200: 2.2-2.5x, BENCHMARKS.md); a large one on one GPU gains nothing.
-    # A ddp run that sets strategy.find_unused_parameters or static_graph keeps DDP's reducer.
+    # ddp over several nodes, or with strategy.find_unused_parameters or static_graph set, keeps DDP's reducer.
     # A recipe's own training_step is replayed only with true (a replay runs none of its Python: no
     # .item(), no counters kept in Python).
     cuda_graph: Any = "auto"

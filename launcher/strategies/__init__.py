@@ -90,20 +90,23 @@ def _fp16(perf: PerfConfig, note: str | None) -> tuple[PerfConfig, str | None]:
 
 
 def _auto_graph(cls: type[Strategy], perf: PerfConfig, on_gpu: bool, accumulate: int,
-                options: StrategyConfig | None = None) -> PerfConfig:
+                options: StrategyConfig | None = None, one_node: bool = True) -> PerfConfig:
     """perf.cuda_graph=auto stays auto (the worker times the step both ways and keeps the faster, every
     rank alike) only where a captured step is plain to try: GPUs, one process each (strategy single or
     ddp), one micro-batch a step, no fp16 scaler, no compile mode that makes CUDA graphs itself. Elsewhere
     it is off, without a word (perf.cuda_graph=true asks for it, and is told where it cannot be had).
     Under ddp the trial's two ways both average the gradients in flat buckets (CapturedDDP): DDP's
-    reducer runs host code each step that a replay would skip. A ddp run that sets DDP's own reducer options
-    (strategy.find_unused_parameters, strategy.static_graph) keeps DDP's reducer."""
+    reducer runs host code each step that a replay would skip. Both ways all-reduce a compiled step's
+    gradients after its backward pass, where DDP's reducer, its graph split at the buckets, overlaps them
+    with it: cheap over one machine's NVLink (GPT-2 124M's 0.5 GB in 1.7 ms, BENCHMARKS.md), not over a
+    network. So several nodes keep DDP's reducer, as does a ddp run that sets its options
+    (strategy.find_unused_parameters, strategy.static_graph)."""
     if perf.cuda_graph_setting != "auto":
         return derive(perf, cuda_graph=perf.cuda_graph_setting)
     graphs_itself = perf.compile_setting is not False and perf.compile_makes_graphs
     reducer_asked = isinstance(options, DDPConfig) and (options.find_unused_parameters or options.static_graph)
     tried = (cls in (Single, DDP) and on_gpu and accumulate == 1 and str(perf.precision) != "fp16"
-             and not graphs_itself and not (cls is DDP and reducer_asked))
+             and not graphs_itself and not (cls is DDP and (reducer_asked or not one_node)))
     return derive(perf, cuda_graph="auto" if tried else False)
 
 
@@ -134,7 +137,7 @@ def choose(options: StrategyConfig, devices: Devices, *, nprocs: int | None, glo
         raise ConfigError("perf.precision", "fp16", f"strategy={cls.name} shards its own mixed precision (bf16 "
                           "compute, fp32 gradient reduction: strategy.mixed_precision); fp16's gradient scaler is "
                           "for the other strategies", f"strategy={cls.name} perf.precision=auto")
-    perf = _auto_graph(cls, perf, devices.on_gpu, accumulate, options)
+    perf = _auto_graph(cls, perf, devices.on_gpu, accumulate, options, one_node=nodes == 1)
     perf, note = cls.adjust_perf(perf)
     perf, note = _accumulating(perf, accumulate, note)
     perf, note = _fp16(perf, note)
@@ -154,7 +157,8 @@ def for_world(options: StrategyConfig, world: WorldInfo, devices: Devices, *, gl
     cls: type[Strategy] = DDP if world.world_size > 1 else Single
     if requested is not None and requested.distributed:  # (fsdp: sharded over the world's ranks)
         cls = requested
-    perf = _auto_graph(cls, perf, devices.on_gpu, accumulate, options)
+    perf = _auto_graph(cls, perf, devices.on_gpu, accumulate, options,
+                       one_node=world.world_size == world.local_world_size)
     perf, note = cls.adjust_perf(perf)
     perf, note = _accumulating(perf, accumulate, note)
     perf, note = _fp16(perf, note)

@@ -98,10 +98,20 @@ def test_cuda_graph_auto_is_tried_on_gpus_one_process_each_and_off_elsewhere_wit
     for two in (_chosen("auto", 2), _chosen("ddp", 2)):
         assert two.perf.cuda_graph == "auto" and type(two.strategy) is CapturedDDP and two.strategy.static_gradients
         assert "cuda_graph" not in (two.note or "")
-    for asked in (DDPConfig(find_unused_parameters=True), DDPConfig(static_graph=True)):  # (DDP's reducer asked for)
-        kept = strategies.choose(asked, Devices((0, 1)), nprocs=None, global_batch=64, perf=PerfConfig(),
-                                 gpus_text="[0,1]")
-        assert kept.perf.cuda_graph is False and type(kept.strategy) is not CapturedDDP
+    # DDP's reducer asked for, or several nodes (its overlap of the all-reduce with the backward pass matters
+    # over a network): DDP's reducer
+    kept = [strategies.choose(asked, Devices((0, 1)), nprocs=None, global_batch=64, perf=PerfConfig(),
+                              gpus_text="[0,1]", nodes=nodes)
+            for asked, nodes in ((DDPConfig(find_unused_parameters=True), 1), (DDPConfig(static_graph=True), 1),
+                                 (DDPConfig(), 2), (AutoStrategyConfig(), 2))]
+    spanning = WorldInfo(0, 0, 4, 2, "localhost", 29500)  # (torchrun or srun: 2 nodes of 2 ranks)
+    kept.append(strategies.for_world(AutoStrategyConfig(), spanning, Devices((0, 1)), global_batch=64,
+                                     perf=PerfConfig()))
+    for chosen in kept:
+        assert chosen.perf.cuda_graph is False and type(chosen.strategy) is not CapturedDDP
+    within = WorldInfo(0, 0, 2, 2, "localhost", 29500)
+    assert type(strategies.for_world(AutoStrategyConfig(), within, Devices((0, 1)), global_batch=64,
+                                     perf=PerfConfig()).strategy) is CapturedDDP
     # (elsewhere the plain path, unchanged: DDP's own reducer, plain gradients, and no note about graphs)
     for chosen in (_chosen("auto", 2, accumulate=2), _chosen("auto", 0), _chosen("auto", 0, nprocs=2), _chosen("dp", 2),
                    _chosen("auto", 1, accumulate=2), _chosen("auto", 1, precision="fp16"),
