@@ -27,20 +27,6 @@ if "LAUNCH_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["LAUNCH_CACHE_DIR"], ignore_errors=True)
 
 
-# With pytest-xdist (`python -m pytest -n 2 --dist loadgroup`, the README's test command), the tests
-# that start a SLURM cluster or network namespaces run on one worker, beside the rest on the other: much
-# of their time is spent waiting (scheduling, rendezvous and collective timeouts). Everything else stays
-# on one worker, one test at a time, as their timings assume.
-SIDE = ("slurm", "multinode")
-
-
-def pytest_collection_modifyitems(config, items):
-    tests = Path(__file__).resolve().parent
-    for item in items:
-        parts = Path(str(item.fspath)).resolve().relative_to(tests).parts
-        item.add_marker(pytest.mark.xdist_group("side" if parts and parts[0] in SIDE else "main"))
-
-
 @dataclass
 class Launch:
     returncode: int
