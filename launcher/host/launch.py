@@ -14,10 +14,10 @@ from launcher.host.outcome import LaunchContext, Outcome
 
 
 def launch(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
-    """Run `cfg` into `run_dir`. Errors a user can fix come back as exit code 2 with one line, before
-    any worker starts wherever the launcher can tell."""
+    """Run `cfg` (typed and checked: cli.py checks it before torch is imported) into `run_dir`. Errors a
+    user can fix come back as exit code 2 with one line, before any worker starts wherever the launcher
+    can tell."""
     try:
-        cfg.check()
         return backends.for_config(cfg.backend).run(cfg, Path(run_dir).resolve(), context)
     except LaunchError as err:
         return Outcome(err.exit_code, error=str(err))

@@ -752,9 +752,11 @@ class Trainer:
         self.step.eager_steps = 0
         self._sync()
         if self.is_main:
+            both = (" (ddp: both ways average the gradients in the launcher's flat buckets; "
+                    "perf.cuda_graph=false keeps DDP's reducer)" if self.strategy.distributed else "")
             log.info("perf.cuda_graph=auto: %s (%.2f ms a step replayed, %.2f ms eagerly; perf.cuda_graph=%s "
-                     "decides it)", "the step replayed as one CUDA graph" if keep else "the step runs eagerly",
-                     graph_ms, eager_ms, "false" if keep else "true")
+                     "decides it)%s", "the step replayed as one CUDA graph" if keep else "the step runs eagerly",
+                     graph_ms, eager_ms, "false" if keep else "true", both)
 
     # ---- epochs -------------------------------------------------------------------------------------
     def _epochs(self, start: Start) -> list[dict[str, Any]]:
