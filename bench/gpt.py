@@ -66,8 +66,7 @@ def launch_gpt(a: argparse.Namespace, gpus: int, strategy: str, root: Path, extr
                               for x in run.metrics]}
     rows = run.metrics[1:] or run.metrics
     r = run.results
-    record["cuda_graph"] = next((line[line.index("perf.cuda_graph=auto"):] for line in run.output.splitlines()
-                                 if "perf.cuda_graph=auto" in line), "")
+    record["cuda_graph"] = run.said("perf.cuda_graph=auto")
     return {**record, "tokens_per_s": round(sum(x["tokens_per_s"] for x in rows) / len(rows)),
             "mfu": round(sum(x.get("mfu") or 0 for x in rows) / len(rows), 4), "parameters": r["parameters"],
             "max_mem_allocated_mb": max(x["max_mem_allocated_mb"] or 0 for x in run.metrics),

@@ -52,10 +52,7 @@ def launch_run(a: argparse.Namespace, gpus: int) -> dict:
     rows = run.metrics[1:] or run.metrics
     workers = next((line for line in run.output.splitlines() if line.startswith("data: ")), "")
     decode = next((line for line in run.output.splitlines() if line.startswith("data.decode")), "")
-    kept = next((line[line.index("data.decode=auto: kept"):] for line in run.output.splitlines()
-                 if "data.decode=auto: kept" in line), "")
-    graph = next((line[line.index("perf.cuda_graph=auto"):] for line in run.output.splitlines()
-                  if "perf.cuda_graph=auto" in line), "")
+    kept, graph = run.said("data.decode=auto: kept"), run.said("perf.cuda_graph=auto")
     return {**record, "cuda_graph": graph, "img_per_s": round(sum(r["images_per_s"] for r in rows) / len(rows), 1),
             "per_epoch": [[round(r["images_per_s"]), r.get("input_stall"), r.get("host_issue_s"),
                            round(r["train_s"], 3), r.get("checkpoint_wait_s"), r.get("checkpoint_write_s")]

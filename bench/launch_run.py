@@ -37,6 +37,11 @@ class LaunchRun:
     def error_tail(self, lines: int = 3) -> list[str]:
         return self.output.strip().splitlines()[-lines:]
 
+    def said(self, marker: str) -> str:
+        """The first console line holding `marker`, from the marker on ("" where none does): what an auto
+        setting kept, say (`perf.cuda_graph=auto: ...`)."""
+        return next((line[line.index(marker):] for line in self.output.splitlines() if marker in line), "")
+
 
 def run_launch(*overrides: str, env: dict[str, str] | None = None, module: str = "launcher",
                timeout: float | None = None, files: dict[str, str] | None = None) -> LaunchRun:

@@ -11,6 +11,14 @@
 #   bash bench/own_data_2gpu.sh tests           the GPU tests: the 2-GPU ones and the rest side by side
 set -uo pipefail
 source bench/device_env.sh
+shards() {  # generated GPT-2 token shards in /tmp/shards: 4 of $1 tokens each
+    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard "$1" --val-tokens 65536 \
+        >/dev/null || exit 1
+}
+folder() {  # the 20,000 generated JPEGs of the one-GPU benchmark in /tmp/imagenet-gen (made once)
+    (cd bench && python3 -c "from pathlib import Path; from imagefolder import make_folder
+make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
+}
 case "${1:-imagefolder}" in
 imagefolder)
     vmstat -t 2 > "$OUT/vmstat-imagefolder-$commit.txt" 2>&1 &
@@ -32,14 +40,12 @@ scaling)
     timeout 110 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only launch \
         --epochs 5 --launch-args data.decode=cpu 2>&1 | tee "$OUT/imagefolder-scaling-cpu-$commit.jsonl"
     kill $vm
-    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
-        >/dev/null || exit 1
+    shards 655360
     timeout "${GPT_LIMIT:-240}" python3 bench/gpt.py compare --gpus 1 2 --no-script --shards '/tmp/shards/*.bin' \
         --epochs 3 --steps 40 2>&1 | tee "$OUT/gpt-scaling-$commit.jsonl"
     ;;
 gpt)
-    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
-        >/dev/null || exit 1
+    shards 655360
     timeout "${GPT_LIMIT:-280}" python3 bench/gpt.py compare --gpus 1 2 --shards '/tmp/shards/*.bin' --epochs 3 \
         --steps 40 --script-loss inside 2>&1 | tee "$OUT/gpt-ddp-$commit.jsonl"
     timeout 100 python3 bench/gpt.py compare --gpus 2 --no-script --shards '/tmp/shards/*.bin' --epochs 3 \
@@ -57,8 +63,7 @@ diagnose)
     nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu,clocks_throttle_reasons.active \
         --format=csv -l 1 > "$OUT/smi-$commit.csv" 2>&1 &
     smi=$!
-    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
-        >/dev/null || exit 1
+    shards 655360
     timeout "${GPT_LIMIT:-300}" python3 bench/gpt.py compare --gpus 1 2 --shards '/tmp/shards/*.bin' --epochs 4 \
         --steps 40 --script-loss inside 2>&1 | tee "$OUT/gpt-ddp-$commit.jsonl"
     timeout 110 python3 bench/gpt.py compare --gpus 2 --no-script --shards '/tmp/shards/*.bin' --epochs 4 \
@@ -68,8 +73,7 @@ diagnose)
 ddp-levers)
     # what DDP itself costs GPT-2 124M on two GPUs, and which of DDP's settings win it back: the script on one
     # GPU, then on two under each setting (bucket size, static graph, bf16 all-reduce, one compiled graph)
-    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
-        >/dev/null || exit 1
+    shards 655360
     timeout 120 python3 bench/gpt_script.py --shards '/tmp/shards/*.bin' --steps 40 --epochs 3 2>&1 \
         | grep '"what"' | tee -a "$OUT/gpt-ddp-levers-$commit.jsonl"
     levers=("--bucket-mb 25" "--bucket-mb 100" "--bucket-mb 300" "--static-graph" "--ddp-hook bf16" "--no-optimize-ddp")
@@ -84,12 +88,10 @@ why)
     # where 2 GPUs lose against 1 (22nd session). GPT-2 124M at nanoGPT's batch (gradient accumulation: one
     # all-reduce per 8 micro-batches of 16 x 1024 tokens), 1 GPU then 2; recipe=imagefolder with decoding taken
     # away on 2 GPUs (the launcher's own path: does it scale?), then decode=cpu on 2 GPUs for 8 epochs
-    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 2621440 --val-tokens 65536 \
-        >/dev/null || exit 1
+    shards 2621440
     timeout 150 python3 bench/gpt.py compare --gpus 1 2 --no-script --shards '/tmp/shards/*.bin' --epochs 3 \
         --batch-per-gpu 128 --launch-args accumulate=8 2>&1 | tee "$OUT/gpt-accumulate-$commit.jsonl"
-    (cd bench && python3 -c "from pathlib import Path; from imagefolder import make_folder
-make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
+    folder
     vmstat -t 2 > "$OUT/vmstat-why-$commit.txt" 2>&1 &
     vm=$!
     args=$(sed 's/batch_size=256/batch_size=512/' bench/probe/imagefolder_free.args)
@@ -105,16 +107,14 @@ make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
 why2)
     # recipe=imagefolder without decoding (bench/probe/imagefolder_free.py), rank 0's second epoch profiled: on 2
     # GPUs under DDP's reducer and captured, and on 1 GPU; then GPT-2 124M at nanoGPT's batch on 2 GPUs
-    (cd bench && python3 -c "from pathlib import Path; from imagefolder import make_folder
-make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
+    folder
     free=$(grep -v '^#' bench/probe/imagefolder_free.args | sed 's/batch_size=256 //; s/perf.cuda_graph=false //')
     python3 bench/probe/imagefolder_profile.py --recipe imagefolder_free --cwd bench/probe --gpus "[0,1]" \
         --timeout 150 --who "nccl|Memcpy" --variant "$free batch_size=512 perf.cuda_graph=false" \
         --variant "$free batch_size=512 perf.cuda_graph=true" 2>&1 | tee "$OUT/imagefolder-free-profile-2gpu-$commit.jsonl"
     python3 bench/probe/imagefolder_profile.py --recipe imagefolder_free --cwd bench/probe --timeout 120 \
         --variant "$free batch_size=256 perf.cuda_graph=false" 2>&1 | tee "$OUT/imagefolder-free-profile-1gpu-$commit.jsonl"
-    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 2621440 --val-tokens 65536 \
-        >/dev/null || exit 1
+    shards 2621440
     timeout 120 python3 bench/gpt.py compare --gpus 2 --no-script --shards '/tmp/shards/*.bin' --epochs 3 \
         --batch-per-gpu 128 --launch-args accumulate=8 2>&1 | tee "$OUT/gpt-accumulate-2gpu-$commit.jsonl"
     ;;
@@ -124,8 +124,7 @@ auto)
     # the two-GPU tests that run ddp's default path
     timeout 270 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 2 --only launch \
         --epochs 5 2>&1 | tee "$OUT/imagefolder-auto-graph-$commit.jsonl"
-    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
-        >/dev/null || exit 1
+    shards 655360
     for graph in auto false; do
         timeout 100 python3 bench/gpt.py compare --gpus 2 --no-script --shards '/tmp/shards/*.bin' --epochs 3 \
             --launch-args perf.cuda_graph=$graph 2>&1 | grep '"what"' | tee -a "$OUT/gpt-auto-graph-$commit.jsonl"
