@@ -716,7 +716,7 @@ class Trainer:
         optimizer state back afterwards. Under ddp every rank runs the same steps (each one all-reduces) and
         keeps the same way, by the slowest rank's times."""
         graph = self.step.captured
-        agreed = self.strategy.reduce_host if self.strategy.distributed else (lambda values, op: values)
+        agreed = self.strategy.reduce_host  # (the slowest rank's figures; one process: its own)
 
         def per_step_ms(captured: Any, steps: int, tries: int = 2) -> float:
             self.step.captured = captured
