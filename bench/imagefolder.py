@@ -11,10 +11,11 @@
                  torch.compile, SGD): what no data path can beat
       baseline   torchvision's ImageFolder + DataLoader (--workers workers, pin_memory): PIL RandomResizedCrop +
                  flip + ToTensor + Normalize in the workers, the same step
-      cpu/gpu/auto   recipe=imagefolder's datasets with data.decode=cpu, gpu and auto, fed as the launcher feeds
-                 them: a DataLoader with the recipe's collate, then the launcher's CudaPrefetcher (the batch
-                 copied on a side stream and on_after_batch_transfer run there, both issued from a thread of
-                 its own), the step on the default stream
+      cpu/gpu/auto   recipe=imagefolder's datasets with data.decode=cpu, gpu, and a fixed split (auto:
+                 --gpu-share of each batch for the GPU's decoder; a run's data.decode=auto measures its own), fed
+                 as the launcher feeds them: a DataLoader with the recipe's collate, then the launcher's
+                 CudaPrefetcher (the batch copied on a side stream and on_after_batch_transfer run there, both
+                 issued from a thread of its own), the step on the default stream
     and, unless --no-feed, each data path alone (`*-feed`: no step), which says what it could deliver.
     Data paths are timed after their first 2 x workers batches (the ones prefetched before the clock starts).
 """
@@ -261,7 +262,7 @@ def recipe_path(args, mode: str, device: torch.device):
     still run the GPU path's code (nvJPEG's place taken by the CPU decoder)."""
     from launcher.host.compose import config_for
     from launcher.recipes import imagefolder
-    from launcher.recipes.imagefolder import ImageFolder, ImageFolderSplit, cpu_share, scan
+    from launcher.recipes.imagefolder import ImageFolder, ImageFolderSplit, scan
 
     decode, _, decoder = mode.partition("-")
     imagefolder._hardware.clear()
@@ -272,7 +273,7 @@ def recipe_path(args, mode: str, device: torch.device):
                      f"recipe.image_size={args.size}", f"data.decode={decode}", f"data.workers={args.workers}",
                      f"perf.channels_last={device.type == 'cuda'}")
     recipe = ImageFolder(cfg)
-    share = {"cpu": 0.0, "gpu": 1.0, "auto": 1.0 - cpu_share(args.workers, hardware)}[decode]
+    share = {"cpu": 0.0, "gpu": 1.0, "auto": args.gpu_share}[decode]
     folders = scan(Path(args.root))
     ds = ImageFolderSplit(folders["train"], train=True, image_size=args.size, eval_resize=cfg.recipe.eval_side,
                           min_scale=cfg.recipe.min_scale, gpu_share=share)
@@ -298,6 +299,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10, help="untimed steps first (compiling happens there)")
     p.add_argument("--busy", type=int, nargs="*", default=[],
                    help="the limit again with N processes decoding JPEGs beside it (one row per N and nice)")
+    p.add_argument("--gpu-share", type=float, default=0.25, help="auto rows: the share of each batch for the GPU")
     p.add_argument("--busy-nice", type=int, nargs="*", default=[0])
     p.add_argument("--no-compile", dest="compile", action="store_false")
     p.add_argument("--no-feed", dest="feed", action="store_false", help="skip the data paths measured alone")

@@ -8,6 +8,8 @@
 #   bash bench/own_data_2gpu.sh gpt             GPT-2 124M on uint16 shards: launch (single, ddp) against the
 #                                               nanoGPT-style script on 1 and 2 GPUs, then fsdp on 2
 #   bash bench/own_data_2gpu.sh ddp-levers      the script on 1 GPU, then on 2 under each DDP setting
+#   bash bench/own_data_2gpu.sh split           data.decode=auto's measured split on 2 GPUs and 1; decode=cpu
+#                                               on 2, eager and captured
 #   bash bench/own_data_2gpu.sh tests           the GPU tests: the 2-GPU ones and the rest side by side
 set -uo pipefail
 source bench/device_env.sh
@@ -133,6 +135,26 @@ auto)
         -k "test_ddp_on_two_gpus or imagefolder_saved_inside or new_lr_then_eval" \
         > "$OUT/gpu-tests-two-auto-$commit.txt" 2>&1; echo "exit $?" >> "$OUT/gpu-tests-two-auto-$commit.txt"
     tail -6 "$OUT/gpu-tests-two-auto-$commit.txt"
+    ;;
+split)
+    # data.decode=auto that times the workers alone first and sizes a split from their times where they fall
+    # behind (23rd session): the defaults on 2 GPUs (8 epochs: the trial spans the first ~3 of 39 steps a rank)
+    # and on 1; then decode=cpu on 2 GPUs eager and captured: do the 30 busy workers slow the host's launches?
+    folder
+    vmstat -t 1 > "$OUT/vmstat-split-$commit.txt" 2>&1 &
+    vm=$!
+    timeout 150 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only launch \
+        --epochs 8 2>&1 | tee "$OUT/imagefolder-split-2gpu-$commit.jsonl"
+    echo "--- 1 GPU" >> "$OUT/vmstat-split-$commit.txt"
+    timeout 130 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch \
+        --epochs 5 2>&1 | tee "$OUT/imagefolder-split-1gpu-$commit.jsonl"
+    for graph in false true; do
+        echo "--- decode=cpu 2 GPUs perf.cuda_graph=$graph" >> "$OUT/vmstat-split-$commit.txt"
+        timeout 120 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only launch \
+            --epochs 8 --launch-args data.decode=cpu perf.cuda_graph=$graph 2>&1 \
+            | tee -a "$OUT/imagefolder-cpu-graph-2gpu-$commit.jsonl"
+    done
+    kill $vm
     ;;
 tests)
     (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \

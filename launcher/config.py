@@ -80,7 +80,7 @@ class ProcessGroupBackend(Choice):
 
 
 class Decode(Choice):
-    auto = "auto"  # with a GPU: a split of each batch, or the workers alone, whichever trains faster (measured, said)
+    auto = "auto"  # with a GPU: the workers alone, or a split sized from their times where they fall behind (measured)
     cpu = "cpu"  # DataLoader worker processes decode (PIL)
     gpu = "gpu"  # batched nvJPEG on the GPU, off the compute stream
 

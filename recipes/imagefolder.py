@@ -25,13 +25,12 @@ workers call them. Where the images are decoded is `data.decode`:
         batch. Files nvJPEG cannot or should not take (PNG, BMP, WebP, grey, CMYK and progressive JPEGs, a
         JPEG without its end marker) are decoded by the worker as for cpu; the batch carries both kinds.
   auto  on CUDA, measured in the run (DecodeTrial): the first training batches (with perf.compile=auto, the
-        second epoch's, once compiling is decided) are decoded both at once (a share of each batch by the
-        CPU workers, from the worker count and the rates in MEASURED.md, the rest on the GPU), then by the
-        workers alone; the way whose batches came faster is kept, said in one line (each timed by the steps'
-        pace and by the time its workers need for a batch: their stock of batches made ahead cannot hide
-        that they do not keep up). (On one H200 with 16 cores, ResNet-50: the workers alone were kept every
-        time, at 0.83x-0.94x of the model's limit an epoch on machines with fast cores and 0.59x-0.78x on
-        others, where the splits gave 0.78x-0.89x: BENCHMARKS.md.)
+        second epoch's, once compiling is decided) are decoded by the workers alone and timed, by the steps'
+        pace and by the time the workers need for a batch (their stock of batches made ahead cannot hide that
+        they do not keep up). Where they keep up, that is all. Where they fall behind, each batch is split:
+        the share the workers make in a step's time stays with them, the rest goes to the GPU's decoder;
+        timed the same way, and balanced once more by its own times where they are still apart. The fastest
+        way is kept, said in one line with every figure.
         Without CUDA: cpu. data.decode=gpu without CUDA says so in one line and decodes on the CPU.
 
 Augmentation is drawn per sample from (seed, epoch, sample index), so a resumed run repeats it: the
@@ -77,16 +76,6 @@ SPLITS = ("train", "val")
 # ImageNet's per-channel mean and std, in 0..255 pixel units
 MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
 STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
-# data.decode=auto's first candidate, the split (DecodeTrial then measures it against the workers alone), from
-# rates measured apart (MEASURED.md, one H100 host): a worker decodes and crops ~190 img/s with PIL (14 workers:
-# 2,632 img/s); nvJPEG decodes 12,000 img/s alone, of which we count on a quarter beside training. (Since then
-# one H200 host's core made 516 img/s, and the CPU path got faster: BENCHMARKS.md. The split these give has
-# not been measured, so the rates stay as they were.)
-CPU_RATE_PER_WORKER = 190.0
-GPU_DECODE_RATE_BESIDE_TRAINING = 3000.0
-# nvImageCodec on the GPU's hardware JPEG engines decodes ~10,000 img/s alone (MEASURED.md) without the SMs:
-# beside training it is counted on for nearly that (an estimate: not measured beside a training step).
-HW_DECODE_RATE_BESIDE_TRAINING = 8000.0
 WORK_SLOTS = 1025  # rows of ImageFolderSplit's work counts: one per DataLoader worker (data.workers <= 1024), one more
 EXAMPLE = "recipe=imagefolder data.root=/data/imagenet"
 
@@ -775,19 +764,17 @@ def gpu_batch(batch: tuple[Any, ...], size: int, skip_bad: bool, normalize: Norm
 # ---- the recipe -------------------------------------------------------------------------------------------
 
 
-def cpu_share(workers: int, hardware: bool = False) -> float:
-    """data.decode=auto: the share of each batch the CPU workers decode, so that they and the GPU's decoder
-    (beside training) finish together at the rates measured (MEASURED.md); `hardware`: nvImageCodec on the
-    GPU's JPEG engines decodes."""
-    cpu = workers * CPU_RATE_PER_WORKER
-    return cpu / (cpu + (HW_DECODE_RATE_BESIDE_TRAINING if hardware else GPU_DECODE_RATE_BESIDE_TRAINING))
-
-
 class DecodeTrial:
     """data.decode=auto on CUDA: which way of decoding trains faster, measured on the run's own first
-    training batches. Each candidate (a share of each batch for the GPU decoder) is set in the Dataset
-    (its workers read the share sample by sample) and timed two ways over MEASURE training batches made
-    under it, after its first SETTLE (the pipeline filling):
+    training batches. The workers alone go first. Where they keep up with the steps, they are kept and
+    nothing else is tried. Where they do not (they need longer to make a batch than a step takes, the steps
+    fed meanwhile from the stock they made ahead), a split follows, sized from those two times: the share of
+    each batch the workers make in a step's time (less MARGIN) stays with them, the rest goes to the GPU's
+    decoder. Where that split's own times are still apart (its workers behind its steps, or idle beside
+    them: the GPU's decoding changes the step), one more split balances them the same way. Each candidate
+    (a share of each batch for the GPU decoder) is set in the Dataset (its workers read the share sample by
+    sample) and timed two ways over MEASURE training batches made under it, after its first SETTLE (the
+    pipeline filling):
 
     - the steps: the mean gap between batches reaching the launcher's prefetch thread. While the workers
       have a stock of batches made ahead, that is the step's own time, the GPU decoding included;
@@ -796,21 +783,25 @@ class DecodeTrial:
 
     A batch takes the longer of the two. The gaps alone would not do: the workers' stock (up to their
     prefetch_factor each) hides for a while that they cannot keep up (on one H200 host the gaps said 37.8 ms
-    for the workers alone where the epochs then took 48-59 ms a batch). The faster candidate is kept, said
+    for the workers alone where the epochs then took 48-59 ms a batch). The fastest candidate is kept, said
     in one line; the workers alone win a tie within TIE (GPU decoding beside training also costs the step's
     host and GPU time). Which samples go to which decoder changes the pixels only by the two decoders'
-    rounding: the crops, flips, order and resume are the same whatever is kept."""
+    rounding: the crops, flips, order and resume are the same whatever is kept. (The split used to come
+    from decoding rates measured apart, on other machines: 74% on the GPU for 15 workers, where the host's
+    own workers needed about a quarter. BENCHMARKS.md.)"""
 
     MEASURE = 24
     SETTLE = 8  # a candidate's first batches, untimed (the warm-up's, the pipeline filling)
     TIE = 0.02
     GIVE_UP = 200  # batches without one made under the candidate's share (a folder of PNGs, say): skip it
+    SPLITS = 2  # splits tried at most, after the workers alone
+    MARGIN = 0.95  # of the share the workers' times say they can make in a step: room for their pace's swings
+    LEAST = 0.05  # a smaller share for the GPU, or a smaller change of it, is not tried (within the noise)
 
-    def __init__(self, splits: tuple[ImageFolderSplit, ImageFolderSplit], candidates: list[tuple[float, str]],
-                 start_after: int = 0):
+    def __init__(self, splits: tuple[ImageFolderSplit, ImageFolderSplit], start_after: int = 0):
         self.splits = splits
-        self.start_after = start_after  # training batches before the trial (the first candidate meanwhile)
-        self.candidates = candidates  # (GPU share, how it is said), tried in this order
+        self.start_after = start_after  # training batches before the trial (the workers alone meanwhile)
+        self.candidates = [0.0]  # the GPU's shares tried, in this order (the workers alone first)
         self.index, self.waited, self.made, self.seen, self.samples = 0, 0, 0, 0, 0
         self.stamps: list[float] = []
         self.work_from: torch.Tensor | None = None
@@ -818,7 +809,11 @@ class DecodeTrial:
         self.done = False
         for split in splits:
             split.share_with_workers()
-        splits[0].gpu_share = candidates[0][0]
+            split.gpu_share = 0.0
+
+    @staticmethod
+    def said(share: float) -> str:
+        return "the workers alone" if share == 0.0 else f"{round(100 * share)}% on the GPU"
 
     def batch(self, samples: int, gpu_samples: int) -> None:
         """A training batch of `samples` reached the prefetch thread (one thread: launcher/train/prefetch.py);
@@ -828,7 +823,7 @@ class DecodeTrial:
         self.seen += 1
         if self.seen <= self.start_after:
             return
-        share = self.candidates[self.index][0]
+        share = self.candidates[self.index]
         if (gpu_samples > 0) != (share > 0):  # (still one of the last candidate's batches)
             self.waited += 1
             if self.waited >= self.GIVE_UP:
@@ -858,28 +853,40 @@ class DecodeTrial:
         rate = float((made[busy] / spent[busy]).sum())
         return samples / rate if rate > 0 else 0.0
 
+    def following(self) -> float | None:
+        """The GPU's share to try next, from the last candidate's times; None: none (the trial ends). The
+        workers' time for a batch is taken as proportional to their share of it: the share they can make
+        in a step's time is theirs now x steps / workers."""
+        if len(self.candidates) > self.SPLITS or self.results[-1] is None:
+            return None  # (None: no batch was made under that share, a folder the GPU decoder cannot take)
+        share, (_, steps, workers) = self.candidates[-1], self.results[-1]
+        if workers <= 0.0 or (share == 0.0 and workers <= steps * (1 + self.TIE)):
+            return None  # the workers alone keep up: nothing for the GPU to add
+        gpu = min(1.0, max(0.0, 1.0 - (1.0 - share) * steps / workers * self.MARGIN))
+        if gpu < self.LEAST or any(abs(gpu - tried) < self.LEAST for tried in self.candidates):
+            return None
+        return round(gpu, 2)
+
     def _next(self, figures: tuple[float, float, float] | None) -> None:
         self.results.append(figures)
         self.index, self.waited, self.made, self.stamps = self.index + 1, 0, 0, []
-        if self.index < len(self.candidates):
-            self.splits[0].gpu_share = self.candidates[self.index][0]
+        share = self.following()
+        if share is not None:
+            self.candidates.append(share)
+            self.splits[0].gpu_share = share
             return
         self.done = True
         timed = [(f[0], k) for k, f in enumerate(self.results) if f is not None]
-        if not timed:
-            return
         best = min(timed)[1]
-        alone = next((k for k, (share, _) in enumerate(self.candidates) if share == 0.0), None)
-        if alone is not None and self.results[alone] is not None and \
-                self.results[alone][0] <= self.results[best][0] * (1 + self.TIE):
-            best = alone
-        share, said = self.candidates[best]
+        if self.results[0] is not None and self.results[0][0] <= self.results[best][0] * (1 + self.TIE):
+            best = 0  # (the workers alone win a tie)
         for split in self.splits:
-            split.gpu_share = share
-        figures = ", ".join(f"{self.candidates[k][1]} {1000 * t:.1f} ms (steps {1000 * self.results[k][1]:.1f}, "
-                            f"workers {1000 * self.results[k][2]:.1f})" for t, k in timed)
+            split.gpu_share = self.candidates[best]
+        figures = ", ".join(f"{self.said(self.candidates[k])} {1000 * t:.1f} ms (steps {1000 * self.results[k][1]:.1f},"
+                            f" workers {1000 * self.results[k][2]:.1f})" for t, k in timed)
         log.info("data.decode=auto: kept %s (a training batch every, over %d batches after the first %d: %s); "
-                 "data.decode=cpu or gpu picks one", said, self.MEASURE, self.SETTLE, figures)
+                 "data.decode=cpu or gpu picks one", self.said(self.candidates[best]), self.MEASURE, self.SETTLE,
+                 figures)
 
 
 def default_workers(cfg) -> int:
@@ -929,19 +936,16 @@ class ImageFolder(Recipe):
                      "files (PNG, grey, CMYK, progressive) by the DataLoader workers", decoder)
             return "gpu", 1.0
         workers = default_workers(self.cfg)
-        share = cpu_share(workers, hardware) if workers > 0 else 0.0
-        gpu_rate = HW_DECODE_RATE_BESIDE_TRAINING if hardware else GPU_DECODE_RATE_BESIDE_TRAINING
         if workers == 0:
             log.info("data.decode=auto: no DataLoader workers (data.workers=0), so the GPU decodes (%s)", decoder)
             return "auto", 1.0
         when = (" (those of the second epoch: perf.compile=auto decides at the first one's end)"
                 if self.cfg.perf.compile_setting == "auto" and self.cfg.epochs > 1 else "")
-        log.info("data.decode=auto: the first training batches%s try %d%% of each batch decoded by the %d DataLoader "
-                 "workers (PIL) and %d%% on the GPU by %s (the split of the rates measured apart: %.0f img/s per "
-                 "worker, %.0f img/s of GPU decoding beside training), then the workers alone; the faster is kept "
-                 "and said", when, round(100 * share), workers, round(100 * (1 - share)), decoder,
-                 CPU_RATE_PER_WORKER, gpu_rate)
-        return "auto", 1.0 - share
+        log.info("data.decode=auto: the first training batches%s are decoded by the %d DataLoader workers alone (PIL) "
+                 "and timed; if the workers do not keep up with the steps, each batch is then split between them and "
+                 "the GPU (%s) in the proportion those times give; the faster way is kept and said", when, workers,
+                 decoder)
+        return "auto", 0.0
 
     def load(self) -> tuple[ImageFolderSplit, ImageFolderSplit]:
         folders = scan(data_root(self.cfg))
@@ -950,13 +954,12 @@ class ImageFolder(Recipe):
                       seed=self.cfg.seed, gpu_share=gpu_share, skip_bad=str(self.cfg.data.on_bad_file) == "skip")
         splits = (ImageFolderSplit(folders["train"], train=True, **common),
                   ImageFolderSplit(folders["val"], train=False, **common))
-        if self.decode == "auto" and 0.0 < gpu_share < 1.0:
+        if self.decode == "auto" and gpu_share < 1.0:
             # perf.compile=auto decides at the first epoch's end: the trial then waits for the second epoch,
             # timing the step the run goes on with
             later = self.cfg.perf.compile_setting == "auto" and self.cfg.epochs > 1
-            self.trial = DecodeTrial(splits, [(gpu_share, f"{round(100 * gpu_share)}% on the GPU"),
-                                              (0.0, "the workers alone")],
-                                     start_after=len(splits[0]) // max(1, int(self.cfg.batch_size)) if later else 0)
+            self.trial = DecodeTrial(splits, start_after=len(splits[0]) // max(1, int(self.cfg.batch_size))
+                                     if later else 0)
         return splits
 
     def collate(self, samples: list[Any]) -> Any:

@@ -23,7 +23,6 @@ from launcher.recipes.imagefolder import (
     ImageFolderSplit,
     Normalizer,
     collate,
-    cpu_share,
     decode_eval_crop,
     eval_geometry,
     gpu_batch,
@@ -352,72 +351,116 @@ def test_decode_gpu_without_cuda_says_so_and_decodes_on_the_cpu(folder, caplog):
     auto = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "data.decode=auto", "data.workers=15"))
     with caplog.at_level("INFO", logger="launcher.train"):
         mode, share = auto.decode_plan(cuda=True)
-    assert mode == "auto" and share == pytest.approx(1 - cpu_share(15)) and "49% of each batch" in caplog.text
-    ds = split(folder, gpu_share=share)
+    assert (mode, share) == ("auto", 0.0)
+    assert "decoded by the 15 DataLoader workers alone (PIL) and timed; if the workers do not keep up" in caplog.text
+    ds = split(folder, gpu_share=0.3)  # (a split: the samples for the GPU drawn by index, about the share)
     on_gpu = sum(ds._on_gpu(i) for i in range(1000))
-    assert abs(on_gpu / 1000 - share) < 0.06
+    assert abs(on_gpu / 1000 - 0.3) < 0.06
 
 
-def test_decode_auto_tries_both_ways_on_the_first_batches_and_keeps_the_faster(folder, monkeypatch, caplog):
-    """data.decode=auto: the split first, then the workers alone, each timed by the gaps between training
-    batches (from its SETTLE-th batch made under its share: the batches the workers had made the other way
-    do not count) and by the time its workers need for a batch (their stock would hide that they cannot keep
-    up); the faster kept in both splits and said; the workers alone win a tie."""
-    from launcher.recipes import imagefolder
+class Timeline:
+    """Training batches reaching a DecodeTrial: each `gap` seconds after the one before, while the 15 workers
+    make samples at `rate` img/s in all (busy all the time)."""
+
+    def __init__(self, trial, splits, monkeypatch):
+        from launcher.recipes import imagefolder
+
+        self.trial, self.splits, self.now = trial, splits, [0.0]
+        monkeypatch.setattr(imagefolder.time, "perf_counter", lambda: self.now[0])
+
+    def batches(self, n: int, gap: float, gpu: int, rate: float = 0.0) -> None:
+        for _ in range(n):
+            self.now[0] += gap
+            self.splits[0]._work[:15] += torch.tensor([rate * gap / 15, gap])
+            self.trial.batch(256, gpu_samples=gpu)
+
+    def candidate(self, gap: float, gpu: int, rate: float, stale: int = 0) -> None:
+        """One candidate's turn: `stale` batches made under the candidate before (not counted), its first
+        SETTLE (not timed), then MEASURE + 1 (timed)."""
+        from launcher.recipes.imagefolder import DecodeTrial
+
+        self.batches(stale, 5.0, 0 if gpu else 190)
+        self.batches(DecodeTrial.SETTLE, 9.0, gpu)
+        self.batches(DecodeTrial.MEASURE + 1, gap, gpu, rate)
+
+
+def trial_of(folder, monkeypatch, **kw):
     from launcher.recipes.imagefolder import DecodeTrial
 
-    def run(mixed: tuple[float, float], alone: tuple[float, float]) -> tuple[DecodeTrial, tuple]:
-        """(the gap between batches, the workers' img/s) of the split and of the workers alone"""
-        now = [0.0]
-        monkeypatch.setattr(imagefolder.time, "perf_counter", lambda: now[0])
-        splits = (split(folder, gpu_share=0.3), split(folder, train=False, gpu_share=0.3))
-        trial = DecodeTrial(splits, [(0.74, "74% on the GPU"), (0.0, "the workers alone")])
-        assert splits[0].gpu_share == 0.74 and splits[1].gpu_share == 0.3
-        assert all(s._gpu_share.is_shared() and s._work.is_shared() for s in splits)
+    splits = (split(folder, gpu_share=0.3), split(folder, train=False, gpu_share=0.3))
+    trial = DecodeTrial(splits, **kw)
+    return trial, splits, Timeline(trial, splits, monkeypatch)
 
-        def batches(n: int, gap: float, gpu: int, workers_rate: float = 0.0) -> None:
-            for _ in range(n):
-                now[0] += gap
-                splits[0]._work[:15] += torch.tensor([workers_rate * gap / 15, gap])  # 15 workers, busy
-                trial.batch(256, gpu_samples=gpu)
 
-        batches(DecodeTrial.SETTLE, 9.0, 190)  # the first batches: not timed
-        batches(DecodeTrial.MEASURE + 1, mixed[0], 190, mixed[1])
-        assert splits[0].gpu_share == 0.0 and not trial.done  # the second candidate's turn
-        batches(30, 5.0, 190)  # batches the workers had made under the split: not counted
-        batches(DecodeTrial.SETTLE, 9.0, 0)
-        batches(DecodeTrial.MEASURE + 1, alone[0], 0, alone[1])
-        assert trial.done
-        return trial, splits
-
+def test_decode_auto_keeps_workers_that_keep_up_without_trying_a_split(folder, monkeypatch, caplog):
+    """data.decode=auto: the workers alone first, timed by the gaps between training batches and by the time
+    its workers need for a batch; where they need no longer than a step, nothing else is tried."""
+    trial, splits, time_ = trial_of(folder, monkeypatch)
+    assert splits[0].gpu_share == splits[1].gpu_share == 0.0  # the workers alone, from the first batch
+    assert all(s._gpu_share.is_shared() and s._work.is_shared() for s in splits)
     with caplog.at_level("INFO", logger="launcher.train"):
-        _, splits = run((0.040, 20_000.0), (0.045, 20_000.0))
-    assert splits[0].gpu_share == splits[1].gpu_share == 0.74
-    assert ("kept 74% on the GPU (a training batch every, over 24 batches after the first 8: 74% on the GPU 40.0 ms "
-            "(steps 40.0, workers 12.8), the workers alone 45.0 ms (steps 45.0, workers 12.8))") in caplog.text
-    caplog.clear()
-    with caplog.at_level("INFO", logger="launcher.train"):
-        trial, splits = run((0.040, 20_000.0), (0.0405, 20_000.0))  # within the tie: the workers alone
-    assert splits[0].gpu_share == splits[1].gpu_share == 0.0 and "kept the workers alone" in caplog.text
+        time_.candidate(0.040, 0, 11_000.0)  # steps 40 ms, the workers 23.3 ms a batch
+    assert trial.done and trial.candidates == [0.0] and splits[0].gpu_share == 0.0
+    assert ("kept the workers alone (a training batch every, over 24 batches after the first 8: the workers alone "
+            "40.0 ms (steps 40.0, workers 23.3))") in caplog.text
     trial.batch(256, gpu_samples=0)  # done: nothing changes any more
     assert splits[0].gpu_share == 0.0
-    caplog.clear()
-    with caplog.at_level("INFO", logger="launcher.train"):  # steps fed from the workers' stock, faster than they
-        _, splits = run((0.045, 20_000.0), (0.0378, 4_654.5))  # can make batches (256 / 4,654.5 img/s: 55 ms)
-    assert splits[0].gpu_share == 0.74
-    assert "the workers alone 55.0 ms (steps 37.8, workers 55.0)" in caplog.text
 
 
-def test_decode_auto_times_the_second_epoch_when_compiling_is_decided_at_the_first_ones_end(folder, caplog):
+def test_decode_auto_sizes_a_split_from_workers_that_fall_behind_and_keeps_it_where_faster(folder, monkeypatch,
+                                                                                          caplog):
+    """The workers alone need 55 ms a batch where the steps (fed from their stock) take 37.8: they make 69% of a
+    batch in a step's time, 65% with the margin, so the GPU is given 35%. That split's steps take 40 ms and its
+    workers 40.5: close enough, no third try; it is faster than 55 ms and kept on both splits."""
+    trial, splits, time_ = trial_of(folder, monkeypatch)
+    with caplog.at_level("INFO", logger="launcher.train"):
+        time_.candidate(0.0378, 0, 256 / 0.055)
+        assert not trial.done and trial.candidates == [0.0, 0.35] and splits[0].gpu_share == 0.35
+        assert splits[1].gpu_share == 0.0  # (evaluation: the workers alone until the trial ends)
+        time_.candidate(0.040, 90, 256 / 0.0405, stale=30)  # (30 batches the workers had made alone: not counted)
+    assert trial.done and splits[0].gpu_share == splits[1].gpu_share == 0.35
+    assert ("kept 35% on the GPU (a training batch every, over 24 batches after the first 8: the workers alone 55.0 ms "
+            "(steps 37.8, workers 55.0), 35% on the GPU 40.5 ms (steps 40.0, workers 40.5))") in caplog.text
+
+
+def test_decode_auto_balances_a_split_once_more_and_keeps_the_fastest_or_the_workers_on_a_tie(folder, monkeypatch,
+                                                                                            caplog):
+    trial, splits, time_ = trial_of(folder, monkeypatch)
+    time_.candidate(0.040, 0, 256 / 0.084)  # the workers alone 84 ms a batch: the GPU gets 1 - 40 / 84 x 0.95
+    assert trial.candidates == [0.0, 0.55]
+    time_.candidate(0.050, 141, 256 / 0.030)  # the split's workers idle beside slower steps: they get more back,
+    assert trial.candidates == [0.0, 0.55, 0.29] and not trial.done  # 1 - 0.45 x 50 / 30 x 0.95
+    with caplog.at_level("INFO", logger="launcher.train"):
+        time_.candidate(0.045, 74, 256 / 0.044)
+    assert trial.done and len(trial.candidates) == 3 and splits[0].gpu_share == 0.29  # 45 ms: the fastest
+    assert "kept 29% on the GPU" in caplog.text and "55% on the GPU 50.0 ms (steps 50.0, workers 30.0)" in caplog.text
+    # the workers alone win a tie within 2%
+    trial, splits, time_ = trial_of(folder, monkeypatch)
+    time_.candidate(0.040, 0, 256 / 0.0500)
+    with caplog.at_level("INFO", logger="launcher.train"):
+        time_.candidate(0.0495, 60, 256 / 0.0495)
+    assert trial.done and splits[0].gpu_share == 0.0 and "kept the workers alone" in caplog.text
+
+
+def test_decode_auto_keeps_the_workers_where_no_batch_comes_for_the_gpu(folder, monkeypatch, caplog):
+    """A folder the GPU decoder cannot take (PNGs): no batch is ever made under the split; after GIVE_UP
+    batches the trial ends with the workers alone."""
     from launcher.recipes.imagefolder import DecodeTrial
 
-    splits = (split(folder), split(folder, train=False))
-    trial = DecodeTrial(splits, [(0.74, "74% on the GPU"), (0.0, "the workers alone")], start_after=40)
-    for _ in range(40 + DecodeTrial.SETTLE + DecodeTrial.MEASURE):
-        trial.batch(256, gpu_samples=190)
-    assert splits[0].gpu_share == 0.74 and not trial.results  # one more, then the first is timed
-    trial.batch(256, gpu_samples=190)
-    assert splits[0].gpu_share == 0.0 and len(trial.results) == 1
+    trial, splits, time_ = trial_of(folder, monkeypatch)
+    time_.candidate(0.040, 0, 256 / 0.060)
+    assert trial.candidates[1] > 0
+    with caplog.at_level("INFO", logger="launcher.train"):
+        time_.batches(DecodeTrial.GIVE_UP, 0.04, 0)
+    assert trial.done and splits[0].gpu_share == 0.0 and "kept the workers alone" in caplog.text
+
+
+def test_decode_auto_times_the_second_epoch_when_compiling_is_decided_at_the_first_ones_end(folder, monkeypatch,
+                                                                                             caplog):
+    trial, splits, time_ = trial_of(folder, monkeypatch, start_after=40)
+    time_.batches(40, 0.040, 0, 1_000.0)  # the first epoch's: not timed, however slow the workers
+    time_.candidate(0.040, 0, 11_000.0)
+    assert trial.done and trial.candidates == [0.0]
     for compile_, epochs, said in (("auto", 2, True), ("true", 2, False), ("auto", 1, False)):
         recipe = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "data.workers=15",
                                        f"perf.compile={compile_}", f"epochs={epochs}"))
@@ -451,7 +494,7 @@ def test_the_model_is_torchvisions_untrained(folder):
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 3)
 
 
-def test_decode_auto_splits_the_batch_for_the_workers_this_rank_gets(folder, monkeypatch):
+def test_decode_auto_splits_the_batch_for_the_workers_this_rank_gets(folder, monkeypatch, caplog):
     """data.workers unset: the CPU's share of each batch follows the workers the launcher gives each rank (the
     cores shared by the ranks on the machine), not every core (2 ranks on 32 cores: 15 each, not 31)."""
     from launcher.recipes.imagefolder import default_workers
@@ -465,4 +508,6 @@ def test_decode_auto_splits_the_batch_for_the_workers_this_rank_gets(folder, mon
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     recipe = ImageFolder(cfg)
     assert default_workers(cfg) == 15
-    assert recipe.decode_plan(cuda=True)[1] == pytest.approx(1 - cpu_share(15, hardware=False))
+    with caplog.at_level("INFO", logger="launcher.train"):
+        assert recipe.decode_plan(cuda=True) == ("auto", 0.0)
+    assert "decoded by the 15 DataLoader workers alone" in caplog.text
