@@ -156,6 +156,22 @@ split)
     done
     kill $vm
     ;;
+split2)
+    # the same after the trial's steps became the median gap (the mean had counted the compile): decode=auto on
+    # 2 GPUs with the step captured and as auto keeps it, then on 1
+    folder
+    vmstat -t 1 > "$OUT/vmstat-split2-$commit.txt" 2>&1 &
+    vm=$!
+    for graph in true auto; do
+        echo "--- 2 GPUs perf.cuda_graph=$graph" >> "$OUT/vmstat-split2-$commit.txt"
+        timeout 150 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only launch \
+            --epochs 8 --launch-args perf.cuda_graph=$graph 2>&1 | tee -a "$OUT/imagefolder-split2-2gpu-$commit.jsonl"
+    done
+    echo "--- 1 GPU" >> "$OUT/vmstat-split2-$commit.txt"
+    timeout 130 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch \
+        --epochs 5 2>&1 | tee "$OUT/imagefolder-split2-1gpu-$commit.jsonl"
+    kill $vm
+    ;;
 tests)
     (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \
         > "$OUT/gpu-tests-one-$commit.txt" 2>&1; echo "one-GPU tests exit $?" >> "$OUT/gpu-tests-one-$commit.txt") &

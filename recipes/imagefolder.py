@@ -776,8 +776,10 @@ class DecodeTrial:
     sample) and timed two ways over MEASURE training batches made under it, after its first SETTLE (the
     pipeline filling):
 
-    - the steps: the mean gap between batches reaching the launcher's prefetch thread. While the workers
-      have a stock of batches made ahead, that is the step's own time, the GPU decoding included;
+    - the steps: the median gap between batches reaching the launcher's prefetch thread. While the workers
+      have a stock of batches made ahead, that is the step's own time, the GPU decoding included. (The median,
+      not the mean: with perf.compile=true the first candidate's batches span the compile and the warm-up,
+      whose few gaps of seconds made the mean 274 ms for 39 ms steps on two H200s);
     - the workers: the time they need to make a batch, from what each one made and the seconds it spent
       making it (ImageFolderSplit.work: each of them working at once, as they do).
 
@@ -838,7 +840,8 @@ class DecodeTrial:
             return
         self.samples += samples
         if len(self.stamps) > self.MEASURE:
-            steps = (self.stamps[-1] - self.stamps[0]) / self.MEASURE
+            gaps = sorted(b - a for a, b in zip(self.stamps[:-1], self.stamps[1:], strict=True))
+            steps = (gaps[(len(gaps) - 1) // 2] + gaps[len(gaps) // 2]) / 2  # (the median: see `steps` above)
             workers = self._workers_per_batch(self.samples / self.MEASURE)
             self._next((max(steps, workers), steps, workers))
 

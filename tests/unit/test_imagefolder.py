@@ -423,6 +423,20 @@ def test_decode_auto_sizes_a_split_from_workers_that_fall_behind_and_keeps_it_wh
             "(steps 37.8, workers 55.0), 35% on the GPU 40.5 ms (steps 40.0, workers 40.5))") in caplog.text
 
 
+def test_decode_auto_times_the_steps_by_their_median_gap_so_a_compile_among_them_does_not_count(folder,
+                                                                                                monkeypatch):
+    """With perf.compile=true the first candidate's batches span the compile and the warm-up: a few gaps of
+    seconds among 40 ms steps (the mean said 274 ms on two H200s, and the workers' 48 ms looked fast enough)."""
+    from launcher.recipes.imagefolder import DecodeTrial
+
+    trial, splits, time_ = trial_of(folder, monkeypatch)
+    time_.batches(DecodeTrial.SETTLE, 9.0, 0)
+    time_.batches(3, 12.0, 0, 256 / 0.048)  # compiling, capturing
+    time_.batches(DecodeTrial.MEASURE - 2, 0.040, 0, 256 / 0.048)
+    assert trial.results[0][1] == pytest.approx(0.040) and trial.results[0][2] == pytest.approx(0.048, rel=1e-3)
+    assert trial.candidates == [0.0, 0.21] and splits[0].gpu_share == 0.21  # 1 - 40 / 48 x 0.95
+
+
 def test_decode_auto_balances_a_split_once_more_and_keeps_the_fastest_or_the_workers_on_a_tie(folder, monkeypatch,
                                                                                             caplog):
     trial, splits, time_ = trial_of(folder, monkeypatch)
