@@ -172,6 +172,24 @@ split2)
         --epochs 5 2>&1 | tee "$OUT/imagefolder-split2-1gpu-$commit.jsonl"
     kill $vm
     ;;
+split3)
+    # the trial at the second epoch, and perf.cuda_graph=auto's tie going to the graph beside DataLoader workers:
+    # the defaults on 2 GPUs and on 1, 1 GPU eager for reference; then the GPU tests of the changed code
+    folder
+    vmstat -t 1 > "$OUT/vmstat-split3-$commit.txt" 2>&1 &
+    vm=$!
+    timeout 150 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only launch \
+        --epochs 8 2>&1 | tee "$OUT/imagefolder-split3-2gpu-$commit.jsonl"
+    for graph in auto false; do
+        echo "--- 1 GPU perf.cuda_graph=$graph" >> "$OUT/vmstat-split3-$commit.txt"
+        timeout 100 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch \
+            --epochs 5 --launch-args perf.cuda_graph=$graph 2>&1 | tee -a "$OUT/imagefolder-split3-1gpu-$commit.jsonl"
+    done
+    kill $vm
+    timeout "${TESTS_LIMIT:-200}" python3 -m pytest -v --timeout 150 -p no:cacheprovider tests/gpu/test_gpu_own_data.py \
+        > "$OUT/gpu-tests-imagefolder-$commit.txt" 2>&1
+    echo "exit $?" >> "$OUT/gpu-tests-imagefolder-$commit.txt"; tail -4 "$OUT/gpu-tests-imagefolder-$commit.txt"
+    ;;
 tests)
     (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \
         > "$OUT/gpu-tests-one-$commit.txt" 2>&1; echo "one-GPU tests exit $?" >> "$OUT/gpu-tests-one-$commit.txt") &

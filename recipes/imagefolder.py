@@ -24,13 +24,13 @@ workers call them. Where the images are decoded is `data.decode`:
         buffers (roi_align's adaptive sampling: an antialiased downscale), flips and normalizes it into the
         batch. Files nvJPEG cannot or should not take (PNG, BMP, WebP, grey, CMYK and progressive JPEGs, a
         JPEG without its end marker) are decoded by the worker as for cpu; the batch carries both kinds.
-  auto  on CUDA, measured in the run (DecodeTrial): the first training batches (with perf.compile=auto, the
-        second epoch's, once compiling is decided) are decoded by the workers alone and timed, by the steps'
-        pace and by the time the workers need for a batch (their stock of batches made ahead cannot hide that
-        they do not keep up). Where they keep up, that is all. Where they fall behind, each batch is split:
-        the share the workers make in a step's time stays with them, the rest goes to the GPU's decoder;
-        timed the same way, and balanced once more by its own times where they are still apart. The fastest
-        way is kept, said in one line with every figure.
+  auto  on CUDA, measured in the run (DecodeTrial): the first training batches of the second epoch (the
+        first one's pace is not the run's: compiling, the warm-up, the workers starting) are decoded by the
+        workers alone and timed, by the steps' pace and by the time the workers need for a batch (their
+        stock of batches made ahead cannot hide that they do not keep up). Where they keep up, that is all.
+        Where they fall behind, each batch is split: the share the workers make in a step's time stays with
+        them, the rest goes to the GPU's decoder; timed the same way, and balanced once more by its own
+        times where they are still apart. The fastest way is kept, said in one line with every figure.
         Without CUDA: cpu. data.decode=gpu without CUDA says so in one line and decodes on the CPU.
 
 Augmentation is drawn per sample from (seed, epoch, sample index), so a resumed run repeats it: the
@@ -942,8 +942,8 @@ class ImageFolder(Recipe):
         if workers == 0:
             log.info("data.decode=auto: no DataLoader workers (data.workers=0), so the GPU decodes (%s)", decoder)
             return "auto", 1.0
-        when = (" (those of the second epoch: perf.compile=auto decides at the first one's end)"
-                if self.cfg.perf.compile_setting == "auto" and self.cfg.epochs > 1 else "")
+        when = (" of the second epoch (the first one's pace is not the run's: compiling, the workers starting)"
+                if self.cfg.epochs > 1 else "")
         log.info("data.decode=auto: the first training batches%s are decoded by the %d DataLoader workers alone (PIL) "
                  "and timed; if the workers do not keep up with the steps, each batch is then split between them and "
                  "the GPU (%s) in the proportion those times give; the faster way is kept and said", when, workers,
@@ -958,9 +958,11 @@ class ImageFolder(Recipe):
         splits = (ImageFolderSplit(folders["train"], train=True, **common),
                   ImageFolderSplit(folders["val"], train=False, **common))
         if self.decode == "auto" and gpu_share < 1.0:
-            # perf.compile=auto decides at the first epoch's end: the trial then waits for the second epoch,
-            # timing the step the run goes on with
-            later = self.cfg.perf.compile_setting == "auto" and self.cfg.epochs > 1
+            # The first epoch's batches do not pace the run: they span compiling (perf.compile=auto decides at
+            # its end), the warm-up, the workers' start (on two H200s the first epoch ran at a third of the
+            # others' speed, and the workers alone timed there came out at 136 ms a step for 39). So the
+            # trial times the second epoch's.
+            later = self.cfg.epochs > 1
             self.trial = DecodeTrial(splits, start_after=len(splits[0]) // max(1, int(self.cfg.batch_size))
                                      if later else 0)
         return splits

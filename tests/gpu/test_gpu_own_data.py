@@ -60,7 +60,7 @@ def test_imagefolder_decodes_jpegs_on_the_gpu_and_trains(launch, tmp_path):
         assert r["device_type"] == "cuda" and 0.0 <= r["test_acc"] <= 1.0
         assert "no CUDA device" not in result.output
         if decode == "auto":  # (too few batches here for the trial to end: it says what it tries)
-            assert "data.decode=auto: the first training batches (those of the second epoch" in result.output
+            assert "data.decode=auto: the first training batches of the second epoch" in result.output
 
 
 def test_imagefolder_decode_auto_times_the_workers_then_a_split_if_they_fall_behind(launch, tmp_path):
