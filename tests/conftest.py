@@ -27,6 +27,27 @@ if "LAUNCH_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["LAUNCH_CACHE_DIR"], ignore_errors=True)
 
 
+# `python -m pytest -n 2` (pytest-xdist; the README's test command): the tests under tests/slurm and
+# tests/multinode, which mostly wait (scheduling, requeues, rendezvous and collective timeouts), run on one
+# worker, one after the other; every other test on the other worker, one after the other, as their timings
+# assume (two CPU-bound tests side by side on 2 cores each take twice as long). A scheduler of xdist's
+# by-scope kind whose scopes are these two groups (xdist's own `loadgroup` renames the node ids, which
+# pytest 9.2 no longer reads: under it every test was spread over both workers).
+SIDE = ("tests/slurm/", "tests/multinode/")
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # (without pytest-xdist: one process, nothing to schedule)
+    LoadScopeScheduling = None
+else:
+    class SideBySide(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "side" if nodeid.startswith(SIDE) else "main"
+
+    def pytest_xdist_make_scheduler(config, log):
+        return SideBySide(config, log)
+
+
 @dataclass
 class Launch:
     returncode: int

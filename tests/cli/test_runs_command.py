@@ -38,8 +38,9 @@ def test_runs_lists_every_state_newest_first(launch, tmp_path):
     assert runs[0]["recipe"] == "digits" and runs[0]["epochs"] == "1/1" and runs[0]["best_test_acc"] > 0.3
     assert runs[1]["devices"] == "GPU 0,1" and runs[1]["epochs"] == "1/4" and runs[1]["strategy"] == "ddp"
     assert runs[3]["failed_ranks"] == ["attempt0-rank1.json"]
+    wide = {k: v for k, v in clean_env().items() if k != "COLUMNS"}  # (not a terminal: every column, whatever width)
     shown = subprocess.run([sys.executable, "-m", "launcher", "runs"], cwd=tmp_path, capture_output=True, text=True,
-                           env=clean_env(), timeout=60)
+                           env=wide, timeout=60)
     lines = shown.stdout.splitlines()
     assert lines[0].split()[:3] == ["started", "recipe", "strategy"] and len(lines) == 5
     assert "running" in lines[2] and "c-running" in lines[2]
