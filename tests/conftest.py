@@ -27,13 +27,15 @@ if "LAUNCH_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["LAUNCH_CACHE_DIR"], ignore_errors=True)
 
 
-# `python -m pytest -n 2` (pytest-xdist; the README's test command): the tests under tests/slurm and
-# tests/multinode, which mostly wait (scheduling, requeues, rendezvous and collective timeouts), run on one
-# worker, one after the other; every other test on the other worker, one after the other, as their timings
-# assume (two CPU-bound tests side by side on 2 cores each take twice as long). A scheduler of xdist's
+# `python -m pytest -n 2` (pytest-xdist; the README's test command) on CI's 2 cores: the tests under
+# tests/distributed (each starts two gloo ranks: both cores) on one worker, one test at a time; the rest
+# (unit and CLI tests, one process each; SLURM and two-node tests, which mostly wait on schedulers,
+# requeues, rendezvous and collective timeouts) on the other, one at a time. A scheduler of xdist's
 # by-scope kind whose scopes are these two groups (xdist's own `loadgroup` renames the node ids, which
-# pytest 9.2 no longer reads: under it every test was spread over both workers).
-SIDE = ("tests/slurm/", "tests/multinode/")
+# pytest 9.2 no longer reads: under it every test was spread over both workers, and the SLURM cluster
+# was started on both). Side by side in one CI run: 26m26s with tests/slurm and tests/multinode alone
+# beside the rest, 28m49s in one process.
+MAIN = ("tests/distributed/",)
 
 try:
     from xdist.scheduler import LoadScopeScheduling
@@ -42,7 +44,7 @@ except ImportError:  # (without pytest-xdist: one process, nothing to schedule)
 else:
     class SideBySide(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "side" if nodeid.startswith(SIDE) else "main"
+            return "main" if nodeid.startswith(MAIN) else "side"
 
     def pytest_xdist_make_scheduler(config, log):
         return SideBySide(config, log)
