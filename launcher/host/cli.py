@@ -219,8 +219,9 @@ def _main(argv: list[str] | None) -> None:
 
         try:
             argv = command_line(argv)
-        except LaunchError as err:
-            print(f"launch: {err}", file=sys.stderr)
+        except LaunchError as err:  # ("launch eval X is not valid: ..." is said "launch: eval X is not valid: ...")
+            said = str(err)
+            print(f"launch: {said[len('launch '):] if said.startswith('launch eval') else said}", file=sys.stderr)
             raise SystemExit(2) from None
 
     from launcher.bytecode import enable as keep_bytecode

@@ -29,9 +29,9 @@ CASES = [
     ("recipe.model=vgg", "recipe.model=vgg is not valid: choose one of cnn (e.g. launch recipe.model=cnn)"),
     ("recipe=cifar10 recipe.model=vgg", "recipe.model=vgg is not valid: choose one of airbench, airbench94, resnet18"),
     ("resume=/no/such/run", "resume=/no/such/run is not valid"),
-    ("eval /no/such/run", "launch eval /no/such/run is not valid: /no/such/run does not exist; "
+    ("eval /no/such/run", "launch: eval /no/such/run is not valid: /no/such/run does not exist; "
      "give a run dir that holds checkpoints/last.pt, a .pt file, or latest (e.g. launch eval latest)"),
-    ("eval latest", "launch eval latest is not valid: no checkpoint under"),  # (was "launch eval=latest")
+    ("eval latest", "launch: eval latest is not valid: no checkpoint under"),  # (was "launch eval=latest")
     ("recipe=cifar10 data.download=false data.root=/no/data", "CIFAR-10 not found: put cifar-10-python.tar.gz"),
     ("train", "'train' is not a command or a key=value override"),
     ("data.placement=gpu gpus=[]", "data.placement=gpu is not valid: this run trains on the CPU"),

@@ -59,5 +59,6 @@ def test_eval_of_something_that_is_not_a_checkpoint_is_one_line(launch, tmp_path
     result = launch(*args, timeout=120)
     assert result.returncode == 2, result.output
     lines = [x for x in result.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("launch: ") and expected in lines[0], result.stderr
+    said = "launch: " + expected[len("launch "):]  # (not "launch: launch eval ...")
+    assert len(lines) == 1 and lines[0].startswith(said), result.stderr
     assert not (tmp_path / "outputs").exists()
