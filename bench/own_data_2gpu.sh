@@ -8,8 +8,9 @@
 #   bash bench/own_data_2gpu.sh gpt             GPT-2 124M on uint16 shards: launch (single, ddp) against the
 #                                               nanoGPT-style script on 1 and 2 GPUs, then fsdp on 2
 #   bash bench/own_data_2gpu.sh ddp-levers      the script on 1 GPU, then on 2 under each DDP setting
-#   bash bench/own_data_2gpu.sh split           data.decode=auto's measured split on 2 GPUs and 1; decode=cpu
-#                                               on 2, eager and captured
+#   bash bench/own_data_2gpu.sh split           data.decode=auto's measured split on 2 GPUs and 1, then
+#                                               test_gpu_own_data.py
+#   bash bench/own_data_2gpu.sh graph-load      decode=cpu on 2 GPUs under DDP's reducer and replayed
 #   bash bench/own_data_2gpu.sh tests           the GPU tests: the 2-GPU ones and the rest side by side
 set -uo pipefail
 source bench/device_env.sh
@@ -20,6 +21,19 @@ shards() {  # generated GPT-2 token shards in /tmp/shards: 4 of $1 tokens each
 folder() {  # the 20,000 generated JPEGs of the one-GPU benchmark in /tmp/imagenet-gen (made once)
     (cd bench && python3 -c "from pathlib import Path; from imagefolder import make_folder
 make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
+}
+watch_cpu() {  # vmstat every second into $OUT/vmstat-$1-$commit.txt, in the background ($vm: its pid)
+    vmstat -t 1 > "$OUT/vmstat-$1-$commit.txt" 2>&1 &
+    vm=$!
+    cpu_log="$OUT/vmstat-$1-$commit.txt"
+}
+runs() {  # NAME LIMIT GPUS EPOCHS [launch overrides...]: bench/imagefolder_ddp.py's launch run, appended to
+    # $OUT/imagefolder-NAME-$commit.jsonl, marked in the vmstat log
+    local name=$1 limit=$2 gpus=$3 epochs=$4
+    shift 4
+    echo "--- $gpus GPUs $*" >> "$cpu_log"
+    timeout "$limit" python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus "$gpus" --only launch \
+        --epochs "$epochs" ${1:+--launch-args "$@"} 2>&1 | tee -a "$OUT/imagefolder-$name-$commit.jsonl"
 }
 case "${1:-imagefolder}" in
 imagefolder)
@@ -137,58 +151,29 @@ auto)
     tail -6 "$OUT/gpu-tests-two-auto-$commit.txt"
     ;;
 split)
-    # data.decode=auto that times the workers alone first and sizes a split from their times where they fall
-    # behind (23rd session): the defaults on 2 GPUs (8 epochs: the trial spans the first ~3 of 39 steps a rank)
-    # and on 1; then decode=cpu on 2 GPUs eager and captured: do the 30 busy workers slow the host's launches?
+    # data.decode=auto's trial (the workers alone, then a split sized from their times where they fall behind)
+    # and perf.cuda_graph=auto's tie going to the graph beside DataLoader workers: the defaults on 2 GPUs (8
+    # epochs: the trial spans the second epoch and more of this folder's 39 steps a rank) and on 1, 1 GPU eager
+    # for reference; then test_gpu_own_data.py. (At aa01096 this mode was split3; split and split2 there were
+    # its first two versions: git show aa01096:bench/own_data_2gpu.sh)
     folder
-    vmstat -t 1 > "$OUT/vmstat-split-$commit.txt" 2>&1 &
-    vm=$!
-    timeout 150 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only launch \
-        --epochs 8 2>&1 | tee "$OUT/imagefolder-split-2gpu-$commit.jsonl"
-    echo "--- 1 GPU" >> "$OUT/vmstat-split-$commit.txt"
-    timeout 130 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch \
-        --epochs 5 2>&1 | tee "$OUT/imagefolder-split-1gpu-$commit.jsonl"
-    for graph in false true; do
-        echo "--- decode=cpu 2 GPUs perf.cuda_graph=$graph" >> "$OUT/vmstat-split-$commit.txt"
-        timeout 120 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only launch \
-            --epochs 8 --launch-args data.decode=cpu perf.cuda_graph=$graph 2>&1 \
-            | tee -a "$OUT/imagefolder-cpu-graph-2gpu-$commit.jsonl"
-    done
-    kill $vm
-    ;;
-split2)
-    # the same after the trial's steps became the median gap (the mean had counted the compile): decode=auto on
-    # 2 GPUs with the step captured and as auto keeps it, then on 1
-    folder
-    vmstat -t 1 > "$OUT/vmstat-split2-$commit.txt" 2>&1 &
-    vm=$!
-    for graph in true auto; do
-        echo "--- 2 GPUs perf.cuda_graph=$graph" >> "$OUT/vmstat-split2-$commit.txt"
-        timeout 150 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only launch \
-            --epochs 8 --launch-args perf.cuda_graph=$graph 2>&1 | tee -a "$OUT/imagefolder-split2-2gpu-$commit.jsonl"
-    done
-    echo "--- 1 GPU" >> "$OUT/vmstat-split2-$commit.txt"
-    timeout 130 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch \
-        --epochs 5 2>&1 | tee "$OUT/imagefolder-split2-1gpu-$commit.jsonl"
-    kill $vm
-    ;;
-split3)
-    # the trial at the second epoch, and perf.cuda_graph=auto's tie going to the graph beside DataLoader workers:
-    # the defaults on 2 GPUs and on 1, 1 GPU eager for reference; then the GPU tests of the changed code
-    folder
-    vmstat -t 1 > "$OUT/vmstat-split3-$commit.txt" 2>&1 &
-    vm=$!
-    timeout 150 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only launch \
-        --epochs 8 2>&1 | tee "$OUT/imagefolder-split3-2gpu-$commit.jsonl"
-    for graph in auto false; do
-        echo "--- 1 GPU perf.cuda_graph=$graph" >> "$OUT/vmstat-split3-$commit.txt"
-        timeout 100 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch \
-            --epochs 5 --launch-args perf.cuda_graph=$graph 2>&1 | tee -a "$OUT/imagefolder-split3-1gpu-$commit.jsonl"
-    done
+    watch_cpu split
+    runs split-2gpu 150 2 8
+    runs split-1gpu 100 1 5 perf.cuda_graph=auto
+    runs split-1gpu 100 1 5 perf.cuda_graph=false
     kill $vm
     timeout "${TESTS_LIMIT:-200}" python3 -m pytest -v --timeout 150 -p no:cacheprovider tests/gpu/test_gpu_own_data.py \
         > "$OUT/gpu-tests-imagefolder-$commit.txt" 2>&1
     echo "exit $?" >> "$OUT/gpu-tests-imagefolder-$commit.txt"; tail -4 "$OUT/gpu-tests-imagefolder-$commit.txt"
+    ;;
+graph-load)
+    # do 30 busy workers slow the host's launches? decode=cpu on 2 GPUs under DDP's reducer and replayed (the
+    # second half of ef98ff8's split mode)
+    folder
+    watch_cpu graph-load
+    runs cpu-graph-2gpu 120 2 8 data.decode=cpu perf.cuda_graph=false
+    runs cpu-graph-2gpu 120 2 8 data.decode=cpu perf.cuda_graph=true
+    kill $vm
     ;;
 tests)
     (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \

@@ -12,6 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 
+def said(message: object) -> str:
+    """A message as the console prints it: "launch: " and the message, whose own leading "launch " (a message
+    naming the command typed: "launch eval RUN is not valid: ...") is not said twice."""
+    text = str(message)
+    return f"launch: {text[len('launch '):] if text.startswith('launch ') else text}"
+
+
 class LaunchError(Exception):
     """Something the user can fix. `str(err)` is the whole one-line message; exit 2."""
 

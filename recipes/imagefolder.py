@@ -53,6 +53,7 @@ import logging
 import math
 import os
 import random
+import statistics
 import time
 import warnings
 from collections import deque
@@ -840,8 +841,7 @@ class DecodeTrial:
             return
         self.samples += samples
         if len(self.stamps) > self.MEASURE:
-            gaps = sorted(b - a for a, b in zip(self.stamps[:-1], self.stamps[1:], strict=True))
-            steps = (gaps[(len(gaps) - 1) // 2] + gaps[len(gaps) // 2]) / 2  # (the median: see `steps` above)
+            steps = statistics.median(b - a for a, b in zip(self.stamps[:-1], self.stamps[1:], strict=True))
             workers = self._workers_per_batch(self.samples / self.MEASURE)
             self._next((max(steps, workers), steps, workers))
 
@@ -880,6 +880,8 @@ class DecodeTrial:
             return
         self.done = True
         timed = [(f[0], k) for k, f in enumerate(self.results) if f is not None]
+        if not timed:
+            return
         best = min(timed)[1]
         if self.results[0] is not None and self.results[0][0] <= self.results[best][0] * (1 + self.TIE):
             best = 0  # (the workers alone win a tie)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import LaunchError
+from launcher.errors import LaunchError, said
 
 
 class Invocation:
@@ -81,7 +81,7 @@ class Invocation:
         release(run_dir)  # a dry run, or input refused before anything started: leave nothing behind
         self.record(outcome.exit_code)
         if outcome.error:
-            print(f"launch: {outcome.error}", file=sys.stderr, flush=True)
+            print(said(outcome.error), file=sys.stderr, flush=True)
         if outcome.stopped and hydra_cfg.mode == RunMode.MULTIRUN and os.getpid() == self.pid:
             raise SweepStopped(outcome.exit_code)  # (a run in this process: the basic launcher's)
         sweeper = str(hydra_cfg.sweeper.get("_target_", ""))
@@ -219,9 +219,8 @@ def _main(argv: list[str] | None) -> None:
 
         try:
             argv = command_line(argv)
-        except LaunchError as err:  # ("launch eval X is not valid: ..." is said "launch: eval X is not valid: ...")
-            said = str(err)
-            print(f"launch: {said[len('launch '):] if said.startswith('launch eval') else said}", file=sys.stderr)
+        except LaunchError as err:
+            print(said(err), file=sys.stderr)
             raise SystemExit(2) from None
 
     from launcher.bytecode import enable as keep_bytecode
@@ -245,7 +244,7 @@ def _main(argv: list[str] | None) -> None:
         try:
             argv = with_saved_choices(argv)  # (the launcher's first import of torch: Ctrl-C is held)
         except LaunchError as err:
-            print(f"launch: {err}", file=sys.stderr)
+            print(said(err), file=sys.stderr)
             raise SystemExit(2) from None
 
     import hydra
@@ -265,7 +264,7 @@ def _main(argv: list[str] | None) -> None:
         register(argv)
         entry()
     except Refused as refused:
-        print(f"launch: {refused.error}", file=sys.stderr)
+        print(said(refused.error), file=sys.stderr)
         raise SystemExit(refused.error.exit_code) from None
     except KeyboardInterrupt:
         print("launch: interrupted (Ctrl-C); every run it started was stopped", file=sys.stderr)
@@ -286,7 +285,7 @@ def _main(argv: list[str] | None) -> None:
             print(f"launch: a sweep run failed: {str(failed).splitlines()[0]}", file=sys.stderr)
             raise SystemExit(failed.exit_code) from None
         if not any(invocation.codes):  # nothing ran, or all went well: the error is the whole story
-            print(f"launch: {describe_hydra_error(exc)}", file=sys.stderr)
+            print(said(describe_hydra_error(exc)), file=sys.stderr)
             raise SystemExit(2) from None
         # else: runs failed and said why when they ended; the exit code below is the worst of them
     finally:

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import LaunchError
+from launcher.errors import LaunchError, said
 from launcher.files import disk_full, identity
 from launcher.host.resume import WHICH, load_checkpoint, misspelled_which, resolve
 
@@ -169,12 +169,12 @@ def main(argv: list[str]) -> int:
         return 2
     meant = misspelled_which(argv[1]) if len(argv) > 1 and not Path(argv[1]).suffix else None
     if meant and not Path(argv[1]).exists():  # (`launch export RUN bset` would write the weights to a file bset)
-        print(f"launch: launch export {argv[0]} {argv[1]} is not valid: did you mean launch export {argv[0]} "
-              f"{meant}? (an OUT file needs a name like model.pt: {USAGE})", file=sys.stderr)
+        print(said(f"launch export {argv[0]} {argv[1]} is not valid: did you mean launch export {argv[0]} {meant}? "
+                   f"(an OUT file needs a name like model.pt: {USAGE})"), file=sys.stderr)
         return 2
     try:
         export(argv[0], argv[1] if len(argv) > 1 else None, which=which)
     except LaunchError as err:
-        print(f"launch: {err}", file=sys.stderr)
+        print(said(err), file=sys.stderr)
         return err.exit_code
     return 0

@@ -719,9 +719,9 @@ class Trainer:
         its steps are at least 5% shorter, which is where the host's launches pace the step (a small
         network or batch). Where DataLoader workers feed the run, a tie goes to the graph: they share the
         host's cores with the step's launches once training runs (the warm-up times the step while they
-        rest), and a replayed step needs almost none. (recipe=imagefolder on two H200s, decode=cpu, 15
-        workers a rank on 32 cores: 37.7 ms replayed against 38.7 eagerly here, then 8,253-8,616 img/s an
-        epoch eagerly against 8,663-10,496 replayed.) Each try is as many steps as fill AUTO_GRAPH_S of one
+        rest), and a replayed step needs almost none. (recipe=imagefolder on two H200s, the workers alone,
+        15 a rank on 32 cores: 38.1 ms replayed against 39.2 eagerly here, then 7,775-8,344 img/s an epoch
+        eagerly against 8,663-10,496 replayed.) Each try is as many steps as fill AUTO_GRAPH_S of one
         eager step's time (2 to AUTO_GRAPH_STEPS), so a large network's start is not held up by it. The
         warm-up puts weights and optimizer state back afterwards. Under ddp every rank runs the same steps
         (each one all-reduces) and keeps the same way, by the slowest rank's times."""

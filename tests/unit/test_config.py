@@ -150,3 +150,13 @@ def test_a_relative_data_root_is_kept_as_the_folder_it_named(tmp_path, monkeypat
     assert config_of("recipe=digits", "data.root=imgs").data.root == str(tmp_path / "imgs")
     assert config_of("recipe=digits", "data.root=/data/x").data.root == "/data/x"
     assert config_of("recipe=digits", "data.root='~/x'").data.root == "~/x"
+
+
+def test_a_refusal_is_said_with_the_commands_name_once():
+    """Every refusal on the console starts "launch: "; a message that names the command typed ("launch eval
+    RUN ...", "launch export RUN OUT ...") does not say it twice."""
+    from launcher.errors import said
+
+    assert said(ConfigError("epochs", 0, "must be at least 1")) == "launch: epochs=0 is not valid: must be at least 1"
+    assert said("launch eval run bset is not valid: x") == "launch: eval run bset is not valid: x"
+    assert said("launcher's own") == "launch: launcher's own"  # (only the word launch followed by a space)

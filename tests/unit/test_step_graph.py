@@ -105,8 +105,8 @@ def test_the_trainer_is_freed_before_teardown_though_compiling_froze_the_heap(mo
 def test_cuda_graph_auto_keeps_a_replay_five_percent_shorter_or_a_tie_where_dataloader_workers_run():
     """Alone on the host the step's launches are not held up: the graph must gain 5%. Beside DataLoader workers
     (busy on the host's cores once training runs, resting while the warm-up times both ways) a replayed step,
-    which needs almost no host time, wins a tie: on two H200s with 15 workers a rank, 37.7 ms replayed against
-    38.7 eagerly in the warm-up, then 8,663-10,496 img/s an epoch replayed against 8,253-8,616 eagerly."""
+    which needs almost no host time, wins a tie: on two H200s with 15 workers a rank, 38.1 ms replayed against
+    39.2 eagerly in the warm-up, then 8,663-10,496 img/s an epoch replayed against 7,775-8,344 eagerly."""
     from launcher.train.loop import keeps_graph
 
     assert keeps_graph(37.0, 40.0, workers=False) and not keeps_graph(37.7, 38.7, workers=False)
