@@ -175,6 +175,18 @@ graph-load)
     runs cpu-graph-2gpu 120 2 8 data.decode=cpu perf.cuda_graph=true
     kill $vm
     ;;
+regions)
+    # the workers' crops resized on the GPU (data.decode=gpu/auto on CUDA: Regions): the new path's CUDA tests,
+    # then the defaults on 2 GPUs (8 epochs, as split) and on 1 (5 epochs)
+    folder
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_own_data.py -k "kernel or crops" \
+        > "$OUT/gpu-tests-regions-$commit.txt" 2>&1; echo "exit $?" >> "$OUT/gpu-tests-regions-$commit.txt"
+    tail -3 "$OUT/gpu-tests-regions-$commit.txt"
+    watch_cpu regions
+    runs regions-2gpu 150 2 8
+    runs regions-1gpu 110 1 5
+    kill $vm
+    ;;
 tests)
     (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \
         > "$OUT/gpu-tests-one-$commit.txt" 2>&1; echo "one-GPU tests exit $?" >> "$OUT/gpu-tests-one-$commit.txt") &

@@ -2,12 +2,15 @@
 asked and normalized, straight from the decoder's own buffers into the batch.
 
     crop_resize_normalize(images, boxes, flips, rows, out, mean, std)
+    crop_resize_normalize_flat(flat, offsets, shapes, boxes, flips, rows, out, mean, std)
 
 `images` are the decoded images of any size (each a tensor, or an object with `__cuda_array_interface__`:
 nvImageCodec's), in any layout (HWC or CHW: their strides say); `out` is the batch, float, (N, 3, S, S), any
-memory format; image k goes to row `rows[k]`. The arithmetic is torchvision's `roi_align(aligned=True,
-sampling_ratio=0)` per pixel (the mean of ceil(box/S)^2 bilinear samples: an antialiased downscale), with
-reads clamped at the image's edges, then (x - mean) / std.
+memory format; image k goes to row `rows[k]`. The `_flat` form takes images laid one after another in one
+uint8 buffer (HWC), described by tables alone: the crops DataLoader workers decoded, handed over unresized.
+The arithmetic is torchvision's `roi_align(aligned=True, sampling_ratio=0)` per pixel (the mean of
+ceil(box/S)^2 bilinear samples: an antialiased downscale), with reads clamped at the image's edges, then
+(x - mean) / std.
 
 Why one kernel: the same work in torch ops costs ~8 small copies and views per image (a batch of 256 images:
 ~30 ms of the host's time and ~25 ms of the GPU's, measured on an H100, bench/probe/imagefolder_contention.py),
@@ -154,7 +157,6 @@ def crop_resize_normalize(images: Sequence[Any], boxes: torch.Tensor, flips: tor
     stream. The images must stay alive until it ran (a caller's tensors on the same stream do)."""
     if not len(images):
         return
-    size = out.shape[-1]
     layouts = [_layout(img) for img in images]
     device = out.device
     if device.type == "cuda":
@@ -171,10 +173,34 @@ def crop_resize_normalize(images: Sequence[Any], boxes: torch.Tensor, flips: tor
             offsets.append(start)
             start += f.numel()
         layouts = [(0, 0, img.shape[1], img.shape[2], *img.stride()) for img in dense]
+    _launch(src, [[off, *layout[2:]] for off, layout in zip(offsets, layouts, strict=True)], boxes, flips, rows,
+            out, mean, std, block)
+
+
+def crop_resize_normalize_flat(flat: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor, boxes: torch.Tensor,
+                               flips: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, mean: Sequence[float],
+                               std: Sequence[float], block: int = 1024) -> None:
+    """As crop_resize_normalize, for images laid one after another in one uint8 buffer `flat` (on out's
+    device): image k is HWC, 3 channels, `shapes[k]` = (height, width), from byte `offsets[k]`. Host tables;
+    no per-image object at all (what DataLoader workers hand over: their decoded crops, not yet resized)."""
+    if not len(offsets):
+        return
+    heights, widths = shapes[:, 0].to(torch.int64), shapes[:, 1].to(torch.int64)
+    geo = torch.stack([offsets.to(torch.int64), heights, widths, torch.ones_like(heights), widths * 3,
+                       torch.full_like(heights, 3)], dim=1)
+    _launch(flat, geo, boxes, flips, rows, out, mean, std, block)
+
+
+def _launch(src: torch.Tensor, geo: Any, boxes: torch.Tensor, flips: torch.Tensor, rows: torch.Tensor,
+            out: torch.Tensor, mean: Sequence[float], std: Sequence[float], block: int) -> None:
+    """The kernel over `src` (uint8, 1-D) for images described by `geo`'s rows: (offset in src, height, width,
+    channel, row and column strides)."""
+    size = out.shape[-1]
+    device = out.device
     boxes = boxes.to(torch.float32).cpu().contiguous()
     grid_h = torch.ceil((boxes[:, 3] - boxes[:, 1]) / size).clamp_(min=1).to(torch.int64)
     grid_w = torch.ceil((boxes[:, 2] - boxes[:, 0]) / size).clamp_(min=1).to(torch.int64)
-    geo = torch.tensor([[off, *layout[2:]] for off, layout in zip(offsets, layouts, strict=True)], dtype=torch.int64)
+    geo = torch.as_tensor(geo, dtype=torch.int64)
     geo = torch.cat([geo, rows.cpu().view(-1, 1).to(torch.int64), flips.cpu().view(-1, 1).to(torch.int64),
                      grid_h.view(-1, 1), grid_w.view(-1, 1)], dim=1)
     pinned = device.type == "cuda"
@@ -183,6 +209,6 @@ def crop_resize_normalize(images: Sequence[Any], boxes: torch.Tensor, flips: tor
     geo = geo.to(device, non_blocking=pinned)
     boxes = boxes.to(device, non_blocking=pinned)
     inv = [1.0 / s for s in std]
-    grid = (len(images), math.ceil(size * size / block))
+    grid = (len(geo), math.ceil(size * size / block))
     _kernel[grid](src, geo, boxes, out, *out.stride(), float(mean[0]), float(mean[1]), float(mean[2]),
                   inv[0], inv[1], inv[2], S=size, BLOCK=block)

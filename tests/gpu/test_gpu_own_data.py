@@ -94,9 +94,9 @@ def test_imagefolders_one_kernel_on_cuda_matches_the_torch_ops_for_each_decoder(
     device = torch.device("cuda", 0)
     ds = ImageFolderSplit(scan(root)["train"], train=True, image_size=48, eval_resize=55, gpu_share=1.0)
     ds.set_epoch(0)
-    pixels, labels, rows, jpegs = collate([ds[i] for i in range(len(ds))])
-    assert len(jpegs) >= 64 and len(rows) > 0
-    batch = (pixels.to(device), labels.to(device), rows.to(device), jpegs)
+    pixels, labels, rows, work = collate([ds[i] for i in range(len(ds))])
+    assert len(work.jpegs) >= 64 and len(rows) > 0
+    batch = (pixels.to(device), labels.to(device), rows.to(device), work)
     outputs = {}
     for decoder in ("hardware", "nvjpeg"):
         imagefolder._hardware.clear()
@@ -118,6 +118,50 @@ def test_imagefolders_one_kernel_on_cuda_matches_the_torch_ops_for_each_decoder(
     imagefolder._hardware.clear()
     if "hardware" in outputs:  # two JPEG decoders: the same images up to their rounding
         assert float((outputs["hardware"] - outputs["nvjpeg"]).abs().mean()) < 0.05
+
+
+def test_imagefolders_workers_crops_resized_on_cuda_match_the_cpu_path(tmp_path):
+    """data.decode=gpu/auto on CUDA: the workers' crops, decoded but not resized (Regions in one buffer),
+    resized by the kernel on the GPU: as the torch ops resize them, and as the CPU path's crops (up to the
+    two resizes' rounding); beside JPEGs decoded on the GPU in the same batch."""
+    from launcher.recipes import image_kernels
+    from launcher.recipes.imagefolder import (
+        MEAN,
+        STD,
+        ImageFolder,
+        ImageFolderSplit,
+        Normalizer,
+        collate,
+        gpu_batch,
+        scan,
+    )
+
+    assert ImageFolder.resizes_on_gpu()
+    root = write_image_folder(tmp_path / "imagenet", train_per_class=22, odd_files=True)
+    device = torch.device("cuda", 0)
+    for train in (True, False):
+        common = dict(train=train, image_size=48, eval_resize=55)
+        folder = scan(root)["train" if train else "val"]
+        cpu = ImageFolderSplit(folder, **common)
+        ds = ImageFolderSplit(folder, regions=True, gpu_share=0.5, **common)
+        for split in (cpu, ds):
+            split.set_epoch(0)
+        pixels, labels, rows, work = collate([ds[i] for i in range(len(ds))])
+        assert len(work.regions) > 0 and (len(work.jpegs) > 0 or not train)
+        batch = (pixels.to(device), labels.to(device), rows.to(device), work)
+        x, y = gpu_batch(batch, 48, skip_bad=False, normalize=Normalizer(True))
+        assert x.is_cuda and torch.equal(y, batch[1])
+        usable = image_kernels.usable
+        image_kernels.usable = lambda device: False
+        try:
+            ref, _ = gpu_batch(batch, 48, skip_bad=False, normalize=Normalizer(True))
+        finally:
+            image_kernels.usable = usable
+        assert float((x - ref).abs().max()) < 0.01
+        back = x.float().cpu() * torch.tensor(STD).view(1, 3, 1, 1) + torch.tensor(MEAN).view(1, 3, 1, 1)
+        reference = torch.stack([cpu[i][0] for i in range(len(cpu))]).float()
+        diff = (back - reference).abs()[work.regions.rows]  # (the rows the workers decoded)
+        assert diff.mean() < 1.5 and diff.mean(dim=(1, 2, 3)).max() < 3.0
 
 
 @pytest.mark.two_gpus

@@ -18,7 +18,7 @@ from launcher.recipes.imagefolder import (
     MEAN,
     STD,
     BadImageError,
-    HostJpegs,
+    GpuWork,
     ImageFolder,
     ImageFolderSplit,
     Normalizer,
@@ -257,7 +257,7 @@ def test_the_gpu_path_names_a_jpeg_nvjpeg_cannot_decode(broken, tmp_path):
     ds = split(broken, gpu_share=1.0)
     rows = [i for i, (p, _) in enumerate(ds.samples) if "cat_00" in p]
     batch = collate([ds[i] for i in rows])
-    assert isinstance(batch[-1], HostJpegs)
+    assert isinstance(batch[-1], GpuWork) and len(batch[-1].jpegs) > 0
     try:
         x, y = gpu_batch(batch, 32, skip_bad=True, normalize=Normalizer(False))
     except BadImageError:
@@ -273,7 +273,8 @@ def test_batched_decode_and_roi_align_crops_match_the_cpu_path(folder, train):
     cpu = split(folder, train=train, draft=False)
     gpu = split(folder, train=train, gpu_share=1.0)
     batch = collate([gpu[i] for i in range(len(gpu))])
-    pixels, labels, rows, jpegs = batch
+    pixels, labels, rows, work = batch
+    jpegs = work.jpegs
     assert len(jpegs) >= len(gpu) - 6 and len(rows) + len(jpegs) == len(gpu)
     names = {Path(p).name for p in jpegs.paths}
     assert not names & {"grey.jpg", "cmyk.jpg", "palette.png", "deep16.png", "progressive.jpg", "alpha.PNG"}
@@ -285,6 +286,38 @@ def test_batched_decode_and_roi_align_crops_match_the_cpu_path(folder, train):
     assert diff.mean() < 1.5 and diff.mean(dim=(1, 2, 3)).max() < 3.0  # (of 255)
 
 
+@pytest.mark.parametrize("train", [True, False])
+def test_crops_the_workers_decode_and_the_gpu_resizes_match_the_cpu_path(folder, train):
+    """data.decode=gpu/auto where image_kernels runs: the workers decode each crop's pixels (at draft's
+    reduced size) and hand them over unresized; the GPU resizes, flips, normalizes. The same crops as the
+    CPU path's, up to the two resizes' rounding; every sample, whatever its file's format."""
+    cpu = split(folder, train=train)
+    regions = split(folder, train=train, regions=True)
+    batch = collate([regions[i] for i in range(len(regions))])
+    pixels, labels, rows, work = batch
+    assert pixels.dim() == 1 and len(work.regions) == len(regions) and not len(work.jpegs)
+    assert int(work.regions.shapes.prod(1).sum()) * 3 == pixels.numel()
+    x, y = gpu_batch(batch, 32, skip_bad=False, normalize=Normalizer(False))
+    x = x * torch.tensor(STD).view(1, 3, 1, 1) + torch.tensor(MEAN).view(1, 3, 1, 1)
+    ref = torch.stack([cpu[i][0] for i in range(len(cpu))]).float()
+    assert x.shape == ref.shape and torch.equal(y, torch.tensor(cpu.targets))
+    diff = (x - ref).abs()
+    assert diff.mean() < 1.5 and diff.mean(dim=(1, 2, 3)).max() < 3.0, (diff.mean(), diff.mean(dim=(1, 2, 3)).max())
+
+
+def test_regions_and_jpegs_travel_from_dataloader_workers_as_collated_in_process(folder):
+    """A mixed batch (Regions, JPEGs for the GPU) made in DataLoader workers (its pixels in shared memory from
+    the start) is the batch the main process would collate."""
+    ds = split(folder, regions=True, gpu_share=0.5)
+    loader = torch.utils.data.DataLoader(ds, batch_size=len(ds), num_workers=1, collate_fn=collate,
+                                         multiprocessing_context="fork")
+    (pixels, labels, rows, work), = list(loader)
+    here = collate([ds[i] for i in range(len(ds))])
+    assert len(work.jpegs) > 0 and len(work.regions) > 0 and len(work.jpegs) + len(work.regions) == len(ds)
+    assert torch.equal(pixels, here[0]) and torch.equal(labels, here[1]) and torch.equal(rows, here[2])
+    assert torch.equal(work.regions.boxes, here[3].regions.boxes) and work.jpegs.paths == here[3].jpegs.paths
+
+
 KERNEL_CHECK = """
 import sys, torch
 from launcher.recipes import image_kernels
@@ -292,10 +325,11 @@ from launcher.recipes.imagefolder import Normalizer, collate, gpu_batch
 from tests.unit.test_imagefolder import split
 from pathlib import Path
 assert image_kernels.usable(torch.device("cpu"))
-for train in (True, False):
-    ds = split(Path(sys.argv[1]), train=train, gpu_share=1.0)
+for train, regions in ((True, False), (False, False), (True, True), (False, True)):
+    ds = split(Path(sys.argv[1]), train=train, gpu_share=1.0 if not regions else 0.5, regions=regions)
     batch = collate([ds[i] for i in range(len(ds))])
-    assert len(batch[3]) > 0 and (len(batch[2]) > 0 or not train), "both kinds of sample in training"
+    assert len(batch[3].jpegs) > 0 and (len(batch[2]) > 0 or not train), "both kinds of sample in training"
+    assert (batch[3].regions is not None) == regions
     x, y = gpu_batch(batch, 32, skip_bad=False, normalize=Normalizer(False))
     image_kernels.usable = lambda device: False
     ref, ref_y = gpu_batch(batch, 32, skip_bad=False, normalize=Normalizer(False))
@@ -318,7 +352,7 @@ def test_the_one_kernel_crops_flips_and_normalizes_as_the_torch_ops_do(folder, t
     done = subprocess.run([sys.executable, "-c", KERNEL_CHECK, str(folder)], env=env, capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[2], timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("\n") == 2
+    assert done.stdout.count("\n") == 4
 
 
 def test_on_after_batch_transfer_normalizes_both_kinds_of_batch(folder):
@@ -332,6 +366,11 @@ def test_on_after_batch_transfer_normalizes_both_kinds_of_batch(folder):
     mixed = recipe.collate([gpu[i] for i in range(len(gpu))])
     x2, y2 = recipe.on_after_batch_transfer(mixed, training=True)
     assert x2.shape == (len(gpu), 3, 32, 32) and -3 < x2.mean() < 3
+    regions = split(folder, regions=True)
+    unresized = recipe.collate([regions[i] for i in range(len(regions))])
+    x3, y3 = recipe.on_after_batch_transfer(unresized, training=True)
+    assert x3.shape == (len(regions), 3, 32, 32) and -3 < x3.mean() < 3
+    assert torch.equal(y3, torch.tensor(regions.targets))
 
 
 def test_decode_gpu_without_cuda_says_so_and_decodes_on_the_cpu(folder, caplog):
@@ -491,7 +530,7 @@ def test_a_share_set_in_the_launchers_process_reaches_the_running_workers(folder
     loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=True, collate_fn=collate,
                                          multiprocessing_context="fork")
     first = next(iter(loader))
-    assert len(first) == 4 and len(first[3]) > 0  # JPEGs left for the GPU
+    assert len(first) == 4 and len(first[3].jpegs) > 0  # JPEGs left for the GPU
     ds.gpu_share = 0.0
     kinds = [len(b) for b in loader]  # (the same workers, a new pass)
     assert set(kinds) == {2}  # every sample decoded by the workers
