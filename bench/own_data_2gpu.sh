@@ -187,6 +187,34 @@ regions)
     runs regions-1gpu 110 1 5
     kill $vm
     ;;
+regions-why)
+    # where 2 GPUs' batches of Regions wait: the defaults on 2 GPUs for 8 epochs while, every 2 s, each training
+    # process (the DataLoader workers' parents) has its threads' stacks dumped (py-spy, carried in .whl) and its
+    # threads' CPU shares taken (top -H), with /dev/shm's and the host's memory in use
+    folder
+    spy=$(command -v py-spy || find /tmp/site -name py-spy -type f 2>/dev/null | head -1)
+    watch_cpu regions-why
+    runs regions-why-2gpu 150 2 8 &
+    run=$!
+    sleep 20
+    while kill -0 $run 2>/dev/null; do
+        {
+            echo "=== $(date +%T.%N | cut -c1-12) shm $(df -m /dev/shm | awk 'NR==2 {print $3}') MB, free $(free -g | awk 'NR==2 {print $4}') GB"
+            for p in $(pgrep -f "imagefolder|launcher" ); do
+                n=$(ls /proc/$p/task 2>/dev/null | wc -l)
+                [ "$n" -gt 12 ] || continue
+                kids=$(pgrep -P $p | wc -l)
+                [ "$kids" -gt 4 ] || continue
+                echo "--- pid $p threads $n children $kids"
+                top -H -b -n 1 -d 0.5 -p $p | sed -n '8,16p'
+                timeout 5 $spy dump --nonblocking --pid $p 2>&1 | grep -v "^ *$" | head -80
+            done
+        } >> "$OUT/regions-why-stacks-$commit.txt" 2>&1
+        sleep 2
+    done
+    wait $run
+    kill $vm
+    ;;
 tests)
     (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \
         > "$OUT/gpu-tests-one-$commit.txt" 2>&1; echo "one-GPU tests exit $?" >> "$OUT/gpu-tests-one-$commit.txt") &
