@@ -69,6 +69,7 @@ from torch import nn
 from launcher.config import ImageFolderConfig
 from launcher.errors import ConfigError, LaunchError
 from launcher.recipes import Recipe
+from launcher.train.slots import PinnedSlots
 
 log = logging.getLogger("launcher.train")
 
@@ -361,15 +362,18 @@ class Region:
     pixels: torch.Tensor
     box: tuple[float, float, float, float]
     flip: bool
+    slots: PinnedSlots | None = None  # (the split's, where its batches go: see collate)
 
 
 class Regions:
     """A batch's Regions, described for the GPU: each one's first byte in the batch's pixel buffer, (height,
-    width), box, flip and batch row (host tensors; kept off the device like HostJpegs)."""
+    width), box, flip and batch row (host tensors; kept off the device like HostJpegs). `slot`: where the
+    buffer is one of the split's PinnedSlots (its index; the batch's pixels are then empty), else -1."""
 
     def __init__(self, offsets: torch.Tensor, shapes: torch.Tensor, boxes: torch.Tensor, flips: torch.Tensor,
-                 rows: torch.Tensor):
+                 rows: torch.Tensor, slot: int = -1, nbytes: int = 0):
         self.offsets, self.shapes, self.boxes, self.flips, self.rows = offsets, shapes, boxes, flips, rows
+        self.slot, self.nbytes = slot, nbytes
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -428,6 +432,7 @@ class ImageFolderSplit(torch.utils.data.Dataset):
         self.train, self.image_size, self.eval_resize, self.min_scale = train, image_size, eval_resize, min_scale
         self.seed, self.skip_bad, self.draft = seed, skip_bad, draft
         self.regions = regions  # the workers' crops handed over unresized (Region), for the GPU to resize
+        self.slots: PinnedSlots | None = None  # where its workers' batches of Regions go (ImageFolder.load)
         # The share of samples meant for the GPU decoder (read sample by sample; see share_with_workers).
         self._gpu_share = torch.full((1,), float(gpu_share), dtype=torch.float64)
         # Per DataLoader worker (row = worker id; the last row: no worker), the samples it made and the seconds
@@ -554,7 +559,7 @@ class ImageFolderSplit(torch.utils.data.Dataset):
         with Image.open(path) as img:
             box, flip = self._box(rng, *img.size)
             pixels, inside = decode_region(img, box, self.image_size, self.draft)
-        return Region(pixels, inside, flip)
+        return Region(pixels, inside, flip, self.slots)
 
     def _encoded(self, path: str, rng: random.Random | None) -> Encoded | None:
         """The file's bytes and crop box for nvJPEG, or None when the file is for the CPU decoder. The
@@ -605,11 +610,19 @@ def collate(samples: list[tuple[Any, int]]) -> tuple[Any, ...]:
     if regions:
         sizes = [r.pixels.numel() for _, r in regions]
         starts = torch.tensor([0, *sizes], dtype=torch.int64).cumsum(0)
-        pixels = torch.cat([r.pixels.reshape(-1) for _, r in regions], out=_batch_tensor((sum(sizes),), torch.uint8))
+        total, slots = sum(sizes), regions[0][1].slots
+        slot = slots.claim(total) if slots is not None else None
+        flat = [r.pixels.reshape(-1) for _, r in regions]
+        if slot is not None:  # (written where the training process copies it to the GPU from: launcher/train/slots.py)
+            torch.cat(flat, out=slots.view(slot, total))
+            pixels = torch.empty(0, dtype=torch.uint8)
+        else:
+            pixels = torch.cat(flat, out=_batch_tensor((total,), torch.uint8))
         rows = torch.tensor([row for row, _ in regions], dtype=torch.int64)
         table = Regions(starts[:-1], torch.tensor([r.pixels.shape[:2] for _, r in regions], dtype=torch.int64),
                         torch.tensor([r.box for _, r in regions], dtype=torch.float32),
-                        torch.tensor([r.flip for _, r in regions], dtype=torch.bool), rows.clone())
+                        torch.tensor([r.flip for _, r in regions], dtype=torch.bool), rows.clone(),
+                        -1 if slot is None else slot, total)
         return pixels, labels, rows, GpuWork(host, table)
     if decoded:
         pixels = torch.stack([img for _, img in decoded])
@@ -827,8 +840,8 @@ def resize_regions(pixels: torch.Tensor, regions: Regions, out: torch.Tensor, no
     out[regions.rows.to(out.device)] = normalize(crops)
 
 
-def gpu_batch(batch: tuple[Any, ...], size: int, skip_bad: bool, normalize: Normalizer) -> tuple[torch.Tensor,
-                                                                                                torch.Tensor]:
+def gpu_batch(batch: tuple[Any, ...], size: int, skip_bad: bool, normalize: Normalizer,
+              slots: PinnedSlots | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A mixed batch (see `collate`) as one normalized float NCHW batch on the labels' device, and its labels.
     The decoded JPEGs are cropped, resized, flipped and normalized by one kernel (image_kernels) where it
     runs, else by `crop_resize` and torch ops."""
@@ -842,6 +855,8 @@ def gpu_batch(batch: tuple[Any, ...], size: int, skip_bad: bool, normalize: Norm
         out = out.contiguous(memory_format=torch.channels_last)
     keep = None
     if work.regions is not None:
+        if work.regions.slot >= 0:
+            pixels = slots.to_device(work.regions.slot, work.regions.nbytes, device)
         resize_regions(pixels.to(device), work.regions, out, normalize)
     elif len(pixel_rows):
         out[pixel_rows.to(device)] = normalize(pixels.to(device))
@@ -1024,6 +1039,7 @@ class ImageFolder(Recipe):
         super().__init__(cfg)
         self.decode = "cpu"  # where this worker's batches are decoded (decided in load)
         self.trial: DecodeTrial | None = None  # data.decode=auto's measured choice (load)
+        self._slots: PinnedSlots | None = None  # the training batches' shared buffers (load, under Regions)
         self._normalize = Normalizer(bool(cfg.perf.channels_last))
 
     def prepare(self) -> None:
@@ -1062,6 +1078,30 @@ class ImageFolder(Recipe):
                  decoder)
         return "auto", 0.0
 
+    SLOT_MEMORY = 0.25  # of the host's memory, at most, for the ranks' PinnedSlots together
+
+    def batch_slots(self) -> PinnedSlots | None:
+        """Shared, page-locked buffers for the training batches of Regions (launcher/train/slots.py): each
+        worker gets its prefetch's worth plus two, each slot twice a batch of decoded crops (a batch of
+        Regions averaged 0.9x that on the generated ImageNet-like folder), within SLOT_MEMORY of the host's
+        memory; None without workers, or where that memory cannot be had."""
+        workers = default_workers(self.cfg)
+        if workers < 1:
+            return None
+        nbytes = 2 * int(self.cfg.batch_size) * self.hp.image_size ** 2 * 3
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        room = int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * self.SLOT_MEMORY) // ranks
+        per_worker = min(int(self.cfg.data.worker_prefetch) + 2, room // (workers * nbytes))
+        if per_worker < 1:
+            log.info("data: no shared batch slots (%d workers x %d MB do not fit in %d MB); batches of crops go "
+                     "through the DataLoader's pinning", workers, nbytes >> 20, room >> 20)
+            return None
+        try:
+            return PinnedSlots(workers, per_worker, nbytes)
+        except RuntimeError as exc:  # (shared memory too small: a container's /dev/shm)
+            log.warning("data: no shared batch slots (%s); batches of crops go through the DataLoader's pinning", exc)
+            return None
+
     @staticmethod
     def resizes_on_gpu() -> bool:
         """Whether the crops the workers decode (under data.decode=gpu/auto) are resized on the GPU: where
@@ -1078,6 +1118,8 @@ class ImageFolder(Recipe):
                       regions=self.decode != "cpu" and self.resizes_on_gpu())
         splits = (ImageFolderSplit(folders["train"], train=True, **common),
                   ImageFolderSplit(folders["val"], train=False, **common))
+        if common["regions"]:
+            splits[0].slots = self._slots = self.batch_slots()
         if self.decode == "auto" and gpu_share < 1.0:
             # The first epoch's batches do not pace the run: they span compiling (perf.compile=auto decides at
             # its end), the warm-up, the workers' start (on two H200s the first epoch ran at a third of the
@@ -1095,7 +1137,8 @@ class ImageFolder(Recipe):
         if training and self.trial is not None:
             self.trial.batch(len(batch[1]), len(batch[3].jpegs) if len(batch) == 4 else 0)
         if len(batch) == 4:  # some samples still to decode or resize (see collate)
-            return gpu_batch(batch, self.hp.image_size, str(self.cfg.data.on_bad_file) == "skip", self._normalize)
+            return gpu_batch(batch, self.hp.image_size, str(self.cfg.data.on_bad_file) == "skip", self._normalize,
+                             self._slots)
         x, labels = batch
         return self._normalize(x), labels
 

@@ -318,6 +318,24 @@ def test_regions_and_jpegs_travel_from_dataloader_workers_as_collated_in_process
     assert torch.equal(work.regions.boxes, here[3].regions.boxes) and work.jpegs.paths == here[3].jpegs.paths
 
 
+def test_batches_of_regions_written_into_shared_slots_by_workers_train_as_the_same_batches_collated_here(folder):
+    """A worker collates its batch of Regions into one of the split's PinnedSlots; the batch then carries the
+    slot, not the bytes, and the training process reads them from there: the same images as a batch
+    collated in the training process itself. A slot is free again once read."""
+    from launcher.train.slots import PinnedSlots
+
+    ds = split(folder, regions=True)
+    ds.slots = PinnedSlots(workers=1, per_worker=2, nbytes=8 << 20)
+    loader = torch.utils.data.DataLoader(ds, batch_size=len(ds), num_workers=1, collate_fn=collate,
+                                         multiprocessing_context="fork")
+    (pixels, labels, rows, work), = list(loader)
+    assert pixels.numel() == 0 and work.regions.slot >= 0 and work.regions.nbytes > 0
+    x, y = gpu_batch((pixels, labels, rows, work), 32, skip_bad=False, normalize=Normalizer(False), slots=ds.slots)
+    assert int(ds.slots.busy[work.regions.slot]) == 0
+    ref, ref_y = gpu_batch(collate([ds[i] for i in range(len(ds))]), 32, skip_bad=False, normalize=Normalizer(False))
+    assert torch.equal(x, ref) and torch.equal(y, ref_y)
+
+
 KERNEL_CHECK = """
 import sys, torch
 from launcher.recipes import image_kernels
