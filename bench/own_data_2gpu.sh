@@ -183,6 +183,11 @@ regions)
         > "$OUT/gpu-tests-regions-$commit.txt" 2>&1; echo "exit $?" >> "$OUT/gpu-tests-regions-$commit.txt"
     tail -3 "$OUT/gpu-tests-regions-$commit.txt"
     watch_cpu regions
+    (sleep 40; for _ in $(seq 30); do  # the training processes' busiest threads, every 2 s
+        for p in $(pgrep -f "imagefolder|launcher"); do
+            [ "$(pgrep -P $p | wc -l)" -gt 4 ] || continue
+            echo "--- $(date +%T) pid $p"; top -H -b -n 1 -d 0.5 -p $p | sed -n '8,12p'
+        done; sleep 2; done > "$OUT/regions-threads-$commit.txt" 2>&1) &
     runs regions-2gpu 150 2 8
     runs regions-1gpu 110 1 5
     kill $vm
