@@ -220,6 +220,22 @@ regions-why)
     wait $run
     kill $vm
     ;;
+gpu-tests)
+    # the one-GPU suite on the two GPUs at once (two parts, as at aa01096), then test_gpu_own_data.py whole
+    # (its two-GPU test included)
+    folder
+    (CUDA_VISIBLE_DEVICES=0 timeout 330 python3 -m pytest -q -m "gpu and not two_gpus" --timeout 150 -p no:cacheprovider \
+        tests/gpu/test_gpu.py tests/gpu/test_gpu_user_day.py tests/gpu/test_gpu_trust.py tests/gpu/test_gpu_run_keeping.py \
+        > "$OUT/gpu-tests-one-a-$commit.txt" 2>&1; echo "exit $?" >> "$OUT/gpu-tests-one-a-$commit.txt") &
+    CUDA_VISIBLE_DEVICES=1 timeout 330 python3 -m pytest -q -m "gpu and not two_gpus" --timeout 150 -p no:cacheprovider \
+        tests/gpu/test_gpu_data_path.py tests/gpu/test_step_graph_gpu.py tests/gpu/test_gpu_epoch_ends.py \
+        tests/gpu/test_gpu_text_fsdp.py > "$OUT/gpu-tests-one-b-$commit.txt" 2>&1
+    echo "exit $?" >> "$OUT/gpu-tests-one-b-$commit.txt"
+    wait
+    timeout 220 python3 -m pytest -v --timeout 200 -p no:cacheprovider tests/gpu/test_gpu_own_data.py \
+        > "$OUT/gpu-tests-own-data-$commit.txt" 2>&1; echo "exit $?" >> "$OUT/gpu-tests-own-data-$commit.txt"
+    tail -n 3 "$OUT"/gpu-tests-*.txt
+    ;;
 tests)
     (timeout "${LIMIT:-500}" python3 -m pytest -q -m "gpu and not two_gpus" tests/gpu -p no:cacheprovider \
         > "$OUT/gpu-tests-one-$commit.txt" 2>&1; echo "one-GPU tests exit $?" >> "$OUT/gpu-tests-one-$commit.txt") &
