@@ -1090,13 +1090,18 @@ class ImageFolder(Recipe):
         """Shared, page-locked buffers for the training batches of Regions (launcher/train/slots.py): each
         worker gets its prefetch's worth plus two, each slot twice a batch of decoded crops (a batch of
         Regions averaged 0.9x that on the generated ImageNet-like folder), within SLOT_MEMORY of the host's
-        memory; None without workers, or where that memory cannot be had."""
+        memory and half of /dev/shm's free space; None without workers, or where that memory cannot be had."""
         workers = default_workers(self.cfg)
         if workers < 1:
             return None
         nbytes = 2 * int(self.cfg.batch_size) * self.hp.image_size ** 2 * 3
         ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
         room = int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * self.SLOT_MEMORY) // ranks
+        try:  # (and half of what /dev/shm has free, shared with the batches that find no slot: a container's
+            shm = os.statvfs("/dev/shm")  # /dev/shm may be small, and a write past it kills the worker)
+            room = min(room, shm.f_bavail * shm.f_frsize // 2 // ranks)
+        except OSError:
+            pass
         per_worker = min(int(self.cfg.data.worker_prefetch) + 2, room // (workers * nbytes))
         if per_worker < 1:
             log.info("data: no shared batch slots (%d workers x %d MB do not fit in %d MB); batches of crops go "

@@ -581,3 +581,22 @@ def test_decode_auto_splits_the_batch_for_the_workers_this_rank_gets(folder, mon
     with caplog.at_level("INFO", logger="launcher.train"):
         assert recipe.decode_plan(cuda=True) == ("auto", 0.0)
     assert "decoded by the 15 DataLoader workers alone" in caplog.text
+
+
+def test_the_batch_slots_fit_the_hosts_memory_and_dev_shm_or_are_left_out(folder, monkeypatch, caplog):
+    """ImageFolder.batch_slots: each worker's prefetch plus two slots of two batches of crops, within a quarter of
+    the host's memory and half of /dev/shm's free space (a write past a small /dev/shm would kill a worker)."""
+    import os as real_os
+
+    recipe = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "gpus=[]", "data.workers=3",
+                                   "batch_size=8", "recipe.image_size=32"))
+    slots = recipe.batch_slots()
+    assert (slots.workers, slots.per_worker, slots.nbytes) == (3, 4 + 2, 2 * 8 * 32 * 32 * 3)
+
+    class Small:
+        f_bavail, f_frsize = 4, 4096  # 16 KB free
+
+    monkeypatch.setattr(real_os, "statvfs", lambda path: Small())
+    with caplog.at_level("INFO", logger="launcher.train"):
+        assert recipe.batch_slots() is None
+    assert "no shared batch slots" in caplog.text and "\n" not in caplog.text.strip()
