@@ -192,6 +192,15 @@ regions)
     runs regions-1gpu 110 1 5
     kill $vm
     ;;
+regions-nockpt)
+    # the same as regions without the checkpoint at each epoch's end (on this folder a 2-GPU epoch is 1.5 s: a
+    # fixed cost an epoch weighs twice what it does on one GPU)
+    folder
+    watch_cpu regions-nockpt
+    runs regions-nockpt-2gpu 150 2 8 checkpoint=false
+    runs regions-nockpt-1gpu 110 1 5 checkpoint=false
+    kill $vm
+    ;;
 regions-why)
     # where 2 GPUs' batches of Regions wait: the defaults on 2 GPUs for 8 epochs while, every 2 s, each training
     # process (the DataLoader workers' parents) has its threads' stacks dumped (py-spy, carried in .whl) and its
