@@ -275,8 +275,11 @@ def recipe_path(args, mode: str, device: torch.device):
     recipe = ImageFolder(cfg)
     share = {"cpu": 0.0, "gpu": 1.0, "auto": args.gpu_share}[decode]
     folders = scan(Path(args.root))
+    regions = decode != "cpu" and device.type == "cuda" and ImageFolder.resizes_on_gpu()  # (as the recipe's load)
     ds = ImageFolderSplit(folders["train"], train=True, image_size=args.size, eval_resize=cfg.recipe.eval_side,
-                          min_scale=cfg.recipe.min_scale, gpu_share=share)
+                          min_scale=cfg.recipe.min_scale, gpu_share=share, regions=regions)
+    if regions:  # the workers' crops resized on the GPU, their batches through the recipe's shared slots
+        ds.slots = recipe._slots = recipe.batch_slots()
     ds.set_epoch(0)
     return (loader_for(ds, args, recipe.collate, device), lambda b: recipe.on_after_batch_transfer(b, True), share,
             "nvimgcodec" if hardware and decode != "cpu" else "nvjpeg" if decode != "cpu" else "pil")

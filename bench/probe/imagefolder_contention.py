@@ -171,7 +171,7 @@ def gil_row(args, device) -> dict:
 
     loader, _, _, decoder = bench.recipe_path(args, "gpu", device)
     batch = next(iter(loader))
-    jpegs = batch[3]
+    jpegs = batch[3].jpegs
     alone = spin_rate_alone()
     stop = threading.Event()
     decoded = [0]
@@ -205,7 +205,7 @@ def split_rows(args, device) -> list[dict]:
     from launcher.recipes import imagefolder
 
     loader, _, _, decoder = bench.recipe_path(args, "gpu", device)
-    jpegs = next(iter(loader))[3]
+    jpegs = next(iter(loader))[3].jpegs
     data = jpegs.data.numpy()
     arrays = [data[a:b] for a, b in zip(jpegs.offsets[:-1], jpegs.offsets[1:], strict=True)]
     rows = []
