@@ -34,12 +34,8 @@ if "LAUNCH_CACHE_DIR" not in os.environ:
 # by-scope kind whose scopes are these two groups (xdist's own `loadgroup` renames the node ids, which
 # pytest 9.2 no longer reads: under it every test was spread over both workers, and the SLURM cluster
 # was started on both). CI's wall time, one run each: 28m49s in one process, 26m26s with only tests/slurm
-# and tests/multinode beside the rest, 23m52s with this split. There tests/distributed took 1,352 s and
-# the rest 749 s (the last run's durations, 7011741): so a third scope, TAIL, some of tests/distributed
-# (sweeps and trackers: no tight timings), goes to whichever worker runs out of work first (xdist hands a
-# worker the next scope once it has two tests left), the rest's in practice.
+# and tests/multinode beside the rest, 23m52s with this split.
 MAIN = ("tests/distributed/",)
-TAIL = ("tests/distributed/test_hydra_plugins.py", "tests/distributed/test_trackers.py")
 
 try:
     from xdist.scheduler import LoadScopeScheduling
@@ -48,8 +44,6 @@ except ImportError:  # (without pytest-xdist: one process, nothing to schedule)
 else:
     class SideBySide(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith(TAIL):
-                return "tail"
             return "main" if nodeid.startswith(MAIN) else "side"
 
     def pytest_xdist_make_scheduler(config, log):
