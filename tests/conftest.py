@@ -34,7 +34,9 @@ if "LAUNCH_CACHE_DIR" not in os.environ:
 # by-scope kind whose scopes are these two groups (xdist's own `loadgroup` renames the node ids, which
 # pytest 9.2 no longer reads: under it every test was spread over both workers, and the SLURM cluster
 # was started on both). CI's wall time, one run each: 28m49s in one process, 26m26s with only tests/slurm
-# and tests/multinode beside the rest, 23m52s with this split.
+# and tests/multinode beside the rest, 23m52s with this split. At 7011741 (24m57s) tests/distributed took
+# 1,352 s on its worker and the rest 749 s on the other; sending two of tests/distributed's files to the
+# worker that ran out first (6f7f449, reverted) gave 24m22s and doubled a test beside another two-rank one.
 MAIN = ("tests/distributed/",)
 
 try:
