@@ -39,8 +39,9 @@ def test_workers_write_batches_into_their_own_slots_and_the_reader_frees_them():
         assert slot >= 0 and data.numel() == 0  # (each worker had a slot free)
         got = slots.to_device(slot, 40, torch.device("cpu"))
         seen += got.unique().tolist()
-        assert int(slots.busy[slot]) == 0  # freed once copied
+        # (freed once copied; its worker may already have claimed it again for its next batch)
     assert sorted(seen) == list(range(12))
+    assert int(slots.busy.sum()) == 0  # every batch read: every slot free
     assert slots.owner.tolist() != [0, 0]  # (each worker id's process recorded)
 
 
