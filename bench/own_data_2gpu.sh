@@ -206,7 +206,10 @@ regions-why)
     # process (the DataLoader workers' parents) has its threads' stacks dumped (py-spy, carried in .whl) and its
     # threads' CPU shares taken (top -H), with /dev/shm's and the host's memory in use
     folder
-    spy=$(command -v py-spy || find /tmp/site -name py-spy -type f 2>/dev/null | head -1)
+    # (py-spy in a folder of its own: device_env.sh's second install into /tmp/site skips the bin/ the first
+    # one made, so its py-spy never lands there, and d0035ae's stacks came out empty)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl >/dev/null 2>&1
+    spy=$(command -v py-spy || ls /tmp/pyspy/bin/py-spy 2>/dev/null)
     watch_cpu regions-why
     runs regions-why-2gpu 150 2 8 &
     run=$!

@@ -30,6 +30,8 @@ from collections import deque
 import numpy as np
 import torch
 
+from launcher.lifetime import process_alive
+
 log = logging.getLogger("launcher.train")
 
 
@@ -49,8 +51,8 @@ class PinnedSlots:
         self._busy: np.ndarray | None = None  # (this process's numpy view of `busy`: cheap to read and write)
         self._pinned = np.zeros(count, dtype=bool)  # slots page-locked for CUDA (in the training process)
         self._failed = False
+        self._creator = os.getpid()  # (the training process: the only one that page-locks slots)
         self._held: deque[tuple[torch.cuda.Event, int]] = deque()
-        self.fallbacks = 0  # (in the process that claims: batches that found no slot)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_busy": None, "_held": deque(), "_pinned": np.zeros_like(self._pinned)}
@@ -68,7 +70,7 @@ class PinnedSlots:
             return None
         owner = int(self.owner[info.id])
         if owner != os.getpid():
-            if owner != 0 and _alive(owner):  # (another DataLoader's worker of the same id has these slots)
+            if owner != 0 and process_alive(owner):  # (another DataLoader's worker of the same id has these slots)
                 return None
             self.owner[info.id] = os.getpid()
         flags, first = self._flags(), info.id * self.per_worker
@@ -81,7 +83,6 @@ class PinnedSlots:
             now = time.monotonic()
             deadline = deadline or now + self.wait
             if now >= deadline:
-                self.fallbacks += 1
                 return None
             time.sleep(0.001)
 
@@ -122,11 +123,10 @@ class PinnedSlots:
             self._failed = True
             return False
         self._pinned[slot] = True
-        self._owner = os.getpid()
         return True
 
     def __del__(self) -> None:
-        if getattr(self, "_owner", None) != os.getpid():
+        if getattr(self, "_creator", None) != os.getpid():
             return
         for slot in np.flatnonzero(self._pinned):
             try:
@@ -134,12 +134,3 @@ class PinnedSlots:
             except Exception:  # noqa: BLE001 - at exit, CUDA may be gone already
                 return
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -83,11 +83,24 @@ def test_imagefolder_decode_auto_times_the_workers_then_a_split_if_they_fall_beh
     assert json.loads((_run_dir(result) / "results.json").read_text())["device_type"] == "cuda"
 
 
+def by_torch_ops(batch, size: int) -> torch.Tensor:
+    """recipe=imagefolder's GPU batch made by the torch ops image_kernels' one kernel replaced (the reference)."""
+    from launcher.recipes import image_kernels
+    from launcher.recipes.imagefolder import Normalizer, gpu_batch
+
+    usable = image_kernels.usable
+    image_kernels.usable = lambda device: False
+    try:
+        return gpu_batch(batch, size, skip_bad=False, normalize=Normalizer(True))[0]
+    finally:
+        image_kernels.usable = usable
+
+
 def test_imagefolders_one_kernel_on_cuda_matches_the_torch_ops_for_each_decoder(tmp_path):
     """The batch's crops, flips and normalization by image_kernels' Triton kernel on CUDA against the torch ops
     it replaced, on the same decoded images; and nvImageCodec's decoder (the batch split between its two
     decoders: 64 JPEGs), where installed, against torchvision's nvJPEG."""
-    from launcher.recipes import image_kernels, imagefolder
+    from launcher.recipes import imagefolder
     from launcher.recipes.imagefolder import ImageFolderSplit, Normalizer, collate, gpu_batch, scan
 
     root = write_image_folder(tmp_path / "imagenet", train_per_class=22, odd_files=True)
@@ -106,12 +119,7 @@ def test_imagefolders_one_kernel_on_cuda_matches_the_torch_ops_for_each_decoder(
             continue
         x, y = gpu_batch(batch, 48, skip_bad=False, normalize=Normalizer(True))
         assert x.is_cuda and x.is_contiguous(memory_format=torch.channels_last) and torch.equal(y, batch[1])
-        usable = image_kernels.usable
-        image_kernels.usable = lambda device: False
-        try:
-            ref, _ = gpu_batch(batch, 48, skip_bad=False, normalize=Normalizer(True))
-        finally:
-            image_kernels.usable = usable
+        ref = by_torch_ops(batch, 48)
         # (the same arithmetic in another order: within a few thousandths of a unit of the normalized pixels)
         assert float((x - ref).abs().max()) < 0.01, decoder
         outputs[decoder] = x
@@ -124,7 +132,6 @@ def test_imagefolders_workers_crops_resized_on_cuda_match_the_cpu_path(tmp_path)
     """data.decode=gpu/auto on CUDA: the workers' crops, decoded but not resized (Regions in one buffer),
     resized by the kernel on the GPU: as the torch ops resize them, and as the CPU path's crops (up to the
     two resizes' rounding); beside JPEGs decoded on the GPU in the same batch."""
-    from launcher.recipes import image_kernels
     from launcher.recipes.imagefolder import (
         MEAN,
         STD,
@@ -151,12 +158,7 @@ def test_imagefolders_workers_crops_resized_on_cuda_match_the_cpu_path(tmp_path)
         batch = (pixels.to(device), labels.to(device), rows.to(device), work)
         x, y = gpu_batch(batch, 48, skip_bad=False, normalize=Normalizer(True))
         assert x.is_cuda and torch.equal(y, batch[1])
-        usable = image_kernels.usable
-        image_kernels.usable = lambda device: False
-        try:
-            ref, _ = gpu_batch(batch, 48, skip_bad=False, normalize=Normalizer(True))
-        finally:
-            image_kernels.usable = usable
+        ref = by_torch_ops(batch, 48)
         assert float((x - ref).abs().max()) < 0.01
         back = x.float().cpu() * torch.tensor(STD).view(1, 3, 1, 1) + torch.tensor(MEAN).view(1, 3, 1, 1)
         reference = torch.stack([cpu[i][0] for i in range(len(cpu))]).float()
