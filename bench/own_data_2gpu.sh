@@ -232,6 +232,32 @@ regions-why)
     wait $run
     kill $vm
     ;;
+epoch-end)
+    # what rank 0's checkpoint at each epoch's end costs 2 GPUs: the defaults on 2 GPUs for 8 epochs while
+    # py-spy samples every thread of both training processes (200 Hz, without pausing them, idle threads too;
+    # collapsed stacks with line numbers), then the same with checkpoint=false
+    folder
+    python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl >/dev/null 2>&1
+    spy=$(command -v py-spy || ls /tmp/pyspy/bin/py-spy 2>/dev/null)
+    watch_cpu epoch-end
+    runs epoch-end-2gpu 150 2 8 &
+    run=$!
+    for _ in $(seq 60); do  # the two ranks: the processes with DataLoader workers as children
+        ranks=$(for p in $(pgrep -f "imagefolder|launcher"); do [ "$(pgrep -P $p | wc -l)" -gt 4 ] && echo $p; done)
+        [ "$(echo $ranks | wc -w)" -ge 2 ] && break
+        sleep 1
+    done
+    for p in $ranks; do
+        r=$(tr '\0' '\n' < /proc/$p/environ | sed -n 's/^RANK=//p')
+        echo "rank $r pid $p" >> "$OUT/epoch-end-spy-$commit.txt"
+        $spy record --pid $p --rate 200 --nonblocking --idle --threads --format raw \
+            -o "$OUT/epoch-end-spy-rank$r-$commit.txt" >> "$OUT/epoch-end-spy-$commit.txt" 2>&1 &
+    done
+    wait $run
+    sleep 3
+    runs epoch-end-nockpt-2gpu 150 2 8 checkpoint=false
+    kill $vm
+    ;;
 gpu-tests)
     # the one-GPU suite on the two GPUs at once (two parts, as at aa01096), then test_gpu_own_data.py whole
     # (its two-GPU test included)
