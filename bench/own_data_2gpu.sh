@@ -233,14 +233,26 @@ regions-why)
     kill $vm
     ;;
 epoch-end)
-    # what rank 0's checkpoint at each epoch's end costs 2 GPUs: the defaults on 2 GPUs for 8 epochs while
-    # py-spy samples every thread of both training processes (200 Hz, without pausing them, idle threads too;
-    # collapsed stacks with line numbers), then the same with checkpoint=false
+    # what rank 0's checkpoint at each epoch's end costs 2 GPUs: the snapshot tests, the defaults on 2 GPUs for 8
+    # epochs and on 1 for 5; then, where rank 0 still waited over 0.1 s at an epoch's end (checkpoint_wait_s,
+    # epochs 4-7), 2 GPUs once more while py-spy samples both ranks' threads with their native frames (50 Hz;
+    # collapsed stacks with line numbers, a file a process). (At 281df37 this mode sampled without native
+    # frames, both ranks into one file, and ran checkpoint=false after)
     folder
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu.py -k snapshot \
+        > "$OUT/gpu-tests-snapshot-$commit.txt" 2>&1; echo "exit $?" >> "$OUT/gpu-tests-snapshot-$commit.txt"
+    tail -2 "$OUT/gpu-tests-snapshot-$commit.txt"
+    watch_cpu epoch-end
+    runs epoch-end-2gpu 150 2 8
+    runs epoch-end-1gpu 110 1 5
+    kill $vm
+    waited=$(python3 -c "import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{\"what\": \"launch\"')]
+print(int(max((e[4] or 0) for e in rows[0]['per_epoch'][3:7]) > 0.1))" "$OUT/imagefolder-epoch-end-2gpu-$commit.jsonl")
+    [ "$waited" = 1 ] || exit 0
     python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl >/dev/null 2>&1
     spy=$(command -v py-spy || ls /tmp/pyspy/bin/py-spy 2>/dev/null)
-    watch_cpu epoch-end
-    runs epoch-end-2gpu 150 2 8 &
+    runs epoch-end-spy-2gpu 150 2 8 &
     run=$!
     for _ in $(seq 60); do  # the two ranks: the processes with DataLoader workers as children
         ranks=$(for p in $(pgrep -f "imagefolder|launcher"); do [ "$(pgrep -P $p | wc -l)" -gt 4 ] && echo $p; done)
@@ -248,15 +260,11 @@ epoch-end)
         sleep 1
     done
     for p in $ranks; do
-        r=$(tr '\0' '\n' < /proc/$p/environ | sed -n 's/^RANK=//p')
-        echo "rank $r pid $p" >> "$OUT/epoch-end-spy-$commit.txt"
-        $spy record --pid $p --rate 200 --nonblocking --idle --threads --format raw \
-            -o "$OUT/epoch-end-spy-rank$r-$commit.txt" >> "$OUT/epoch-end-spy-$commit.txt" 2>&1 &
+        $spy record --pid $p --rate 50 --native --idle --threads --format raw \
+            -o "$OUT/epoch-end-spy-pid$p-$commit.txt" >> "$OUT/epoch-end-spy-$commit.txt" 2>&1 &
     done
     wait $run
-    sleep 3
-    runs epoch-end-nockpt-2gpu 150 2 8 checkpoint=false
-    kill $vm
+    sleep 2
     ;;
 gpu-tests)
     # the one-GPU suite on the two GPUs at once (two parts, as at aa01096), then test_gpu_own_data.py whole

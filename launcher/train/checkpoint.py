@@ -17,6 +17,7 @@ plus where the run stands (a plain dict, so `torch.load(..., weights_only=True)`
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 from pathlib import Path
@@ -336,17 +337,23 @@ class HostSnapshot:
     """A copy of a (nested) state with every tensor in host memory, which training can go on changing
     in place while the copy is written.
 
-    GPU tensors are copied into pinned memory by non-blocking copies queued behind the work that made
-    them: the host only queues them (a synchronous copy of ResNet-18's weights and momentum, ~90 MB in
-    ~200 tensors, held rank 0 at every epoch end). With a `Stager` they are first copied on the device
-    (fast) and from there to the host on a side stream, while training goes on; without one, on the
-    current stream, which the next step then waits for. `state()` waits for the copies; the writer
-    thread calls it. Pinned blocks come from torch's caching host allocator, so later epochs reuse them.
+    The GPU tensors are copied, by non-blocking copies queued behind the work that made them, into one
+    page-locked buffer (each tensor a view of it, `_Layout`): the host only queues them. With a `Stager`
+    they are first copied on the device into one buffer kept there (one kernel launch or a few), and that
+    buffer to the host by one copy on a side stream while training goes on; without one, each on the
+    current stream, which the next step then waits for. The host's work at an epoch's end is then a
+    handful of calls whatever the model's tensor count: one per tensor (a pinned allocation and a copy
+    each, ~500 for ResNet-50's weights and momentum) held rank 0 of 2 H200s 0.28-0.31 s at each epoch's
+    end, in which every rank waited (BENCHMARKS.md). `state()` waits for the copies and gives each tensor
+    memory of its own (a checkpoint file stores each tensor by itself, as torch.save of a state_dict does);
+    the writer thread calls it, and the page-locked buffer goes back to torch's caching host allocator,
+    whose blocks later epochs reuse.
     """
 
     def __init__(self, state: dict[str, Any], stager: Stager | None = None) -> None:
         self._gpu: list[torch.Tensor] = []
         self._state = self._walk(state)
+        self._filled: dict[str, Any] | None = None
         if stager is not None and stager.takes(self._gpu):
             self._hosts, self._copied = stager.copy(self._gpu)
         else:
@@ -365,36 +372,76 @@ class HostSnapshot:
             return type(obj)(self._walk(v) for v in obj)
         return obj
 
-    def _fill(self, obj: Any) -> Any:
+    def _fill(self, obj: Any, hosts: list[torch.Tensor]) -> Any:
         if isinstance(obj, _Slot):
-            return self._hosts[obj.index]
+            return hosts[obj.index]
         if isinstance(obj, dict):
-            return {k: self._fill(v) for k, v in obj.items()}
+            return {k: self._fill(v, hosts) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
-            return type(obj)(self._fill(v) for v in obj)
+            return type(obj)(self._fill(v, hosts) for v in obj)
         return obj
 
     def add(self, **plain: Any) -> None:
         """Add plain entries (the epoch, the history) known only after the copies were queued."""
-        self._state.update(plain)
+        (self._filled if self._filled is not None else self._state).update(plain)
 
     def state(self) -> dict[str, Any]:
-        for event in self._copied:
-            event.synchronize()
-        return self._fill(self._state)
+        if self._filled is None:
+            for event in self._copied:
+                event.synchronize()
+            # (clone keeps each view's strides: channels_last filters stay so)
+            self._filled = self._fill(self._state, [view.clone() for view in self._hosts])
+            self._hosts, self._copied = [], []  # (the page-locked buffer back to the allocator's cache)
+        return self._filled
+
+
+class _Layout:
+    """Where each of a list of tensors lies in one flat byte buffer: at an offset aligned to ALIGN bytes,
+    with its own strides where they lay its elements out densely (contiguous, channels_last, any order of
+    dimensions), else contiguous ones (a tensor with gaps between its elements is copied without them)."""
+
+    ALIGN = 256
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self.specs: list[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]]] = []
+        offset = 0
+        for t in tensors:
+            self.specs.append((offset, t.dtype, tuple(t.shape), _dense_strides(t)))
+            offset += -(-t.numel() * t.element_size() // self.ALIGN) * self.ALIGN
+        self.nbytes = offset
+
+    def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """The tensors' places in `flat` (uint8, `nbytes` long), as tensors of their dtypes, shapes and strides."""
+        out = []
+        for offset, dtype, shape, strides in self.specs:
+            size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+            out.append(flat[offset:offset + size].view(dtype).as_strided(shape, strides))
+        return out
+
+
+def _dense_strides(t: torch.Tensor) -> tuple[int, ...]:
+    expected = 1
+    for d in sorted(range(t.dim()), key=t.stride):
+        if t.shape[d] != 1 and t.stride(d) != expected:
+            contiguous = [1] * t.dim()
+            for i in range(t.dim() - 2, -1, -1):
+                contiguous[i] = contiguous[i + 1] * max(1, t.shape[i + 1])
+            return tuple(contiguous)
+        expected *= t.shape[d]
+    return tuple(t.stride())
 
 
 def warm_pinned_memory(state: dict[str, Any], copies: int, share: float = 0.25) -> int:
     """Have torch's caching host allocator hold pinned blocks for `copies` host copies of `state`'s GPU
-    tensors, so that epochs' snapshots reuse them instead of allocating pinned memory on the training
-    thread at the ends of the first epochs (cudaHostAlloc: ~65 ms for ResNet-18's 90 MB; 1.1-1.9 s for
-    GPT-2 124M's 1.5 GB of weights and AdamW moments, on an H200 host, where under ddp every rank waited
-    for it: 2 GPUs ran at 0.73x the speed they have without checkpoints, BENCHMARKS.md). The allocator
-    keeps those blocks for the run whatever happens here, so this only moves their cost off the training
-    thread. As many copies as fit in `share` of the machine's memory; none where pinning fails. Returns
-    the copies warmed."""
+    tensors (one block each, as HostSnapshot takes them), so that epochs' snapshots reuse them instead of
+    allocating pinned memory on the training thread at the ends of the first epochs (cudaHostAlloc: ~65 ms
+    for ResNet-18's 90 MB; 1.1-1.9 s for GPT-2 124M's 1.5 GB of weights and AdamW moments, on an H200
+    host, where under ddp every rank waited for it: 2 GPUs ran at 0.73x the speed they have without
+    checkpoints, BENCHMARKS.md). The allocator keeps those blocks for the run whatever happens here, so
+    this only moves their cost off the training thread. As many copies as fit in `share` of the machine's
+    memory; none where pinning fails. Returns the copies warmed."""
     tensors = [t for t in _tensors(state) if t.device.type == "cuda"]
-    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    nbytes = _Layout(tensors).nbytes
     if not nbytes:
         return 0
     try:
@@ -403,7 +450,7 @@ def warm_pinned_memory(state: dict[str, Any], copies: int, share: float = 0.25) 
         memory = 0
     copies = min(copies, int(share * memory // nbytes)) if memory else 1
     try:
-        blocks = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for _ in range(copies) for t in tensors]
+        blocks = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(copies)]
     except RuntimeError as e:  # (pinned memory refused: the snapshots will allocate as they go, or copy unpinned)
         log.info("checkpoint snapshots: pinned host memory not held ahead (%s)", str(e).splitlines()[0])
         return 0
@@ -427,28 +474,33 @@ class _Slot:
 
 
 def _to_host(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
-    """Non-blocking copies into pinned memory on each tensor's device's current stream."""
-    hosts = []
-    for t in tensors:
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        hosts.append(host.copy_(t, non_blocking=True))
+    """Non-blocking copies into one pinned buffer on each tensor's device's current stream: its views."""
+    if not tensors:
+        return [], []
+    layout = _Layout(tensors)
+    hosts = layout.views(torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=True))
+    for host, t in zip(hosts, tensors, strict=True):
+        host.copy_(t, non_blocking=True)
     devices = sorted({t.device for t in tensors}, key=str)
     return hosts, [torch.cuda.current_stream(d).record_event() for d in devices]
 
 
 class Stager:
-    """Device-side staging for a `HostSnapshot`: the GPU tensors copied into buffers kept on the same GPU
-    (a few kernels, ~0.1 ms for ResNet-18's 90 MB on an H200), then to pinned host memory on a side
-    stream while the next steps run, instead of the next step waiting for a ~2-4 ms copy over PCIe (on
-    rank 0, and so under ddp for every rank). Costs one more copy of the state on the GPU, so only
-    states up to `share` of the GPU's memory are staged; larger ones are copied directly."""
+    """Device-side staging for a `HostSnapshot`: the GPU tensors copied into one buffer kept on the same GPU
+    (`_foreach_copy_`: a few kernels, ~0.1 ms for ResNet-18's 90 MB on an H200), then that buffer to pinned
+    host memory by one copy on a side stream while the next steps run, instead of the next step waiting for
+    a ~2-4 ms copy over PCIe (on rank 0, and so under ddp for every rank). Costs one more copy of the state
+    on the GPU, so only states up to `share` of the GPU's memory are staged; larger ones are copied directly."""
 
     def __init__(self, device: torch.device, share: float = 0.05):
         self.device = device
         self.limit = share * torch.cuda.get_device_properties(device).total_memory
         self.side = torch.cuda.Stream(device)
-        self._buffers: list[torch.Tensor] = []
-        self._read: torch.cuda.Event | None = None  # the side stream's copies of the buffers are done
+        self._key: list | None = None  # the tensors' dtypes, shapes and strides that _flat is laid out for
+        self._layout: _Layout | None = None
+        self._flat: torch.Tensor | None = None
+        self._views: list[torch.Tensor] = []
+        self._read: torch.cuda.Event | None = None  # the side stream's copy of the buffer is done
 
     def takes(self, tensors: list[torch.Tensor]) -> bool:
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
@@ -457,16 +509,19 @@ class Stager:
     def copy(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
         compute = torch.cuda.current_stream(self.device)
         if self._read is not None:
-            compute.wait_event(self._read)  # the last snapshot has left the buffers
-        if [(b.shape, b.dtype, b.stride()) for b in self._buffers] != [(t.shape, t.dtype, t.stride()) for t in tensors]:
-            self._buffers = [torch.empty_like(t) for t in tensors]  # (keeps strides: channels_last filters)
-        torch._foreach_copy_(self._buffers, tensors)
+            compute.wait_event(self._read)  # the last snapshot has left the buffer
+        key = [(t.dtype, t.shape, t.stride()) for t in tensors]
+        if key != self._key:
+            self._key, self._layout = key, _Layout(tensors)
+            self._flat = torch.empty(self._layout.nbytes, dtype=torch.uint8, device=self.device)
+            self._views = self._layout.views(self._flat)
+        torch._foreach_copy_(self._views, tensors)
         self.side.wait_stream(compute)
         with torch.cuda.stream(self.side):
-            hosts = [torch.empty(b.shape, dtype=b.dtype, pin_memory=True).copy_(b, non_blocking=True)
-                     for b in self._buffers]
+            host = torch.empty(self._layout.nbytes, dtype=torch.uint8, pin_memory=True)
+            host.copy_(self._flat, non_blocking=True)
             self._read = self.side.record_event()
-        return hosts, [self._read]
+        return self._layout.views(host), [self._read]
 
 
 def save_snapshot(snapshot: HostSnapshot, path: Path) -> None:

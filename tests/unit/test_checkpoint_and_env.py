@@ -52,6 +52,28 @@ def test_a_snapshot_copies_the_tensors_it_is_given():
     assert torch.equal(snapshot.state()["net_state_dict"]["w"], torch.arange(4.0))
 
 
+def test_a_snapshots_one_buffer_gives_each_tensor_its_place_dtype_and_layout():
+    """HostSnapshot copies a state's GPU tensors into one flat buffer (checkpoint._Layout): each tensor
+    must come back equal, with its dtype, and with its strides where they are dense (channels_last filters
+    stay channels_last in the file); one with gaps comes back contiguous; none overlaps another."""
+    tensors = [torch.randn(8, 3, 5, 5).to(memory_format=torch.channels_last), torch.randn(7).to(torch.bfloat16),
+               torch.tensor(3), torch.zeros(0, 3), torch.randn(6, 4)[:, :2], torch.randn(4, 6).t(),
+               torch.arange(9), torch.randn(3, 1, 5)[:, :, ::2], torch.ones(5, dtype=torch.bool)]
+    layout = checkpoint._Layout(tensors)
+    flat = torch.full((layout.nbytes,), 0xAB, dtype=torch.uint8)
+    views = layout.views(flat)
+    torch._foreach_copy_(views, tensors)
+    for view, t in zip(views, tensors, strict=True):
+        assert view.dtype == t.dtype and view.shape == t.shape and torch.equal(view, t)
+        assert view.storage_offset() * view.element_size() % checkpoint._Layout.ALIGN == 0
+    assert views[0].stride() == tensors[0].stride() and views[5].stride() == tensors[5].stride()
+    assert views[7].is_contiguous()  # (the strided slice: copied without its gaps)
+    assert views[0].clone().is_contiguous(memory_format=torch.channels_last)
+    spans = sorted((v.storage_offset() * v.element_size(), (v.storage_offset() + v.numel()) * v.element_size())
+                   for v in views if v.numel())
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+
+
 def test_capture_and_restore_put_back_weights_optimizer_state_and_rng():
     """The one pair that save, resume and the warm-up use: after restore, training goes on exactly as
     from the captured moment, the live tensors (which a captured step holds by address) kept."""
