@@ -1,5 +1,6 @@
 """Checkpoints resolve from a run dir, a file or `latest`; a torchrun/srun environment is recognised."""
 
+import itertools
 import os
 import time
 
@@ -71,7 +72,7 @@ def test_a_snapshots_one_buffer_gives_each_tensor_its_place_dtype_and_layout():
     assert views[0].clone().is_contiguous(memory_format=torch.channels_last)
     spans = sorted((v.storage_offset() * v.element_size(), (v.storage_offset() + v.numel()) * v.element_size())
                    for v in views if v.numel())
-    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
 
 
 def test_capture_and_restore_put_back_weights_optimizer_state_and_rng():
