@@ -122,11 +122,11 @@ def test_a_snapshot_of_a_real_training_state_is_that_state_in_the_file(tmp_path,
 
     device = torch.device("cuda", torch.cuda.current_device())
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.BatchNorm2d(16), torch.nn.Flatten(),
-                              torch.nn.LazyLinear(10)).to(device).to(memory_format=torch.channels_last)
+                              torch.nn.Linear(16 * 10 * 10, 10)).to(device).to(memory_format=torch.channels_last)
     net(torch.randn(4, 3, 12, 12, device=device)).sum().backward()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
     optimizer.step()
-    net[1].register_buffer("half", torch.randn(5, device=device, dtype=torch.bfloat16))
+    net[1].register_buffer("in_bf16", torch.randn(5, device=device, dtype=torch.bfloat16))
     state = {"net_state_dict": net.state_dict(), "optimizer_state_dicts": [optimizer.state_dict()]}
     expected = {k: v.detach().cpu().clone() for k, v in net.state_dict().items()}
     momentum = [optimizer.state[p]["momentum_buffer"].cpu().clone() for p in net.parameters()]
