@@ -234,7 +234,7 @@ regions-why)
     ;;
 epoch-end)
     # what rank 0's checkpoint at each epoch's end costs 2 GPUs: the snapshot tests, the defaults on 2 GPUs for 8
-    # epochs and on 1 for 5; then, with SPY=1, 2 GPUs once more while py-spy samples both ranks' threads with
+    # epochs and on 1 for 5, torchvision's DataLoader + DDP on 2; then, with SPY=1, 2 GPUs once more while py-spy samples both ranks' threads with
     # their native frames (50 Hz; collapsed stacks with line numbers, a file a process: over the device tool's
     # size limit at 7d8bcc8, and its pauses slowed the run 2x). (At 281df37 this mode sampled without native
     # frames, both ranks into one file, and ran checkpoint=false after)
@@ -246,6 +246,9 @@ epoch-end)
     runs epoch-end-2gpu 150 2 8
     runs epoch-end-1gpu 110 1 5
     kill $vm
+    # torchvision's ImageFolder + DataLoader + DDP under torchrun, the same 15 workers a rank (3 epochs, the first untimed)
+    timeout 170 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only baseline --epochs 3 \
+        2>&1 | tee "$OUT/imagefolder-epoch-end-baseline-2gpu-$commit.jsonl"
     [ "${SPY:-0}" = 1 ] || exit 0
     python3 -m pip install -q --no-index --no-deps --target /tmp/pyspy .whl/py_spy-*.whl >/dev/null 2>&1
     spy=$(command -v py-spy || ls /tmp/pyspy/bin/py-spy 2>/dev/null)
