@@ -17,7 +17,6 @@ plus where the run stands (a plain dict, so `torch.load(..., weights_only=True)`
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 from pathlib import Path
@@ -355,9 +354,9 @@ class HostSnapshot:
         self._state = self._walk(state)
         self._filled: dict[str, Any] | None = None
         if stager is not None and stager.takes(self._gpu):
-            self._hosts, self._copied = stager.copy(self._gpu)
+            self._host, self._layout, self._copied = stager.copy(self._gpu)
         else:
-            self._hosts, self._copied = _to_host(self._gpu)
+            self._host, self._layout, self._copied = _to_host(self._gpu)
 
     def _walk(self, obj: Any) -> Any:
         """`obj` with CPU tensors cloned and each GPU tensor replaced by its index in `_gpu`."""
@@ -389,9 +388,12 @@ class HostSnapshot:
         if self._filled is None:
             for event in self._copied:
                 event.synchronize()
-            # (clone keeps each view's strides: channels_last filters stay so)
-            self._filled = self._fill(self._state, [view.clone() for view in self._hosts])
-            self._hosts, self._copied = [], []  # (the page-locked buffer back to the allocator's cache)
+            # (the views made here, on the writer thread, not at the epoch's end; clone keeps each view's
+            # strides: channels_last filters stay so)
+            hosts = [view.clone() for view in self._layout.views(self._host)] if self._layout is not None else []
+            self._filled = self._fill(self._state, hosts)
+            # (the page-locked buffer back to the allocator's cache; the live tensors let go)
+            self._host, self._layout, self._copied, self._gpu = None, None, [], []
         return self._filled
 
 
@@ -403,20 +405,18 @@ class _Layout:
     ALIGN = 256
 
     def __init__(self, tensors: list[torch.Tensor]) -> None:
-        self.specs: list[tuple[int, torch.dtype, tuple[int, ...], tuple[int, ...]]] = []
+        self.specs: list[tuple[int, int, torch.dtype, tuple[int, ...], tuple[int, ...]]] = []
         offset = 0
         for t in tensors:
-            self.specs.append((offset, t.dtype, tuple(t.shape), _dense_strides(t)))
-            offset += -(-t.numel() * t.element_size() // self.ALIGN) * self.ALIGN
+            size = t.numel() * t.element_size()
+            self.specs.append((offset, size, t.dtype, tuple(t.shape), _dense_strides(t)))
+            offset += -(-size // self.ALIGN) * self.ALIGN
         self.nbytes = offset
 
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """The tensors' places in `flat` (uint8, `nbytes` long), as tensors of their dtypes, shapes and strides."""
-        out = []
-        for offset, dtype, shape, strides in self.specs:
-            size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-            out.append(flat[offset:offset + size].view(dtype).as_strided(shape, strides))
-        return out
+        return [flat[offset:offset + size].view(dtype).as_strided(shape, strides)
+                for offset, size, dtype, shape, strides in self.specs]
 
 
 def _dense_strides(t: torch.Tensor) -> tuple[int, ...]:
@@ -448,7 +448,8 @@ def warm_pinned_memory(state: dict[str, Any], copies: int, share: float = 0.25) 
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (OSError, ValueError, AttributeError):
         memory = 0
-    copies = min(copies, int(share * memory // nbytes)) if memory else 1
+    block = 1 << (nbytes - 1).bit_length()  # (the allocator rounds a request up to a power of two)
+    copies = min(copies, int(share * memory // block)) if memory else 1
     try:
         blocks = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(copies)]
     except RuntimeError as e:  # (pinned memory refused: the snapshots will allocate as they go, or copy unpinned)
@@ -473,16 +474,35 @@ class _Slot:
         self.index = index
 
 
-def _to_host(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
-    """Non-blocking copies into one pinned buffer on each tensor's device's current stream: its views."""
+def _to_host(tensors: list[torch.Tensor]) -> tuple[torch.Tensor | None, _Layout | None, list]:
+    """Non-blocking copies into one host buffer on each tensor's device's current stream: (the buffer, where
+    each tensor lies in it, the events after the copies)."""
     if not tensors:
-        return [], []
+        return None, None, []
     layout = _Layout(tensors)
-    hosts = layout.views(torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=True))
-    for host, t in zip(hosts, tensors, strict=True):
-        host.copy_(t, non_blocking=True)
+    host = _host_buffer(layout.nbytes)
+    for view, t in zip(layout.views(host), tensors, strict=True):
+        view.copy_(t, non_blocking=True)
     devices = sorted({t.device for t in tensors}, key=str)
-    return hosts, [torch.cuda.current_stream(d).record_event() for d in devices]
+    return host, layout, [torch.cuda.current_stream(d).record_event() for d in devices]
+
+
+_said_unpinned: list[str] = []
+
+
+def _host_buffer(nbytes: int) -> torch.Tensor:
+    """`nbytes` of page-locked memory from torch's caching host allocator; where that is refused (the host's
+    memory short), ordinary memory, said once: the copies into it then hold the training thread until the
+    GPU has made them, slower but whole."""
+    try:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    except RuntimeError as e:
+        if not _said_unpinned:
+            _said_unpinned.append(str(e))
+            log.warning("checkpoint snapshots: %d MB of page-locked host memory refused (%s); copying into "
+                        "ordinary memory, which holds training at each checkpoint", nbytes >> 20,
+                        str(e).splitlines()[0])
+        return torch.empty(nbytes, dtype=torch.uint8)
 
 
 class Stager:
@@ -506,7 +526,8 @@ class Stager:
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         return bool(tensors) and nbytes <= self.limit and all(t.device == self.device for t in tensors)
 
-    def copy(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
+    def copy(self, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, _Layout, list]:
+        """The tensors queued to one host buffer: (the buffer, where each lies in it, the event after the copy)."""
         compute = torch.cuda.current_stream(self.device)
         if self._read is not None:
             compute.wait_event(self._read)  # the last snapshot has left the buffer
@@ -518,10 +539,10 @@ class Stager:
         torch._foreach_copy_(self._views, tensors)
         self.side.wait_stream(compute)
         with torch.cuda.stream(self.side):
-            host = torch.empty(self._layout.nbytes, dtype=torch.uint8, pin_memory=True)
+            host = _host_buffer(self._layout.nbytes)
             host.copy_(self._flat, non_blocking=True)
             self._read = self.side.record_event()
-        return self._layout.views(host), [self._read]
+        return host, self._layout, [self._read]
 
 
 def save_snapshot(snapshot: HostSnapshot, path: Path) -> None:

@@ -75,6 +75,25 @@ def test_a_snapshots_one_buffer_gives_each_tensor_its_place_dtype_and_layout():
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans))
 
 
+def test_a_snapshot_whose_page_locked_memory_is_refused_copies_into_ordinary_memory_said_once(monkeypatch, caplog):
+    """Pinned host memory can be refused (the host's memory short): the snapshot's buffer is then ordinary
+    memory, whole and of its size, and the log says so once, not at every epoch."""
+    empty = torch.empty
+
+    def refusing(*args, pin_memory=False, **kwargs):
+        if pin_memory:
+            raise RuntimeError("CUDA error: out of memory")
+        return empty(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "empty", refusing)
+    monkeypatch.setattr(checkpoint, "_said_unpinned", [])
+    with caplog.at_level("WARNING", logger="launcher.train"):
+        buffers = [checkpoint._host_buffer(3 << 20) for _ in range(2)]
+    assert all(b.numel() == 3 << 20 and b.dtype == torch.uint8 and not b.is_pinned() for b in buffers)
+    said = [r.getMessage() for r in caplog.records if "page-locked" in r.getMessage()]
+    assert len(said) == 1 and "3 MB" in said[0] and "out of memory" in said[0]
+
+
 def test_capture_and_restore_put_back_weights_optimizer_state_and_rng():
     """The one pair that save, resume and the warm-up use: after restore, training goes on exactly as
     from the captured moment, the live tensors (which a captured step holds by address) kept."""
