@@ -111,6 +111,10 @@ class Recipe:
     prepare_model_sample: ClassVar[int] = 5000
     # Whether the predictions are classes (`launch eval` then shows accuracy per class and a confusion matrix).
     classifies: ClassVar[bool] = True
+    # Set by the training loop: the last training steps' own times on the device (launcher/train/stall.py
+    # StepPace: `step_pace.median_s(n)`), for a recipe that tunes its input to the step's pace while it
+    # trains (recipe=imagefolder's data.decode=auto). None outside the loop.
+    step_pace: Any = None
 
     def __init__(self, cfg: LaunchConfig):
         self.cfg = cfg  # the whole (frozen) config: data.root, seed, ...

@@ -30,11 +30,12 @@ workers call them. Where the images are decoded is `data.decode`:
         same kernel resizes them on the GPU. The resize was a third of a sample's host time (0.6 of 1.8 ms).
   auto  on CUDA, measured in the run (DecodeTrial): the first training batches of the second epoch (the
         first one's pace is not the run's: compiling, the warm-up, the workers starting) are decoded by the
-        workers alone and timed, by the steps' pace and by the time the workers need for a batch (their
-        stock of batches made ahead cannot hide that they do not keep up). Where they keep up, that is all.
-        Where they fall behind, each batch is split: the share the workers make in a step's time stays with
-        them, the rest goes to the GPU's decoder; timed the same way, and balanced once more by its own
-        times where they are still apart. The fastest way is kept, said in one line with every figure.
+        workers alone and timed, by the steps' own time on the GPU's clock, by the time the workers need
+        for a batch (their stock of batches made ahead cannot hide that they do not keep up) and by the
+        prefetch thread's. Where they keep up, that is all. Where they fall behind, each batch is split:
+        the share the workers make in a step's time stays with them, the rest goes to the GPU's decoder;
+        timed the same way, and balanced once more by its own times where they are still apart. The
+        fastest way is kept, said in one line with every figure.
         The workers' crops are resized on the GPU as under gpu. Without CUDA: cpu. data.decode=gpu without
         CUDA says so in one line and decodes on the CPU.
 
@@ -62,6 +63,7 @@ import statistics
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -902,26 +904,32 @@ class DecodeTrial:
     fed meanwhile from the stock they made ahead), a split follows, sized from those two times: the share of
     each batch the workers make in a step's time (less MARGIN) stays with them, the rest goes to the GPU's
     decoder. Where that split's own times are still apart (its workers behind its steps, or idle beside
-    them: the GPU's decoding changes the step), one more split balances them the same way. Each candidate
-    (a share of each batch for the GPU decoder) is set in the Dataset (its workers read the share sample by
-    sample) and timed two ways over MEASURE training batches made under it, after its first SETTLE (the
-    pipeline filling):
+    them: the GPU's decoding changes the step; or its decoding holding the prefetch thread longer than a
+    step), one more split balances them the same way. Each candidate (a share of each batch for the GPU
+    decoder) is set in the Dataset (its workers read the share sample by sample) and timed over MEASURE
+    training batches made under it, after its first SETTLE (the pipeline filling), by what each of the three
+    that feed a step needs for a batch:
 
-    - the steps: the median gap between batches reaching the launcher's prefetch thread. While the workers
-      have a stock of batches made ahead, that is the step's own time, the GPU decoding included. (The median,
-      not the mean: with perf.compile=true the first candidate's batches span the compile and the warm-up,
-      whose few gaps of seconds made the mean 274 ms for 39 ms steps on two H200s);
+    - the steps: the median of the last MEASURE steps' own times on the GPU's clock (the launcher's
+      StepPace: from the batch being ready to the step's end, input waits left out), the GPU's decoding
+      beside them included. Not the gaps between batches reaching the prefetch thread: the host runs ahead
+      of the GPU and catches up in bursts (on two H200s the gaps' median said 22.9 to 70.7 ms for 38 ms
+      steps, and a split was tried where the workers kept up). The gaps' median stands in only where the
+      loop gave no StepPace (the recipe driven by hand);
     - the workers: the time they need to make a batch, from what each one made and the seconds it spent
-      making it (ImageFolderSplit.work: each of them working at once, as they do).
+      making it (ImageFolderSplit.work: each of them working at once, as they do). Their stock of batches
+      made ahead (up to their prefetch_factor each) hides for a while that they cannot keep up, so the
+      steps alone would not tell (on one H200 host the steps said 37.8 ms for the workers alone where the
+      epochs then took 48-59 ms a batch);
+    - the prefetch thread: the median time on_after_batch_transfer held it (the GPU decoder returns once
+      its images are decoded), the one thread every batch passes through.
 
-    A batch takes the longer of the two. The gaps alone would not do: the workers' stock (up to their
-    prefetch_factor each) hides for a while that they cannot keep up (on one H200 host the gaps said 37.8 ms
-    for the workers alone where the epochs then took 48-59 ms a batch). The fastest candidate is kept, said
-    in one line; the workers alone win a tie within TIE (GPU decoding beside training also costs the step's
-    host and GPU time). Which samples go to which decoder changes the pixels only by the two decoders'
-    rounding: the crops, flips, order and resume are the same whatever is kept. (The split used to come
-    from decoding rates measured apart, on other machines: 74% on the GPU for 15 workers, where the host's
-    own workers needed about a quarter. BENCHMARKS.md.)"""
+    A batch takes the longest of the three. The fastest candidate is kept, said in one line; the workers
+    alone win a tie within TIE (GPU decoding beside training also costs the step's host and GPU time).
+    Which samples go to which decoder changes the pixels only by the two decoders' rounding: the crops,
+    flips, order and resume are the same whatever is kept. (The split used to come from decoding rates
+    measured apart, on other machines: 74% on the GPU for 15 workers, where the host's own workers needed
+    about a quarter. BENCHMARKS.md.)"""
 
     MEASURE = 24
     SETTLE = 8  # a candidate's first batches, untimed (the warm-up's, the pipeline filling)
@@ -931,14 +939,18 @@ class DecodeTrial:
     MARGIN = 0.95  # of the share the workers' times say they can make in a step: room for their pace's swings
     LEAST = 0.05  # a smaller share for the GPU, or a smaller change of it, is not tried (within the noise)
 
-    def __init__(self, splits: tuple[ImageFolderSplit, ImageFolderSplit], start_after: int = 0):
+    def __init__(self, splits: tuple[ImageFolderSplit, ImageFolderSplit], start_after: int = 0,
+                 pace: Callable[[int], float | None] | None = None):
         self.splits = splits
         self.start_after = start_after  # training batches before the trial (the workers alone meanwhile)
+        self.pace = pace  # n -> the median own time of the last n steps (StepPace.median_s), None: not known
         self.candidates = [0.0]  # the GPU's shares tried, in this order (the workers alone first)
         self.index, self.waited, self.made, self.seen, self.samples = 0, 0, 0, 0, 0
         self.stamps: list[float] = []
+        self.held: list[float] = []  # the prefetch thread's seconds for each timed batch
         self.work_from: torch.Tensor | None = None
-        self.results: list[tuple[float, float, float] | None] = []  # (a batch, the steps, the workers), seconds
+        # (a batch, the steps, the workers, the prefetch thread), seconds; None: no batch made under that share
+        self.results: list[tuple[float, float, float, float] | None] = []
         self.done = False
         for split in splits:
             split.share_with_workers()
@@ -948,9 +960,10 @@ class DecodeTrial:
     def said(share: float) -> str:
         return "the workers alone" if share == 0.0 else f"{round(100 * share)}% on the GPU"
 
-    def batch(self, samples: int, gpu_samples: int) -> None:
-        """A training batch of `samples` reached the prefetch thread (one thread: launcher/train/prefetch.py);
-        `gpu_samples` of them are for the GPU decoder."""
+    def batch(self, samples: int, gpu_samples: int, held_s: float = 0.0) -> None:
+        """A training batch of `samples` went through the prefetch thread (one thread:
+        launcher/train/prefetch.py), which on_after_batch_transfer held for `held_s`; `gpu_samples` of them
+        were for the GPU decoder."""
         if self.done:
             return
         self.seen += 1
@@ -967,13 +980,17 @@ class DecodeTrial:
             return
         self.stamps.append(time.perf_counter())
         if len(self.stamps) == 1:
-            self.work_from, self.samples = self.splits[0].work(), 0
+            self.work_from, self.samples, self.held = self.splits[0].work(), 0, []
             return
         self.samples += samples
+        self.held.append(held_s)
         if len(self.stamps) > self.MEASURE:
-            steps = statistics.median(b - a for a, b in zip(self.stamps[:-1], self.stamps[1:], strict=True))
+            steps = self.pace(self.MEASURE) if self.pace is not None else None
+            if steps is None:
+                steps = statistics.median(b - a for a, b in zip(self.stamps[:-1], self.stamps[1:], strict=True))
             workers = self._workers_per_batch(self.samples / self.MEASURE)
-            self._next((max(steps, workers), steps, workers))
+            thread = statistics.median(self.held)
+            self._next((max(steps, workers, thread), steps, workers, thread))
 
     def _workers_per_batch(self, samples: float) -> float:
         """Seconds the workers need for a batch of `samples`, at the rate each made its samples since timing
@@ -988,14 +1005,23 @@ class DecodeTrial:
 
     def following(self) -> float | None:
         """The GPU's share to try next, from the last candidate's times; None: none (the trial ends). The
-        workers' time for a batch is taken as proportional to their share of it: the share they can make
-        in a step's time is theirs now x steps / workers."""
+        workers' time for a batch is taken as proportional to their share of it (the share they can make
+        in a step's time is theirs now x steps / workers), and so is the prefetch thread's under a split
+        (the GPU decoder's). Where no share keeps both within a step, the one where they take as long."""
         if len(self.candidates) > self.SPLITS or self.results[-1] is None:
             return None  # (None: no batch was made under that share, a folder the GPU decoder cannot take)
-        share, (_, steps, workers) = self.candidates[-1], self.results[-1]
-        if workers <= 0.0 or (share == 0.0 and workers <= steps * (1 + self.TIE)):
-            return None  # the workers alone keep up: nothing for the GPU to add
+        share, (_, steps, workers, thread) = self.candidates[-1], self.results[-1]
+        if share == 0.0:
+            steps = max(steps, thread)  # (the thread's own work without decoding: a floor for any split)
+            if workers <= steps * (1 + self.TIE):
+                return None  # the workers alone keep up: nothing for the GPU to add
+        if workers <= 0.0:
+            return None
         gpu = min(1.0, max(0.0, 1.0 - (1.0 - share) * steps / workers * self.MARGIN))
+        if share > 0.0 and thread > 0.0:
+            whole_workers, whole_decoder = workers / (1.0 - share) if share < 1.0 else math.inf, thread / share
+            if gpu * whole_decoder > steps:  # (the decoder would hold the prefetch thread past a step)
+                gpu = whole_workers / (whole_workers + whole_decoder) if math.isfinite(whole_workers) else gpu
         if gpu < self.LEAST or any(abs(gpu - tried) < self.LEAST for tried in self.candidates):
             return None
         return round(gpu, 2)
@@ -1017,8 +1043,9 @@ class DecodeTrial:
             best = 0  # (the workers alone win a tie)
         for split in self.splits:
             split.gpu_share = self.candidates[best]
-        figures = ", ".join(f"{self.said(self.candidates[k])} {1000 * t:.1f} ms (steps {1000 * self.results[k][1]:.1f},"
-                            f" workers {1000 * self.results[k][2]:.1f})" for t, k in timed)
+        figures = ", ".join(
+            f"{self.said(self.candidates[k])} {1000 * t:.1f} ms (steps {1000 * self.results[k][1]:.1f}, workers "
+            f"{1000 * self.results[k][2]:.1f}, prefetch thread {1000 * self.results[k][3]:.1f})" for t, k in timed)
         log.info("data.decode=auto: kept %s (a training batch every, over %d batches after the first %d: %s); "
                  "data.decode=cpu or gpu picks one", self.said(self.candidates[best]), self.MEASURE, self.SETTLE,
                  figures)
@@ -1138,15 +1165,26 @@ class ImageFolder(Recipe):
             # trial times the second epoch's.
             later = self.cfg.epochs > 1
             self.trial = DecodeTrial(splits, start_after=len(splits[0]) // max(1, int(self.cfg.batch_size))
-                                     if later else 0)
+                                     if later else 0, pace=self._steps_pace)
         return splits
+
+    def _steps_pace(self, n: int) -> float | None:
+        """The median own time of the last `n` training steps on the GPU (the loop's StepPace), if known."""
+        return self.step_pace.median_s(n) if self.step_pace is not None else None
 
     def collate(self, samples: list[Any]) -> Any:
         return collate(samples)
 
     def on_after_batch_transfer(self, batch: Any, training: bool) -> Any:
-        if training and self.trial is not None:
-            self.trial.batch(len(batch[1]), len(batch[3].jpegs) if len(batch) == 4 else 0)
+        if not (training and self.trial is not None and not self.trial.done):
+            return self._on_device(batch)
+        samples, gpu_samples = len(batch[1]), len(batch[3].jpegs) if len(batch) == 4 else 0
+        began = time.perf_counter()
+        out = self._on_device(batch)
+        self.trial.batch(samples, gpu_samples, time.perf_counter() - began)
+        return out
+
+    def _on_device(self, batch: Any) -> Any:
         if len(batch) == 4:  # some samples still to decode or resize (see collate)
             return gpu_batch(batch, self.hp.image_size, str(self.cfg.data.on_bad_file) == "skip", self._normalize,
                              self._slots)

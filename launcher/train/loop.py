@@ -65,7 +65,7 @@ from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog
 from launcher.train.optim import Stepper
 from launcher.train.preemption import Preempted, PreemptionWatch
-from launcher.train.stall import Readback, StepClock, input_advice
+from launcher.train.stall import Readback, StepClock, StepPace, input_advice
 from launcher.train.step import Figures, TrainStep
 from launcher.train.stops import NonFiniteLoss, OutOfMemory
 from launcher.train.timeline import StartupTimeline
@@ -221,6 +221,7 @@ class Trainer:
         # The run's dir: rank 0's, where every rank sees it; else (another machine) this node's own
         self.run_dir = self.dirs.main if self.dirs.shared else self.dirs.own
         self.recipe: Recipe = recipe_class(self.cfg.recipe.name)(self.cfg)
+        self.recipe.step_pace = StepPace()  # (the training steps' own times, for the recipe: stall.py)
         # perf.cuda_graph=auto (single or ddp on GPUs: strategies/__init__.py): the warm-up captures the step
         # and keeps the graph only where it measures faster (`_keep_faster_step`). A recipe's own
         # training_step is not captured under auto (a replay runs none of its Python), so its gradients stay
@@ -841,7 +842,7 @@ class Trainer:
             ends.at = min(cover, steps - 1)
         ends.read_if_due(0, started)
         # A bounded wait at the epoch's end when collectives run inside a graph (no NCCL watchdog there).
-        clock = StepClock(self.device, strategy.collective_timeout())
+        clock = StepClock(self.device, strategy.collective_timeout(), self.recipe.step_pace)
         if not ends.held:
             # Start every rank's clock when all have arrived: rank 0's work before this epoch (the
             # start-up timeline's log, a compile) would otherwise count as the other ranks' training

@@ -6,11 +6,18 @@ kernel. The GPU stamps an event when it reaches it, so the time from the previou
 step's "ready" is time the compute stream sat idle waiting for the input (or for the host to hand it
 work). Summed over the epoch and divided by the epoch's span, that is the input-stall fraction.
 On a CPU device the same marks are taken with the host clock.
+
+The same two marks give each training step's own time (its "ready" to its end: the step's work, input
+waits left out), which `StepPace` keeps for the last steps, for what tunes the input to the step's pace
+while training runs (recipe=imagefolder's data.decode=auto).
 """
 
 from __future__ import annotations
 
+import statistics
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -53,11 +60,38 @@ def wait_for(event, timeout_s: float | None, what: str) -> None:
         pause = min(pause * 2, 0.01)
 
 
+class StepPace:
+    """The last training steps' own times, each from its "ready" mark to its end on the device's clock
+    (StepClock's events: the step's kernels, its collectives and the host's issuing of them, without the
+    wait for its batch), read from any thread without waiting for the device: only steps the device has
+    finished count. Under ddp a step's own time includes waiting at its all-reduce for a slower rank."""
+
+    def __init__(self, keep: int = 64):
+        self._steps: deque[tuple[object, object]] = deque(maxlen=keep)
+        self._lock = threading.Lock()
+
+    def add(self, ready: object, end: object) -> None:
+        with self._lock:
+            self._steps.append((ready, end))
+
+    def median_s(self, n: int) -> float | None:
+        """The median own time of the last `n` finished steps, in seconds; None while fewer have finished."""
+        with self._lock:
+            steps = list(self._steps)
+        done = [(ready, end) for ready, end in steps
+                if not isinstance(end, torch.cuda.Event) or end.query()]
+        if len(done) < n or n < 1:
+            return None
+        return statistics.median(ready.elapsed_time(end) / 1000.0 if isinstance(end, torch.cuda.Event)
+                                 else end - ready for ready, end in done[-n:])
+
+
 class StepClock:
-    def __init__(self, device: torch.device, timeout_s: float | None = None):
+    def __init__(self, device: torch.device, timeout_s: float | None = None, pace: StepPace | None = None):
         self.cuda = device.type == "cuda"
         self.device = device
         self.timeout_s = timeout_s
+        self.pace = pace  # (training epochs': each step's own time also goes there)
         self._marks: list[tuple[str, object]] = []
 
     def _mark(self, kind: str) -> None:
@@ -77,6 +111,8 @@ class StepClock:
 
     def step_end(self) -> None:
         self._mark("end")
+        if self.pace is not None and len(self._marks) > 1 and self._marks[-2][0] == "ready":
+            self.pace.add(self._marks[-2][1], self._marks[-1][1])
 
     def _seconds(self, a, b) -> float:
         if self.cuda:

@@ -76,11 +76,45 @@ def test_imagefolder_decode_auto_times_the_workers_then_a_split_if_they_fall_beh
     assert result.returncode == 0, result.output
     kept = [line for line in result.output.splitlines() if "data.decode=auto: kept " in line]
     assert len(kept) == 1, result.output
-    alone = re.search(r"the workers alone [0-9.]+ ms \(steps ([0-9.]+), workers ([0-9.]+)\)", kept[0])
+    alone = re.search(r"the workers alone [0-9.]+ ms \(steps ([0-9.]+), workers ([0-9.]+), prefetch thread ([0-9.]+)\)",
+                      kept[0])
     assert alone, kept[0]
-    steps, workers = map(float, alone.groups())
-    assert ("on the GPU" in kept[0]) == (workers > steps * 1.02), kept[0]
+    steps, workers, thread = map(float, alone.groups())
+    assert steps > 0.0 and thread > 0.0, kept[0]  # (the steps on the GPU's clock; the thread resized crops)
+    assert ("on the GPU" in kept[0]) == (workers > max(steps, thread) * 1.02), kept[0]
     assert json.loads((_run_dir(result) / "results.json").read_text())["device_type"] == "cuda"
+
+
+def test_the_step_pace_is_each_steps_own_time_on_the_gpus_clock_without_the_wait_for_its_batch():
+    """What data.decode=auto times the steps by (launcher/train/stall.py StepPace): 20 ms of GPU work a step
+    after the host waited 30 ms for each batch reads as the GPU's 20 ms, not as the 50 ms between batches."""
+    import time
+
+    from launcher.train.stall import StepClock, StepPace
+
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 20_000_000
+    torch.cuda._sleep(cycles)  # (warm)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    alone_s = start.elapsed_time(end) / 1000
+    pace = StepPace()
+    clock = StepClock(device, pace=pace)
+    clock.start()
+    began = time.perf_counter()
+    for _ in range(6):
+        time.sleep(alone_s + 0.03)  # (the GPU idles: the batch is late)
+        clock.batch_ready()
+        torch.cuda._sleep(cycles)
+        clock.step_end()
+    between = (time.perf_counter() - began) / 6
+    timing = clock.finish()
+    assert pace.median_s(6) == pytest.approx(alone_s, rel=0.2), (pace.median_s(6), alone_s)
+    assert between > 1.5 * alone_s and timing.input_wait_s > 6 * 0.02
 
 
 def by_torch_ops(batch, size: int) -> torch.Tensor:

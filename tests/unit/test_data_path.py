@@ -104,6 +104,29 @@ def test_stall_clock_counts_only_the_waits_for_input():
     assert 0.6 < timing.stall_fraction < 0.85
 
 
+def test_the_step_pace_keeps_each_steps_own_time_without_its_wait_for_input():
+    """StepPace (what recipe=imagefolder's data.decode=auto times the steps by): each training step from its
+    batch being ready to its end, the waits for input left out; the median of the last n, None while fewer
+    steps have run; evaluation's clock (no pace) adds nothing."""
+    from launcher.train.stall import StepPace
+
+    pace = StepPace(keep=4)
+    clock = StepClock(CPU, pace=pace)
+    clock.start()
+    assert pace.median_s(1) is None
+    for step in (0.01, 0.01, 0.05, 0.01, 0.01):
+        time.sleep(0.04)  # waiting for a batch
+        clock.batch_ready()
+        time.sleep(step)
+        clock.step_end()
+    assert pace.median_s(5) is None  # (the last 4 kept)
+    assert 0.009 < pace.median_s(4) < 0.03 and 0.009 < pace.median_s(1) < 0.03
+    clock.start()
+    clock.step_end()  # (an end without a batch ready: not a step)
+    StepClock(CPU).step_end()
+    assert len(pace._steps) == 4
+
+
 def test_input_bound_advice_names_the_setting_that_helps():
     assert input_advice(INPUT_BOUND / 2, "host", 180, False) is None
     host = input_advice(0.4, "host", 180, False)

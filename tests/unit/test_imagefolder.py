@@ -416,50 +416,59 @@ def test_decode_gpu_without_cuda_says_so_and_decodes_on_the_cpu(folder, caplog):
 
 
 class Timeline:
-    """Training batches reaching a DecodeTrial: each `gap` seconds after the one before, while the 15 workers
-    make samples at `rate` img/s in all (busy all the time)."""
+    """Training batches reaching a DecodeTrial: each `gap` seconds after the one before, while the GPU's steps
+    take `step` seconds each on its own clock (the loop's StepPace; the gap unless said), the prefetch thread
+    is held `held` seconds a batch, and the 15 workers make samples at `rate` img/s in all (busy all the time)."""
 
-    def __init__(self, trial, splits, monkeypatch):
+    def __init__(self, splits, monkeypatch):
         from launcher.recipes import imagefolder
 
-        self.trial, self.splits, self.now = trial, splits, [0.0]
+        self.trial, self.splits, self.now, self.step = None, splits, [0.0], None
         monkeypatch.setattr(imagefolder.time, "perf_counter", lambda: self.now[0])
 
-    def batches(self, n: int, gap: float, gpu: int, rate: float = 0.0) -> None:
+    def pace(self, n: int) -> float | None:
+        return self.step
+
+    def batches(self, n: int, gap: float, gpu: int, rate: float = 0.0, step: float | None = None,
+                held: float = 0.0) -> None:
+        self.step = gap if step is None else step
         for _ in range(n):
             self.now[0] += gap
             self.splits[0]._work[:15] += torch.tensor([rate * gap / 15, gap])
-            self.trial.batch(256, gpu_samples=gpu)
+            self.trial.batch(256, gpu_samples=gpu, held_s=held)
 
-    def candidate(self, gap: float, gpu: int, rate: float, stale: int = 0) -> None:
+    def candidate(self, gap: float, gpu: int, rate: float, stale: int = 0, step: float | None = None,
+                  held: float = 0.0) -> None:
         """One candidate's turn: `stale` batches made under the candidate before (not counted), its first
         SETTLE (not timed), then MEASURE + 1 (timed)."""
         from launcher.recipes.imagefolder import DecodeTrial
 
         self.batches(stale, 5.0, 0 if gpu else 190)
         self.batches(DecodeTrial.SETTLE, 9.0, gpu)
-        self.batches(DecodeTrial.MEASURE + 1, gap, gpu, rate)
+        self.batches(DecodeTrial.MEASURE + 1, gap, gpu, rate, step, held)
 
 
-def trial_of(folder, monkeypatch, **kw):
+def trial_of(folder, monkeypatch, paced: bool = True, **kw):
     from launcher.recipes.imagefolder import DecodeTrial
 
     splits = (split(folder, gpu_share=0.3), split(folder, train=False, gpu_share=0.3))
-    trial = DecodeTrial(splits, **kw)
-    return trial, splits, Timeline(trial, splits, monkeypatch)
+    timeline = Timeline(splits, monkeypatch)
+    timeline.trial = trial = DecodeTrial(splits, pace=timeline.pace if paced else None, **kw)
+    return trial, splits, timeline
 
 
 def test_decode_auto_keeps_workers_that_keep_up_without_trying_a_split(folder, monkeypatch, caplog):
-    """data.decode=auto: the workers alone first, timed by the gaps between training batches and by the time
-    its workers need for a batch; where they need no longer than a step, nothing else is tried."""
+    """data.decode=auto: the workers alone first, timed by the steps' own time on the GPU, by the time its
+    workers need for a batch and by the prefetch thread's; where the workers need no longer than a step,
+    nothing else is tried."""
     trial, splits, time_ = trial_of(folder, monkeypatch)
     assert splits[0].gpu_share == splits[1].gpu_share == 0.0  # the workers alone, from the first batch
     assert all(s._gpu_share.is_shared() and s._work.is_shared() for s in splits)
     with caplog.at_level("INFO", logger="launcher.train"):
-        time_.candidate(0.040, 0, 11_000.0)  # steps 40 ms, the workers 23.3 ms a batch
+        time_.candidate(0.040, 0, 11_000.0, held=0.0012)  # steps 40 ms, the workers 23.3 ms a batch
     assert trial.done and trial.candidates == [0.0] and splits[0].gpu_share == 0.0
     assert ("kept the workers alone (a training batch every, over 24 batches after the first 8: the workers alone "
-            "40.0 ms (steps 40.0, workers 23.3))") in caplog.text
+            "40.0 ms (steps 40.0, workers 23.3, prefetch thread 1.2))") in caplog.text
     trial.batch(256, gpu_samples=0)  # done: nothing changes any more
     assert splits[0].gpu_share == 0.0
 
@@ -474,19 +483,37 @@ def test_decode_auto_sizes_a_split_from_workers_that_fall_behind_and_keeps_it_wh
         time_.candidate(0.0378, 0, 256 / 0.055)
         assert not trial.done and trial.candidates == [0.0, 0.35] and splits[0].gpu_share == 0.35
         assert splits[1].gpu_share == 0.0  # (evaluation: the workers alone until the trial ends)
-        time_.candidate(0.040, 90, 256 / 0.0405, stale=30)  # (30 batches the workers had made alone: not counted)
+        time_.candidate(0.040, 90, 256 / 0.0405, stale=30, held=0.012)  # (30 batches the workers had made alone)
     assert trial.done and splits[0].gpu_share == splits[1].gpu_share == 0.35
     assert ("kept 35% on the GPU (a training batch every, over 24 batches after the first 8: the workers alone 55.0 ms "
-            "(steps 37.8, workers 55.0), 35% on the GPU 40.5 ms (steps 40.0, workers 40.5))") in caplog.text
+            "(steps 37.8, workers 55.0, prefetch thread 0.0), 35% on the GPU 40.5 ms (steps 40.0, workers 40.5, "
+            "prefetch thread 12.0))") in caplog.text
 
 
-def test_decode_auto_times_the_steps_by_their_median_gap_so_a_compile_among_them_does_not_count(folder,
-                                                                                                monkeypatch):
-    """With perf.compile=true the first candidate's batches span the compile and the warm-up: a few gaps of
-    seconds among 40 ms steps (the mean said 274 ms on two H200s, and the workers' 48 ms looked fast enough)."""
+def test_decode_auto_times_the_steps_on_the_gpus_clock_not_by_the_gaps_between_batches(folder, monkeypatch,
+                                                                                       caplog):
+    """The host runs ahead of the GPU and catches up in bursts, so the gaps between batches reaching the
+    prefetch thread are not the steps (on two H200s their median said 22.9 to 70.7 ms for 38 ms steps, and a
+    split was tried beside workers that kept up). The steps are their own time on the GPU's clock."""
+    trial, splits, time_ = trial_of(folder, monkeypatch)
+    with caplog.at_level("INFO", logger="launcher.train"):
+        time_.candidate(0.0229, 0, 256 / 0.0372, step=0.038)  # the workers' 37.2 ms keep up with 38 ms steps
+    assert trial.done and trial.candidates == [0.0] and "(steps 38.0, workers 37.2," in caplog.text
+    trial, splits, time_ = trial_of(folder, monkeypatch)
+    time_.candidate(0.0707, 0, 256 / 0.055, step=0.038)  # behind: the split sized from 38 ms, not 70.7
+    assert trial.candidates == [0.0, 0.34]  # 1 - 38 / 55 x 0.95
+    # the prefetch thread held longer than a step: a floor no split lowers; workers within it are kept
+    trial, splits, time_ = trial_of(folder, monkeypatch)
+    time_.candidate(0.045, 0, 256 / 0.044, step=0.040, held=0.045)
+    assert trial.done and trial.candidates == [0.0]
+
+
+def test_decode_auto_without_the_loops_step_pace_times_the_steps_by_their_median_gap(folder, monkeypatch):
+    """Driven by hand (no StepPace from the loop), the steps are the median gap between batches: a compile
+    among them (a few gaps of seconds among 40 ms steps) does not count."""
     from launcher.recipes.imagefolder import DecodeTrial
 
-    trial, splits, time_ = trial_of(folder, monkeypatch)
+    trial, splits, time_ = trial_of(folder, monkeypatch, paced=False)
     time_.batches(DecodeTrial.SETTLE, 9.0, 0)
     time_.batches(3, 12.0, 0, 256 / 0.048)  # compiling, capturing
     time_.batches(DecodeTrial.MEASURE - 2, 0.040, 0, 256 / 0.048)
@@ -504,13 +531,30 @@ def test_decode_auto_balances_a_split_once_more_and_keeps_the_fastest_or_the_wor
     with caplog.at_level("INFO", logger="launcher.train"):
         time_.candidate(0.045, 74, 256 / 0.044)
     assert trial.done and len(trial.candidates) == 3 and splits[0].gpu_share == 0.29  # 45 ms: the fastest
-    assert "kept 29% on the GPU" in caplog.text and "55% on the GPU 50.0 ms (steps 50.0, workers 30.0)" in caplog.text
+    assert ("kept 29% on the GPU" in caplog.text
+            and "55% on the GPU 50.0 ms (steps 50.0, workers 30.0, prefetch thread 0.0)" in caplog.text)
     # the workers alone win a tie within 2%
     trial, splits, time_ = trial_of(folder, monkeypatch)
     time_.candidate(0.040, 0, 256 / 0.0500)
     with caplog.at_level("INFO", logger="launcher.train"):
         time_.candidate(0.0495, 60, 256 / 0.0495)
     assert trial.done and splits[0].gpu_share == 0.0 and "kept the workers alone" in caplog.text
+
+
+def test_decode_auto_balances_the_workers_against_a_gpu_decoder_that_holds_the_prefetch_thread(folder, monkeypatch,
+                                                                                              caplog):
+    """The split's GPU decoding holds the prefetch thread 60 ms a batch for 55% of it (109 ms for a whole
+    batch) while the workers need 84 ms for one: no share keeps both within the 40 ms step, so the next split
+    is where they take as long (84 / (84 + 109) on the GPU), and the faster of the three is kept."""
+    trial, splits, time_ = trial_of(folder, monkeypatch)
+    time_.candidate(0.040, 0, 256 / 0.084)
+    assert trial.candidates == [0.0, 0.55]
+    time_.candidate(0.060, 141, 256 / 0.0378, step=0.040, held=0.060)
+    assert trial.candidates == [0.0, 0.55, 0.44] and not trial.done
+    with caplog.at_level("INFO", logger="launcher.train"):
+        time_.candidate(0.048, 113, 256 / 0.047, step=0.041, held=0.048)
+    assert trial.done and splits[0].gpu_share == 0.44
+    assert "kept 44% on the GPU" in caplog.text and "(steps 40.0, workers 37.8, prefetch thread 60.0)" in caplog.text
 
 
 def test_decode_auto_keeps_the_workers_where_no_batch_comes_for_the_gpu(folder, monkeypatch, caplog):
