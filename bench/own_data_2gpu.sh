@@ -12,6 +12,9 @@
 #                                               test_gpu_own_data.py
 #   bash bench/own_data_2gpu.sh graph-load      decode=cpu on 2 GPUs under DDP's reducer and replayed
 #   bash bench/own_data_2gpu.sh tests           the GPU tests: the 2-GPU ones and the rest side by side
+#   bash bench/own_data_2gpu.sh epoch-end       the snapshot tests; the defaults on 2 GPUs (8 epochs) and 1 (5);
+#                                               torchvision's DDP baseline (BASELINE=0: left out); SPY=1: py-spy
+#   bash bench/own_data_2gpu.sh gpu-tests       the one-GPU suite on both GPUs at once, then test_gpu_own_data.py
 set -uo pipefail
 source bench/device_env.sh
 shards() {  # generated GPT-2 token shards in /tmp/shards: 4 of $1 tokens each

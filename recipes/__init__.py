@@ -50,6 +50,8 @@ from launcher.lifetime import sigint_deferred
 if TYPE_CHECKING:
     import torch
 
+    from launcher.train.stall import StepPace
+
 BUILTIN = {"digits": "launcher.recipes.digits", "cifar10": "launcher.recipes.cifar10", "text": "launcher.recipes.text",
            "imagefolder": "launcher.recipes.imagefolder"}
 
@@ -114,7 +116,7 @@ class Recipe:
     # Set by the training loop: the last training steps' own times on the device (launcher/train/stall.py
     # StepPace: `step_pace.median_s(n)`), for a recipe that tunes its input to the step's pace while it
     # trains (recipe=imagefolder's data.decode=auto). None outside the loop.
-    step_pace: Any = None
+    step_pace: StepPace | None = None
 
     def __init__(self, cfg: LaunchConfig):
         self.cfg = cfg  # the whole (frozen) config: data.root, seed, ...

@@ -1018,10 +1018,10 @@ class DecodeTrial:
         if workers <= 0.0:
             return None
         gpu = min(1.0, max(0.0, 1.0 - (1.0 - share) * steps / workers * self.MARGIN))
-        if share > 0.0 and thread > 0.0:
-            whole_workers, whole_decoder = workers / (1.0 - share) if share < 1.0 else math.inf, thread / share
-            if gpu * whole_decoder > steps:  # (the decoder would hold the prefetch thread past a step)
-                gpu = whole_workers / (whole_workers + whole_decoder) if math.isfinite(whole_workers) else gpu
+        whole_decoder = thread / share if 0.0 < share < 1.0 else 0.0  # (the decoder's time for a whole batch)
+        if gpu * whole_decoder > steps:  # (the decoder would hold the prefetch thread past a step)
+            whole_workers = workers / (1.0 - share)
+            gpu = whole_workers / (whole_workers + whole_decoder)
         if gpu < self.LEAST or any(abs(gpu - tried) < self.LEAST for tried in self.candidates):
             return None
         return round(gpu, 2)
