@@ -385,14 +385,21 @@ class GPT(nn.Module):
         inductor fuses the float32 upcast, the log-sum-exp and the arg-max into the head's output."""
         t = idx.shape[1]
         x = self.drop(self.tokens(idx) + self.positions(torch.arange(t, device=idx.device)))
-        for block in self.blocks:
-            x = block(x)
-        x = self.norm(x)
+        x = self.norm(self.trunk(x))
         if targets is None:
             return self.head(x)
         logits = self.head(x).flatten(0, 1).float()
         targets = targets.flatten()
         return F.cross_entropy(logits, targets), (logits.argmax(-1) == targets).float().mean()
+
+    def trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """The blocks, in order. A method of its own so that under strategy=fsdp, where each block's
+        FSDP2 hooks stop torch.compile's graph, the compiled forward resumes after the blocks: the
+        head and the loss are compiled too (a graph stopped inside a loop of the forward itself would
+        leave the rest of the forward eager)."""
+        for block in self.blocks:
+            x = block(x)
+        return x
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token (forward and backward), PaLM's convention (Chowdhery et al. 2022,

@@ -17,12 +17,18 @@ resume reads them into whatever sharding the resuming run has (another number of
 Epoch ends are not overlapped with the next epoch (the loop asks `overlaps_epoch_ends`).
 
 perf.compile=true compiles each shard unit's forward in place (`compile`), as torchtitan compiles per
-block: FSDP2's gathers and reduce-scatters run in the units' hooks, outside the compiled code, and the
-root's own layers (embeddings, head) stay eager. perf.compile=auto means false here: measured on one
-H100 (torch 2.11, GPT 12 x 768, 16 x 1024 tokens a step, bench/probe/fsdp_step.py), the step is bound by
-the host work of FSDP2's hooks (~80-95 ms against ~31 ms for the compiled model without FSDP), and
-compiling the blocks made it no faster (through launch 201k vs 198k tokens/s; in the probe 172k vs
-181k). CUDA-graph capture is off (perf.cuda_graph, and the compile modes that make CUDA graphs): a
+block: FSDP2's gathers and reduce-scatters run in the units' hooks, outside the compiled code. The
+root's forward is compiled too: dynamo stops at each unit's hooks and resumes after them, so the root's
+own layers before and after the units (embeddings; the head and the loss) are compiled, where the
+model calls its units from a method of their own (recipe=text's GPT.trunk); a graph stopped inside a
+loop of the forward itself leaves the rest of that forward eager, as before. Measured for GPT-2 124M on
+2 H200s in one call (BENCHMARKS.md section 5): 364,474 tokens/s and 8.9 GB a GPU against 349,326 and
+15.0 GB with the root eager (its float32 logits and their loss unfused).
+perf.compile=auto means false here: measured on one H100 (torch 2.11, GPT 12 x 768, 16 x 1024 tokens
+a step, bench/probe/fsdp_step.py), the step is bound by the host work of FSDP2's hooks (~80-95 ms
+against ~31 ms for the compiled model without FSDP; on 2 H200s ~30 ms in the forward call and ~45 in
+the backward), and compiling the blocks made it no faster (through launch 201k vs 198k tokens/s; in
+the probe 172k vs 181k). CUDA-graph capture is off (perf.cuda_graph, and the compile modes that make CUDA graphs): a
 replayed graph cannot follow the weights FSDP2 gathers and frees.
 """
 
@@ -64,13 +70,16 @@ class FSDP(DDP):
                 "; ".join(notes) or None)
 
     def compile(self, nets: Nets, compiled: Callable[[Callable], Callable]) -> Nets:
-        """Each shard unit's forward compiled in place; FSDP2's hooks around it stay eager."""
+        """Each shard unit's forward compiled in place, and the root's forward around them; FSDP2's
+        hooks stay eager (they stop the root's graph, which resumes after the call that runs the units)."""
         for unit in shard_units(nets.module):
             inner = getattr(unit, "_recomputed_forward", None)
             if inner is not None:  # (activation checkpointing: compile what is recomputed)
                 unit._recomputed_forward = compiled(inner)
             else:
                 unit.forward = compiled(unit.forward)
+        root = nets.module
+        root.forward = compiled(root.forward)
         return nets
 
     @property
