@@ -28,8 +28,8 @@ perf.compile=auto means false here: measured on one H100 (torch 2.11, GPT 12 x 7
 a step, bench/probe/fsdp_step.py), the step is bound by the host work of FSDP2's hooks (~80-95 ms
 against ~31 ms for the compiled model without FSDP; on 2 H200s ~30 ms in the forward call and ~45 in
 the backward), and compiling the blocks made it no faster (through launch 201k vs 198k tokens/s; in
-the probe 172k vs 181k). CUDA-graph capture is off (perf.cuda_graph, and the compile modes that make CUDA graphs): a
-replayed graph cannot follow the weights FSDP2 gathers and frees.
+the probe 172k vs 181k). CUDA-graph capture is off (perf.cuda_graph, and the compile modes that make
+CUDA graphs): a replayed graph cannot follow the weights FSDP2 gathers and frees.
 """
 
 from __future__ import annotations

@@ -381,9 +381,9 @@ def clip_gradients(module: torch.nn.Module, max_norm: float) -> torch.Tensor:
     times max_norm / (norm + 1e-6), at most 1); returns their norm before. Every rank's gradients are
     whole after ddp's all-reduce. Under fsdp each rank holds shards of them (DTensors, Shard(0) on one
     mesh dimension): the norm is taken over each rank's own shards as plain tensors, their squares
-    summed over the ranks in one all-reduce, and the shards scaled in place. Going through DTensor's
-    dispatch instead cost 12 ms of host time a step for GPT-2 124M on 2 H200s (bench/probe/fsdp_step.py),
-    where the step is bound by the host. No host sync: a captured step holds it."""
+    summed over the ranks in one all-reduce, and the shards scaled in place: 2.9 ms of host time a step
+    for GPT-2 124M on 2 H200s, where DTensor's dispatch took 4.7-5.5 ms (bench/probe/fsdp_step.py; the
+    fsdp step there is bound by the host). No host sync: a captured step holds it."""
     params = [p for p in module.parameters() if p.grad is not None]
     if not params:
         return torch.zeros(())
