@@ -22,8 +22,9 @@ root's forward is compiled too: dynamo stops at each unit's hooks and resumes af
 own layers before and after the units (embeddings; the head and the loss) are compiled, where the
 model calls its units from a method of their own (recipe=text's GPT.trunk); a graph stopped inside a
 loop of the forward itself leaves the rest of that forward eager, as before. Measured for GPT-2 124M on
-2 H200s in one call (BENCHMARKS.md section 5): 364,474 tokens/s and 8.9 GB a GPU against 349,326 and
-15.0 GB with the root eager (its float32 logits and their loss unfused).
+2 H200s in one call (BENCHMARKS.md section 5), with clip_gradients' local path: 364,474 tokens/s and
+8.9 GB a GPU against 349,326 and 15.0 GB with the root eager (its float32 logits and their loss
+unfused) and clipping through DTensor.
 perf.compile=auto means false here: measured on one H100 (torch 2.11, GPT 12 x 768, 16 x 1024 tokens
 a step, bench/probe/fsdp_step.py), the step is bound by the host work of FSDP2's hooks (~80-95 ms
 against ~31 ms for the compiled model without FSDP; on 2 H200s ~30 ms in the forward call and ~45 in
