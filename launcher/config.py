@@ -422,7 +422,12 @@ class FSDPConfig(StrategyConfig):
     name: str = "fsdp"
     backend: ProcessGroupBackend = ProcessGroupBackend.auto
     timeout_s: int = 600
-    reshard_after_forward: bool = True  # free each block's gathered weights after its forward (less memory)
+    reshard_after_forward: bool = True  # free each unit's gathered weights after its forward (less memory)
+    # The fewest parameters a shard unit holds (torch's size-based wrapping default): consecutive blocks
+    # are gathered as one unit until it holds this many, and what is left (all of a smaller model) is
+    # gathered with the root. 0: every block a unit of its own. Fewer units are fewer of FSDP2's hooks,
+    # which bound a small model's step (launcher/strategies/fsdp.py `shard_groups`).
+    min_unit_params: int = 100_000_000
     mixed_precision: bool = True  # GPUs: bf16 weights in compute, gradients reduced in fp32
     activation_checkpointing: bool = False  # recompute each block's activations in the backward pass
     # Build the model on the meta device and materialize only each rank's shard (its own init runs on
@@ -432,6 +437,7 @@ class FSDPConfig(StrategyConfig):
 
     def check(self, at: str) -> None:
         check_int(f"{at}.timeout_s", self.timeout_s, 1, f"{at}.timeout_s=600")
+        check_int(f"{at}.min_unit_params", self.min_unit_params, 0, f"{at}.min_unit_params=0")
 
 
 @dataclass

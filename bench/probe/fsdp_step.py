@@ -11,6 +11,8 @@ one JSON line each from rank 0, chosen by KINDS=a,b,...:
   fsdp_cr          the same with the root's forward compiled too (its head and loss: strategy=fsdp now)
   fsdp_cr_nomp     ... without the mixed-precision policy (fp32 weights gathered, autocast casts them)
   fsdp_cr_keep     ... reshard_after_forward=False
+  fsdp_cr_gN       ... N consecutive blocks to a unit (one FSDP2 group: one gather, one reduce-scatter)
+  fsdp_whole       fully_shard on the root only (the whole model one unit) and its forward compiled whole
   fsdp_cr_noclip   ... without clipping
   *_dtclip         clipped through DTensor's dispatch (torch's clip on the sharded gradients: before 2026-11-27)
   fsdp             nothing compiled
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 
 import torch
@@ -61,13 +64,19 @@ def main() -> None:
             policy = (MixedPrecisionPolicy() if "nomp" in kind
                       else MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
             keep = "keep" not in kind
-            for block in model.blocks:
-                fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=keep)
+            if not kind.startswith("fsdp_whole"):
+                grouped = re.search(r"_g(\d+)", kind)
+                per = int(grouped.group(1)) if grouped else 1
+                blocks = list(model.blocks)
+                for i in range(0, len(blocks), per):
+                    unit = blocks[i:i + per]
+                    fully_shard(unit if per > 1 else unit[0], mesh=mesh, mp_policy=policy,
+                                reshard_after_forward=keep)
             fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=keep)
             if "_c" in kind:
                 for block in model.blocks:
                     block.forward = torch.compile(block.forward)
-            if "_cr" in kind:
+            if "_cr" in kind or kind.startswith("fsdp_whole"):
                 model.forward = torch.compile(model.forward)
         elif kind == "plain_c":
             model = torch.compile(model)

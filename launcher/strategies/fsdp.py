@@ -71,15 +71,19 @@ class FSDP(DDP):
                 "; ".join(notes) or None)
 
     def compile(self, nets: Nets, compiled: Callable[[Callable], Callable]) -> Nets:
-        """Each shard unit's forward compiled in place, and the root's forward around them; FSDP2's
-        hooks stay eager (they stop the root's graph, which resumes after the call that runs the units)."""
-        for unit in shard_units(nets.module):
-            inner = getattr(unit, "_recomputed_forward", None)
-            if inner is not None:  # (activation checkpointing: compile what is recomputed)
-                unit._recomputed_forward = compiled(inner)
-            else:
-                unit.forward = compiled(unit.forward)
+        """Each block sharded in a unit of its own or with others has its forward compiled in place, and
+        the root's forward around them; FSDP2's hooks stay eager (they stop the root's graph, which
+        resumes after the call that runs the units). Blocks gathered with the root have no hooks: the
+        root's graph takes them in (a model smaller than strategy.min_unit_params is one graph)."""
+        from torch.distributed.fsdp import FSDPModule
+
         root = nets.module
+        for block in shard_units(root):
+            inner = getattr(block, "_recomputed_forward", None)
+            if inner is not None:  # (activation checkpointing: compile what is recomputed)
+                block._recomputed_forward = compiled(inner)
+            elif isinstance(block, FSDPModule):
+                block.forward = compiled(block.forward)
         root.forward = compiled(root.forward)
         return nets
 
@@ -105,10 +109,12 @@ class FSDP(DDP):
         policy = MixedPrecisionPolicy()
         if device.type == "cuda" and o.mixed_precision:
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for unit in shard_units(model):
-            if o.activation_checkpointing:
-                recompute_in_backward(unit)
-            fully_shard(unit, mesh=mesh, mp_policy=policy, reshard_after_forward=o.reshard_after_forward)
+        if o.activation_checkpointing:
+            for block in shard_units(model):
+                recompute_in_backward(block)
+        for unit in shard_groups(model, o.min_unit_params):
+            fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy,
+                        reshard_after_forward=o.reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=o.reshard_after_forward)
         if any(p.is_meta for p in model.parameters()):
             model.to_empty(device=device)
@@ -160,6 +166,24 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     if listed:
         return listed
     return [child for child in model.children() if any(True for _ in child.parameters())]
+
+
+def shard_groups(model: nn.Module, min_params: int) -> list[list[nn.Module]]:
+    """The units sharded before the root, each one or more consecutive blocks (`shard_units`) holding
+    at least `min_params` parameters together; blocks left over (fewer than that in all) are gathered
+    with the root. Each unit is one all-gather before its forward and one reduce-scatter after its
+    backward, and FSDP2's hooks on the host for each: for a small model those hooks, not the GPU, set
+    the step's pace (BENCHMARKS.md section 5)."""
+    groups: list[list[nn.Module]] = []
+    unit: list[nn.Module] = []
+    held = 0
+    for block in shard_units(model):
+        unit.append(block)
+        held += sum(p.numel() for p in block.parameters())
+        if held >= min_params:
+            groups.append(unit)
+            unit, held = [], 0
+    return groups
 
 
 def initialize(model: nn.Module) -> None:

@@ -11,7 +11,7 @@ from launcher import strategies
 from launcher.config import CompileMode, DDPConfig, FSDPConfig, PerfConfig
 from launcher.errors import ConfigError
 from launcher.strategies import FSDP, Devices
-from launcher.strategies.fsdp import shard_units
+from launcher.strategies.fsdp import shard_groups, shard_units
 from launcher.train.data import eval_chunks
 from launcher.train.step import TrainStep
 from tests.conftest import config_of
@@ -43,12 +43,15 @@ def test_fsdp_compiles_but_says_what_it_turns_off():
     assert choose(perf=PerfConfig(compile="auto", cuda_graph=False)).perf.compile is False  # (measured: no gain)
 
 
-@pytest.mark.parametrize("recompute", [False, True])
-def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, recompute):
-    """Every block's forward runs compiled (traced by dynamo) inside FSDP2's hooks, and the model
-    computes what the eager sharded model computes, gradients included."""
+@pytest.mark.parametrize("recompute, min_unit_params", [(False, 0), (True, 0), (False, None), (True, None)])
+def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, recompute, min_unit_params):
+    """Sharded a block a unit (min_unit_params=0), every block's forward runs compiled (traced by dynamo)
+    inside FSDP2's hooks; a model smaller than the default min_unit_params is one unit, the root, and
+    its forward one graph, blocks and all. Either way the model computes what the eager sharded model
+    computes, gradients included."""
     import torch.distributed as dist
     from torch._dynamo.utils import counters
+    from torch.distributed.fsdp import FSDPModule
 
     from launcher.recipes.text import GPT
     from launcher.strategies.base import Nets
@@ -68,10 +71,17 @@ def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, recompute)
         nets = []
         for _ in range(2):
             torch.manual_seed(0)
-            s = choose(gpus=0, nprocs=1, options=FSDPConfig(activation_checkpointing=recompute)).strategy
+            options = FSDPConfig(activation_checkpointing=recompute)
+            if min_unit_params is not None:
+                options.min_unit_params = min_unit_params
+            s = choose(gpus=0, nprocs=1, options=options).strategy
             nets.append(s.wrap(GPT(256, 16, 2, 32, 2, 0.0), torch.device("cpu")))
+        per_block = min_unit_params == 0
+        assert all(isinstance(b, FSDPModule) == per_block for b in nets[1].module.blocks)
         compiled = s.compile(nets[1], eager_backend)
-        assert isinstance(compiled, Nets) and compiled.module is nets[1].module and len(traced) == 3  # 2 blocks, root
+        assert isinstance(compiled, Nets) and compiled.module is nets[1].module
+        # each block compiled apart where FSDP2's hooks or the recomputation stand around it, then the root
+        assert len(traced) == (3 if per_block or recompute else 1)
         x = torch.randint(0, 256, (4, 16))
         torch._dynamo.reset()  # (a graph cached by an earlier test would not be traced again)
         counters.clear()
@@ -90,11 +100,13 @@ def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, recompute)
         losses = [n.train(x[:, :-1], x[:, 1:])[0] for n in (nets[0], compiled)]
         torch.testing.assert_close(losses[0], losses[1])
         assert any("embedding" in g for g in graphs) and any("cross_entropy" in g for g in graphs), graphs
+        if not (per_block or recompute):  # (one graph: the embedding, the blocks' attention, the loss)
+            assert any({"embedding", "scaled_dot_product_attention", "cross_entropy"} <= g for g in graphs), graphs
     finally:
         dist.destroy_process_group()
 
 
-def test_blocks_are_sharded_one_by_one():
+def test_blocks_are_sharded_in_units_of_at_least_min_unit_params():
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
@@ -106,6 +118,16 @@ def test_blocks_are_sharded_one_by_one():
     assert shard_units(net) == list(net.blocks)
     plain = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
     assert shard_units(plain) == [plain[0], plain[2]]  # (the ReLU holds nothing to shard)
+    # units: consecutive blocks until one holds min_unit_params (each Linear(4, 4) holds 20); the rest
+    # is gathered with the root
+    b = list(net.blocks)
+    assert shard_groups(net, 0) == [[b[0]], [b[1]], [b[2]]]
+    assert shard_groups(net, 20) == [[b[0]], [b[1]], [b[2]]]
+    assert shard_groups(net, 40) == [[b[0], b[1]]]
+    assert shard_groups(net, 61) == [] and shard_groups(net, FSDPConfig().min_unit_params) == []
+    assert FSDPConfig().min_unit_params == 100_000_000 == config_of("strategy=fsdp").strategy.min_unit_params
+    with pytest.raises(ConfigError, match="min_unit_params"):
+        config_of("strategy=fsdp", "strategy.min_unit_params=-1")
 
 
 def test_accumulate_splits_each_ranks_share_or_says_how():
