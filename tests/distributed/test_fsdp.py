@@ -54,10 +54,12 @@ def test_fsdp_and_ddp_on_two_ranks_follow_one_ranks_loss_curve_and_fsdp_shards_i
     assert (fsdp_run / "fsdp" / "checkpoints" / "epoch-2.dcp" / ".metadata").is_file()
 
 
-@pytest.mark.parametrize("resumed_as", [("strategy=fsdp", "nprocs=1"), ("strategy=fsdp", "nprocs=2"),
+@pytest.mark.parametrize("resumed_as", [("strategy=fsdp", "nprocs=1"),
+                                        ("strategy=fsdp", "nprocs=2", "strategy.min_unit_params=0"),
                                         ("strategy=ddp", "nprocs=2")])
 def test_a_sharded_checkpoint_resumes_on_other_ranks_and_strategies(launch, fsdp_run, text_root, resumed_as):
-    """Saved on 2 ranks; resumed on 1 and on 2 under fsdp, and under ddp: the same third epoch."""
+    """Saved on 2 ranks (this small GPT one unit, the root); resumed on 1, on 2 with every block a unit of
+    its own, and under ddp: the same third epoch."""
     result = launch(*TOY, f"data.root={text_root}", *resumed_as, "epochs=3", f"resume={fsdp_run / 'fsdp'}",
                     "hydra.run.dir=resumed")
     assert result.returncode == 0, result.output
