@@ -58,12 +58,10 @@ class FSDP(DDP):
     @classmethod
     def adjust_perf(cls, perf: PerfConfig) -> tuple[PerfConfig, str | None]:
         notes, mode, compile_setting = [], perf.compile_mode.value, perf.compile_setting
-        if compile_setting == "auto":  # (measured: it did not pay, see the module docstring)
-            compile_setting = False
         if perf.cuda_graph:
             notes.append("perf.cuda_graph is off under strategy=fsdp (a replayed graph cannot follow the weights "
                          "FSDP2 gathers and frees)")
-        if compile_setting is True and perf.compile_makes_graphs:
+        if compile_setting is not False and perf.compile_makes_graphs:
             mode = "default" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"
             notes.append(f"perf.compile_mode={perf.compile_mode.value} makes CUDA graphs, which strategy=fsdp cannot "
                          f"replay: {mode} instead")
