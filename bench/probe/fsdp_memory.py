@@ -45,7 +45,8 @@ def run(args: argparse.Namespace, strategy: str, mixed: bool) -> dict:
     torch.manual_seed(0)
     if strategy == "fsdp":
         fsdp = FSDP.__new__(FSDP)
-        fsdp.options = FSDPConfig(mixed_precision=mixed, reshard_after_forward=not args.keep_gathered)
+        fsdp.options = FSDPConfig(mixed_precision=mixed, reshard_after_forward=not args.keep_gathered,
+                                  min_unit_params=args.min_unit_params)
         fsdp.world_size = args.world
         with torch.device("meta"):
             model = GPT(VOCAB, args.context, args.layers, args.width, args.heads, 0.0)
@@ -101,6 +102,8 @@ def main() -> None:
     p.add_argument("--runs", nargs="+", default=["ddp", "fsdp-fp32", "fsdp"],
                    help="ddp (bf16 autocast), fsdp-fp32 (strategy.mixed_precision=false), fsdp (bf16 policy)")
     p.add_argument("--keep-gathered", action="store_true", help="reshard_after_forward=false")
+    p.add_argument("--min-unit-params", type=int, default=0,
+                   help="strategy.min_unit_params (default 0: a block a unit, as the README's figures were measured)")
     args = p.parse_args()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=args.world)
     torch.cuda.set_device(0)

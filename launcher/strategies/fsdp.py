@@ -1,10 +1,21 @@
 """strategy=fsdp: PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`), one process per GPU (or CPU rank).
 
-Each rank holds 1/world of every weight, gradient and optimizer moment; a block's weights are gathered
+Each rank holds 1/world of every weight, gradient and optimizer moment; a unit's weights are gathered
 for its forward and backward (and freed again after the forward with `reshard_after_forward`), and its
-gradients reduce-scattered. Sharded per block: the model's `shard_units()` if it has one, else the
-modules of its ModuleLists (a Transformer's blocks), else its direct children with parameters; then
-the root. On GPUs a mixed-precision policy computes in bf16 and reduces gradients in fp32.
+gradients reduce-scattered. The units (`shard_groups`): the model's blocks (its `shard_units()` if it
+has one, else the modules of its ModuleLists, a Transformer's blocks, else its direct children with
+parameters), consecutive blocks taken together until a unit holds `strategy.min_unit_params`
+parameters (1e8 by default, the threshold of torch's size-based wrapping policy); the blocks left
+over, all of a smaller model, are gathered with the root, which is sharded last. On GPUs a
+mixed-precision policy computes in bf16 and reduces gradients in fp32.
+
+Why units of a size and not a block each: FSDP2's hooks cost the host work for every unit and every
+parameter in it, and at a block a unit a small model's step is the host's, not the GPU's. Measured on
+2 H200s, torch 2.11 (BENCHMARKS.md section 5), GPT-2 124M at 16 x 1024 tokens a GPU: a block a unit
+(`strategy.min_unit_params=0`) 373,172 tokens/s, the model one unit 706,417 in the same call (8.9 GB a
+GPU either way); one GPU 382,286. A unit gathered whole costs memory only while it is gathered (its
+bf16 weights and gradients and the fp32 gradients reduced, ~8 bytes a parameter: 0.8 GB for 1e8), so a
+model big enough to need sharding still gathers a block or a few at a time.
 
 With `meta_init` the model is built on the meta device and each rank materializes only its shards,
 initialized by the model's `init_weights()` (or every submodule's `reset_parameters()`), so a model
@@ -13,24 +24,19 @@ that does not fit one GPU never exists whole on one. Without it the model is bui
 
 Checkpoints are sharded: every rank writes its shards through torch.distributed.checkpoint
 (launcher/train/checkpoint.py `save_sharded`; `async_save`, written while the next epoch trains), and a
-resume reads them into whatever sharding the resuming run has (another number of ranks, or ddp/single).
-Epoch ends are not overlapped with the next epoch (the loop asks `overlaps_epoch_ends`).
+resume reads them into whatever sharding the resuming run has (another number of ranks or units, or
+ddp/single). Epoch ends are not overlapped with the next epoch (the loop asks `overlaps_epoch_ends`).
 
-perf.compile=true compiles each shard unit's forward in place (`compile`), as torchtitan compiles per
-block: FSDP2's gathers and reduce-scatters run in the units' hooks, outside the compiled code. The
-root's forward is compiled too: dynamo stops at each unit's hooks and resumes after them, so the root's
-own layers before and after the units (embeddings; the head and the loss) are compiled, where the
-model calls its units from a method of their own (recipe=text's GPT.trunk); a graph stopped inside a
-loop of the forward itself leaves the rest of that forward eager, as before. Measured for GPT-2 124M on
-2 H200s in one call (BENCHMARKS.md section 5), with clip_gradients' local path: 364,474 tokens/s and
-8.9 GB a GPU against 349,326 and 15.0 GB with the root eager (its float32 logits and their loss
-unfused) and clipping through DTensor.
-perf.compile=auto means false here: measured on one H100 (torch 2.11, GPT 12 x 768, 16 x 1024 tokens
-a step, bench/probe/fsdp_step.py), the step is bound by the host work of FSDP2's hooks (~80-95 ms
-against ~31 ms for the compiled model without FSDP; on 2 H200s ~30 ms in the forward call and ~45 in
-the backward), and compiling the blocks made it no faster (through launch 201k vs 198k tokens/s; in
-the probe 172k vs 181k). CUDA-graph capture is off (perf.cuda_graph, and the compile modes that make
-CUDA graphs): a replayed graph cannot follow the weights FSDP2 gathers and frees.
+Compiling (`compile`): each block in a unit of its own or with others has its forward compiled in
+place, as torchtitan compiles per block, FSDP2's gathers and reduce-scatters running in the units'
+hooks outside the compiled code; the root's forward is compiled around them (dynamo stops at each
+unit's hooks and resumes after them, so the embeddings, the head and the loss are compiled where the
+model calls its blocks from a method of their own, recipe=text's GPT.trunk). Blocks gathered with the
+root have no hooks: the root's forward is then one graph. perf.compile=auto decides after the first
+epoch as under the other strategies: compiled paid, 706,417-771,717 tokens/s against 568,425 eager
+(2 H200s, GPT-2 124M as one unit, across calls), and a block a unit 364,474 against 321,936.
+CUDA-graph capture is off (perf.cuda_graph, and the compile modes that make CUDA graphs): a replayed
+graph cannot follow the weights FSDP2 gathers and frees.
 """
 
 from __future__ import annotations

@@ -58,8 +58,9 @@ def test_recurrent_models_train_on_cuda(launch, tmp_path, model):
 
 
 def test_fsdp_compiles_its_blocks_on_one_gpu_and_follows_its_eager_run(launch, tmp_path):
-    """perf.compile=true under fsdp compiles each block (results.json says compiled) and trains as the
-    eager fsdp run does (bf16: a loose tolerance), on CUDA; both write and keep their async sharded checkpoint."""
+    """perf.compile=true under fsdp compiles the model (results.json says compiled; this small GPT is one
+    unit, so one graph) and trains as the eager fsdp run does (bf16: a loose tolerance), on CUDA; both
+    write and keep their async sharded checkpoint."""
     runs = {}
     for compiled in ("true", "false"):
         run_dir = tmp_path / f"compile-{compiled}"

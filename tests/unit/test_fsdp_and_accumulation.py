@@ -40,7 +40,7 @@ def test_fsdp_compiles_but_says_what_it_turns_off():
     assert "perf.cuda_graph is off under strategy=fsdp" in chosen.note and "reduce-overhead" in chosen.note
     quiet = choose(perf=PerfConfig(compile=True, cuda_graph=False))
     assert quiet.note is None and quiet.perf.compile is True
-    # auto decides after the first epoch, as under the other strategies (compiled paid under fsdp: 1.27x-1.36x
+    # auto decides after the first epoch, as under the other strategies (compiled paid under fsdp: 1.24x-1.36x
     # on 2 H200s, GPT-2 124M)
     assert choose(perf=PerfConfig(compile="auto", cuda_graph=False)).perf.compile_setting == "auto"
     graphs = choose(perf=PerfConfig(compile="auto", cuda_graph=False, compile_mode=CompileMode["reduce-overhead"]))
