@@ -140,6 +140,12 @@ class Strategy:
         """A caution to print before the run starts (e.g. DataParallel's cost)."""
         return None
 
+    @property
+    def layout(self) -> str | None:
+        """How `wrap` laid the model out over the ranks, in one line (fsdp's units), once it has run: the
+        worker logs it and results.json keeps it as `sharding`. None where there is nothing to say."""
+        return None
+
     def facts(self) -> dict[str, Any]:
         """What plan.json records of the strategy."""
         return {"strategy": self.name, "device_type": self.devices.type, "nprocs": self.processes,

@@ -116,14 +116,20 @@ class FSDP(DDP):
         if o.activation_checkpointing:
             for block in shard_units(model):
                 recompute_in_backward(block)
-        for unit in shard_groups(model, o.min_unit_params):
+        groups = shard_groups(model, o.min_unit_params)
+        for unit in groups:
             fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy,
                         reshard_after_forward=o.reshard_after_forward)
+        self._layout = describe_units(model, groups, o.min_unit_params)
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=o.reshard_after_forward)
         if any(p.is_meta for p in model.parameters()):
             model.to_empty(device=device)
             initialize(model)
         return Nets(model, model, model)
+
+    @property
+    def layout(self) -> str | None:
+        return getattr(self, "_layout", None)
 
     @contextlib.contextmanager
     def no_sync(self, nets: Nets) -> Iterator[None]:
@@ -188,6 +194,30 @@ def shard_groups(model: nn.Module, min_params: int) -> list[list[nn.Module]]:
             groups.append(unit)
             unit, held = [], 0
     return groups
+
+
+def describe_units(model: nn.Module, groups: list[list[nn.Module]], min_params: int) -> str:
+    """The units in one line: how many, of how many blocks and parameters, and what the root gathers."""
+    def count(modules: list[nn.Module]) -> int:
+        return sum(p.numel() for m in modules for p in m.parameters())
+
+    def millions(n: int) -> str:
+        return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+    total, blocks = count([model]), len(shard_units(model))
+    left = blocks - sum(len(g) for g in groups)
+    if not groups:
+        return (f"fsdp: one unit, the root, gathered whole for each forward and backward ({millions(total)} "
+                f"parameters; its {blocks} blocks hold {millions(count(shard_units(model)))} together, fewer "
+                f"than strategy.min_unit_params={min_params})")
+    lengths, sizes = sorted({len(g) for g in groups}), [count(g) for g in groups]
+    per = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
+    held = millions(sizes[0]) if min(sizes) == max(sizes) else f"{millions(min(sizes))}-{millions(max(sizes))}"
+    root = total - sum(sizes)
+    rest = f", with the {left} blocks left over" if left else ""
+    return (f"fsdp: {len(groups) + 1} units, {len(groups)} of {per} block{'s' if lengths[-1] > 1 else ''} "
+            f"({held} parameters{' each' if len(groups) > 1 else ''}) and the root ({millions(root)}{rest}); "
+            f"strategy.min_unit_params={min_params}")
 
 
 def initialize(model: nn.Module) -> None:

@@ -473,6 +473,8 @@ class Trainer:
             if surplus:
                 log.warning("%s", surplus)
         nets = self.strategy.wrap(model, self.device)
+        if self.is_main and self.strategy.layout:
+            log.info("%s", self.strategy.layout)
         self.compiled = compiling.decide(self.cfg.perf.compile_setting, self.device.type)
         self._autotune()
         captured = nets.grads is not None and self.device.type == "cuda"  # (a captured step compiles itself)

@@ -78,6 +78,7 @@ def write(trainer: Any, history: list[dict[str, Any]], digests: list[str], devic
         "cuda_graph": trainer.step.captured is not None,
         "cudnn_benchmark": trainer.device.type == "cuda" and torch.backends.cudnn.benchmark,
         "gradient_sync": s.gradient_sync,
+        "sharding": s.layout,  # (fsdp's units; None under the other strategies)
         "final": final,
         "test_acc": final.get("test_acc"),
         "best_test_acc": max(scored, default=None),

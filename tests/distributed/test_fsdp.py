@@ -47,6 +47,9 @@ def test_fsdp_and_ddp_on_two_ranks_follow_one_ranks_loss_curve_and_fsdp_shards_i
                 assert a[key] == pytest.approx(b[key], rel=1e-4), (name, key, a, b)
     results = json.loads((fsdp_run / "fsdp" / "results.json").read_text())
     assert results["strategy"] == "fsdp" and results["gradient_sync"] == "FSDP2 reduce-scatter"
+    assert results["sharding"].startswith("fsdp: one unit, the root, gathered whole"), results["sharding"]
+    assert json.loads((fsdp_run / "ddp" / "results.json").read_text())["sharding"] is None
+    assert "fsdp: one unit, the root" in (fsdp_run / "fsdp" / "train.log").read_text()
     assert results["ranks_agree"] and len(results["weights_sha256"]) == 2
     folders = sorted(p.name for p in (fsdp_run / "fsdp" / "checkpoints").iterdir())
     # (epoch 1's folder is previous.pt's: kept until the next save is complete)

@@ -82,6 +82,9 @@ def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, recompute,
             nets.append(s.wrap(GPT(256, 16, 2, 32, 2, 0.0), torch.device("cpu")))
         per_block = min_unit_params == 0
         assert all(isinstance(b, FSDPModule) == per_block for b in nets[1].module.blocks)
+        # (what the worker logs and results.json keeps as `sharding`)
+        said = "fsdp: 3 units, 2 of 1 block (" if per_block else "fsdp: one unit, the root,"
+        assert s.layout.startswith(said), s.layout
         compiled = s.compile(nets[1], eager_backend)
         assert isinstance(compiled, Nets) and compiled.module is nets[1].module
         # each block compiled apart where FSDP2's hooks or the recomputation stand around it, then the root
