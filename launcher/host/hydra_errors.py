@@ -118,10 +118,30 @@ def unknown_key(full_key: str, schema_name: str | None) -> str:
     if full_key.startswith("checkpoint.") and leaf in known:  # (`checkpoint=false` left no section to set it in)
         return (f"{full_key} is not valid beside checkpoint=true/false, which stands for the whole section: write "
                 f"checkpoint.enabled=false (or true) instead (e.g. launch checkpoint.keep_best=3)")
+    owners = _options_with_key(full_key)
+    if owners:  # (another option of the group has it: strategy.min_unit_params without strategy=fsdp)
+        group = full_key.split(".")[0]
+        chosen = next((opt for (g, opt), cls in config.SCHEMAS.items() if g == group and cls.__name__ == schema_name),
+                      None)
+        choices = " or ".join(f"{group}={o}" for o in owners)
+        this = f"{group}={chosen}" if chosen else f"this run's {group}"
+        return (f"unknown key '{full_key}': it is an option of {choices}, not of {this}; choose "
+                f"{'it' if len(owners) == 1 else 'one'} (e.g. launch {group}={owners[0]} {full_key}=...)")
     guess = difflib.get_close_matches(leaf, known, n=1)
     hint = f"did you mean {prefix}{guess[0]}? " if guess else ""
     listing = ", ".join(prefix + k for k in known)
     return f"unknown key '{full_key}': {hint}known keys: {listing}"
+
+
+def _options_with_key(full_key: str) -> list[str]:
+    """The options of a config group whose schema has `full_key` (GROUP.KEY), e.g. ['fsdp'] for
+    strategy.min_unit_params."""
+    parts = full_key.split(".")
+    if len(parts) != 2:
+        return []
+    group, leaf = parts
+    return sorted(opt for (g, opt), cls in config.SCHEMAS.items()
+                  if g == group and leaf in {f.name for f in dataclasses.fields(cls)})
 
 
 def describe_hydra_error(exc: BaseException) -> str:

@@ -40,7 +40,8 @@ CASES = [
     ("recipe.tta=1", "unknown key 'recipe.tta'"),  # digits has no test-time augmentation
     ("recipe.flip=sometimes", "recipe.flip=sometimes is not valid: choose one of random, alternating, none"),
     ("optim=lion", "optim=lion is not valid: choose one of adamw, muon, sgd"),
-    ("optim=adamw optim.momentum=0.5", "unknown key 'optim.momentum'"),
+    ("optim=adamw optim.momentum=0.5", "unknown key 'optim.momentum': it is an option of optim=muon or optim=sgd, "
+     "not of optim=adamw; choose one"),
     ("optim=muon", "optim=muon is not valid: recipe=digits's model cnn does not say which of its parameters are "
      "filter matrices"),  # (was found by the worker, after the run dir was made)
     ("recipe=cifar10 recipe.model=resnet18 optim=muon", "recipe=cifar10's model resnet18 does not say"),
@@ -48,6 +49,9 @@ CASES = [
     ("script=train.py args.lr=0.1", "args.* keys are your own; add a new one with a leading + (e.g. launch +args.lr="),
     ("nodes=2", "nodes=2 is not valid: several machines meet at a rendezvous: add rdzv=HOST:PORT"),
     ("strategy=ddp strategy.bucket_cap=5", "did you mean strategy.bucket_cap_mb?"),
+    # another option of the group has the key: say which, not the nearest spelling of this option's keys
+    ("strategy.min_unit_params=0", "unknown key 'strategy.min_unit_params': it is an option of strategy=fsdp, not "
+     "of strategy=auto; choose it (e.g. launch strategy=fsdp strategy.min_unit_params=...)"),
     # a tracker's section is there only when log picks it: its keys are still known, and a section's name too
     ("log=[mlflow] log.mlflow.trackng_uri=x", "unknown key 'log.mlflow.trackng_uri': did you mean "
      "log.mlflow.tracking_uri? known keys: log.mlflow.tracking_uri, log.mlflow.experiment"),
