@@ -60,6 +60,7 @@ class FSDP(DDP):
     sharded = True
     overlaps_epoch_ends = False
     lockstep_eval = True
+    _layout: str | None = None  # (wrap's units, said in one line: `layout`)
 
     @classmethod
     def adjust_perf(cls, perf: PerfConfig) -> tuple[PerfConfig, str | None]:
@@ -129,7 +130,7 @@ class FSDP(DDP):
 
     @property
     def layout(self) -> str | None:
-        return getattr(self, "_layout", None)
+        return self._layout
 
     @contextlib.contextmanager
     def no_sync(self, nets: Nets) -> Iterator[None]:
@@ -204,20 +205,20 @@ def describe_units(model: nn.Module, groups: list[list[nn.Module]], min_params: 
     def millions(n: int) -> str:
         return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
 
-    total, blocks = count([model]), len(shard_units(model))
-    left = blocks - sum(len(g) for g in groups)
+    total, blocks = count([model]), shard_units(model)
     if not groups:
-        return (f"fsdp: one unit, the root, gathered whole for each forward and backward ({millions(total)} "
-                f"parameters; its {blocks} blocks hold {millions(count(shard_units(model)))} together, fewer "
-                f"than strategy.min_unit_params={min_params})")
+        why = (f"its {len(blocks)} blocks hold {millions(count(blocks))} together, fewer than "
+               f"strategy.min_unit_params={min_params}" if blocks else "it has no blocks to shard apart")
+        return (f"fsdp: one unit, the root, gathered whole for each forward and backward "
+                f"({millions(total)} parameters; {why})")
     lengths, sizes = sorted({len(g) for g in groups}), [count(g) for g in groups]
     per = f"{lengths[0]}" if len(lengths) == 1 else f"{lengths[0]}-{lengths[-1]}"
     held = millions(sizes[0]) if min(sizes) == max(sizes) else f"{millions(min(sizes))}-{millions(max(sizes))}"
-    root = total - sum(sizes)
-    rest = f", with the {left} blocks left over" if left else ""
+    left = len(blocks) - sum(len(g) for g in groups)
+    rest = f", with {left} block{'s' if left > 1 else ''} left over" if left else ""
     return (f"fsdp: {len(groups) + 1} units, {len(groups)} of {per} block{'s' if lengths[-1] > 1 else ''} "
-            f"({held} parameters{' each' if len(groups) > 1 else ''}) and the root ({millions(root)}{rest}); "
-            f"strategy.min_unit_params={min_params}")
+            f"({held} parameters{' each' if len(groups) > 1 else ''}) and the root "
+            f"({millions(total - sum(sizes))}{rest}); strategy.min_unit_params={min_params}")
 
 
 def initialize(model: nn.Module) -> None:

@@ -11,7 +11,7 @@ from launcher import strategies
 from launcher.config import CompileMode, DDPConfig, FSDPConfig, PerfConfig
 from launcher.errors import ConfigError
 from launcher.strategies import FSDP, Devices
-from launcher.strategies.fsdp import shard_groups, shard_units
+from launcher.strategies.fsdp import describe_units, shard_groups, shard_units
 from launcher.train.data import eval_chunks
 from launcher.train.step import TrainStep
 from tests.conftest import config_of
@@ -131,6 +131,8 @@ def test_blocks_are_sharded_in_units_of_at_least_min_unit_params():
     assert shard_groups(net, 0) == [[b[0]], [b[1]], [b[2]]]
     assert shard_groups(net, 20) == [[b[0]], [b[1]], [b[2]]]
     assert shard_groups(net, 40) == [[b[0], b[1]]]
+    assert describe_units(net, shard_groups(net, 40), 40).startswith("fsdp: 2 units, 1 of 2 blocks (40 parameters) and "
+                                                                      "the root (70, with 1 block left over)")
     assert shard_groups(net, 61) == [] and shard_groups(net, FSDPConfig().min_unit_params) == []
     assert FSDPConfig().min_unit_params == 100_000_000 == config_of("strategy=fsdp").strategy.min_unit_params
     with pytest.raises(ConfigError, match="min_unit_params"):
