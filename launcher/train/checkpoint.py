@@ -211,8 +211,61 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
         import torch.distributed as dist
 
         writer.group = dist.new_group(backend="gloo")  # (every rank reaches its first save together)
-    future = dcp.async_save(_dcp_state(nets, steppers), checkpoint_id=folder, process_group=writer.group)
+    mode = os.environ.get("LAUNCHER_PROBE_SHARDED_SAVE", "plain")  # PROBE: removed once decided
+    if mode == "plain":
+        future = dcp.async_save(_dcp_state(nets, steppers), checkpoint_id=folder, process_group=writer.group)
+    else:
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        if writer.staging is None:
+            writer.staging = ShardedStaging(device, shared=mode == "process")
+        kind = AsyncCheckpointerType.PROCESS if mode == "process" else AsyncCheckpointerType.THREAD
+        response = dcp.async_save(_dcp_state(nets, steppers), checkpoint_id=folder, process_group=writer.group,
+                                  async_stager=writer.staging, async_checkpointer_type=kind)
+        future = getattr(response, "upload_completion", response)
     writer.track_sharded(future, finish, failed)
+
+
+class ShardedStaging:
+    """dcp.async_save's staging for the run: the state copied into one host copy of it made at the first
+    save and kept (page-locked on a GPU; in shared memory where a writer process reads it), by copies
+    queued on the current stream behind the step that last changed the state, so the training thread
+    neither allocates nor waits; the save's writer waits for the copies (`stage` gives a future)."""
+
+    _synchronize_after_execute = False
+
+    def __init__(self, device: torch.device, shared: bool = False) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.device, self.shared = device, shared
+        self._host: dict[str, Any] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launcher-staging")
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return False
+
+    def synchronize_staging(self) -> None:
+        pass
+
+    def stage(self, state_dict: dict[str, Any]) -> Any:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        gpu = self.device.type == "cuda"
+        if self._host is None:
+            self._host = _create_cpu_state_dict(state_dict, pin_memory=gpu, share_memory=self.shared)
+        staged = _copy_state_dict(state_dict, self._host, non_blocking=gpu)
+        done = torch.cuda.current_stream(self.device).record_event() if gpu else None
+        return self._pool.submit(_copied, staged, done)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _copied(staged: dict[str, Any], done: Any) -> dict[str, Any]:
+    if done is not None:
+        done.synchronize()
+    return staged
 
 
 def restore_sharded(state: dict[str, Any], source: Path, nets: Nets, steppers: list[Stepper],
@@ -567,6 +620,7 @@ class BackgroundWriter:
         self._pending: deque = deque()
         self.sharded: tuple[Any, Any, list[BaseException]] | None = None  # an async sharded save in flight
         self.group = None  # the gloo group async sharded saves gather over
+        self.staging: ShardedStaging | None = None  # the host copy async sharded saves are staged in
         self.last_write_s: float | None = None  # how long the last finished write took (the copy from the GPU too)
 
     def make_room(self) -> float:
@@ -636,3 +690,5 @@ class BackgroundWriter:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
+            if self.staging is not None:
+                self.staging.close()
