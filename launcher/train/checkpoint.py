@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
     from launcher.strategies import Nets, Strategy
     from launcher.train.optim import Stepper
+    from launcher.train.shard_writer import ShardWriter
+    from launcher.world import WorldInfo
 
 
 def capture(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: torch.device,
@@ -168,13 +170,12 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
     the tensors) atomically and removes the folders of earlier epochs but the one previous.pt names. A
     crash at any point leaves last.pt naming a complete folder.
 
-    The save is asynchronous (`dcp.async_save`, tracked by `writer`): the shards are copied to host memory
-    now and written to disk on a background thread (its collectives on a gloo group of their own, so
-    they never meet the training's); rank 0 writes last.pt as soon as every rank's part is on disk (the
-    save's completion), and the next save, or `writer.wait()` (the end of the run, a preemption, a NaN
-    stop), waits for that. One save at a time."""
-    import torch.distributed.checkpoint as dcp
-
+    The save is asynchronous (launcher/train/shard_writer.py, tracked by `writer`): the shards are copied
+    to a host copy kept for the run by copies queued now, and written to disk with dcp.save by a process
+    beside each rank (its collectives on a gloo group of those processes, so they never meet the
+    training's); rank 0 writes last.pt as soon as every rank's part is on disk (the save's completion),
+    and the next save, or `writer.wait()` (the end of the run, a preemption, a NaN stop), waits for that.
+    One save at a time."""
     folder = path.parent / f"epoch-{epoch}.dcp"
     state = None
     if strategy.is_main:  # (taken now: the RNG and schedules as they are at the end of this epoch)
@@ -207,65 +208,14 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
         return stop
 
     writer.wait_sharded()
-    if writer.group is None:
-        import torch.distributed as dist
+    if writer.shards is None:
+        from launcher.train.shard_writer import ShardWriter
+        from launcher.world import WorldInfo
 
-        writer.group = dist.new_group(backend="gloo")  # (every rank reaches its first save together)
-    mode = os.environ.get("LAUNCHER_PROBE_SHARDED_SAVE", "plain")  # PROBE: removed once decided
-    if mode == "plain":
-        future = dcp.async_save(_dcp_state(nets, steppers), checkpoint_id=folder, process_group=writer.group)
-    else:
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-
-        if writer.staging is None:
-            writer.staging = ShardedStaging(device, shared=mode == "process")
-        kind = AsyncCheckpointerType.PROCESS if mode == "process" else AsyncCheckpointerType.THREAD
-        response = dcp.async_save(_dcp_state(nets, steppers), checkpoint_id=folder, process_group=writer.group,
-                                  async_stager=writer.staging, async_checkpointer_type=kind)
-        future = getattr(response, "upload_completion", response)
+        writer.shards = ShardWriter(writer.world or WorldInfo.from_env(), device,
+                                    getattr(strategy.options, "timeout_s", 600))
+    future = writer.shards.save(_dcp_state(nets, steppers), folder)
     writer.track_sharded(future, finish, failed)
-
-
-class ShardedStaging:
-    """dcp.async_save's staging for the run: the state copied into one host copy of it made at the first
-    save and kept (page-locked on a GPU; in shared memory where a writer process reads it), by copies
-    queued on the current stream behind the step that last changed the state, so the training thread
-    neither allocates nor waits; the save's writer waits for the copies (`stage` gives a future)."""
-
-    _synchronize_after_execute = False
-
-    def __init__(self, device: torch.device, shared: bool = False) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.device, self.shared = device, shared
-        self._host: dict[str, Any] | None = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launcher-staging")
-
-    @property
-    def should_synchronize_after_execute(self) -> bool:
-        return False
-
-    def synchronize_staging(self) -> None:
-        pass
-
-    def stage(self, state_dict: dict[str, Any]) -> Any:
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
-        gpu = self.device.type == "cuda"
-        if self._host is None:
-            self._host = _create_cpu_state_dict(state_dict, pin_memory=gpu, share_memory=self.shared)
-        staged = _copy_state_dict(state_dict, self._host, non_blocking=gpu)
-        done = torch.cuda.current_stream(self.device).record_event() if gpu else None
-        return self._pool.submit(_copied, staged, done)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-
-def _copied(staged: dict[str, Any], done: Any) -> dict[str, Any]:
-    if done is not None:
-        done.synchronize()
-    return staged
 
 
 def restore_sharded(state: dict[str, Any], source: Path, nets: Nets, steppers: list[Stepper],
@@ -612,15 +562,15 @@ class BackgroundWriter:
 
     QUEUED = 2  # writes in flight (writing or waiting to) before `submit` waits
 
-    def __init__(self) -> None:
+    def __init__(self, world: WorldInfo | None = None) -> None:
         from collections import deque
         from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launcher-checkpoint")
         self._pending: deque = deque()
         self.sharded: tuple[Any, Any, list[BaseException]] | None = None  # an async sharded save in flight
-        self.group = None  # the gloo group async sharded saves gather over
-        self.staging: ShardedStaging | None = None  # the host copy async sharded saves are staged in
+        self.world = world  # (sharded saves: the rank's place, where its writer process meets the others')
+        self.shards: ShardWriter | None = None  # sharded saves' writer, made at the first
         self.last_write_s: float | None = None  # how long the last finished write took (the copy from the GPU too)
 
     def make_room(self) -> float:
@@ -690,5 +640,5 @@ class BackgroundWriter:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
-            if self.staging is not None:
-                self.staging.close()
+            if self.shards is not None:
+                self.shards.close()

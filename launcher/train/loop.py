@@ -273,7 +273,7 @@ class Trainer:
     def _run(self, start: Start, t_start: float) -> dict[str, Any] | None:
         self.trackers.start(start.history, restarted=start.own)
         with contextlib.ExitStack() as stack:
-            self.writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter()))
+            self.writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter(self.world)))
             self.preemption = stack.enter_context(contextlib.closing(PreemptionWatch(self.spec.requeue)))
             self.tensorboard = stack.enter_context(contextlib.closing(
                 reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard

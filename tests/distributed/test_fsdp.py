@@ -198,6 +198,36 @@ def test_a_rank_that_dies_restarts_the_world_from_the_last_async_sharded_checkpo
                                                                           "previous.pt"]
 
 
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_the_shard_writers_end_with_the_launch_however_it_ends(text_root, tmp_path, sig):
+    """Each rank's shards are written by a process of its own (launcher/train/shard_writer.py), started
+    at the first save: killed outright (kill -9) or stopped, the launch leaves none of them behind."""
+    import signal
+    import subprocess
+    import time
+
+    from tests.conftest import alive, clean_env, descendants, launch_command, running, stop_tree
+
+    proc = subprocess.Popen(launch_command(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=500",
+                                           "recipe.sample_bytes=0"),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env())
+    try:
+        for line in proc.stdout:
+            if line.startswith("epoch"):  # (its checkpoint was handed to the writers before the line)
+                break
+        tree = descendants(proc.pid)
+        writers = running(tree, b"multiprocessing.spawn")
+        assert len(writers) == 2, tree
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while any(alive(p) for p in tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in tree if alive(p)], "processes outlived the launch"
+    finally:
+        stop_tree(proc.pid)
+
+
 def test_a_restart_that_finds_its_sharded_checkpoint_damaged_goes_on_from_the_one_before(launch, text_root):
     """fault.kind=damage overwrites bytes of last.pt mid-epoch 3: rank 0 finds it damaged at the restart,
     every rank goes on from previous.pt (epoch 1's, whose shard folder was kept), and the run completes."""
