@@ -215,9 +215,11 @@ def test_the_shard_writers_end_with_the_launch_however_it_ends(text_root, tmp_pa
         for line in proc.stdout:
             if line.startswith("epoch"):  # (its checkpoint was handed to the writers before the line)
                 break
+        deadline = time.monotonic() + 30  # (each rank starts its writer at its own first save)
+        while len(running(descendants(proc.pid), b"multiprocessing.spawn")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
         tree = descendants(proc.pid)
-        writers = running(tree, b"multiprocessing.spawn")
-        assert len(writers) == 2, tree
+        assert len(running(tree, b"multiprocessing.spawn")) == 2, tree
         proc.send_signal(getattr(signal, sig))
         proc.wait(timeout=30)
         deadline = time.monotonic() + 15
