@@ -57,7 +57,12 @@ class ShardWriter:
 
         gpu = self.device.type == "cuda"
         if self._host is None:  # (once: allocating and pinning ~6 bytes a parameter takes ~1 s)
-            self._host = _create_cpu_state_dict(state, pin_memory=gpu, share_memory=True)
+            try:
+                self._host = _create_cpu_state_dict(state, pin_memory=gpu, share_memory=True)
+            except RuntimeError as exc:
+                if "shared memory" not in str(exc):
+                    raise
+                raise _short_of_shared_memory(state) from None
         staged = _copy_state_dict(state, self._host, non_blocking=gpu)
         copied = torch.cuda.current_stream(self.device).record_event() if gpu else None
         if self._process is None:
@@ -114,6 +119,32 @@ class ShardWriter:
             self._process.join()
         self._conn.close()
         self._process = None
+
+
+def _short_of_shared_memory(state: dict[str, Any]) -> Exception:
+    """The one line for a machine whose /dev/shm cannot hold this rank's shards (a container's default is
+    64 MB)."""
+    import shutil
+
+    from launcher.errors import LaunchError
+
+    def local_bytes(obj: Any) -> int:
+        if isinstance(obj, torch.Tensor):
+            t = obj.to_local() if hasattr(obj, "to_local") else obj
+            return t.numel() * t.element_size()
+        if isinstance(obj, dict):
+            return sum(local_bytes(v) for v in obj.values())
+        if isinstance(obj, (list, tuple)):
+            return sum(local_bytes(v) for v in obj)
+        return 0
+
+    try:
+        free = f"{shutil.disk_usage('/dev/shm').free / 2**20:.1f} MB free"
+    except OSError:
+        free = "its free space unknown"
+    return LaunchError(f"strategy=fsdp's checkpoint: this rank's shards ({local_bytes(state) / 2**20:.1f} MB) are written "
+                       f"from shared memory, and /dev/shm cannot hold them ({free}); give the machine or container "
+                       "more (e.g. docker run --shm-size=16g, or --ipc=host), or launch checkpoint=false")
 
 
 def _serve(conn: Any, parent: int, rank: int, world_size: int, addr: str, port: int, prefix: str,
