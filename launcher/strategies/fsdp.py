@@ -25,7 +25,8 @@ that does not fit one GPU never exists whole on one. Without it the model is bui
 Checkpoints are sharded: every rank writes its shards through torch.distributed.checkpoint
 (launcher/train/checkpoint.py `save_sharded`; by a process beside each rank while the next epoch trains,
 launcher/train/shard_writer.py), and a resume reads them into whatever sharding the resuming run has
-(another number of ranks or units, or ddp/single). Epoch ends are not overlapped with the next epoch (the loop asks `overlaps_epoch_ends`).
+(another number of ranks or units, or ddp/single). Epoch ends are not overlapped with the next epoch
+(the loop asks `overlaps_epoch_ends`).
 
 Compiling (`compile`): each block in a unit of its own or with others has its forward compiled in
 place, as torchtitan compiles per block, FSDP2's gathers and reduce-scatters running in the units'

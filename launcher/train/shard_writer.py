@@ -49,6 +49,7 @@ class ShardWriter:
         self._process: Any = None
         self._conn: Any = None
         self._started: Future | None = None  # the process has met the others' (its gloo group is up)
+        self._piped = False  # /dev/shm could not hold the host copy: each save is sent through the pipe, pickled
 
     def save(self, state: dict[str, Any], folder: Path) -> Future:
         """Write `state` (as torch.distributed.checkpoint.get_state_dict gives it: this rank's shards) to
@@ -62,7 +63,10 @@ class ShardWriter:
             except RuntimeError as exc:
                 if "shared memory" not in str(exc):
                     raise
-                raise _short_of_shared_memory(state) from None
+                log.warning(_short_of_shared_memory(state),  # (the console hears it once: from rank 0)
+                            extra={"file_only": True} if self.world.rank else {})
+                self._piped = True
+                self._host = _create_cpu_state_dict(state, pin_memory=gpu)
         staged = _copy_state_dict(state, self._host, non_blocking=gpu)
         copied = torch.cuda.current_stream(self.device).record_event() if gpu else None
         if self._process is None:
@@ -100,7 +104,12 @@ class ShardWriter:
             copied.synchronize()
         assert self._started is not None
         self._started.result()
-        self._conn.send((str(folder), staged))
+        if self._piped:  # (plain pickling: tensors by value, where the pipe's own would move them to /dev/shm)
+            import pickle
+
+            self._conn.send_bytes(pickle.dumps((str(folder), staged), protocol=pickle.HIGHEST_PROTOCOL))
+        else:
+            self._conn.send((str(folder), staged))
         self._answer()
 
     def close(self) -> None:
@@ -121,12 +130,9 @@ class ShardWriter:
         self._process = None
 
 
-def _short_of_shared_memory(state: dict[str, Any]) -> Exception:
-    """The one line for a machine whose /dev/shm cannot hold this rank's shards (a container's default is
-    64 MB)."""
+def _short_of_shared_memory(state: dict[str, Any]) -> str:
+    """What is said once where /dev/shm cannot hold this rank's host copy (a container's default is 64 MB)."""
     import shutil
-
-    from launcher.errors import LaunchError
 
     def local_bytes(obj: Any) -> int:
         if isinstance(obj, torch.Tensor):
@@ -142,9 +148,9 @@ def _short_of_shared_memory(state: dict[str, Any]) -> Exception:
         free = f"{shutil.disk_usage('/dev/shm').free / 2**20:.1f} MB free"
     except OSError:
         free = "its free space unknown"
-    return LaunchError(f"strategy=fsdp's checkpoint: this rank's shards ({local_bytes(state) / 2**20:.1f} MB) are written "
-                       f"from shared memory, and /dev/shm cannot hold them ({free}); give the machine or container "
-                       "more (e.g. docker run --shm-size=16g, or --ipc=host), or launch checkpoint=false")
+    return (f"strategy=fsdp's checkpoints: /dev/shm cannot hold this rank's shards ({local_bytes(state) / 2**20:.1f} "
+            f"MB; {free}), so each save is sent to its writer process through a pipe, which takes more of the "
+            "training's time; give the machine or container more (e.g. docker run --shm-size=16g, or --ipc=host)")
 
 
 def _serve(conn: Any, parent: int, rank: int, world_size: int, addr: str, port: int, prefix: str,

@@ -230,6 +230,35 @@ def test_the_shard_writers_end_with_the_launch_however_it_ends(text_root, tmp_pa
         stop_tree(proc.pid)
 
 
+def test_a_dev_shm_too_small_for_the_shards_still_checkpoints_says_so_once_and_resumes(launch, text_root, tmp_path):
+    """The writer processes read the shards from shared memory; where /dev/shm cannot hold them (a
+    container's default is 64 MB) each save goes through the pipe instead, said once, and the run keeps
+    its checkpoints."""
+    import shlex
+    import shutil
+    import subprocess
+
+    from tests.conftest import clean_env, launch_command
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("no mount namespace here (unshare -m) to give the run a small /dev/shm")
+    command = launch_command(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=2",
+                             "recipe.sample_bytes=0", "hydra.run.dir=shm")
+    small = f"mount -t tmpfs -o size=128k tmpfs /dev/shm && exec {shlex.join(command)}"
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", small], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=clean_env())
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert out.count("/dev/shm cannot hold this rank's shards") == 1, out
+    assert "--shm-size" in out
+    assert sorted(p.name for p in (tmp_path / "shm" / "checkpoints").iterdir()) == ["epoch-1.dcp", "epoch-2.dcp",
+                                                                                   "last.pt", "previous.pt"]
+    resumed = launch(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=3", "recipe.sample_bytes=0",
+                     f"resume={tmp_path / 'shm'}")
+    assert resumed.returncode == 0, resumed.output
+    assert [row["epoch"] for row in _rows(resumed.run_dir())] == [1, 2, 3]
+
+
 def test_a_restart_that_finds_its_sharded_checkpoint_damaged_goes_on_from_the_one_before(launch, text_root):
     """fault.kind=damage overwrites bytes of last.pt mid-epoch 3: rank 0 finds it damaged at the restart,
     every rank goes on from previous.pt (epoch 1's, whose shard folder was kept), and the run completes."""
