@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -84,7 +85,15 @@ class ShardWriter:
             target=_serve, name=f"launcher-shard-writer-{w.rank}", daemon=True,
             args=(theirs, os.getpid(), w.rank, w.world_size, w.master_addr, w.master_port,
                   f"launcher/attempt{w.restart_count}/shard-writer", self.timeout_s))
-        self._process.start()
+        # Started with SIGINT ignored, which it keeps: a Ctrl-C at a terminal reaches its whole process group,
+        # and the rank's own ending ends the writer (the parent-death signal), without a traceback from it
+        main = threading.current_thread() is threading.main_thread()
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            self._process.start()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, before)
         theirs.close()  # (the process's end: a recv here then fails when the process dies)
         self._started = self._pool.submit(self._answer)
 
@@ -159,6 +168,7 @@ def _serve(conn: Any, parent: int, rank: int, world_size: int, addr: str, port: 
     from launcher.lifetime import die_with_parent
 
     die_with_parent(signal.SIGKILL, parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (as it was started, where that was the training thread)
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)  # (a DeviceMesh unpickled here warns
     # that its process groups are not in this process: they are not needed to write its shards)
     import torch.distributed as dist

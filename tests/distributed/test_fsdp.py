@@ -198,19 +198,24 @@ def test_a_rank_that_dies_restarts_the_world_from_the_last_async_sharded_checkpo
                                                                           "previous.pt"]
 
 
-@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM", "Ctrl-C"])
 def test_the_shard_writers_end_with_the_launch_however_it_ends(text_root, tmp_path, sig):
     """Each rank's shards are written by a process of its own (launcher/train/shard_writer.py), started
-    at the first save: killed outright (kill -9) or stopped, the launch leaves none of them behind."""
+    at the first save: killed outright (kill -9), stopped, or Ctrl-C at a terminal (SIGINT to the whole
+    process group), the launch leaves none of them behind, and a Ctrl-C is one line, no writer's traceback."""
+    import os
     import signal
     import subprocess
     import time
 
     from tests.conftest import alive, clean_env, descendants, launch_command, running, stop_tree
 
+    terminal = sig == "Ctrl-C"
     proc = subprocess.Popen(launch_command(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=500",
                                            "recipe.sample_bytes=0"),
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env())
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(),
+                            start_new_session=terminal,
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if terminal else None)
     try:
         for line in proc.stdout:
             if line.startswith("epoch"):  # (its checkpoint was handed to the writers before the line)
@@ -220,8 +225,14 @@ def test_the_shard_writers_end_with_the_launch_however_it_ends(text_root, tmp_pa
             time.sleep(0.1)
         tree = descendants(proc.pid)
         assert len(running(tree, b"multiprocessing.spawn")) == 2, tree
-        proc.send_signal(getattr(signal, sig))
-        proc.wait(timeout=30)
+        if terminal:
+            os.killpg(proc.pid, signal.SIGINT)
+            out = proc.communicate(timeout=60)[0]
+            assert proc.returncode == 130, out
+            assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+        else:
+            proc.send_signal(getattr(signal, sig))
+            proc.wait(timeout=30)
         deadline = time.monotonic() + 15
         while any(alive(p) for p in tree) and time.monotonic() < deadline:
             time.sleep(0.2)
