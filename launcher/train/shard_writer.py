@@ -19,7 +19,9 @@ writer still a thread, 666k-700k; the writer a process, 744k-772k, as fast as no
                                       signal), and ends when the writer closes
 
 One save at a time: the next waits for the last (checkpoint.BackgroundWriter.wait_sharded), so the
-host copy is never overwritten while it is read.
+host copy is never overwritten while it is read. Where /dev/shm cannot hold the host copy (a container's
+default is 64 MB), it is kept in ordinary page-locked memory and each save is pickled through the pipe,
+said once with what to give the container.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class ShardWriter:
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
         gpu = self.device.type == "cuda"
-        if self._host is None:  # (once: allocating and pinning ~6 bytes a parameter takes ~1 s)
+        if self._host is None:  # (once: allocating and pinning it is the slow part, ~12 bytes a parameter / ranks)
             try:
                 self._host = _create_cpu_state_dict(state, pin_memory=gpu, share_memory=True)
             except RuntimeError as exc:
