@@ -134,7 +134,15 @@ def prestart_worker_interpreter() -> None:
     # child inherits the mask) and the preload unblocks it once ignored. Here a Ctrl-C meanwhile waits
     # for the unblocking below. (multiprocessing's resource tracker, which ensure_running starts first,
     # unblocks SIGINT after starting itself: it is started before the block.)
-    resource_tracker.ensure_running()
+    # The tracker outlives a launch killed outright (kill -9) for a moment, frees the semaphores its workers
+    # held, and warned of them on the console ("There appear to be 9 leaked semaphore objects to clean up"):
+    # noise after a kill the user chose. It starts with that warning ignored (-W, taken from warnoptions).
+    quiet = "ignore:resource_tracker:UserWarning"
+    sys.warnoptions.append(quiet)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions.remove(quiet)
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         forkserver.ensure_running()

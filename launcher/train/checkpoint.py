@@ -222,11 +222,10 @@ def restore_sharded(state: dict[str, Any], source: Path, nets: Nets, steppers: l
                     device: torch.device) -> None:
     """A sharded checkpoint (`state` read from last.pt at `source`) into this run's model and optimizers,
     however they are sharded now (another number of ranks, or not sharded at all)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     target = _dcp_state(nets, steppers)
-    dcp.load(target, checkpoint_id=Path(source).parent / state["sharded"])
+    _load_shards(target, Path(source).parent / state["sharded"])
     set_state_dict(nets.module, [s.optimizer for s in steppers], model_state_dict=target["model"],
                    optim_state_dict=target["optim"])
     for stepper, sched_state in zip(steppers, state["scheduler_state_dicts"], strict=True):
@@ -236,12 +235,25 @@ def restore_sharded(state: dict[str, Any], source: Path, nets: Nets, steppers: l
 
 def load_sharded_weights(state: dict[str, Any], source: Path, nets: Nets) -> None:
     """Only the model's weights of a sharded checkpoint (`launch eval`)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     target = {"model": get_model_state_dict(nets.module)}
-    dcp.load(target, checkpoint_id=Path(source).parent / state["sharded"])
+    _load_shards(target, Path(source).parent / state["sharded"])
     set_model_state_dict(nets.module, target["model"])
+
+
+def _load_shards(target: dict[str, Any], folder: Path) -> None:
+    """dcp.load of `folder` into `target`. One process reading a sharded checkpoint (a resume on one rank,
+    `launch eval`) is what it is for: torch's warning that it assumes so is not shown."""
+    import warnings
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        if not (dist.is_available() and dist.is_initialized()):
+            warnings.filterwarnings("ignore", "torch.distributed is (disabled|unavailable)", UserWarning)
+        dcp.load(target, checkpoint_id=folder)
 
 
 def misfit(exc: BaseException) -> BaseException | None:

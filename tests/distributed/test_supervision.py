@@ -76,6 +76,9 @@ def test_launcher_killed_outright_leaves_no_worker(tmp_path):
         assert_all_gone(workers, within=15)
         for p in workers:
             stop_tree(p)
+        rest = proc.stdout.read()  # (to its end: every process that held the console has let go of it)
+        # (multiprocessing's resource tracker, freeing the workers' semaphores, warned of them here)
+        assert "Warning" not in rest and "Traceback" not in rest, rest
 
 
 def _forkservers(pids) -> list[int]:
