@@ -145,23 +145,17 @@ def _short_of_shared_memory(state: dict[str, Any]) -> str:
     """What is said once where /dev/shm cannot hold this rank's host copy (a container's default is 64 MB)."""
     import shutil
 
-    def local_bytes(obj: Any) -> int:
-        if isinstance(obj, torch.Tensor):
-            t = obj.to_local() if hasattr(obj, "to_local") else obj
-            return t.numel() * t.element_size()
-        if isinstance(obj, dict):
-            return sum(local_bytes(v) for v in obj.values())
-        if isinstance(obj, (list, tuple)):
-            return sum(local_bytes(v) for v in obj)
-        return 0
+    from launcher.train.checkpoint import _tensors
+
+    held = sum(t.numel() * t.element_size() for t in (getattr(x, "_local_tensor", x) for x in _tensors(state)))
 
     try:
         free = f"{shutil.disk_usage('/dev/shm').free / 2**20:.1f} MB free"
     except OSError:
         free = "its free space unknown"
-    return (f"strategy=fsdp's checkpoints: /dev/shm cannot hold this rank's shards ({local_bytes(state) / 2**20:.1f} "
-            f"MB; {free}), so each save is sent to its writer process through a pipe, which takes more of the "
-            "training's time; give the machine or container more (e.g. docker run --shm-size=16g, or --ipc=host)")
+    return (f"strategy=fsdp's checkpoints: /dev/shm cannot hold this rank's shards ({held / 2**20:.1f} "
+            f"MB; {free}), so each save is sent to its writer process through a pipe, pickled, which costs this "
+            "rank more host time; give the machine or container more (e.g. docker run --shm-size=16g, or --ipc=host)")
 
 
 def _serve(conn: Any, parent: int, rank: int, world_size: int, addr: str, port: int, prefix: str,
@@ -204,13 +198,13 @@ def _serve(conn: Any, parent: int, rank: int, world_size: int, addr: str, port: 
 
 
 def _send_error(conn: Any, exc: BaseException) -> None:
-    import pickle
-
-    try:
-        pickle.dumps(exc)
-    except Exception:  # noqa: BLE001 - (a traceback inside it, say): its text instead
-        exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+    """`exc` to the rank (`send` pickles it whole before writing anything); its text where it does not pickle."""
     try:
         conn.send(exc)
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # the rank is gone
         pass
+    except Exception:  # noqa: BLE001 - not picklable (a traceback inside it, say)
+        try:
+            conn.send(RuntimeError(f"{type(exc).__name__}: {exc}"))
+        except (OSError, ValueError):
+            pass
