@@ -145,9 +145,17 @@ def _short_of_shared_memory(state: dict[str, Any]) -> str:
     """What is said once where /dev/shm cannot hold this rank's host copy (a container's default is 64 MB)."""
     import shutil
 
-    from launcher.train.checkpoint import _tensors
+    def local_bytes(obj: Any) -> int:  # (checkpoint._tensors walks alike, but checkpoint imports this module)
+        if isinstance(obj, torch.Tensor):
+            t = obj.to_local() if hasattr(obj, "to_local") else obj
+            return t.numel() * t.element_size()
+        if isinstance(obj, dict):
+            return sum(local_bytes(v) for v in obj.values())
+        if isinstance(obj, (list, tuple)):
+            return sum(local_bytes(v) for v in obj)
+        return 0
 
-    held = sum(t.numel() * t.element_size() for t in (getattr(x, "_local_tensor", x) for x in _tensors(state)))
+    held = local_bytes(state)
 
     try:
         free = f"{shutil.disk_usage('/dev/shm').free / 2**20:.1f} MB free"
