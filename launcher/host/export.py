@@ -5,7 +5,8 @@ folder, gathered whole here in host memory by torch's own `dcp_to_torch_save`) a
 state_dict: `torch.load(OUT)` reads it into the recipe's network (`model.load_state_dict`). OUT ending in
 .safetensors writes safetensors instead (where the safetensors package is installed). Default OUT:
 RUN_DIR/model.pt (`best`: the run's best checkpoint, checkpoint.keep_best, to RUN_DIR/model-best.pt); OUT a
-folder: OUT/model.pt. An existing file is never overwritten.
+folder: OUT/model.pt. An existing file is never overwritten. Tied weights (GPT's output layer and embedding)
+are stored once, as the network holds them (`tie_equal`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,30 @@ def weights(path: Path, state: dict[str, Any]) -> dict[str, Any]:
         whole = Path(tmp) / "whole.pt"
         dcp_to_torch_save(folder, whole)
         return dict(torch.load(whole, map_location="cpu", weights_only=True)["model"])
+
+
+def tie_equal(model: dict[str, Any]) -> list[tuple[str, str]]:
+    """Tied weights (GPT's output layer and its embedding: one parameter under two names) reach the file as
+    two copies, since the checkpoint stores each name's tensor apart. A tensor of two or more dimensions
+    equal to an earlier one, in shape, dtype and every value, becomes that one here, so torch.save stores
+    it once and `load_state_dict` fills both names alike. Returns (name, the earlier name) pairs."""
+    import torch
+
+    seen: dict[tuple, list[str]] = {}
+    tied = []
+    for name, tensor in model.items():
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() < 2:
+            continue
+        flat = tensor.reshape(-1)  # (64 values spread over it: only tensors alike in these are compared whole)
+        sample = flat[:: max(1, flat.numel() // 64)][:64].contiguous().view(torch.uint8).numpy().tobytes()
+        same = seen.setdefault((tuple(tensor.shape), tensor.dtype, sample), [])
+        first = next((f for f in same if torch.equal(model[f], tensor)), None)
+        if first is None:
+            same.append(name)
+        else:
+            model[name] = model[first]
+            tied.append((name, first))
+    return tied
 
 
 ATTEMPTS = 3  # reads of a live run's checkpoint that it replaced meanwhile, before giving up
@@ -85,6 +110,7 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
         raise LaunchError(f"export is not valid: {folder} is not a folder; create it first (mkdir -p {folder}) or "
                           f"give a file in an existing folder")
     state, model = _read(path, value)
+    tied = tie_equal(model)
     if target.suffix == ".safetensors":
         try:
             from safetensors.torch import save as safetensors_bytes
@@ -120,8 +146,10 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
         tmp.unlink(missing_ok=True)
     config = state.get("config") or {}
     recipe = config.get("recipe") or {}
-    values = sum(v.numel() for v in model.values())
-    print(f"launch: exported {len(model)} tensors ({values:,} values) of recipe={recipe.get('name')} "
+    once = {id(v): v for v in model.values()}  # (a tied tensor's values once, as in the network's parameters)
+    values = sum(v.numel() for v in once.values())
+    ties = "".join(f"; {name} tied to {first}" for name, first in tied)
+    print(f"launch: exported {len(model)} tensors ({values:,} values{ties}) of recipe={recipe.get('name')} "
           f"recipe.model={recipe.get('model')} after epoch {state.get('epoch')} to {target}; "
           f"load it with model.load_state_dict(torch.load('{target}')) (a plain state_dict)")
     return target

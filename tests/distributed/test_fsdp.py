@@ -135,6 +135,11 @@ def test_export_writes_weights_that_load_without_the_launcher(fsdp_run, tmp_path
     sharded, whole = torch.load(tmp_path / "fsdp.pt"), torch.load(tmp_path / "ddp.pt")
     assert sharded.keys() == whole.keys() and "blocks.1.qkv.weight" in sharded
     assert all(torch.allclose(sharded[k], whole[k], atol=1e-5) for k in whole)
+    # the output layer tied to the embedding is one tensor in the file, counted once: the network's parameters
+    parameters = json.loads((fsdp_run / "fsdp" / "results.json").read_text())["parameters"]
+    assert f"({parameters:,} values; head.weight tied to tokens.weight)" in proc.stdout, proc.stdout
+    for weights in (sharded, whole):
+        assert weights["head.weight"].data_ptr() == weights["tokens.weight"].data_ptr()
     # a fresh interpreter that never imports launcher reads it
     code = (f"import torch, sys; sd = torch.load({str(tmp_path / 'fsdp.pt')!r}); "
             "assert 'launcher' not in sys.modules; print(len(sd))")

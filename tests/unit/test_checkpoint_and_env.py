@@ -540,3 +540,23 @@ def test_resume_of_a_damaged_last_checkpoint_names_the_whole_one_before_it(tmp_p
         load_checkpoint(path, "resume")
     assert str(err.value).endswith(f"the checkpoint before it, {path.with_name('previous.pt')}, is whole: give that "
                                    "path instead")
+
+
+def test_an_export_stores_a_tied_weight_once_and_never_ties_weights_that_differ_in_one_value(tmp_path):
+    """A tied embedding and output layer reach the checkpoint as two tensors; the exported file holds one
+    under both names. A weight equal to another in all but one value (outside the values sampled first)
+    stays its own, and so do vectors (biases, norms: equal at their initial values)."""
+    from launcher.host.export import main as export_main
+
+    embed = torch.randn(300, 16)
+    near = embed.clone()
+    near[299, 15] += 1.0
+    path = tmp_path / "run" / "checkpoints" / "last.pt"
+    checkpoint.save_atomic({"net_state_dict": {"embed.weight": embed, "head.weight": embed.clone(), "near": near,
+                                               "b1": torch.zeros(16), "b2": torch.zeros(16)},
+                            "epoch": 1, "history": [], "config": {"recipe": {"name": "text"}, "optim": None}}, path)
+    assert export_main([str(tmp_path / "run")]) == 0
+    weights = torch.load(tmp_path / "run" / "model.pt")
+    assert weights["head.weight"].data_ptr() == weights["embed.weight"].data_ptr()
+    assert torch.equal(weights["near"], near) and weights["near"].data_ptr() != embed.data_ptr()
+    assert weights["b1"].data_ptr() != weights["b2"].data_ptr()
