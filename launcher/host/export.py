@@ -107,7 +107,8 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
         raise exists()
     folder = target.parent
     if not folder.is_dir():
-        raise LaunchError(f"export is not valid: {folder} is not a folder; create it first (mkdir -p {folder}) or "
+        what = "is not a folder" if os.path.lexists(folder) else "does not exist"
+        raise LaunchError(f"export is not valid: {folder} {what}; create it first (mkdir -p {folder}) or "
                           f"give a file in an existing folder")
     state, model = _read(path, value)
     tied = tie_equal(model)
@@ -146,12 +147,16 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
         tmp.unlink(missing_ok=True)
     config = state.get("config") or {}
     recipe = config.get("recipe") or {}
-    once = {id(v): v for v in model.values()}  # (a tied tensor's values once, as in the network's parameters)
-    values = sum(v.numel() for v in once.values())
-    ties = "".join(f"; {name} tied to {first}" for name, first in tied)
+    reader = "safetensors.torch.load_file" if target.suffix == ".safetensors" else "torch.load"
+    if target.suffix == ".safetensors":  # (each name's tensor stored apart: the file's values)
+        values = sum(v.numel() for v in model.values())
+        ties = "".join(f"; {name} stored apart from {first}, its tied weight" for name, first in tied)
+    else:  # (a tied tensor's values once, as in the network's parameters)
+        values = sum(v.numel() for v in {id(v): v for v in model.values()}.values())
+        ties = "".join(f"; {name} tied to {first}" for name, first in tied)
     print(f"launch: exported {len(model)} tensors ({values:,} values{ties}) of recipe={recipe.get('name')} "
           f"recipe.model={recipe.get('model')} after epoch {state.get('epoch')} to {target}; "
-          f"load it with model.load_state_dict(torch.load('{target}')) (a plain state_dict)")
+          f"load it with model.load_state_dict({reader}('{target}')) (a plain state_dict)")
     return target
 
 

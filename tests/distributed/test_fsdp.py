@@ -158,8 +158,11 @@ def test_export_that_cannot_write_says_so_in_one_line_and_leaves_nothing(fsdp_ru
 
     assert export_main([str(fsdp_run / "ddp"), str(tmp_path / "no" / "such" / "model.pt")]) == 2
     said = capsys.readouterr().err.strip().splitlines()
-    assert len(said) == 1 and "is not a folder" in said[0] and "mkdir -p" in said[0], said
+    assert len(said) == 1 and "no/such does not exist" in said[0] and "mkdir -p" in said[0], said
     assert not (tmp_path / "no").exists()
+    (tmp_path / "a-file").write_text("")
+    assert export_main([str(fsdp_run / "ddp"), str(tmp_path / "a-file" / "model.pt")]) == 2
+    assert "a-file is not a folder" in capsys.readouterr().err
 
     def fills_the_disk(obj, f, *args, **kwargs):
         f.write(b"x" * 1000)
