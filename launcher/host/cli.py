@@ -5,7 +5,7 @@
     launch doctor                   an environment report
     launch eval RUN_DIR [k=v ...]   evaluate a saved model (launcher/host/evaluate.py)
     launch runs [--json]            the recent runs here and their state (launcher/host/runs.py)
-    launch export RUN_DIR [OUT]     the trained weights as one plain state_dict file (RUN_DIR best: the best epoch's)
+    launch export RUN_DIR [best] [OUT]  the trained weights as one plain state_dict file (launcher/host/export.py)
     launch --version                launch's, torch's and Hydra's versions
     launch --cfg job                the composed config, nothing started
 

@@ -1,4 +1,4 @@
-"""`launch export RUN_DIR [OUT]`: a run's trained weights as one file that loads without the launcher.
+"""`launch export RUN_DIR [best|last] [OUT]`: a run's trained weights as one file that loads without the launcher.
 
 The checkpoint's model weights (checkpoints/last.pt; under strategy=fsdp its torch.distributed.checkpoint
 folder, gathered whole here in host memory by torch's own `dcp_to_torch_save`) are written as a plain
@@ -147,13 +147,13 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
         tmp.unlink(missing_ok=True)
     config = state.get("config") or {}
     recipe = config.get("recipe") or {}
-    reader = "safetensors.torch.load_file" if target.suffix == ".safetensors" else "torch.load"
-    if target.suffix == ".safetensors":  # (each name's tensor stored apart: the file's values)
-        values = sum(v.numel() for v in model.values())
-        ties = "".join(f"; {name} stored apart from {first}, its tied weight" for name, first in tied)
-    else:  # (a tied tensor's values once, as in the network's parameters)
-        values = sum(v.numel() for v in {id(v): v for v in model.values()}.values())
-        ties = "".join(f"; {name} tied to {first}" for name, first in tied)
+    # The values the file holds: a tied tensor once in a .pt (as in the network's parameters); safetensors,
+    # which has no shared tensors, stores each name apart.
+    apart = target.suffix == ".safetensors"
+    values = sum(v.numel() for v in (model.values() if apart else {id(v): v for v in model.values()}.values()))
+    tie = "{} stored apart from {}, its tied weight" if apart else "{} tied to {}"
+    ties = "".join("; " + tie.format(name, first) for name, first in tied)
+    reader = "safetensors.torch.load_file" if apart else "torch.load"
     print(f"launch: exported {len(model)} tensors ({values:,} values{ties}) of recipe={recipe.get('name')} "
           f"recipe.model={recipe.get('model')} after epoch {state.get('epoch')} to {target}; "
           f"load it with model.load_state_dict({reader}('{target}')) (a plain state_dict)")
