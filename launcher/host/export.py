@@ -43,9 +43,11 @@ def weights(path: Path, state: dict[str, Any]) -> dict[str, Any]:
 
 def tie_equal(model: dict[str, Any]) -> list[tuple[str, str]]:
     """Tied weights (GPT's output layer and its embedding: one parameter under two names) reach the file as
-    two copies, since the checkpoint stores each name's tensor apart. A tensor of two or more dimensions
-    equal to an earlier one, in shape, dtype and every value, becomes that one here, so torch.save stores
-    it once and `load_state_dict` fills both names alike. Returns (name, the earlier name) pairs."""
+    two copies from a sharded checkpoint (torch.distributed.checkpoint stores each name apart) and from the
+    plain last.pt of an earlier launcher (a plain checkpoint now holds them once). A tensor
+    of two or more dimensions equal to an earlier one, in shape, dtype and every value, becomes that one
+    here, so torch.save stores it once and `load_state_dict` fills both names alike. Returns (name, the
+    earlier name) pairs."""
     import torch
 
     seen: dict[tuple, list[str]] = {}

@@ -35,7 +35,7 @@ from launcher.files import (
     link_atomic,
     write_atomic,
 )
-from launcher.train import best
+from launcher.train import best, nested
 
 log = logging.getLogger("launcher.train")
 
@@ -141,13 +141,7 @@ def set_rng_state(rng: dict[str, torch.Tensor], device: torch.device) -> None:
 
 
 def _cloned(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return {k: _cloned(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cloned(v) for v in obj)
-    return obj
+    return nested.mapped(obj, lambda t: t.detach().clone())  # (a tied weight: one clone under both names)
 
 
 # ---- sharded checkpoints (strategy=fsdp): torch.distributed.checkpoint -----------------------------
@@ -359,32 +353,25 @@ class HostSnapshot:
     handful of calls whatever the model's tensor count: one per tensor (a pinned allocation and a copy
     each, ~500 for ResNet-50's weights and momentum) held rank 0 of 2 H200s 0.28-0.31 s at each epoch's
     end, in which every rank waited (BENCHMARKS.md). `state()` waits for the copies and gives each tensor
-    memory of its own (a checkpoint file stores each tensor by itself, as torch.save of a state_dict does);
+    memory of its own, names that held one tensor (a tied weight) one copy (launcher/train/nested.py): the
+    file stores each tensor by itself and a tied one once, as torch.save of the live state_dict would;
     the writer thread calls it, and the page-locked buffer goes back to torch's caching host allocator,
     whose blocks later epochs reuse.
     """
 
     def __init__(self, state: dict[str, Any], stager: Stager | None = None) -> None:
         self._gpu: list[torch.Tensor] = []
-        self._state = self._walk(state)
+        self._state = nested.mapped(state, self._place)  # (a tied weight: one copy, under both its names)
         self._filled: dict[str, Any] | None = None
-        if stager is not None and stager.takes(self._gpu):
-            self._host, self._layout, self._copied = stager.copy(self._gpu)
-        else:
-            self._host, self._layout, self._copied = _to_host(self._gpu)
+        staged = stager.copy(self._gpu) if stager is not None and stager.takes(self._gpu) else None
+        self._host, self._layout, self._copied = staged if staged is not None else _to_host(self._gpu)
 
-    def _walk(self, obj: Any) -> Any:
-        """`obj` with CPU tensors cloned and each GPU tensor replaced by its index in `_gpu`."""
-        if isinstance(obj, torch.Tensor):
-            if obj.device.type != "cuda":
-                return obj.detach().clone()
-            self._gpu.append(obj.detach())
-            return _Slot(len(self._gpu) - 1)
-        if isinstance(obj, dict):
-            return {k: self._walk(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(self._walk(v) for v in obj)
-        return obj
+    def _place(self, t: torch.Tensor) -> Any:
+        """A CPU tensor cloned; a GPU tensor's place in `_gpu`, whose copy `state()` puts there."""
+        if t.device.type != "cuda":
+            return t.detach().clone()
+        self._gpu.append(t.detach())
+        return _Slot(len(self._gpu) - 1)
 
     def _fill(self, obj: Any, hosts: list[torch.Tensor]) -> Any:
         if isinstance(obj, _Slot):
@@ -455,7 +442,7 @@ def warm_pinned_memory(state: dict[str, Any], copies: int, share: float = 0.25) 
     checkpoints, BENCHMARKS.md). The allocator keeps those blocks for the run whatever happens here, so
     this only moves their cost off the training thread. As many copies as fit in `share` of the machine's
     memory; none where pinning fails. Returns the copies warmed."""
-    tensors = [t for t in _tensors(state) if t.device.type == "cuda"]
+    tensors = [t for t in nested.tensors_in(state) if t.device.type == "cuda"]
     nbytes = _Layout(tensors).nbytes
     if not nbytes:
         return 0
@@ -472,16 +459,6 @@ def warm_pinned_memory(state: dict[str, Any], copies: int, share: float = 0.25) 
         return 0
     del blocks  # back to the allocator's cache
     return copies
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
 
 
 class _Slot:
@@ -525,7 +502,13 @@ class Stager:
     (`_foreach_copy_`: a few kernels, ~0.1 ms for ResNet-18's 90 MB on an H200), then that buffer to pinned
     host memory by one copy on a side stream while the next steps run, instead of the next step waiting for
     a ~2-4 ms copy over PCIe (on rank 0, and so under ddp for every rank). Costs one more copy of the state
-    on the GPU, so only states up to `share` of the GPU's memory are staged; larger ones are copied directly."""
+    on the GPU, kept for the run, so only states up to `share` of the GPU's memory are staged, and only
+    while the steps leave room for it: a run whose batch was sized to fill the GPU in its first epoch would
+    otherwise run out of memory in its second (GPT-2 124M's state is 1.5 GB). Where there is no room, or
+    the buffer cannot be had, the state is copied directly (the next step waits for that copy) and a buffer
+    kept from before is let go."""
+
+    HEADROOM = 0.9  # of the memory this process can have: what the epoch's peak and the kept buffer may fill
 
     def __init__(self, device: torch.device, share: float = 0.05):
         self.device = device
@@ -536,21 +519,54 @@ class Stager:
         self._flat: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
         self._read: torch.cuda.Event | None = None  # the side stream's copy of the buffer is done
+        self._said = False
 
     def takes(self, tensors: list[torch.Tensor]) -> bool:
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        return bool(tensors) and nbytes <= self.limit and all(t.device == self.device for t in tensors)
+        if not (tensors and nbytes <= self.limit and all(t.device == self.device for t in tensors)):
+            return False
+        if self._room_for(_Layout(tensors).nbytes):
+            return True
+        self._let_go("the steps' peak and the kept copy would come within "
+                     f"{1 - self.HEADROOM:.0%} of the GPU's memory")
+        return False
 
-    def copy(self, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, _Layout, list]:
-        """The tensors queued to one host buffer: (the buffer, where each lies in it, the event after the copy)."""
+    def _room_for(self, nbytes: int) -> bool:
+        """Whether a buffer of `nbytes`, kept through the next epochs, leaves the steps the memory they
+        took in this one: this epoch's peak (the kept buffer taken out: it was held all epoch) and the
+        buffer within HEADROOM of what this process can have (the GPU's free memory and its own cache)."""
+        held = self._flat.numel() if self._flat is not None else 0
+        peak = torch.cuda.max_memory_allocated(self.device) - held
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return peak + nbytes <= self.HEADROOM * (free + torch.cuda.memory_reserved(self.device))
+
+    def _let_go(self, why: str) -> None:
+        if self._flat is not None or not self._said:
+            log.info("checkpoint snapshots: copied to the host directly, not staged on the GPU (%s)", why)
+            self._said = True
+        self._drop()
+
+    def _drop(self) -> None:
+        if self._read is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._read)  # (the last copy has left it)
+        self._key, self._layout, self._flat, self._views, self._read = None, None, None, [], None
+
+    def copy(self, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, _Layout, list] | None:
+        """The tensors queued to one host buffer: (the buffer, where each lies in it, the event after the
+        copy); None where the GPU cannot give the buffer (copy them directly)."""
         compute = torch.cuda.current_stream(self.device)
         if self._read is not None:
             compute.wait_event(self._read)  # the last snapshot has left the buffer
         key = [(t.dtype, t.shape, t.stride()) for t in tensors]
         if key != self._key:
-            self._key, self._layout = key, _Layout(tensors)
-            self._flat = torch.empty(self._layout.nbytes, dtype=torch.uint8, device=self.device)
-            self._views = self._layout.views(self._flat)
+            self._drop()  # (before the new one is made: never both at once)
+            layout = _Layout(tensors)
+            try:
+                self._flat = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.device)
+            except torch.OutOfMemoryError:
+                self._let_go(f"{layout.nbytes >> 20} MB more of GPU memory refused")
+                return None
+            self._key, self._layout, self._views = key, layout, layout.views(self._flat)
         torch._foreach_copy_(self._views, tensors)
         self.side.wait_stream(compute)
         with torch.cuda.stream(self.side):

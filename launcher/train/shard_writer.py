@@ -145,17 +145,9 @@ def _short_of_shared_memory(state: dict[str, Any]) -> str:
     """What is said once where /dev/shm cannot hold this rank's host copy (a container's default is 64 MB)."""
     import shutil
 
-    def local_bytes(obj: Any) -> int:  # (checkpoint._tensors walks alike, but checkpoint imports this module)
-        if isinstance(obj, torch.Tensor):
-            t = obj.to_local() if hasattr(obj, "to_local") else obj
-            return t.numel() * t.element_size()
-        if isinstance(obj, dict):
-            return sum(local_bytes(v) for v in obj.values())
-        if isinstance(obj, (list, tuple)):
-            return sum(local_bytes(v) for v in obj)
-        return 0
+    from launcher.train.nested import local_nbytes
 
-    held = local_bytes(state)
+    held = local_nbytes(state)
 
     try:
         free = f"{shutil.disk_usage('/dev/shm').free / 2**20:.1f} MB free"

@@ -81,6 +81,28 @@ def test_a_sharded_checkpoint_resumes_on_other_ranks_and_strategies(launch, fsdp
         reference.write_text(json.dumps(rows[2]))
 
 
+def test_a_tied_weight_is_stored_once_in_a_plain_checkpoint_and_resumes(launch, fsdp_run, text_root):
+    """GPT's output layer is its embedding: one tensor under two names, stored once in ddp's last.pt (as
+    torch.save of the live state_dict would; GPT-2 124M: 154 MB less in every checkpoint), and the run
+    resumed from it in one process continues from the trained weights and saves it once again."""
+    import torch
+
+    def shared(checkpoint):
+        weights = torch.load(checkpoint, weights_only=True)["net_state_dict"]
+        head, tokens = weights["head.weight"], weights["tokens.weight"]
+        return torch.equal(head, tokens) and head.untyped_storage().data_ptr() == tokens.untyped_storage().data_ptr()
+
+    assert shared(fsdp_run / "ddp" / "checkpoints" / "last.pt")
+    assert shared(fsdp_run / "single" / "checkpoints" / "last.pt")
+    result = launch(*TOY, f"data.root={text_root}", "strategy=single", "epochs=3", f"resume={fsdp_run / 'ddp'}",
+                    "hydra.run.dir=resumed-tied")
+    assert result.returncode == 0, result.output
+    rows, saved = _rows(result.cwd / "resumed-tied"), _rows(fsdp_run / "ddp")
+    assert [r["epoch"] for r in rows] == [1, 2, 3] and rows[:2] == saved
+    assert rows[2]["loss"] < saved[1]["loss"]  # from the trained weights, not from scratch
+    assert shared(result.cwd / "resumed-tied" / "checkpoints" / "last.pt")
+
+
 def test_an_unsharded_checkpoint_does_not_resume_under_fsdp(launch, fsdp_run, text_root):
     result = launch(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=3",
                     f"resume={fsdp_run / 'ddp'}")

@@ -26,6 +26,12 @@ def test_gpt_trains_on_cuda_with_tokens_per_second_and_mfu(launch, tmp_path):
     assert r["device_type"] == "cuda" and final["tokens_per_s"] > 0 and 0 < final["mfu"] < 1, final
     assert final["test_bpb"] < 0.8 * r["unigram_test_bpb"], (final, r["unigram_test_bpb"])
     assert (result.run_dir() / "sample.txt").read_text().startswith("def ")
+    # the tied output layer and embedding, staged on the GPU and copied to the host, are one tensor in last.pt
+    import torch
+
+    weights = torch.load(result.run_dir() / "checkpoints" / "last.pt", weights_only=True)["net_state_dict"]
+    head, tokens = weights["head.weight"], weights["tokens.weight"]
+    assert head.untyped_storage().data_ptr() == tokens.untyped_storage().data_ptr() and torch.equal(head, tokens)
 
 
 @pytest.mark.parametrize("gpus", ["[0]", pytest.param("[0,1]", marks=two_gpus)])

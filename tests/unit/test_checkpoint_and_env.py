@@ -560,3 +560,55 @@ def test_an_export_stores_a_tied_weight_once_and_never_ties_weights_that_differ_
     assert weights["head.weight"].data_ptr() == weights["embed.weight"].data_ptr()
     assert torch.equal(weights["near"], near) and weights["near"].data_ptr() != embed.data_ptr()
     assert weights["b1"].data_ptr() != weights["b2"].data_ptr()
+
+
+def test_a_snapshot_copies_a_tensor_under_two_names_once_and_nothing_else_together(tmp_path):
+    """A tied weight (one tensor, two names) is one copy in the snapshot and one storage in the file, as
+    torch.save of the live state would write it; two views of one memory at other offsets or strides, and
+    tensors without elements, stay copies of their own. Training changing the weight after the snapshot
+    changes neither copy."""
+    weight = torch.randn(8, 4)
+    state = {"net_state_dict": {"embed.weight": weight.detach(), "head.weight": weight.detach(),
+                                "row0": weight[0], "row1": weight[1], "t": weight.t(),
+                                "e1": torch.zeros(0), "e2": torch.zeros(0, 3)}, "epoch": 1}
+    snapshot, before = checkpoint.HostSnapshot(state), weight.clone()
+    weight.add_(1.0)
+    path = tmp_path / "last.pt"
+    checkpoint.save_snapshot(snapshot, path)
+    saved = torch.load(path, weights_only=True)["net_state_dict"]
+    assert saved["embed.weight"].untyped_storage().data_ptr() == saved["head.weight"].untyped_storage().data_ptr()
+    assert torch.equal(saved["embed.weight"], before)
+    storages = {k: v.untyped_storage().data_ptr() for k, v in saved.items() if k not in ("embed.weight", "e1", "e2")}
+    assert len(set(storages.values())) == len(storages)  # head, row0, row1, t: four copies
+    assert torch.equal(saved["t"], before.t()) and torch.equal(saved["row1"], before[1])
+    assert saved["e1"].shape == (0,) and saved["e2"].shape == (0, 3)
+    alone = {k: v.clone() for k, v in state["net_state_dict"].items()}
+    torch.save(alone, tmp_path / "apart.pt")
+    assert path.stat().st_size < (tmp_path / "apart.pt").stat().st_size  # the tied weight's bytes once
+
+
+def test_a_checkpoint_is_staged_on_the_gpu_only_while_the_steps_leave_room_for_the_kept_copy(monkeypatch):
+    """The staging buffer stays on the GPU through the next epochs: a run whose first epoch peaked near the
+    GPU's memory gets its checkpoints copied directly (and a buffer kept from before let go), rather than
+    running out of memory in its second epoch. The peak read counts the kept buffer, which is taken out."""
+    from types import SimpleNamespace
+
+    gib = 1 << 30
+    memory = {"peak": 0, "free": 0, "reserved": 0}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=80 * gib))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda d: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: memory["peak"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (memory["free"], 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d: memory["reserved"])
+    stager = checkpoint.Stager(torch.device("cpu"))
+    state = [torch.empty(gib // 4, dtype=torch.uint8) for _ in range(4)]  # 1 GiB, as GPT-2's 1.5 GB
+    memory.update(peak=60 * gib, free=10 * gib, reserved=62 * gib)  # 72 GiB this process can have
+    assert stager.takes(state)  # 61 <= 0.9 x 72
+    stager._flat = torch.empty(gib, dtype=torch.uint8)  # (the buffer copy() kept from the last epoch)
+    memory.update(peak=64 * gib)  # (held all epoch: the peak counts it)
+    assert stager.takes(state)  # 63 + 1 <= 64.8
+    memory.update(peak=66 * gib)
+    assert not stager.takes(state) and stager._flat is None  # 65 + 1 > 64.8: copied directly, the buffer let go
+    memory.update(peak=10 * gib, free=60 * gib, reserved=12 * gib)
+    assert stager.takes(state)
+    assert not stager.takes([*state, torch.empty(4 * gib, dtype=torch.uint8)])  # over 5% of the GPU: never staged
