@@ -141,6 +141,8 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
         if not place_new(tmp, target):
             raise exists()
     except (OSError, RuntimeError) as exc:  # (torch.save's zip writer does not always say ENOSPC)
+        if isinstance(exc.__context__, KeyboardInterrupt):  # (Ctrl-C inside torch.save: its writer's close
+            raise KeyboardInterrupt from None               # then fails, which would hide the interrupt)
         if disk_full(folder, exc):  # (asked while the partial file still holds its space)
             raise LaunchError(f"export failed: no space left on the device of {folder} ({target} was not written); "
                               "free some space or give a file on another disk") from None
