@@ -19,12 +19,16 @@ import torch
 
 def same_memory(t: torch.Tensor) -> tuple:
     """What two names' tensors share when they are one tensor: their memory, and how they read it. Tensors
-    without elements are never one (their storages may all have address 0)."""
+    without elements or memory (meta) are never one (their storages may all have address 0), nor are those
+    whose memory cannot be read so (sparse tensors, a tensor subclass without a storage): each is its own."""
     local = t.to_local() if hasattr(t, "to_local") else t  # (a DTensor, under fsdp: this rank's shard)
-    if local.numel() == 0:
-        return ("empty", id(t))
-    return (local.device, local.untyped_storage().data_ptr(), local.storage_offset(), local.dtype,
-            tuple(local.shape), local.stride())
+    if local.numel() == 0 or local.device.type == "meta" or local.layout is not torch.strided:
+        return ("apart", id(t))
+    try:
+        storage = local.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):
+        return ("apart", id(t))
+    return (local.device, storage, local.storage_offset(), local.dtype, tuple(local.shape), local.stride())
 
 
 def tensors_in(obj: Any) -> list[torch.Tensor]:

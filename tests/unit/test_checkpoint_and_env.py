@@ -639,3 +639,13 @@ def test_ctrl_c_during_an_exports_write_is_one_line_exit_130_and_leaves_no_file(
     said = capsys.readouterr().err.strip().splitlines()
     assert said == ["launch: interrupted (Ctrl-C)"], said
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_snapshot_still_copies_tensors_whose_memory_cannot_be_compared():
+    """A sparse buffer (no storage to compare) is cloned on its own, in the snapshot and in the warm-up's
+    copy of the state, as before tied weights were merged."""
+    sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,))
+    state = {"net_state_dict": {"mask": sparse, "mask_again": sparse, "w": torch.ones(2)}, "epoch": 1}
+    copied = checkpoint.HostSnapshot(state).state()["net_state_dict"]
+    assert torch.equal(copied["mask"].to_dense(), sparse.to_dense()) and copied["mask_again"].is_sparse
+    assert torch.equal(checkpoint._cloned(state)["net_state_dict"]["mask"].to_dense(), sparse.to_dense())
