@@ -1,8 +1,8 @@
 """`launch export RUN_DIR [best|last] [OUT]`: a run's trained weights as one file that loads without the launcher.
 
 The checkpoint's model weights (checkpoints/last.pt; under strategy=fsdp its torch.distributed.checkpoint
-folder, gathered whole here in host memory by torch's own `dcp_to_torch_save`) are written as a plain
-state_dict: `torch.load(OUT)` reads it into the recipe's network (`model.load_state_dict`). OUT ending in
+folder, whose model entries `dcp.load` reads whole into host memory in this one process) are written as a
+plain state_dict: `torch.load(OUT)` reads it into the recipe's network (`model.load_state_dict`). OUT ending in
 .safetensors writes safetensors instead (where the safetensors package is installed). Default OUT:
 RUN_DIR/model.pt (`best`: the run's best checkpoint, checkpoint.keep_best, to RUN_DIR/model-best.pt); OUT a
 folder: OUT/model.pt. An existing file is never overwritten. Tied weights (GPT's output layer and embedding)
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +26,32 @@ USAGE = "launch export RUN_DIR [best|last] [OUT.pt | OUT.safetensors]"
 
 
 def weights(path: Path, state: dict[str, Any]) -> dict[str, Any]:
-    """The model's state_dict from a checkpoint (read at `path`), whole, on the CPU."""
+    """The model's state_dict from a checkpoint (read at `path`), whole, on the CPU. A sharded one's model
+    entries only are read from its shards, straight into host tensors (not its optimizer state, and nothing
+    written to a temporary file: for the models fsdp is for, both are several times the weights)."""
     import torch
 
     if "sharded" not in state:
         return {k: v.contiguous() for k, v in state["net_state_dict"].items()}
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._nested_dict import unflatten_state_dict
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     folder = path.parent / state["sharded"]
     if not (folder / ".metadata").is_file():
         raise LaunchError(f"export is not valid: {folder} (the checkpoint's shards) is missing or incomplete")
-    with tempfile.TemporaryDirectory(prefix="launch-export-") as tmp:
-        whole = Path(tmp) / "whole.pt"
-        dcp_to_torch_save(folder, whole)
-        return dict(torch.load(whole, map_location="cpu", weights_only=True)["model"])
+    reader = dcp.FileSystemReader(folder)
+    metadata = reader.read_metadata()
+    # Each model entry's place (DCP stores nested entries flattened; planner_data is the way back), a host
+    # tensor for each tensor, a placeholder for each object, which the load puts in its place.
+    places = {fqn: place for fqn, place in metadata.planner_data.items() if place[0] == "model"}
+    empty = {fqn: torch.empty(meta.size, dtype=meta.properties.dtype) if isinstance(meta, TensorStorageMetadata)
+             else None for fqn, meta in metadata.state_dict_metadata.items() if fqn in places}
+    target = unflatten_state_dict(empty, places)
+    with warnings.catch_warnings():  # (one process reading shards is what no_dist is for: torch says so anyway)
+        warnings.filterwarnings("ignore", "torch.distributed is (disabled|unavailable)", UserWarning)
+        dcp.load(target, storage_reader=reader, no_dist=True)
+    return target.get("model", {})
 
 
 def tie_equal(model: dict[str, Any]) -> list[tuple[str, str]]:

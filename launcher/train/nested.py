@@ -48,19 +48,19 @@ def every_tensor(obj: Any) -> Iterator[torch.Tensor]:
             yield from every_tensor(v)
 
 
-def mapped(obj: Any, fn: Callable[[torch.Tensor], Any], memo: dict[tuple, Any] | None = None) -> Any:
+def mapped(obj: Any, fn: Callable[[torch.Tensor], Any], _done: dict[tuple, Any] | None = None) -> Any:
     """`obj` with each tensor replaced by `fn(tensor)`, called once per distinct tensor: names that held one
-    tensor hold one result. `memo` carries that across calls."""
-    memo = {} if memo is None else memo
+    tensor hold one result."""
+    done = {} if _done is None else _done  # (the results so far, through the walk's recursion)
     if isinstance(obj, torch.Tensor):
         key = same_memory(obj)
-        if key not in memo:
-            memo[key] = fn(obj)
-        return memo[key]
+        if key not in done:
+            done[key] = fn(obj)
+        return done[key]
     if isinstance(obj, dict):
-        return {k: mapped(v, fn, memo) for k, v in obj.items()}
+        return {k: mapped(v, fn, done) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(mapped(v, fn, memo) for v in obj)
+        return type(obj)(mapped(v, fn, done) for v in obj)
     return obj
 
 

@@ -649,3 +649,29 @@ def test_a_snapshot_still_copies_tensors_whose_memory_cannot_be_compared():
     copied = checkpoint.HostSnapshot(state).state()["net_state_dict"]
     assert torch.equal(copied["mask"].to_dense(), sparse.to_dense()) and copied["mask_again"].is_sparse
     assert torch.equal(checkpoint._cloned(state)["net_state_dict"]["mask"].to_dense(), sparse.to_dense())
+
+
+def test_an_export_of_sharded_weights_reads_the_model_entries_whole_and_nothing_else(tmp_path, monkeypatch):
+    """A sharded checkpoint's model entries, read in one process into host tensors: tensors with dots in
+    their names, an object entry (a module's extra state) nested as it was saved, and not the optimizer's
+    entries; without the temporary whole-checkpoint file torch's dcp_to_torch_save would write."""
+    import tempfile
+
+    import torch.distributed.checkpoint as dcp
+
+    from launcher.host.export import weights
+
+    model = {"blocks.0.w": torch.randn(3, 4), "head.weight": torch.randn(2, 4),
+             "norm._extra_state": {"version": 2, "scales": [1.5, torch.ones(2)]}}
+    dcp.save({"model": model, "optim": {"state.blocks.0.w.exp_avg": torch.randn(3, 4)}},
+             checkpoint_id=tmp_path / "epoch-1.dcp", no_dist=True)
+
+    def no_temporary_folder(*args, **kwargs):
+        raise AssertionError("a temporary folder for the whole checkpoint")
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", no_temporary_folder)
+    read = weights(tmp_path / "last.pt", {"sharded": "epoch-1.dcp"})
+    assert read.keys() == model.keys()
+    assert all(torch.equal(read[k], model[k]) for k in ("blocks.0.w", "head.weight"))
+    extra = read["norm._extra_state"]
+    assert extra["version"] == 2 and extra["scales"][0] == 1.5 and torch.equal(extra["scales"][1], torch.ones(2))
