@@ -1,0 +1,57 @@
+"""Mutants of launcher/host/: the `launch` process."""
+
+from tests.mutants import UNIT_PLAN, Mutant
+
+MUTANTS = [
+    Mutant("resume allows epochs already trained", "launcher/host/resume.py",
+           "if cfg.epochs <= epoch:", "if cfg.epochs < epoch:",
+           ("tests/distributed/test_resume.py::test_what_a_checkpoint_cannot_continue_under_is_refused",)),
+    Mutant("gpus=N prefers the least free memory", "launcher/host/gpus.py",
+           "(1 + g.busy, -round(g.free_gib, 1), g.util_pct, g.index)",
+           "(1 + g.busy, round(g.free_gib, 1), g.util_pct, g.index)", (UNIT_PLAN,)),
+    Mutant("idle ignores utilization", "launcher/host/gpus.py",
+           "< IDLE_USED_GIB and self.util_pct <= IDLE_UTIL_PCT", "< IDLE_USED_GIB", (UNIT_PLAN,)),
+    Mutant("signal deaths lose their signal", "launcher/host/outcome.py",
+           "return 128 - returncode if returncode < 0 else returncode", "return returncode if returncode < 0 else 0",
+           ("tests/distributed/test_nothing_silent.py::test_a_sweep_whose_run_is_killed_by_a_signal_exits_128_plus_n",)),
+    Mutant("run dir claim not exclusive", "launcher/host/rundir.py",
+           "os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644", "os.O_WRONLY | os.O_CREAT, 0o644",
+           ("tests/unit/test_rundir.py", "tests/cli/test_run_dirs.py::test_two_launches_started_together_on_one_dir_"
+            "never_share_it")),
+    Mutant("a user's folder is written into", "launcher/host/rundir.py",
+           "    if not entries:\n        return None", "    if True:\n        return None",
+           ("tests/cli/test_run_dirs.py",)),
+    Mutant("a refused launch removes dirs it did not make", "launcher/host/rundir.py",
+           "    if taken is None:  # a sweep's", "    if True:  # a sweep's",
+           ("tests/cli/test_run_dirs.py::test_a_refused_launch_removes_only_what_it_created",
+            "tests/cli/test_run_dirs.py::test_a_refused_launch_into_the_current_folder_keeps_it")),
+    Mutant("the workers' store listens on every interface", "launcher/host/rendezvous.py",
+           "    handler._create_tcp_store_server = lambda addr, port: store\n    return handler", "    return handler",
+           ("tests/distributed/test_lifetime_and_binding.py::test_a_local_launch_listens_on_loopback_only",)),
+    Mutant("a bad checkpoint reaches the workers", "launcher/host/resume.py",
+           "    if (\"net_state_dict\" not in state and \"sharded\" not in state) or \"epoch\" not in state:",
+           "    if False:",
+           ("tests/distributed/test_resume.py::test_a_file_that_is_not_a_launch_checkpoint_is_named_for_what_it_is",)),
+    Mutant("a mute rendezvous holds the node past rdzv_timeout_s", "launcher/host/rendezvous.py",
+           "    thread.join(limit_s)", "    thread.join(limit_s * 20)",
+           ("tests/multinode/test_two_nodes.py::test_a_rendezvous_that_accepts_and_never_answers_ends_within_rdzv_"
+            "timeout_s",)),
+    Mutant("a node_rank given twice is not refused", "launcher/host/rendezvous.py",
+           "        if sorted(given) != list(range(info.world_size)):", "        if False:",
+           ("tests/multinode/test_two_nodes.py::test_a_node_rank_given_twice_stops_every_node_in_one_line",)),
+    Mutant("a rendezvous nobody serves is waited for forever", "launcher/host/rendezvous.py",
+           "            if time.monotonic() + 0.5 >= deadline:", "            if False:",
+           ("tests/multinode/test_two_nodes.py::test_a_rendezvous_nobody_serves_ends_the_node_at_rdzv_timeout_s",)),
+    Mutant("a sharded checkpoint's shards are not held with it", "launcher/host/evaluate.py",
+           "                _link_files(path.parent / folder, into / folder)", "                pass",
+           ("tests/unit/test_eval_pin.py",
+            "tests/distributed/test_fsdp.py::test_eval_of_a_live_sharded_run_reads_the_checkpoint_it_checked_on_"
+            "every_rank")),
+    Mutant("a newer checkpoint pinned unchecked", "launcher/host/evaluate.py",
+           "            load_checkpoint(pinned, setting)  #", "            pass  #", ("tests/unit/test_eval_pin.py",)),
+    Mutant("launch eval leaves its links behind", "launcher/host/evaluate.py",
+           "    shutil.rmtree(into, ignore_errors=True)\n\n\ndef _shard_folder", "    pass\n\n\ndef _shard_folder",
+           ("tests/unit/test_eval_pin.py",
+            "tests/distributed/test_fsdp.py::test_eval_of_a_live_sharded_run_reads_the_checkpoint_it_checked_on_"
+            "every_rank")),
+]
