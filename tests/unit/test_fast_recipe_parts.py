@@ -172,3 +172,27 @@ def test_muon_needs_a_model_that_names_its_matrices():
 def test_checkpoints_from_one_optimizer_still_load():
     assert optimizer_states({"optimizer_state_dict": {"a": 1}, "scheduler_state_dict": {"b": 2}}) == (
         [{"a": 1}], [{"b": 2}])
+
+
+def test_tta_of_level_one_is_the_mean_of_the_image_and_its_mirror():
+    x = torch.randn(3, 1, 6, 6)
+
+    def by_position(v):  # a network that sees a mirrored image differently
+        return v[:, 0, 0, :4]
+
+    assert torch.allclose(tta_logits(by_position, x, 1), 0.5 * by_position(x) + 0.5 * by_position(x.flip(3)))
+    assert torch.equal(tta_logits(by_position, x, 0), by_position(x))
+
+
+def test_random_flips_mirror_about_half_of_the_images_and_nothing_else():
+    from launcher.train.augment import ImageAugmentation
+
+    x = torch.arange(400 * 4, dtype=torch.float32).view(400, 1, 1, 4)
+    out = ImageAugmentation("random", 0, seed=0)(x, torch.Generator().manual_seed(0), indices=torch.arange(400),
+                                                 epoch=0)
+    mirrored = (out != x).any(dim=3).view(-1)
+    assert torch.equal(out[mirrored], x[mirrored].flip(3)) and torch.equal(out[~mirrored], x[~mirrored])
+    assert 150 < int(mirrored.sum()) < 250
+    same = ImageAugmentation("none", 0, seed=0)(x, torch.Generator().manual_seed(0), indices=torch.arange(400),
+                                                epoch=0)
+    assert torch.equal(same, x)

@@ -224,3 +224,22 @@ def test_a_misspelled_best_or_last_after_eval_or_export_says_which_was_meant(tmp
         assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
         assert f"did you mean {meant}" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no file named bset or lats was written
+
+
+def test_a_restart_judged_by_another_figure_starts_its_best_afresh(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / "last.pt").write_text("epoch 1")
+    first = BestCheckpoints(folder, 2, "test_acc", minimize=False)
+    first.keep(1, 0.9, folder / "last.pt", None)
+    assert BestCheckpoints(folder, 2, "test_acc", minimize=False).kept  # the same figure: kept ones count
+    assert BestCheckpoints(folder, 2, "test_loss", minimize=True).kept == []  # another: 0.9 is no loss
+    assert BestCheckpoints(folder, 2, "test_acc", minimize=True).kept == []  # the other way
+
+
+def test_the_run_is_judged_by_test_acc_where_it_has_one_else_its_first_held_out_figure():
+    from launcher.train.early_stop import default_figure
+
+    assert default_figure({"loss": 1.0, "test_loss": 0.5, "test_acc": 0.8}) == "test_acc"
+    assert default_figure({"loss": 1.0, "test_mse": 0.5, "test_mae": 0.2, "train_s": 3.0}) == "test_mse"
+    assert default_figure({"loss": 1.0, "train_acc": 0.5}) is None
