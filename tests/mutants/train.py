@@ -134,7 +134,7 @@ MUTANTS = [
     Mutant("fsdp's shard bytes counted once per tie", "launcher/train/nested.py",
            "locals_ = (t.to_local() if hasattr(t, \"to_local\") else t for t in every_tensor(obj))",
            "locals_ = (t.to_local() if hasattr(t, \"to_local\") else t for t in tensors_in(obj))",
-           ("tests/distributed/test_fsdp.py",)),
+           ("tests/unit/test_nested.py",)),
     # nodes.py
     Mutant("a node's different data.root refused", "launcher/train/nodes.py",
            "PER_NODE = (\"node_rank\", \"gpus\", \"nprocs\", \"rdzv_timeout_s\", \"data.root\",",
