@@ -37,6 +37,9 @@ class Mutant:
 UNIT_CKPT = "tests/unit/test_checkpoint_and_env.py"
 UNIT_PLAN = "tests/unit/test_plan.py"
 UNIT_COMPILE = "tests/unit/test_compile_and_cache.py"
+UNIT_TRUST = "tests/unit/test_checkpoint_trust.py"
+TRUST_REFUSED = (UNIT_TRUST + "::test_a_checkpoint_from_elsewhere_naming_code_is_refused_in_one_line_until_the_user_"
+                 "types_it")
 
 MUTANTS = [
     Mutant("checkpoint write not atomic", "launcher/train/checkpoint.py",
@@ -147,6 +150,19 @@ MUTANTS = [
     Mutant("fast net's global max back to torch.amax", "recipes/vision_models.py",
            "x = x.flatten(2).max(dim=2).values", "x = torch.amax(x, dim=(2, 3))",
            (UNIT_COMPILE + "::test_the_fast_net_compiled_by_inductor_under_bf16_keeps_finite_gradients",)),
+    # --- h1: a checkpoint's config names code only with consent ---
+    Mutant("h1 consent: a checkpoint's code runs unasked", "launcher/host/consent.py",
+           "        if typed.get(key) == value:", "        if True:",
+           (TRUST_REFUSED,
+            UNIT_TRUST + "::test_a_recipe_module_or_a_nested_target_from_a_checkpoint_is_not_imported_without_"
+            "consent")),
+    Mutant("h1 consent: a plain digest passes for the user's mark", "launcher/integrity.py",
+           "        return \"its seal carries no mark of a user's key (written by an older launch, or resealed)\"",
+           "        return None",
+           (TRUST_REFUSED,)),
+    Mutant("h1 consent: a saved interpolation is resolved", "launcher/host/consent.py",
+           '    return re.sub(r"(\\\\*)\\$\\{", lambda m: m.group(1) * 2 + "\\\\${", text)', "    return text",
+           (UNIT_TRUST + "::test_a_saved_configs_interpolations_stay_text_in_the_run_that_resumes_or_evaluates_it",)),
 ]
 
 

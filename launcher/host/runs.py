@@ -28,15 +28,17 @@ USAGE = "launch runs [--json] [--limit N]"
 
 
 def _config_values(run_dir: Path) -> dict[str, Any]:
-    """recipe, model and epochs from config.yaml (plain YAML; no Hydra needed to read it)."""
+    """recipe, model and epochs from config.yaml (plain YAML; no Hydra needed to read it), as written: a
+    `${...}` in it is text (launch writes configs resolved), never resolved here (`${oc.env:...}`)."""
     try:
         from omegaconf import OmegaConf
 
         if not (run_dir / CONFIG).is_file():  # (a FIFO would block)
             return {}
-        cfg = OmegaConf.load(run_dir / CONFIG)
-        return {"recipe": OmegaConf.select(cfg, "recipe.name"), "model": OmegaConf.select(cfg, "recipe.model"),
-                "epochs": OmegaConf.select(cfg, "epochs"), "script": OmegaConf.select(cfg, "script")}
+        cfg = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG), resolve=False)
+        recipe = cfg.get("recipe") if isinstance(cfg.get("recipe"), dict) else {}
+        return {"recipe": recipe.get("name"), "model": recipe.get("model"), "epochs": cfg.get("epochs"),
+                "script": cfg.get("script")}
     except Exception:  # noqa: BLE001 - a torn or missing config.yaml: show what else is known
         return {}
 
