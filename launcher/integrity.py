@@ -101,6 +101,11 @@ def state_digest(state: dict[str, Any]) -> str:
             parts.append(f"{path}\0{type(obj).__name__[0]}{len(obj)}\n".encode())
             for i, value in enumerate(obj):
                 walk(value, f"{path}/{i}")
+        elif isinstance(obj, (set, frozenset)):
+            # (in an order of their own: a set of strings iterates in the order each process's hash seed makes)
+            parts.append(f"{path}\0set{len(obj)}\n".encode())
+            for i, value in enumerate(sorted(obj, key=repr)):
+                walk(value, f"{path}/{i}")
         else:
             parts.append(f"{path}\0{type(obj).__name__}\0{obj!r}\n".encode())
 

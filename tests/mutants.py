@@ -163,6 +163,15 @@ MUTANTS = [
     Mutant("h1 consent: a saved interpolation is resolved", "launcher/host/consent.py",
            '    return re.sub(r"(\\\\*)\\$\\{", lambda m: m.group(1) * 2 + "\\\\${", text)', "    return text",
            (UNIT_TRUST + "::test_a_saved_configs_interpolations_stay_text_in_the_run_that_resumes_or_evaluates_it",)),
+    # --- h1: the seal covers every non-tensor value ---
+    Mutant("h1 seal: non-tensor values left out of the digest", "launcher/integrity.py",
+           '            parts.append(f"{path}\\0{type(obj).__name__}\\0{obj!r}\\n".encode())',
+           '            parts.append(f"{path}\\0{type(obj).__name__}\\n".encode())',
+           (UNIT_TRUST + "::test_a_changed_non_tensor_value_in_a_sealed_checkpoint_breaks_its_seal",)),
+    Mutant("h1 seal: a set digested in the order it iterates", "launcher/integrity.py",
+           "            for i, value in enumerate(sorted(obj, key=repr)):",
+           "            for i, value in enumerate(obj):",
+           (UNIT_TRUST + "::test_a_set_in_a_checkpoint_keeps_its_seal_whatever_order_it_iterates_in",)),
 ]
 
 

@@ -206,3 +206,54 @@ def _sealed_with_key(tmp_path):
         m.setenv("LAUNCH_CONFIG_DIR", str(tmp_path / "config"))
         return integrity.seal(_state({}), "run-3")
 
+
+CHANGES = {
+    "the epoch": lambda s: s.update(epoch=3),
+    "the step inside an epoch": lambda s: s.update(step=41),
+    "a history value": lambda s: s["history"][0].update(test_acc=0.9),
+    "a history row added": lambda s: s["history"].append({"epoch": 2, "test_acc": 0.9}),
+    "a setting": lambda s: s["config"]["optim"].update(lr=1.0),
+    "a setting's text": lambda s: s["config"]["recipe"].update(model="resnet"),
+    "a flag": lambda s: s["config"]["data"].update(synthetic=False),
+    "an unset value set": lambda s: s["config"]["data"].update(root=""),
+    "a key renamed": lambda s: s["config"].update(data={"synthetic_": True, "root": None}),
+    "a value's type": lambda s: s.update(step=41.0),
+}
+
+
+def test_a_changed_non_tensor_value_in_a_sealed_checkpoint_breaks_its_seal(tmp_path):
+    """The seal is a digest of every value, not only the tensors: an epoch, a step, the history, a setting
+    changed after the checkpoint was written is one line (exit 2), whatever reads it."""
+    state = _state({"data": {"synthetic": True, "root": None}})
+    state["step"] = 40
+    path = tmp_path / "run" / "checkpoints" / "last.pt"
+    checkpoint.save_atomic(state, path)
+    for what, change in CHANGES.items():
+        edited = torch.load(path, weights_only=True)
+        change(edited)
+        torch.save(edited, tmp_path / "edited.pt")
+        with pytest.raises(LaunchError) as err:
+            resume.load_checkpoint(tmp_path / "edited.pt", "resume")
+        line = str(err.value)
+        assert err.value.exit_code == 2 and "its contents differ from the digest written with it" in line, what
+        assert "\n" not in line
+    assert resume.load_checkpoint(path, "resume")["step"] == 40  # (unchanged: whole)
+
+
+def test_a_set_in_a_checkpoint_keeps_its_seal_whatever_order_it_iterates_in(tmp_path):
+    """A set of strings (a module's extra state, say) iterates in an order each process's hash seed makes:
+    the digest was of that order, so the checkpoint read by another process looked changed. Here the same
+    set in two orders (ints colliding in the table, as strings do across processes)."""
+    first, second = set(), set()
+    for n in (1, 9):
+        first.add(n)
+    for n in (9, 1):
+        second.add(n)
+    assert list(first) != list(second) and first == second
+    state = _state({})
+    checkpoint.save_atomic({**state, "tags": first}, tmp_path / "run" / "checkpoints" / "last.pt")
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    torch.save({**saved, "tags": second}, tmp_path / "read-elsewhere.pt")
+    assert resume.load_checkpoint(tmp_path / "read-elsewhere.pt", "resume")["tags"] == {1, 9}
+    saved["tags"].add(2)
+    assert "its contents differ" in integrity.broken_seal(saved, tmp_path / "x.pt")
