@@ -172,6 +172,15 @@ MUTANTS = [
            "            for i, value in enumerate(sorted(obj, key=repr)):",
            "            for i, value in enumerate(obj):",
            (UNIT_TRUST + "::test_a_set_in_a_checkpoint_keeps_its_seal_whatever_order_it_iterates_in",)),
+    # --- h1: latest is the checkpoint written last ---
+    Mutant("h1 latest: by the run dir's name", "launcher/host/resume.py",
+           "            when = (path.stat().st_mtime_ns, str(path))", "            when = (0, str(path))",
+           (UNIT_TRUST + "::test_latest_is_the_checkpoint_written_last_whatever_the_run_dirs_names_say",
+            "tests/unit/test_checkpoint_and_env.py::test_resolve_resume")),
+    Mutant("h1 latest: launch runs marks another run", "launcher/host/runs.py",
+           '        run["resume_latest"] = newest is not None and Path(run["dir"]) == newest.parent.parent',
+           '        run["resume_latest"] = run is runs[0]',
+           (UNIT_TRUST + "::test_latest_is_the_checkpoint_written_last_whatever_the_run_dirs_names_say",)),
 ]
 
 

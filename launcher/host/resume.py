@@ -104,11 +104,11 @@ def resolve(value: str, search_root: Path = Path("outputs"), setting: str = "res
         return typed(v) if setting.startswith("launch ") else f"launch {typed(v)}"
 
     if value == "latest":
-        candidates = sorted(search_root.glob(f"**/{CHECKPOINTS}/{LAST_CHECKPOINT}"), key=lambda p: p.stat().st_mtime)
-        if not candidates:
+        newest = latest(search_root)
+        if newest is None:
             raise LaunchError(f"{typed('latest')} is not valid: no checkpoint under {search_root.resolve()}/ "
                               f"(e.g. {example('outputs/DATE/TIME-RECIPE-ID')})")
-        return candidates[-1]
+        return newest
     path = Path(os.path.expanduser(value))
     if path.is_dir():
         path = last_checkpoint(path)
@@ -116,6 +116,20 @@ def resolve(value: str, search_root: Path = Path("outputs"), setting: str = "res
         raise LaunchError(f"{typed(value)} is not valid: {path} does not exist; give a run dir that holds "
                           f"checkpoints/last.pt, a .pt file, or latest (e.g. {example('latest')})")
     return path
+
+
+def latest(search_root: Path = Path("outputs")) -> Path | None:
+    """What `latest` means (resume=latest, launch eval latest, and the run `launch runs` marks): the
+    checkpoints/last.pt under `search_root` written last, by its time, not by its run dir's name (a run
+    started earlier that is still training, or was resumed in place by a restart, wrote the newest one)."""
+    newest: tuple[int, str] | None = None
+    for path in search_root.glob(f"**/{CHECKPOINTS}/{LAST_CHECKPOINT}"):
+        try:
+            when = (path.stat().st_mtime_ns, str(path))
+        except OSError:  # (replaced or removed meanwhile)
+            continue
+        newest = max(newest, when) if newest else when
+    return Path(newest[1]) if newest else None
 
 
 def _best(value: str, search_root: Path, setting: str) -> Path:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.files import CLAIM, CONFIG, EVAL, FAILURES, METRICS, OUTCOME, PLAN, PREEMPTED, RESULTS, read_json
+from launcher.host.resume import latest
 from launcher.host.rundir import pid_alive, read_claim
 
 ROOTS = ("outputs", "multirun")
@@ -219,10 +220,21 @@ def main(argv: list[str], root: Path | None = None) -> int:
     runs = sorted((describe_or_say(d) for d in find(root)), key=lambda r: (str(r["started"]), r["dir"]),
                   reverse=True)
     runs = runs[:limit] if limit else runs
+    # The run `resume=latest` continues: the checkpoint written last, which need not be the run started last.
+    newest = latest(root / "outputs")
+    for run in runs:
+        run["resume_latest"] = newest is not None and Path(run["dir"]) == newest.parent.parent
     if as_json:
         print(json.dumps(runs, indent=2))
     elif not runs:
         print(f"no runs under {root / 'outputs'} or {root / 'multirun'}")
     else:
         print(table(runs))
+        try:
+            written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(newest.stat().st_mtime)) if newest else None
+        except OSError:  # (replaced this instant)
+            written = "just now"
+        if newest is not None:
+            print(f"resume=latest and launch eval latest: {printable(newest.parent.parent)} (its checkpoint, "
+                  f"written {written}, is the newest)")
     return 0

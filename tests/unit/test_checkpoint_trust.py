@@ -257,3 +257,32 @@ def test_a_set_in_a_checkpoint_keeps_its_seal_whatever_order_it_iterates_in(tmp_
     assert resume.load_checkpoint(tmp_path / "read-elsewhere.pt", "resume")["tags"] == {1, 9}
     saved["tags"].add(2)
     assert "its contents differ" in integrity.broken_seal(saved, tmp_path / "x.pt")
+
+
+def test_latest_is_the_checkpoint_written_last_whatever_the_run_dirs_names_say(tmp_path, monkeypatch, capsys):
+    """Two runs where the name-later one (started later) holds the older last.pt: the earlier run went on
+    training, or was resumed in place. `latest` is the one written last, and `launch runs`, which lists
+    runs by when they started, says which run that is."""
+    import json
+    import time
+
+    from launcher.host import runs
+
+    outputs = tmp_path / "outputs"
+    named_later = outputs / "2026-11-02" / "10-00-00-digits-bbbb"
+    named_earlier = outputs / "2026-11-01" / "09-00-00-digits-aaaa"
+    now = time.time()
+    for run, written in ((named_later, now - 3600), (named_earlier, now)):
+        checkpoint.save_atomic(_state({}), run / "checkpoints" / "last.pt")
+        os.utime(run / "checkpoints" / "last.pt", (written, written))
+        (run / "plan.json").write_text("{}")
+    meant = named_earlier / "checkpoints" / "last.pt"
+    assert resume.resolve("latest", outputs) == meant
+    monkeypatch.chdir(tmp_path)
+    assert f"eval.checkpoint='{meant.resolve()}'" in evaluate.command_line(["eval", "latest"])
+    assert runs.main(["--json"], root=tmp_path) == 0
+    marked = [r["dir"] for r in json.loads(capsys.readouterr().out) if r["resume_latest"]]
+    assert marked == [str(named_earlier)]
+    assert runs.main([], root=tmp_path) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(
+        f"resume=latest and launch eval latest: {named_earlier} (its checkpoint, written ")
