@@ -38,6 +38,8 @@ UNIT_CKPT = "tests/unit/test_checkpoint_and_env.py"
 UNIT_PLAN = "tests/unit/test_plan.py"
 UNIT_COMPILE = "tests/unit/test_compile_and_cache.py"
 UNIT_TRUST = "tests/unit/test_checkpoint_trust.py"
+NODES_TYPED = ("tests/unit/test_nodes.py::test_nodes_given_different_recipes_are_told_the_recipe_typed_first_not_its_"
+               "side_effects")
 TRUST_REFUSED = (UNIT_TRUST + "::test_a_checkpoint_from_elsewhere_naming_code_is_refused_in_one_line_until_the_user_"
                  "types_it")
 
@@ -181,6 +183,13 @@ MUTANTS = [
            '        run["resume_latest"] = newest is not None and Path(run["dir"]) == newest.parent.parent',
            '        run["resume_latest"] = run is runs[0]',
            (UNIT_TRUST + "::test_latest_is_the_checkpoint_written_last_whatever_the_run_dirs_names_say",)),
+    # --- h1: nodes given different recipes ---
+    Mutant("h1 nodes: what was typed is not named first", "launcher/train/nodes.py",
+           "    named = [k for k in said if _typed(k, typed)] or chosen", "    named = []",
+           (NODES_TYPED,)),
+    Mutant("h1 nodes: the keys typed never reach the comparison", "launcher/train/nodes.py",
+           "    typed: set[str] = set().union(*(set(a[5]) for a in answers if len(a) > 5))",
+           "    typed: set[str] = set()", (NODES_TYPED,)),
 ]
 
 
