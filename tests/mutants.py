@@ -154,7 +154,7 @@ MUTANTS = [
            (UNIT_COMPILE + "::test_the_fast_net_compiled_by_inductor_under_bf16_keeps_finite_gradients",)),
     # --- h1: a checkpoint's config names code only with consent ---
     Mutant("h1 consent: a checkpoint's code runs unasked", "launcher/host/consent.py",
-           "        if typed.get(key) == value:", "        if True:",
+           "        if key in typed or (replaced and key.startswith(\"model.\")):", "        if True:",
            (TRUST_REFUSED,
             UNIT_TRUST + "::test_a_recipe_module_or_a_nested_target_from_a_checkpoint_is_not_imported_without_"
             "consent")),

@@ -73,14 +73,18 @@ def typed_values(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
 def require(config: dict[str, Any], unproven: str | None, overrides: list[str] | tuple[str, ...],
             what: str) -> None:
     """A LaunchError naming the first value of the saved `config` that would run code without consent:
-    neither typed in `overrides` (the same value) nor vouched for by the checkpoint's seal (`unproven`
-    None: integrity.unproven found this user's mark). `what`: the checkpoint as the user named it."""
+    neither typed in `overrides` (the same value: consent; another: the saved one is not used) nor vouched
+    for by the checkpoint's seal (`unproven` None: integrity.unproven found this user's mark). `what`: the
+    checkpoint as the user named it."""
     if unproven is None:
         return
     typed = typed_values(overrides)
+    model = config.get("model") if isinstance(config.get("model"), dict) else {}
+    # another network typed: none of the saved model section is used (nor its arguments' targets)
+    replaced = typed.get(f"model.{TARGET}") not in (None, model.get(TARGET))
     for key, value in code_named(config):
-        if typed.get(key) == value:
-            continue
+        if key in typed or (replaced and key.startswith("model.")):
+            continue  # (this command line's value is used: the same one, consented to, or its own)
         add = f"{key}={value}" if key in ("recipe", f"model.{TARGET}") else f"+{key}={value}"
         raise LaunchError(f"{what}'s checkpoint names {key}={value}, code that launch runs only with your consent: "
                           f"it was not written by a run of yours ({unproven}); to run it, add {add}")

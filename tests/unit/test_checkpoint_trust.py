@@ -87,6 +87,9 @@ def test_a_checkpoint_from_elsewhere_naming_code_is_refused_in_one_line_until_th
     argv = evaluate.command_line(["eval", str(run), typed])
     assert f"+model.dst='{victim}'" in argv and typed in argv
     assert not [a for a in argv if a.startswith("model._target_=") and a != typed]
+    # another network typed: the saved one (and its arguments) is not used, nothing to consent to
+    argv = evaluate.command_line(["eval", str(run), "model._target_=torch.nn.Identity"])
+    assert not [a for a in argv if str(victim) in a or TARGET in a]
     assert victim.read_text() == "mine"  # (nothing was called: a worker would)
 
 
