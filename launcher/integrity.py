@@ -38,9 +38,9 @@ DIGEST = "sha256"  # the seal's digest of everything else
 MAC = "hmac"  # the seal's keyed mark of its digest, run and epoch (this user's key)
 KEY_FILE = "seal.key"  # this user's secret key, in config_dir()
 KEY_BYTES = 32
+FILE_CHUNK = 1 << 24  # bytes read at a time when a file is hashed
 
 log = logging.getLogger("launcher")
-FILE_CHUNK = 1 << 24  # bytes read at a time when a file is hashed
 
 
 def run_id(run_dir: Path, create: bool = False) -> str | None:
@@ -222,8 +222,8 @@ def unproven(state: dict[str, Any]) -> str | None:
         return "its seal carries no mark of a user's key (written by an older launch, or resealed)"
     key = user_key()
     if key is None:
-        return f"no run of yours has sealed a checkpoint here ({key_path()} does not exist)"
-    if not hmac.compare_digest(mark[MAC], _mac(key, mark)):
+        return f"you have no seal key here, {key_path()}: no run of yours has written a checkpoint"
+    if not hmac.compare_digest(mark[MAC].encode(), _mac(key, mark).encode()):  # (bytes: any text compares)
         return "its seal was not made with your key: another user's run, or another machine's"
     return None
 
