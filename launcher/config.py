@@ -932,6 +932,10 @@ class Config(Schema):
                               f"backend={self.backend.name} backend.nodes={self.nodes}")
 
 
+# The config groups: `recipe=text` chooses an option (conf/recipe/text.yaml), whose values fill the section;
+# the section's `name` is the option chosen.
+GROUPS = ("recipe", "optim", "strategy", "backend")
+
 # Schema of each config-group option: conf/<group>/<option>.yaml names `/schema/<group>/<option>` in its
 # defaults list. Several options may share one schema (recipe=cifar10 and recipe=cifar10_fast).
 SCHEMAS: dict[tuple[str, str], type[Schema]] = {

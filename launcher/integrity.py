@@ -10,6 +10,12 @@ The run: each run dir holds `RUN_ID`, a random name made the first time a checkp
 checkpoint found in a run dir whose name is not the one it carries was copied in from another run.
 Checkpoints written before this existed carry no seal and load as before.
 
+Whose it is: a digest anyone can recompute, so it proves a checkpoint whole, never where it came from. The
+seal also carries `MAC`, an HMAC-SHA256 of its digest, run and epoch under this user's secret key
+(`key_path`: made on first use, mode 0600). Only a run of this user's (on this machine, or a cluster that
+shares the home) can make it: `unproven` says whether a checkpoint's seal proves that, which is what lets
+its saved config name code that launch imports or calls (launcher/host/consent.py).
+
 Leaf module: imports torch only inside the functions that hash tensors (the host wing calls them only
 when it reads a checkpoint, which imports torch anyway).
 """
@@ -17,15 +23,24 @@ when it reads a checkpoint, which imports torch anyway).
 from __future__ import annotations
 
 import hashlib
+import hmac
+import logging
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from launcher.files import RUN_ID
 
-SEAL = "seal"  # the checkpoint's entry: {"sha256", "run", "epoch"[, "files"]}
+SEAL = "seal"  # the checkpoint's entry: {"sha256", "run", "epoch"[, "files"][, "hmac"]}
+DIGEST = "sha256"  # the seal's digest of everything else
+MAC = "hmac"  # the seal's keyed mark of its digest, run and epoch (this user's key)
+KEY_FILE = "seal.key"  # this user's secret key, in config_dir()
+KEY_BYTES = 32
 FILE_CHUNK = 1 << 24  # bytes read at a time when a file is hashed
+
+log = logging.getLogger("launcher")
 
 
 def run_id(run_dir: Path, create: bool = False) -> str | None:
@@ -79,12 +94,17 @@ def state_digest(state: dict[str, Any]) -> str:
         elif isinstance(obj, dict):
             parts.append(f"{path}\0D{len(obj)}\n".encode())
             for key, value in obj.items():
-                if path == "" and key == SEAL and isinstance(value, dict):  # (all of it but its own digest)
-                    value = {k: v for k, v in value.items() if k != "sha256"}
+                if path == "" and key == SEAL and isinstance(value, dict):  # (all of it but its digest and mark)
+                    value = {k: v for k, v in value.items() if k not in (DIGEST, MAC)}
                 walk(value, f"{path}/{key!r}")
         elif isinstance(obj, (list, tuple)):
             parts.append(f"{path}\0{type(obj).__name__[0]}{len(obj)}\n".encode())
             for i, value in enumerate(obj):
+                walk(value, f"{path}/{i}")
+        elif isinstance(obj, (set, frozenset)):
+            # (in an order of their own: a set of strings iterates in the order each process's hash seed makes)
+            parts.append(f"{path}\0set{len(obj)}\n".encode())
+            for i, value in enumerate(sorted(obj, key=repr)):
                 walk(value, f"{path}/{i}")
         else:
             parts.append(f"{path}\0{type(obj).__name__}\0{obj!r}\n".encode())
@@ -112,14 +132,100 @@ def folder_digests(folder: Path) -> dict[str, str]:
     return {p.name: file_digest(p) for p in sorted(Path(folder).iterdir()) if p.is_file()}
 
 
+def config_dir(env: os._Environ | dict[str, str] = os.environ) -> Path:
+    """Where launch keeps this user's own files: LAUNCH_CONFIG_DIR, else $XDG_CONFIG_HOME/launcher
+    (~/.config/launcher)."""
+    if env.get("LAUNCH_CONFIG_DIR"):
+        return Path(env["LAUNCH_CONFIG_DIR"])
+    base = env.get("XDG_CONFIG_HOME") or str(Path(env.get("HOME") or Path.home()) / ".config")
+    return Path(base) / "launcher"
+
+
+def key_path() -> Path:
+    return config_dir() / KEY_FILE
+
+
+_said_no_key: set[str] = set()  # (a key that cannot be made or read is said once per process)
+
+
+def _no_key(path: Path, why: str) -> None:
+    if str(path) not in _said_no_key:
+        _said_no_key.add(str(path))
+        log.warning("checkpoints are sealed without this user's key (%s %s): resuming or evaluating them asks you "
+                    "to confirm any code their config names (model._target_, a recipe module)", path, why)
+
+
+def user_key(create: bool = False) -> bytes | None:
+    """This user's seal key; with `create`, made where there is none yet (random, mode 0600, placed with
+    a hard link so that two processes making it at once agree on one). None: there is none (or it cannot
+    be made or read: said once)."""
+    path = key_path()
+    try:
+        key = bytes.fromhex(path.read_text().strip())
+    except FileNotFoundError:
+        if not create:
+            return None
+    except (OSError, ValueError) as exc:
+        _no_key(path, f"cannot be read: {exc}")
+        return None
+    else:
+        if len(key) == KEY_BYTES:
+            return key
+        _no_key(path, f"holds no key of {KEY_BYTES} bytes")
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, name = tempfile.mkstemp(prefix=f".{KEY_FILE}.", dir=path.parent)  # (0600)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(os.urandom(KEY_BYTES).hex() + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(name, path)
+        except FileExistsError:  # (made this instant by another process: theirs stands)
+            pass
+        finally:
+            os.unlink(name)
+    except OSError as exc:
+        _no_key(path, f"cannot be made: {exc.strerror or exc}")
+        return None
+    return user_key()
+
+
+def _mac(key: bytes, mark: dict[str, Any]) -> str:
+    message = f"launch seal 1\0{mark.get(DIGEST)}\0{mark.get('run')}\0{mark.get('epoch')}".encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
 def seal(state: dict[str, Any], run: str | None, folder: Path | None = None) -> dict[str, Any]:
-    """`state` with its seal added (the digest is taken last: nothing is added after it)."""
+    """`state` with its seal added (the digest is taken last: nothing is added after it but the mark of
+    this user's key, made on first use)."""
     mark: dict[str, Any] = {"run": run, "epoch": state.get("epoch")}
     if folder is not None:
         mark["files"] = folder_digests(folder)
     state[SEAL] = mark
-    mark["sha256"] = state_digest(state)
+    mark[DIGEST] = state_digest(state)
+    key = user_key(create=True)
+    if key is not None:
+        mark[MAC] = _mac(key, mark)
     return state
+
+
+def unproven(state: dict[str, Any]) -> str | None:
+    """Why the checkpoint `state` is not proven written by a run of this user's, or None where its seal
+    carries the mark of this user's key. Asked once `broken_seal` found it whole (the mark vouches for the
+    digest; the digest for the contents)."""
+    mark = state.get(SEAL)
+    if not isinstance(mark, dict):
+        return "it carries no seal"
+    if not isinstance(mark.get(MAC), str):
+        return "its seal carries no mark of a user's key (written by an older launch, or resealed)"
+    key = user_key()
+    if key is None:
+        return f"you have no seal key here, {key_path()}: no run of yours has written a checkpoint"
+    if not hmac.compare_digest(mark[MAC].encode(), _mac(key, mark).encode()):  # (bytes: any text compares)
+        return "its seal was not made with your key: another user's run, or another machine's"
+    return None
 
 
 def broken_seal(state: dict[str, Any], path: Path) -> str | None:
@@ -129,9 +235,9 @@ def broken_seal(state: dict[str, Any], path: Path) -> str | None:
     mark = state.get(SEAL)
     if mark is None:
         return None
-    if not isinstance(mark, dict) or not isinstance(mark.get("sha256"), str):
+    if not isinstance(mark, dict) or not isinstance(mark.get(DIGEST), str):
         return f"its seal is {str(mark)[:80]!r}, not one launch writes"
-    if state_digest(state) != mark["sha256"]:
+    if state_digest(state) != mark[DIGEST]:
         return ("its contents differ from the digest written with it (bytes changed or damaged after it was "
                 "saved)")
     files = mark.get("files")

@@ -47,3 +47,5 @@ class WorkerSpec:
     requeue: RequeuePolicy | None = None  # SLURM jobs that requeue on preemption
     started_at: float = 0.0  # the launcher's time.time() when the command started (time to first step)
     spawned_s: float | None = None  # seconds after started_at when the launcher started the workers
+    typed: tuple[str, ...] = ()  # the config keys the command line set (`recipe` for recipe=text): named first
+    #                              where the nodes of a launch over several machines were given different ones

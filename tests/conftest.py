@@ -17,14 +17,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Decoded datasets and compiled kernels go to a cache of this test session, not the user's ~/.cache
-# (launcher/datacache.py; launches started by the tests inherit it).
-if "LAUNCH_CACHE_DIR" not in os.environ:
-    import atexit
-    import shutil
-    import tempfile
+# (launcher/datacache.py; launches started by the tests inherit it); this user's seal key
+# (launcher/integrity.py) likewise to a config folder of this session, not ~/.config/launcher.
+for _variable, _prefix in (("LAUNCH_CACHE_DIR", "launch-test-cache-"), ("LAUNCH_CONFIG_DIR", "launch-test-config-")):
+    if _variable not in os.environ:
+        import atexit
+        import shutil
+        import tempfile
 
-    os.environ["LAUNCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="launch-test-cache-")
-    atexit.register(shutil.rmtree, os.environ["LAUNCH_CACHE_DIR"], ignore_errors=True)
+        os.environ[_variable] = tempfile.mkdtemp(prefix=_prefix)
+        atexit.register(shutil.rmtree, os.environ[_variable], ignore_errors=True)
 
 
 # `python -m pytest -n 2` (pytest-xdist; the README's test command) on CI's 2 cores: the tests under

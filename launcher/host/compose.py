@@ -22,11 +22,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.config import SCHEMAS, Config, Schema, freeze
+from launcher.config import GROUPS, SCHEMAS, Config, Schema, freeze
 from launcher.errors import LaunchError
 from launcher.world import existing_world, joined_run_id
 
-GROUPS = ("recipe", "optim", "strategy", "backend")
 SCHEMA_GROUP = "schema"  # ConfigStore: schema/<group>/<option>, named by conf/<group>/<option>.yaml
 # launch's Hydra launcher: its class lives where Hydra's plugin scan looks, under `hydra_plugins`.
 SWEEP_LAUNCHER = "hydra_plugins.launcher_sweep.LaunchSweepLauncher"

@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+from launcher import integrity
 from launcher.config import Config, choices, saved_choices
 from launcher.errors import LaunchError
 from launcher.files import CONFUSION, EVAL, identity
+from launcher.host import consent
 from launcher.host.resume import WHICH, data_root_here, load_checkpoint, misspelled_which, resolve
 
 log = logging.getLogger("launcher")
@@ -46,8 +49,24 @@ def _hydra_value(value: Any) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_hydra_value(v) for v in value) + "]"
-    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
-    return f"'{text}'"
+    if isinstance(value, dict):  # (a network's argument may be a section of its own)
+        return "{" + ",".join(f"{_key(k)}:{_hydra_value(v)}" for k, v in value.items()) + "}"
+    # (a saved `${...}` is text: Hydra would resolve it, reading this machine's environment; backslashes
+    # before a quote or the end doubled, as Hydra's quoted strings read them)
+    text = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, consent.literal(str(value)))
+    return "'" + text.replace("'", "\\'") + "'"
+
+
+KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _key(key: Any) -> str:
+    """A saved config's key as an override names it: a name, as launch's schemas and `+model.KEY` write
+    them (anything else would be read as override syntax)."""
+    if not (isinstance(key, str) and KEY.fullmatch(key)):
+        raise LaunchError(f"launch eval is not valid: the checkpoint's config holds the key {str(key)[:80]!r}, not "
+                          "one a launch writes; evaluate it with launch eval.checkpoint=PATH recipe=NAME")
+    return key
 
 
 def command_line(argv: list[str]) -> list[str]:
@@ -68,6 +87,7 @@ def command_line(argv: list[str]) -> list[str]:
     if which == "best":
         where = str(path)  # (what the eval run and its messages name)
     state = load_checkpoint(path, f"launch eval {where}")
+    consent.require(state.get("config") or {}, integrity.unproven(state), overrides, f"launch eval {where}")
     recipe = (state.get("config") or {}).get("recipe") or {}
     if not recipe.get("name"):
         raise LaunchError(f"launch eval {where}: the checkpoint does not say which recipe trained it (written by an "
@@ -79,20 +99,24 @@ def command_line(argv: list[str]) -> list[str]:
         raise LaunchError(f"recipe={asked[-1]} is not valid with launch eval {where}: the checkpoint was trained "
                           f"with recipe={recipe['name']}, which evaluates it (e.g. launch eval {where}, without "
                           "recipe=)")
-    mine += [f"recipe.{k}={_hydra_value(v)}" for k, v in recipe.items() if k != "name" and f"recipe.{k}" not in given]
+    mine += [f"recipe.{_key(k)}={_hydra_value(v)}" for k, v in recipe.items()
+             if k != "name" and f"recipe.{k}" not in given]
     config = state.get("config") or {}
     data = config.get("data") or {}
     if data.get("synthetic") and "data.synthetic" not in given:  # the data it was trained on (generated: again)
         mine.append("data.synthetic=true")
     if data.get("on_bad_file") and "data.on_bad_file" not in given:  # (files it left out: left out again)
-        mine.append(f"data.on_bad_file={data['on_bad_file']}")
+        mine.append(f"data.on_bad_file={_hydra_value(data['on_bad_file'])}")
     root = data_root_here(data.get("root"))
     if root is not None and "data.root" not in given:
         mine.append(f"data.root={_hydra_value(root)}")  # (the run's own data, where it is here too)
     model = config.get("model") or {}
-    if isinstance(model, dict) and model.get("_target_") and not any(k.startswith("model.") for k in given):
-        mine.append(f"model._target_={_hydra_value(model['_target_'])}")  # (the network that was saved)
-        mine += [f"+model.{k}={_hydra_value(v)}" for k, v in model.items() if k != "_target_"]
+    typed_target = consent.typed_values(overrides).get("model._target_")
+    if isinstance(model, dict) and model.get("_target_") and typed_target in (None, model["_target_"]):
+        if typed_target is None:  # (the network that was saved, and its arguments not typed here)
+            mine.append(f"model._target_={_hydra_value(model['_target_'])}")
+        mine += [f"+model.{_key(k)}={_hydra_value(v)}" for k, v in model.items()
+                 if k != "_target_" and not any(g == f"model.{k}" or g.startswith(f"model.{k}.") for g in given)]
     batch = config.get("batch_size")
     if isinstance(batch, int) and "batch_size" not in given:  # (what its data was checked against)
         mine.append(f"batch_size={batch}")

@@ -104,11 +104,11 @@ def resolve(value: str, search_root: Path = Path("outputs"), setting: str = "res
         return typed(v) if setting.startswith("launch ") else f"launch {typed(v)}"
 
     if value == "latest":
-        candidates = sorted(search_root.glob(f"**/{CHECKPOINTS}/{LAST_CHECKPOINT}"), key=lambda p: p.stat().st_mtime)
-        if not candidates:
+        newest = latest(search_root)
+        if newest is None:
             raise LaunchError(f"{typed('latest')} is not valid: no checkpoint under {search_root.resolve()}/ "
                               f"(e.g. {example('outputs/DATE/TIME-RECIPE-ID')})")
-        return candidates[-1]
+        return newest
     path = Path(os.path.expanduser(value))
     if path.is_dir():
         path = last_checkpoint(path)
@@ -116,6 +116,20 @@ def resolve(value: str, search_root: Path = Path("outputs"), setting: str = "res
         raise LaunchError(f"{typed(value)} is not valid: {path} does not exist; give a run dir that holds "
                           f"checkpoints/last.pt, a .pt file, or latest (e.g. {example('latest')})")
     return path
+
+
+def latest(search_root: Path = Path("outputs")) -> Path | None:
+    """What `latest` means (resume=latest, launch eval latest, and the run `launch runs` marks): the
+    checkpoints/last.pt under `search_root` written last, by its time, not by its run dir's name (a run
+    started earlier that is still training, or was resumed in place by a restart, wrote the newest one)."""
+    newest: tuple[int, str] | None = None
+    for path in search_root.glob(f"**/{CHECKPOINTS}/{LAST_CHECKPOINT}"):
+        try:
+            when = (path.stat().st_mtime_ns, str(path))
+        except OSError:  # (replaced or removed meanwhile)
+            continue
+        newest = max(newest, when) if newest else when
+    return Path(newest[1]) if newest else None
 
 
 def _best(value: str, search_root: Path, setting: str) -> Path:
@@ -329,9 +343,9 @@ def is_resume(override: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4)
-def _facts(path: Path, version: tuple[int, int], setting: str) -> tuple[dict[str, Any], int, bool]:
+def _facts(path: Path, version: tuple[int, int], setting: str) -> tuple[dict[str, Any], int, bool, str | None]:
     state = load_checkpoint(path, setting)
-    return state.get("config") or {}, state["epoch"], "sharded" in state
+    return state.get("config") or {}, state["epoch"], "sharded" in state, integrity.unproven(state)
 
 
 def checkpoint_facts(value: str, search_root: Path = Path("outputs")) -> tuple[Path, dict[str, Any], int, bool]:
@@ -339,9 +353,26 @@ def checkpoint_facts(value: str, search_root: Path = Path("outputs")) -> tuple[P
     whether it is sharded. Read once per launch (cached by path, mtime and size) whoever asks: the
     command line, each composed run, the check before the workers. A LaunchError if it is not a launch
     checkpoint."""
+    path, config, epoch, sharded, _ = _checkpoint(value, search_root)
+    return path, config, epoch, sharded
+
+
+def _checkpoint(value: str, search_root: Path = Path("outputs")) -> tuple[Path, dict[str, Any], int, bool, str | None]:
+    """checkpoint_facts, and why it is not proven a run of this user's wrote it (integrity.unproven)."""
     path = resolve(value, search_root).resolve()
     stat = path.stat()
     return (path, *_facts(path, (stat.st_mtime_ns, stat.st_size), f"resume={value}"))
+
+
+def saved_config(value: str, overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The config the checkpoint `resume=value` was trained with, once the user consented to any code it
+    names (launcher/host/consent.py: typed in `overrides`, or a seal of this user's key); else a LaunchError,
+    before anything of it is imported."""
+    from launcher.host import consent
+
+    _, config, _, _, unproven = _checkpoint(value)
+    consent.require(config, unproven, overrides, f"resume={value}")
+    return config
 
 
 def with_saved_choices(overrides: list[str]) -> list[str]:
@@ -352,7 +383,7 @@ def with_saved_choices(overrides: list[str]) -> list[str]:
     values = [o.partition("=")[2] for o in overrides if is_resume(o)]
     if len(values) != 1 or not _single_value(values[0]):
         return overrides
-    config = checkpoint_facts(values[0].strip().strip("'\""))[1]
+    config = saved_config(values[0].strip().strip("'\""), overrides)
     typed = typed_keys(overrides)
     added = []
     for group in CARRIED_GROUPS:
@@ -384,9 +415,13 @@ def _literal(value: Any) -> Any:
     interpolation to resolve here (a checkpoint from elsewhere would read this machine's environment
     into the run's config with `${oc.env:...}`)."""
     if isinstance(value, str):
-        return value.replace("${", "\\${")
-    if isinstance(value, list):
+        from launcher.host.consent import literal
+
+        return literal(value)
+    if isinstance(value, (list, tuple)):
         return [_literal(v) for v in value]
+    if isinstance(value, dict):  # (a list's dicts: flat_keys leaves them whole)
+        return {k: _literal(v) for k, v in value.items()}
     return value
 
 
@@ -403,7 +438,8 @@ def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
     value = OmegaConf.select(cfg, "resume")
     if value is None or not _single_value(str(value)):
         return cfg
-    saved = flat_keys(checkpoint_facts(str(value))[1])
+    config = saved_config(str(value), overrides)
+    saved = flat_keys(config)
     typed = typed_keys(overrides)
     absent = object()
     cfg = copy.deepcopy(cfg)
@@ -419,7 +455,23 @@ def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
         root = data_root_here(saved.get("data.root"))
         if root is not None and not ({"data", "data.root"} & typed) and "data" in cfg:
             cfg.data.root = _literal(root)  # (the run's own data, where that folder is on this machine too)
+        _carry_network_arguments(cfg, config.get("model"))
     return cfg
+
+
+def _carry_network_arguments(cfg: Any, model: Any) -> None:
+    """A network from config (`model._target_`) resumes with the arguments it was built with (`+model.KEY`,
+    keys the composed config does not have), where this launch builds the same target; arguments typed
+    here win. Another target typed here takes none of them."""
+    from omegaconf import open_dict
+
+    if not (isinstance(model, dict) and model.get("_target_") and "model" in cfg
+            and cfg.model.get("_target_") == model["_target_"]):
+        return
+    with open_dict(cfg.model):
+        for key, value in model.items():
+            if key not in cfg.model:
+                cfg.model[key] = _literal(value)
 
 
 def data_root_here(root: Any) -> str | None:

@@ -45,7 +45,7 @@ from launcher.host.evaluate import checkpoint_to_evaluate, pin, unpin
 from launcher.host.evaluate import summarize as summarize_evaluation
 from launcher.host.outcome import LaunchContext, Outcome, signal_name
 from launcher.host.plan import Plan, make_plan
-from launcher.host.resume import Resume
+from launcher.host.resume import Resume, typed_keys
 from launcher.host.resume import inspect as inspect_resume
 from launcher.host.resume import resolve as resolve_resume
 from launcher.spec import WorkerSpec
@@ -134,7 +134,8 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
     spec = WorkerSpec(plan.config, plan.strategy, str(run_dir), plan.env, plan.device_index, resume_from,
                       evaluate=str(evaluate) if evaluate else None, evaluate_read=str(pinned) if pinned else None,
                       requeue=context.requeue, started_at=context.started,
-                      spawned_s=round(time.time() - context.started, 3))
+                      spawned_s=round(time.time() - context.started, 3),
+                      typed=tuple(sorted(typed_keys(context.overrides))))
     try:
         outcome = _execute(spec, plan)
     finally:

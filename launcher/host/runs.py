@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.files import CLAIM, CONFIG, EVAL, FAILURES, METRICS, OUTCOME, PLAN, PREEMPTED, RESULTS, read_json
+from launcher.host.resume import latest
 from launcher.host.rundir import pid_alive, read_claim
 
 ROOTS = ("outputs", "multirun")
@@ -28,15 +29,17 @@ USAGE = "launch runs [--json] [--limit N]"
 
 
 def _config_values(run_dir: Path) -> dict[str, Any]:
-    """recipe, model and epochs from config.yaml (plain YAML; no Hydra needed to read it)."""
+    """recipe, model and epochs from config.yaml (plain YAML; no Hydra needed to read it), as written: a
+    `${...}` in it is text (launch writes configs resolved), never resolved here (`${oc.env:...}`)."""
     try:
         from omegaconf import OmegaConf
 
         if not (run_dir / CONFIG).is_file():  # (a FIFO would block)
             return {}
-        cfg = OmegaConf.load(run_dir / CONFIG)
-        return {"recipe": OmegaConf.select(cfg, "recipe.name"), "model": OmegaConf.select(cfg, "recipe.model"),
-                "epochs": OmegaConf.select(cfg, "epochs"), "script": OmegaConf.select(cfg, "script")}
+        cfg = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG), resolve=False)
+        recipe = cfg.get("recipe") if isinstance(cfg.get("recipe"), dict) else {}
+        return {"recipe": recipe.get("name"), "model": recipe.get("model"), "epochs": cfg.get("epochs"),
+                "script": cfg.get("script")}
     except Exception:  # noqa: BLE001 - a torn or missing config.yaml: show what else is known
         return {}
 
@@ -217,10 +220,21 @@ def main(argv: list[str], root: Path | None = None) -> int:
     runs = sorted((describe_or_say(d) for d in find(root)), key=lambda r: (str(r["started"]), r["dir"]),
                   reverse=True)
     runs = runs[:limit] if limit else runs
+    # The run `resume=latest` continues: the checkpoint written last, which need not be the run started last.
+    newest = latest(root / "outputs")
+    for run in runs:
+        run["resume_latest"] = newest is not None and Path(run["dir"]) == newest.parent.parent
     if as_json:
         print(json.dumps(runs, indent=2))
     elif not runs:
         print(f"no runs under {root / 'outputs'} or {root / 'multirun'}")
     else:
         print(table(runs))
+        try:
+            written = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(newest.stat().st_mtime)) if newest else None
+        except OSError:  # (replaced this instant)
+            written = "just now"
+        if newest is not None:
+            print(f"resume=latest and launch eval latest: {printable(newest.parent.parent)} (its checkpoint, "
+                  f"written {written}, is the newest)")
     return 0

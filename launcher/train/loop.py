@@ -103,7 +103,7 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     try:
         # (a world over several machines: rank 0's run dir, and whether every rank sees it)
         dirs = nodes.meet(world, Path(spec.run_dir), strategy.sharded, cfg.saves and not spec.evaluate,
-                          settings=to_plain(cfg))
+                          settings=to_plain(cfg), typed=spec.typed)
         trainer = Trainer(spec, world, device, timeline, dirs)
         outcome = trainer.evaluate(spec.evaluate) if spec.evaluate else trainer.run()
         # Let go of the nets and a captured step before teardown: destroying NCCL's communicator while

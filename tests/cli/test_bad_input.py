@@ -154,3 +154,30 @@ def test_help_on_a_users_recipe_shows_its_keys_without_running_its_module(launch
     assert not (tmp_path / "MODULE_RAN").exists()
     ran = launch("recipe=my_pkg.my_recipe", "--cfg", "job", timeout=60)  # composing for real imports it
     assert ran.returncode == 0 and (tmp_path / "MODULE_RAN").exists()
+
+
+def test_a_shared_checkpoint_naming_code_is_refused_by_eval_and_resume_until_the_user_types_it(launch, tmp_path):
+    """A checkpoint from elsewhere (its seal removed) whose config builds the network with
+    shutil.copyfile(bait, victim): `launch eval` and `resume=` overwrote the victim before the 'not an
+    nn.Module' check. Now one line, exit 2, before any worker, the victim untouched (typed, it goes ahead:
+    tests/unit/test_checkpoint_trust.py)."""
+    import torch
+
+    victim, bait = tmp_path / "victim.txt", tmp_path / "bait.txt"
+    victim.write_text("mine")
+    bait.write_text("theirs")
+    run = tmp_path / "shared-run"
+    (run / "checkpoints").mkdir(parents=True)
+    torch.save({"net_state_dict": {}, "epoch": 1, "history": [],
+                "config": {"recipe": {"name": "digits", "model": "cnn"}, "optim": {"name": "sgd"},
+                           "model": {"_target_": "shutil.copyfile", "src": str(bait), "dst": str(victim)}}},
+               run / "checkpoints" / "last.pt")
+    for args in (("eval", str(run), "gpus=[]"), (f"resume={run}", "gpus=[]", "epochs=3")):
+        result = launch(*args, timeout=120)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2 and len(lines) == 1, result.output
+        assert lines[0] == (f"launch: {'eval ' if args[0] == 'eval' else 'resume='}{run}'s "
+                            "checkpoint names model._target_=shutil.copyfile, code that launch runs only with your "
+                            "consent: it was not written by a run of yours (it carries no seal); to run it, add "
+                            "model._target_=shutil.copyfile"), lines[0]
+        assert victim.read_text() == "mine" and not list(tmp_path.glob("outputs/*/*"))

@@ -42,7 +42,8 @@ def test_runs_lists_every_state_newest_first(launch, tmp_path):
     shown = subprocess.run([sys.executable, "-m", "launcher", "runs"], cwd=tmp_path, capture_output=True, text=True,
                            env=wide, timeout=60)
     lines = shown.stdout.splitlines()
-    assert lines[0].split()[:3] == ["started", "recipe", "strategy"] and len(lines) == 5
+    assert lines[0].split()[:3] == ["started", "recipe", "strategy"] and len(lines) == 6
+    assert lines[-1].startswith(f"resume=latest and launch eval latest: {finished.run_dir()} (its checkpoint")
     assert "running" in lines[2] and "c-running" in lines[2]
 
 

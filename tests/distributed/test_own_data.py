@@ -167,6 +167,12 @@ def test_a_network_from_config_with_its_arguments(launch, project):
     assert evaluated.returncode == 0, evaluated.output
     eval_json = json.loads(next(project.glob("outputs/**/eval.json")).read_text())
     assert eval_json["model"] == "nets.TinyNet" and eval_json["test_acc"] == _results(result)["test_acc"]
+    # and a resume, with no override: its own run's checkpoint (this user's seal), its arguments carried too
+    # (+model.hidden=8 was left behind: the checkpoint's weights did not fit TinyNet's default width)
+    resumed = launch(f"resume={_run_dir(result)}", "epochs=4", "gpus=[]")
+    assert resumed.returncode == 0, resumed.output
+    assert _results(resumed)["model"] == "nets.TinyNet"
+    assert "hidden: 8" in (_run_dir(resumed) / "config.yaml").read_text()
 
 
 def test_a_network_that_does_not_take_the_batches_is_one_line_naming_its_key(launch, project):

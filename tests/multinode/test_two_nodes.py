@@ -218,18 +218,22 @@ def test_fsdp_over_two_nodes_writes_one_sharded_checkpoint_where_rank_0_is(hosts
 
 def test_nodes_launched_with_different_settings_refuse_in_one_line_on_every_node(hosts, tmp_path):
     """Before, they trained apart (exit 0, different weights) or hung: each node's resolved config is
-    compared at the start, and every node says which keys differ, with both values, and exits 2."""
+    compared at the start, and every node names what the commands typed differently, with both values, and
+    exits 2. A recipe typed differently is named as typed, not as the values that follow from it (its
+    epochs, lr, ...: the line listed them, cut off with '...', and never said recipe=)."""
     port = PORT + 7
-    node0 = hosts.start(0, *DDP, "epochs=1", "lr=0.05", *node_args(hosts, 0, port),
-                        f"hydra.run.dir={tmp_path / 'a'}", cwd=tmp_path)
-    node1 = hosts.start(1, *DDP, "epochs=2", "lr=0.05", *node_args(hosts, 1, port),
-                        f"hydra.run.dir={tmp_path / 'b'}", cwd=tmp_path)
+    common = (*DDP, "data.synthetic=true", "lr=0.05")
+    node0 = hosts.start(0, *common, "recipe=digits", *node_args(hosts, 0, port), f"hydra.run.dir={tmp_path / 'a'}",
+                        cwd=tmp_path)
+    node1 = hosts.start(1, *common, "recipe=cifar10", *node_args(hosts, 1, port), f"hydra.run.dir={tmp_path / 'b'}",
+                        cwd=tmp_path)
     for proc in (node0, node1):
         code, out, err = finish(proc, timeout=120)
         assert code == 2, out + err
         said = [line for line in err.splitlines() if "launched with different settings" in line]
-        assert len(said) == 1 and "epochs=1 on" in said[0] and "but epochs=2 on" in said[0], out + err
-        assert "lr=" not in said[0] and "Traceback" not in err
+        assert len(said) == 1 and "settings: recipe=digits on " in said[0] and "but recipe=cifar10 on" in said[0], err
+        assert "other values differ as a result. Give every node" in said[0], said[0]
+        assert "lr=" not in said[0] and "epochs=" not in said[0] and "..." not in said[0] and "Traceback" not in err
     assert not (tmp_path / "a" / "metrics.jsonl").exists()  # nothing trained
 
 

@@ -54,4 +54,21 @@ MUTANTS = [
            ("tests/unit/test_eval_pin.py",
             "tests/distributed/test_fsdp.py::test_eval_of_a_live_sharded_run_reads_the_checkpoint_it_checked_on_"
             "every_rank")),
+    # --- h1 ---
+    Mutant("h1 consent: a checkpoint's code runs unasked", 'launcher/host/consent.py',
+           '        if key in typed or (replaced and key.startswith("model.")):',
+           '        if True:',
+           ('tests/unit/test_checkpoint_trust.py::test_a_checkpoint_from_elsewhere_naming_code_is_refused_in_one_line_until_the_user_types_it', 'tests/unit/test_checkpoint_trust.py::test_a_recipe_module_or_a_nested_target_from_a_checkpoint_is_not_imported_without_consent')),
+    Mutant('h1 consent: a saved interpolation is resolved', 'launcher/host/consent.py',
+           '    return re.sub(r"(\\\\*)\\$\\{", lambda m: m.group(1) * 2 + "\\\\${", text)',
+           '    return text',
+           ('tests/unit/test_checkpoint_trust.py::test_a_saved_configs_interpolations_stay_text_in_the_run_that_resumes_or_evaluates_it',)),
+    Mutant("h1 latest: by the run dir's name", 'launcher/host/resume.py',
+           '            when = (path.stat().st_mtime_ns, str(path))',
+           '            when = (0, str(path))',
+           ('tests/unit/test_checkpoint_trust.py::test_latest_is_the_checkpoint_written_last_whatever_the_run_dirs_names_say', 'tests/unit/test_checkpoint_and_env.py::test_resolve_resume')),
+    Mutant('h1 latest: launch runs marks another run', 'launcher/host/runs.py',
+           '        run["resume_latest"] = newest is not None and Path(run["dir"]) == newest.parent.parent',
+           '        run["resume_latest"] = run is runs[0]',
+           ('tests/unit/test_checkpoint_trust.py::test_latest_is_the_checkpoint_written_last_whatever_the_run_dirs_names_say',)),
 ]

@@ -254,4 +254,13 @@ MUTANTS = [
     Mutant("the first step's time not the command's", "launcher/train/loop.py",
            "self.timings.first_step_s = time.time() - self.spec.started_at", "self.timings.first_step_s = time.perf_counter() - self.spec.started_at",
            ("tests/distributed/test_ddp_digits.py",)),
+    # --- h1 ---
+    Mutant('h1 nodes: what was typed is not named first', 'launcher/train/nodes.py',
+           '    named = [k for k in said if _typed(k, typed)] or chosen',
+           '    named = []',
+           ('tests/unit/test_nodes.py::test_nodes_given_different_recipes_are_told_the_recipe_typed_first_not_its_side_effects',)),
+    Mutant('h1 nodes: the keys typed never reach the comparison', 'launcher/train/nodes.py',
+           '    typed: set[str] = set().union(*(set(a[5]) for a in answers if len(a) > 5))',
+           '    typed: set[str] = set()',
+           ('tests/unit/test_nodes.py::test_nodes_given_different_recipes_are_told_the_recipe_typed_first_not_its_side_effects',)),
 ]

@@ -97,3 +97,32 @@ def test_a_sweep_over_several_machines_is_refused_before_any_run():
     cfg = config_of(*CPU, "nodes=2", "rdzv=127.0.0.1:29400")
     with pytest.raises(ConfigError, match="a sweep .* runs on this machine"):
         LocalBackend(cfg.backend).check(cfg)
+
+
+def test_nodes_given_different_recipes_are_told_the_recipe_typed_first_not_its_side_effects():
+    """The refusal listed a recipe's side effects (batch_size, epochs, lr, ...) cut off with '...', and never
+    named recipe=: it names first, whole, what the commands typed differently, and counts the rest."""
+    from launcher.config import flat_keys, to_plain
+    from launcher.train.nodes import differences
+
+    def node(*typed: str) -> dict:
+        return flat_keys(to_plain(config_of(*CPU, *typed)))
+
+    text, digits = node("recipe=text"), node("recipe=digits")
+    said = "the nodes were launched with different settings: recipe=text on a (rank 0's node) but recipe=digits on b " \
+           "(rank 2); "
+    # as `meet` gathers them, (rank, sees, host, processes, settings, keys typed); without the keys typed (a
+    # SLURM job's nodes, one command) the option chosen still comes first
+    for keys in (None, (("recipe",), ("recipe",)), ((), ("recipe",))):
+        answers = [(0, True, "a", 2, text), (2, True, "b", 2, digits)]
+        if keys is not None:
+            answers = [(*answer, typed) for answer, typed in zip(answers, keys, strict=True)]
+        line = differences(answers)
+        assert line.startswith(said) and "other values differ as a result. Give every node" in line, line
+        assert "..." not in line and "epochs=" not in line and "\n" not in line
+    typed = ("lr", "recipe")
+    line = differences([(0, True, "a", 2, node("recipe=text", "lr=0.5"), typed),
+                        (2, True, "b", 2, node("recipe=digits", "lr=0.25"), typed)])
+    assert line.startswith(said + "lr=0.5 on a (rank 0's node) but lr=0.25 on b (rank 2); "), line
+    line = differences([(0, True, "a", 2, node("epochs=3"), ("epochs",)), (2, True, "b", 2, node("epochs=4"), ())])
+    assert ": epochs=3 on a (rank 0's node) but epochs=4 on b (rank 2). Give every node" in line, line
