@@ -59,18 +59,20 @@ log = logging.getLogger("launcher")
 
 def check_runnable(cfg: Config) -> type[Recipe] | None:
     """What can be checked of the run itself before anything starts: the script exists, or the recipe
-    imports and has the model named. Returns the recipe's class (None for a script)."""
+    imports, has the model named and the figures that settings name (where it can say them up front).
+    Returns the recipe's class (None for a script)."""
     if cfg.script:
         script.script_path(cfg)
         return None
     from launcher import models
-    from launcher.recipes import check_model, recipe_class
+    from launcher.recipes import check_figures, check_model, recipe_class
 
     recipe = recipe_class(cfg.recipe.name)
     if models.configured(cfg.model):
         models.check(cfg.model)  # (the recipe's own models are not built then)
     else:
         check_model(recipe, cfg)
+    check_figures(recipe, cfg)
     return recipe
 
 

@@ -51,6 +51,7 @@ from launcher.config import (
     to_plain,
 )
 from launcher.errors import ConfigError
+from launcher.figures import NamedFigures, check_report
 from launcher.files import CONFUSION, CURVES, EVAL, RESULTS, last_checkpoint, write_json
 from launcher.models import configured, from_config
 from launcher.recipes import Recipe, TokenSplits, recipe_class
@@ -249,6 +250,8 @@ class Trainer:
         self.stager: checkpoint.Stager | None = None  # rank 0 on a GPU: checkpoint copies staged on the device
         self.asides: list[_Aside] = []  # set-up work on threads, waited for at the first epoch's end
         self.early_stop = EarlyStop.from_config(self.cfg)  # early_stop.metric: None when not asked
+        # early_stop.metric, checkpoint.metric, sweep.objective: checked at the first row that can have each
+        self.named_figures = NamedFigures(self.cfg, type(self.recipe).figures, self.cfg.recipe.name)
         self.stopped_early: dict[str, Any] | None = None  # why the run stopped before its last epoch
         self.best: BestCheckpoints | None = None  # checkpoint.keep_best (rank 0, from the first evaluation)
         self.trackers = trackers.Trackers(self.cfg, self.run_dir, self.is_main)  # log=[mlflow,csv,wandb]
@@ -303,6 +306,7 @@ class Trainer:
         reporting.plot_curves(history, self.run_dir / CURVES)
         outcome = results.write(self, history, digests, devices, start.source, time.perf_counter() - t_start,
                                 finished)
+        self.named_figures.check_results(outcome)  # (a sweep.objective that is no figure: a value of results.json)
         if self.trackers.active:
             weights = trackers.weights_file(state) if state else None
             self.trackers.finish(outcome, [self.run_dir / CURVES, self.run_dir / RESULTS], weights)
@@ -963,8 +967,7 @@ class Trainer:
             row["max_mem_allocated_mb"] = row["max_mem_reserved_mb"] = None
         # Wall time from this epoch's start to the next one's (to now when nothing was started after it).
         row["epoch_s"] = (next_started or time.perf_counter()) - queued.started
-        if self.is_main:
-            self.recipe.report(row, self.device, strategy.world_size)
+        self._report(row)
         if queued.snapshot is not None:
             # What the checkpoint cost training on rank 0 (under ddp every rank waits for it at its next
             # all-reduce): queuing the copies and waiting for earlier writes; and how long a write takes.
@@ -997,6 +1000,17 @@ class Trainer:
             self._stop_for_requeue(epoch + 1)
         if self.compiled.pending and epoch + 1 < cfg.epochs and self.stopped_early is None:
             self._compile_if_it_pays(span_s, cfg.epochs - epoch - 1)
+
+    def _report(self, row: dict[str, Any]) -> None:
+        """The recipe's derived figures added to the epoch's row, on every rank (each has the same figures,
+        so early stopping and the best checkpoints watch a derived one alike everywhere), checked for names
+        the launcher keeps (launcher/figures.py); then the settings that name a figure, where this row is
+        the first that can have it."""
+        before = dict(row)
+        self.recipe.report(row, self.device, self.strategy.world_size)
+        check_report(before, row, {*(f"train_{n}" for n in self.step.sums.named),
+                                   *(f"test_{n}" for n in self.evaluation.named)})
+        self.named_figures.check(row)
 
     def _best_after(self, row: dict[str, Any]) -> Callable[[Path, str | None], None] | None:
         """checkpoint.keep_best on rank 0: where this epoch is among the best so far by checkpoint.metric,
