@@ -67,6 +67,7 @@ from torch import nn
 from launcher.config import TextConfig
 from launcher.errors import ConfigError, LaunchError
 from launcher.figures import LauncherFigures
+from launcher.files import write_text_atomic
 from launcher.recipes import Recipe, TokenSplits
 from launcher.recipes.token_shards import (
     TokenCorpus,
@@ -630,6 +631,6 @@ class Text(Recipe):
                             self.cfg.seed).decode("utf-8", errors="replace")
             facts["sample"] = text
         if main:
-            (run_dir / SAMPLE_FILE).write_text(text + "\n")
+            write_text_atomic(run_dir / SAMPLE_FILE, text + "\n")  # (a full disk leaves no partial file)
             log.info("a sample (%s):\n%s", run_dir / SAMPLE_FILE, text)
         return facts

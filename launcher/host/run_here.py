@@ -9,7 +9,6 @@ create their own.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -157,9 +156,12 @@ def _record_outcome(run_dir: Path, outcome: Outcome) -> None:
     """How the run ended, for `launch runs` (stopped by a signal, failed, finished) and for scripts. A
     launch killed outright (SIGKILL, power) writes none: its run reads as failed."""
     code = outcome.exit_code
-    with contextlib.suppress(OSError, DiskFull):  # (a full disk: the run said so already; keep its error)
+    try:
         write_json(run_dir / OUTCOME, {"exit_code": code, "stopped_by": signal_name(code), "error": outcome.error,
                                        "ended": time.strftime("%Y-%m-%d %H:%M:%S")})
+    except (OSError, DiskFull) as exc:  # (a full disk: said, and the run's own error and exit code kept)
+        log.warning("%s could not be written (%s); the exit code is %d", run_dir / OUTCOME,
+                    getattr(exc, "strerror", None) or str(exc).split(";")[0], code)
 
 
 def _execute(spec: WorkerSpec, plan: Plan) -> Outcome:

@@ -271,17 +271,22 @@ class Trainer:
         try:
             return self._run(start, t_start)
         finally:
+            if getattr(self, "tensorboard", None) is not None:
+                with contextlib.suppress(Exception):  # (a run that failed: its own error is what is said)
+                    self.tensorboard.close()
             self.trackers.close()  # (what they were sent goes first; FAILED where the run did not end well)
 
     def _run(self, start: Start, t_start: float) -> dict[str, Any] | None:
         self.trackers.start(start.history, restarted=start.own)
+        # (TensorBoard's writer is closed, its last events written, after results.json: `_end`; on the way out
+        # of a failed run, by run())
+        self.tensorboard = reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard
+                                                    and self.cfg.log.tensorboard is not None,
+                                                    self.cfg.log.tensorboard.folder if self.cfg.log.tensorboard
+                                                    else None)
         with contextlib.ExitStack() as stack:
             self.writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter(self.world)))
             self.preemption = stack.enter_context(contextlib.closing(PreemptionWatch(self.spec.requeue)))
-            self.tensorboard = stack.enter_context(contextlib.closing(
-                reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard
-                                         and self.cfg.log.tensorboard is not None,
-                                         self.cfg.log.tensorboard.folder if self.cfg.log.tensorboard else None)))
             # (the writer opened beside the warm-up; the first epoch's end waits for it, and so does
             # the exit, before the writer is closed)
             if self.tensorboard.enabled:
@@ -295,22 +300,37 @@ class Trainer:
             self.data.close()  # (its DataLoader workers, if any: nothing reads from them any more)
         # (the writer is closed: the last checkpoint is on disk before the run reports itself done)
         digests, devices = self._gather_rank_facts()
+        return self._end(history, digests, devices, start.source, time.perf_counter() - t_start)
+
+    def _end(self, history: list[dict[str, Any]], digests: list[str], devices: list[str], source: str | None,
+             worker_s: float) -> dict[str, Any] | None:
+        """The run's files at its end, the figures first: results.json (rank 0; small, atomic), then the
+        recipe's finish (a sample; its facts join results.json), TensorBoard's last events, curves.png and the
+        trackers, each attempted on its own (results.EndWrites): a file that cannot be written (a full disk)
+        is named, leaves no partial file, and ends the run with exit 1, the figures kept."""
+        ending = results.EndWrites(self.run_dir)
+        outcome = results.write(self, history, digests, devices, source, worker_s, {}) if self.is_main else None
         # (a sharded model's forward takes every rank, so all of them run the recipe's finish)
-        finished = self.recipe.finish(self.nets.module, self.run_dir, self.device, self.is_main) \
-            if self.is_main or self.strategy.sharded else {}
+        if self.is_main or self.strategy.sharded:
+            with ending.attempt(f"what recipe={self.cfg.recipe.name}'s finish writes in {self.run_dir}"):
+                finished = self.recipe.finish(self.nets.module, self.run_dir, self.device, self.is_main)
+                if outcome is not None and finished:
+                    results.add_facts(self.run_dir, outcome, finished)
         # (the trained weights for MLflow or W&B to keep; gathered from every rank's shards under fsdp)
         state = self.strategy.state_dict(self.nets) if self.trackers.want_weights or (
             self.strategy.sharded and (self.cfg.log.mlflow or self.cfg.log.wandb)) else None
-        if not self.is_main:
+        if outcome is None:
             return None
-        reporting.plot_curves(history, self.run_dir / CURVES)
-        outcome = results.write(self, history, digests, devices, start.source, time.perf_counter() - t_start,
-                                finished)
-        self.named_figures.check_results(outcome)  # (a sweep.objective that is no figure: a value of results.json)
+        with ending.attempt(self.tensorboard.folder):
+            self.tensorboard.close()
+        with ending.attempt(self.run_dir / CURVES):
+            reporting.plot_curves(history, self.run_dir / CURVES)
         if self.trackers.active:
             weights = trackers.weights_file(state) if state else None
             self.trackers.finish(outcome, [self.run_dir / CURVES, self.run_dir / RESULTS], weights)
             self.trackers.ok = True
+        ending.check()
+        self.named_figures.check_results(outcome)  # (a sweep.objective that is no figure: a value of results.json)
         return outcome
 
     def evaluate(self, source: str) -> dict[str, Any] | None:
