@@ -32,9 +32,9 @@ from launcher.errors import LaunchError
 from launcher.files import SWEEP_OUTPUT, read_json
 from launcher.host.gpus import GpuRequest, physical_gpu_count, visible_devices
 from launcher.host.outcome import effective_objective, objective_of, signal_exit_code, signal_name
-from launcher.host.plan import available_cores
 from launcher.host.sweep import SweepJob
 from launcher.lifetime import die_with_parent
+from launcher.world import available_cores
 
 
 @dataclass(frozen=True)

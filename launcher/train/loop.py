@@ -66,11 +66,11 @@ from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog
 from launcher.train.optim import Stepper
 from launcher.train.preemption import Preempted, PreemptionWatch
-from launcher.train.stall import Readback, StepClock, StepPace, input_advice
+from launcher.train.stall import Readback, StepClock, StepPace, input_advice, thread_advice
 from launcher.train.step import Figures, TrainStep
 from launcher.train.stops import NonFiniteLoss, OutOfMemory
 from launcher.train.timeline import StartupTimeline
-from launcher.world import WorldInfo
+from launcher.world import WorldInfo, available_cores
 
 log = logging.getLogger("launcher.train")
 
@@ -1115,10 +1115,18 @@ class Trainer:
         log.info("%s", results.epoch_line(row, self.cfg.epochs, self.data.unit))
 
     def _advise(self, row: dict[str, Any], epoch: int) -> bool:
-        """Say once per run when training was input-bound (not judged on a first epoch that has more)."""
-        if self.device.type != "cuda" or (epoch == 0 and self.cfg.epochs > 1):
+        """Say once per run what held training up (not judged on a first epoch that has more): its input, on
+        a GPU; on the CPU, the threads of a run on a busy machine (stall.py)."""
+        if epoch == 0 and self.cfg.epochs > 1:
             return False
-        advice = input_advice(row["input_stall"], self.data.placement, self.data.megabytes, self.compiled.compile)
+        if self.device.type == "cpu":
+            advice = thread_advice(torch.get_num_threads(), max(1, self.strategy.processes),
+                                   available_cores(os.environ), os.getloadavg()[0], "OMP_NUM_THREADS" in self.spec.env)
+        elif self.device.type == "cuda":
+            advice = input_advice(row["input_stall"], self.data.placement, self.data.megabytes,
+                                  self.compiled.compile)
+        else:
+            return False
         if advice:
             log.warning(advice)
         return advice is not None
