@@ -37,6 +37,10 @@ class Mutant:
 UNIT_CKPT = "tests/unit/test_checkpoint_and_env.py"
 UNIT_PLAN = "tests/unit/test_plan.py"
 UNIT_COMPILE = "tests/unit/test_compile_and_cache.py"
+UNIT_FIGURES = "tests/unit/test_figures.py"
+UNIT_SWEEP = "tests/unit/test_sweep_packing.py"
+DISK_FULL_AT_THE_END = ("tests/distributed/test_nothing_silent.py::test_a_disk_full_at_the_runs_end_keeps_its_"
+                        "figures_and_names_each_file_not_written")
 
 MUTANTS = [
     Mutant("checkpoint write not atomic", "launcher/train/checkpoint.py",
@@ -147,6 +151,42 @@ MUTANTS = [
     Mutant("fast net's global max back to torch.amax", "recipes/vision_models.py",
            "x = x.flatten(2).max(dim=2).values", "x = torch.amax(x, dim=(2, 3))",
            (UNIT_COMPILE + "::test_the_fast_net_compiled_by_inductor_under_bf16_keeps_finite_gradients",)),
+    # --- h3: figure names ---
+    Mutant("a step's figure is filed under a doubled prefix (test_test_mse)", "launcher/figures.py",
+           "        if bare is not None:", "        if False:", (UNIT_FIGURES,)),
+    Mutant("a recipe's own acc is shown as the accuracy", "launcher/figures.py",
+           "        if name == ACCURACY and not isinstance(figures, LauncherFigures):", "        if False:",
+           (UNIT_FIGURES,)),
+    # --- h3: derived figures and the settings naming a figure ---
+    Mutant("report's derived figures on rank 0 only", "launcher/train/loop.py",
+           "        self.recipe.report(row, self.device, self.strategy.world_size)\n        check_report(",
+           "        if self.strategy.rank == 0:\n            self.recipe.report(row, self.device, "
+           "self.strategy.world_size)\n        check_report(",
+           ("tests/distributed/test_own_data.py::test_evaluation_figures_are_exact_over_uneven_shards_on_two_ranks_"
+            "and_stop_them_alike",)),
+    Mutant("a setting naming a figure the recipe lacks reaches the workers", "launcher/host/run_here.py",
+           "    check_figures(recipe, cfg)\n", "", (UNIT_FIGURES,)),
+    # --- h3: disk full at the run's end ---
+    Mutant("curves.png written in place (a partial file on a full disk)", "launcher/train/reporting.py",
+           'write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))',
+           'fig.savefig(path, format="png", dpi=100)',
+           (DISK_FULL_AT_THE_END,)),
+    Mutant("a file not written at the run's end passes silently", "launcher/train/results.py",
+           "        if not self.unwritten:\n            return", "        if True:\n            return",
+           (DISK_FULL_AT_THE_END,)),
+    # --- h3: sweeps ---
+    Mutant("a sweep run's line shows the accuracy whatever the objective", "launcher/host/packing.py",
+           "    value = objective_of(job.results, job.cfg.sweep.objective)", '    value = job.results.get("test_acc")',
+           (UNIT_SWEEP,)),
+    Mutant("a sweep run's line names the typed objective, not the run's own figure", "launcher/host/packing.py",
+           "    key = effective_objective(job.results, job.cfg.sweep.objective)", "    key = job.cfg.sweep.objective",
+           (UNIT_SWEEP,)),
+    # --- h3: the slow-epoch hint names the threads ---
+    Mutant("a CPU run's thread hint never said", "launcher/train/loop.py",
+           '        if self.device.type == "cpu":\n            advice = thread_advice(',
+           '        if False:\n            advice = thread_advice(', (UNIT_PLAN,)),
+    Mutant("the thread hint on a machine no busier than the run itself", "launcher/train/stall.py",
+           "    if threads <= 1 or load < cores + BUSY_LOAD:", "    if threads <= 1:", (UNIT_PLAN,)),
 ]
 
 
