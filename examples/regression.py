@@ -20,6 +20,7 @@ class RegressionConfig(RecipeConfig):
 class Regression(Recipe):
     Config = RegressionConfig
     models = ("mlp",)
+    figures = ("loss", "test_mse", "test_rmse")  # its epochs' figures: a misnamed early_stop.metric is refused at once
 
     def load(self):  # any two Datasets: (train, eval)
         g = torch.Generator().manual_seed(0)

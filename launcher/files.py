@@ -123,6 +123,7 @@ class DiskFull(ExplainedStop):
     """No space left on the device of the run dir: the message names the file, the space and the way on."""
 
     def __init__(self, path: Path, kept: str = "the file it was replacing, if any, is unchanged"):
+        self.path = Path(path)
         free = free_bytes(path.parent)
         shown = f"{free / 1e6:.1f} MB free" if free is not None else "no space"
         super().__init__(f"No space left on device: writing {path} failed ({shown} on that file system); free "

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from launcher.config import Config as LaunchConfig
 from launcher.config import RecipeConfig
 from launcher.errors import ConfigError, LaunchError
+from launcher.figures import LauncherFigures, named_settings, side, unknown
 from launcher.lifetime import sigint_deferred
 
 if TYPE_CHECKING:
@@ -113,6 +114,11 @@ class Recipe:
     prepare_model_sample: ClassVar[int] = 5000
     # Whether the predictions are classes (`launch eval` then shows accuracy per class and a confusion matrix).
     classifies: ClassVar[bool] = True
+    # Every figure this recipe's epochs may have, by its key (loss, train_NAME, test_NAME, and what `report`
+    # adds): an early_stop.metric, checkpoint.metric or sweep.objective naming another is then refused
+    # before any worker starts. None: known up front only where the default steps make them (and `report`
+    # is not overridden); otherwise a named figure is checked at the first epoch that can have it.
+    figures: ClassVar[tuple[str, ...] | None] = None
     # Set by the training loop: the last training steps' own times on the device (launcher/train/stall.py
     # StepPace: `step_pace.median_s(n)`), for a recipe that tunes its input to the step's pace while it
     # trains (recipe=imagefolder's data.decode=auto). None outside the loop.
@@ -140,27 +146,30 @@ class Recipe:
         `(images, labels)` pair already augmented and normalized, for TokenSplits `(inputs, targets)`,
         for Datasets what the collate made of the samples). Return the loss (a 0-dim tensor, a mean over
         the batch), or `(loss, figures)`: figures are named tensors, each a 0-dim batch mean or one
-        value per sample (or per element), averaged over the epoch exactly; they appear as `train_NAME`.
+        value per sample (or per element), averaged over the epoch exactly; they appear as `train_NAME`
+        (name one for what it is: `mae`, not `train_mae`; not `loss`, nor `acc`, the launcher's accuracy).
         No host sync here (.item(), printing a tensor): the step may be captured as a CUDA graph.
         The default: cross-entropy of `model(inputs)` against the labels (`loss()`), and accuracy."""
         x, y = _pair(batch, self, "training_step")
         logits = model(x)
         loss = self._loss_fn(logits, y)
-        return loss, {"acc": _correct(logits, y)}
+        return loss, LauncherFigures(acc=_correct(logits, y))
 
     def eval_step(self, model: torch.nn.Module, batch: Any) -> dict[str, torch.Tensor]:
         """Named figures of one evaluation batch (the model in eval mode, no gradients): each a 0-dim
         batch mean or one value per sample (or per element). The launcher averages each over the whole
         evaluation set, every rank's shard counted once, so the figure is exact for any world size and
         batch; they appear as `test_NAME` (epoch lines, metrics.jsonl, TensorBoard, results.json,
-        `launch eval`, and `sweep.objective=test_NAME`). Derive figures that are not means (an RMSE
-        from the MSE) in `report`. The default: cross-entropy and accuracy of `predict`."""
+        `launch eval`, and `sweep.objective=test_NAME`). Name a figure for what it is (`mse`, not `test_mse`);
+        `acc` is the launcher's accuracy, which only the default computes (launcher/figures.py). Derive
+        figures that are not means (an RMSE from the MSE) in `report`. The default: cross-entropy and
+        accuracy of `predict`."""
         import torch.nn.functional as F
 
         x, y = _pair(batch, self, "eval_step")
         logits = self.predict(model, x)
         logits, y = logits.flatten(0, -2), y.flatten()  # (a window's tokens count as its samples)
-        return {"loss": F.cross_entropy(logits.float(), y, reduction="none"), "acc": logits.argmax(-1) == y}
+        return LauncherFigures(loss=F.cross_entropy(logits.float(), y, reduction="none"), acc=logits.argmax(-1) == y)
 
     def collate(self, samples: list[Any]) -> Any:
         """A batch of a Dataset's samples (torch's default_collate unless overridden). A sample that
@@ -213,7 +222,9 @@ class Recipe:
         return net(x)
 
     def report(self, row: dict[str, Any], device: torch.device, world_size: int) -> None:
-        """Add figures derived from an epoch's row (bits per byte, MFU, ...) to it, on rank 0."""
+        """Add figures derived from an epoch's row (bits per byte, MFU, ...) to it, under names of their own
+        (the row's figures are read, never changed). Called on every rank, each with the same figures, so
+        early stopping and the best checkpoints can watch a derived figure alike on all of them."""
 
     def finish(self, model: torch.nn.Module, run_dir: Path, device: torch.device, main: bool) -> dict[str, Any]:
         """After training, with the trained weights: anything to leave in the run dir (a generated sample,
@@ -286,3 +297,27 @@ def check_model(cls: type[Recipe], cfg: LaunchConfig) -> None:
     except Exception:  # noqa: BLE001 - not buildable here; the worker checks the real one
         return
     parameter_roles(model, cfg)
+
+
+def known_figures(cls: type[Recipe]) -> dict[str, frozenset[str] | None]:
+    """The figures a recipe's epochs have, as far as they are known before it runs, for each side
+    (launcher/figures.py `side`): "train" (loss, train_NAME) and "test" (test_NAME); None where unknown.
+    Its declared `figures`, else the default steps' where a side runs them and `report` adds nothing."""
+    if cls.figures is not None:
+        return {where: frozenset(k for k in cls.figures if side(k) == where) for where in ("train", "test")}
+    plain = cls.report is Recipe.report
+    return {"train": frozenset({"loss", "train_acc"}) if plain and cls.training_step is Recipe.training_step else None,
+            "test": frozenset({"test_loss", "test_acc"}) if plain and cls.eval_step is Recipe.eval_step else None}
+
+
+def check_figures(cls: type[Recipe], cfg: LaunchConfig) -> None:
+    """Before any worker starts: every setting that names a figure (early_stop.metric, checkpoint.metric,
+    sweep.objective) names one the recipe's epochs have, where that is known up front (`known_figures`);
+    one line otherwise. What cannot be known here is checked at the first epoch that can have it."""
+    known = known_figures(cls)
+    for setting, typed, key in named_settings(cfg):
+        where = side(key)
+        have = known.get(where) if where is not None else None
+        if have is not None and key not in have:
+            listed = [k for w in ("train", "test") for k in sorted(known[w] or (), key=lambda k: (k != "loss", k))]
+            raise unknown(setting, typed, key, listed)

@@ -66,6 +66,8 @@ from torch import nn
 
 from launcher.config import TextConfig
 from launcher.errors import ConfigError, LaunchError
+from launcher.figures import LauncherFigures
+from launcher.files import write_text_atomic
 from launcher.recipes import Recipe, TokenSplits
 from launcher.recipes.token_shards import (
     TokenCorpus,
@@ -480,6 +482,8 @@ class Text(Recipe):
     Config = TextConfig
     hp: TextConfig
     classifies = False
+    # (bits per byte for bytes, perplexity for token shards: `report`)
+    figures = ("loss", "train_acc", "bpb", "ppl", "test_loss", "test_acc", "test_bpb", "test_ppl")
     tokens = False  # set by load: token shards (loss and perplexity), not bytes (bits per byte)
     loss_in_forward = False  # set by build_model: the GPT returns its own loss (training_step)
 
@@ -586,7 +590,7 @@ class Text(Recipe):
             return super().training_step(model, batch)
         x, y = batch[0], batch[1]
         loss, hits = model(x, y)
-        return loss, {"acc": hits}
+        return loss, LauncherFigures(acc=hits)  # (the launcher's accuracy, computed in the forward)
 
     def loss(self) -> nn.Module:
         return NextTokenLoss()
@@ -627,6 +631,6 @@ class Text(Recipe):
                             self.cfg.seed).decode("utf-8", errors="replace")
             facts["sample"] = text
         if main:
-            (run_dir / SAMPLE_FILE).write_text(text + "\n")
+            write_text_atomic(run_dir / SAMPLE_FILE, text + "\n")  # (a full disk leaves no partial file)
             log.info("a sample (%s):\n%s", run_dir / SAMPLE_FILE, text)
         return facts

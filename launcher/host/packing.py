@@ -27,13 +27,14 @@ from pathlib import Path
 from omegaconf import open_dict, read_write
 
 from launcher import strategies
+from launcher.config import DEFAULT_OBJECTIVE
 from launcher.errors import LaunchError
 from launcher.files import SWEEP_OUTPUT, read_json
 from launcher.host.gpus import GpuRequest, physical_gpu_count, visible_devices
-from launcher.host.outcome import signal_exit_code, signal_name
-from launcher.host.plan import available_cores
+from launcher.host.outcome import effective_objective, objective_of, signal_exit_code, signal_name
 from launcher.host.sweep import SweepJob
 from launcher.lifetime import die_with_parent
+from launcher.world import available_cores
 
 
 @dataclass(frozen=True)
@@ -184,13 +185,7 @@ class SideBySide:
             print(f"sweep: job {job.num} FAILED (exit {job.exit_code}) in {seconds:.1f}s: {job.error} "
                   f"(output: {job.run_dir / SWEEP_OUTPUT})", file=sys.stderr, flush=True)
             return
-        acc = job.results.get("test_acc")
-        said = f"test acc {100 * acc:.2f}%" if isinstance(acc, float) else "no test"
-        final = job.results.get("final") or {}
-        for unit in ("img", "tokens"):
-            if final.get(f"{unit}_per_s"):
-                said += f", {final[f'{unit}_per_s']:,.0f} {unit}/s"
-        print(f"sweep: job {job.num} done in {seconds:.1f}s: {said}", flush=True)
+        print(f"sweep: job {job.num} done in {seconds:.1f}s: {finished_line(job)}", flush=True)
 
     def stop(self) -> None:
         for entry in self.running:
@@ -201,6 +196,22 @@ class SideBySide:
                 entry.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 entry.process.kill()
+
+
+def finished_line(job: SweepJob) -> str:
+    """What a finished run's line says: its sweep.objective (the accuracy as a percentage; a recipe's own
+    figure, test_rmse say, by its name) and its throughput."""
+    key = effective_objective(job.results, job.cfg.sweep.objective)
+    value = objective_of(job.results, job.cfg.sweep.objective)
+    if value is None:
+        said = f"no {key}"
+    else:
+        said = f"test acc {100 * value:.2f}%" if key == DEFAULT_OBJECTIVE else f"{key} {value:.4g}"
+    final = job.results.get("final") or {}
+    for unit in ("img", "tokens", "samples"):
+        if final.get(f"{unit}_per_s"):
+            said += f", {final[f'{unit}_per_s']:,.0f} {unit}/s"
+    return said
 
 
 def _last_words(job: SweepJob) -> str:

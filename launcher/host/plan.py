@@ -24,7 +24,7 @@ from launcher.host.gpus import (
 )
 from launcher.host.network import NodeNetwork, node_network
 from launcher.strategies import Devices, Strategy
-from launcher.world import WorldInfo
+from launcher.world import WorldInfo, available_cores
 
 
 @dataclass(frozen=True)
@@ -89,21 +89,6 @@ def _thread_env(env: Mapping[str, str], nprocs: int, on_gpu: bool) -> dict[str, 
     if "OMP_NUM_THREADS" in env:
         return {}
     return {"OMP_NUM_THREADS": "1" if on_gpu else str(max(1, available_cores(env) // nprocs))}
-
-
-def available_cores(env: Mapping[str, str]) -> int:
-    """Cores this launch may use: a SLURM allocation's share, else this process's CPU affinity.
-
-    os.cpu_count() counts the whole host; two runs sharing it, each sizing its threads to all of it,
-    crawled (a 3-run digits job array on the 2-core test cluster: the two runs side by side, 2 threads
-    each, at 110 and 116 img/s, the third alone at 11,477; seen once, before this function existed).
-    """
-    if env.get("SLURM_CPUS_ON_NODE", "").isdigit():  # the job's CPUs on this node, all its tasks together
-        return int(env["SLURM_CPUS_ON_NODE"])
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def make_plan(cfg: Config, joined: WorldInfo | None = None, env: Mapping[str, str] | None = None,

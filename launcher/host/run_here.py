@@ -9,7 +9,6 @@ create their own.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import logging
@@ -59,18 +58,20 @@ log = logging.getLogger("launcher")
 
 def check_runnable(cfg: Config) -> type[Recipe] | None:
     """What can be checked of the run itself before anything starts: the script exists, or the recipe
-    imports and has the model named. Returns the recipe's class (None for a script)."""
+    imports, has the model named and the figures that settings name (where it can say them up front).
+    Returns the recipe's class (None for a script)."""
     if cfg.script:
         script.script_path(cfg)
         return None
     from launcher import models
-    from launcher.recipes import check_model, recipe_class
+    from launcher.recipes import check_figures, check_model, recipe_class
 
     recipe = recipe_class(cfg.recipe.name)
     if models.configured(cfg.model):
         models.check(cfg.model)  # (the recipe's own models are not built then)
     else:
         check_model(recipe, cfg)
+    check_figures(recipe, cfg)
     return recipe
 
 
@@ -156,9 +157,12 @@ def _record_outcome(run_dir: Path, outcome: Outcome) -> None:
     """How the run ended, for `launch runs` (stopped by a signal, failed, finished) and for scripts. A
     launch killed outright (SIGKILL, power) writes none: its run reads as failed."""
     code = outcome.exit_code
-    with contextlib.suppress(OSError, DiskFull):  # (a full disk: the run said so already; keep its error)
+    try:
         write_json(run_dir / OUTCOME, {"exit_code": code, "stopped_by": signal_name(code), "error": outcome.error,
                                        "ended": time.strftime("%Y-%m-%d %H:%M:%S")})
+    except (OSError, DiskFull) as exc:  # (a full disk: said, and the run's own error and exit code kept)
+        log.warning("%s could not be written (%s); the exit code is %d", run_dir / OUTCOME,
+                    getattr(exc, "strerror", None) or str(exc).split(";")[0], code)
 
 
 def _execute(spec: WorkerSpec, plan: Plan) -> Outcome:

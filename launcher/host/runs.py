@@ -67,7 +67,7 @@ def describe(run_dir: Path) -> dict[str, Any]:
     best_figure = {"name": objective, "value": figure} if isinstance(figure, (int, float)) else None
     if claim and pid_alive(claim.get("pid"), claim.get("host")):
         state = "running"
-    elif results or ended.get("exit_code") == 0:
+    elif (results and ended.get("exit_code") in (None, 0)) or ended.get("exit_code") == 0:  # (not: failed to record)
         stopped = results.get("stopped_early")
         state = f"stopped early ({stopped.get('metric')})" if isinstance(stopped, dict) else "finished"
     elif (run_dir / PREEMPTED).exists():

@@ -8,7 +8,7 @@ backend=slurm submits job arrays (launcher/host/backends/slurm.py). Each run ret
 
 After the sweep: `summary.csv` and `summary.md` in the sweep dir (one row per run: its overrides,
 final metrics, img/s, time, exit code), the Markdown table printed, and `summary.png`: the swept
-key against throughput and test accuracy.
+key against throughput and the objective (test accuracy, or the recipe's own figure).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ def write_summary(jobs: list[SweepJob], sweep_dir: Path) -> str:
         lines.append(f"\nbest: job {best['job']} ({best['overrides']}), {objective} {best['objective_value']:.4g}")
     table = "\n".join(lines) + "\n"
     (sweep_dir / "summary.md").write_text(table)
-    _plot(rows, swept_keys(jobs), sweep_dir / "summary.png", rate)
+    _plot(rows, swept_keys(jobs), sweep_dir / "summary.png", rate, objective)
     return table
 
 
@@ -150,7 +150,9 @@ def _cell(key: str, value: Any) -> str:
     return str(value).replace("|", "\\|")
 
 
-def _plot(rows: list[dict[str, Any]], keys: list[str], path: Path, rate: str = "img_per_s") -> None:
+def _plot(rows: list[dict[str, Any]], keys: list[str], path: Path, rate: str = "img_per_s",
+          objective: str = "test_acc") -> None:
+    """The swept key against throughput and the objective (the test accuracy, or a recipe's own figure)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -165,7 +167,8 @@ def _plot(rows: list[dict[str, Any]], keys: list[str], path: Path, rate: str = "
     xs = [_number(x.split("=", 1)[1]) for x in x_values] if numeric else list(range(len(rows)))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     unit = "tokens/s" if rate == "tokens_per_s" else "img/s"
-    for ax, key, title in ((ax1, rate, f"throughput ({unit})"), (ax2, "test_acc", "test accuracy")):
+    scored = ("test_acc", "test accuracy") if objective == "test_acc" else ("objective_value", objective)
+    for ax, key, title in ((ax1, rate, f"throughput ({unit})"), (ax2, *scored)):
         ys = [r[key] if isinstance(r[key], (int, float)) else float("nan") for r in rows]
         ax.plot(xs, ys, "o-")
         ax.set_title(title)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.config import DEFAULT_OBJECTIVE, Config, figure_key, smaller_is_better
-from launcher.errors import ConfigError
+from launcher.figures import row_figures, unknown
 
 
 def held_out(row: dict[str, Any]) -> list[str]:
@@ -29,16 +29,8 @@ def default_figure(row: dict[str, Any]) -> str | None:
 
 def check_named(key: str, typed: str, setting: str, row: dict[str, Any]) -> None:
     """`key` (typed as `typed` in `setting`) is a figure of this evaluated epoch's row, else one line."""
-    if key in row:
-        return
-    known = [k for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-             and (k == "loss" or k.startswith(("train_", "test_"))) and k != "train_s"]
-    import difflib
-
-    close = difflib.get_close_matches(key, known, n=1)
-    example = close[0] if close else next((k for k in known if k.startswith("test_")), "loss")
-    raise ConfigError(setting, typed, f"names no figure of this run's epochs; they are {', '.join(known)} (val/NAME "
-                      "and test/NAME name test_NAME)", f"{setting}={example}")
+    if key not in row:
+        raise unknown(setting, typed, key, row_figures(row))
 
 
 def is_better(value: float, best: float | None, minimize: bool, delta: float = 0.0) -> bool:

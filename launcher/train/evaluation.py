@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from launcher.config import Config
+from launcher.figures import LauncherFigures, check_step_names
 from launcher.train.data import Data, eval_chunks, warm_up_chunks
 from launcher.train.prefetch import batch_len
 from launcher.train.stall import StepClock
@@ -44,6 +45,7 @@ class Evaluation:
         self.autocast = autocast
         self.timings = timings  # (its warmup_s counts the evaluation's warm-up too)
         self.warm = False  # the warm-up ran (after each compile it runs again)
+        self.named: set[str] = set()  # the eval_step's figure names checked so far (once each)
 
     def after(self, epoch: int) -> bool:
         """Whether the run evaluates after `epoch` (eval.every; always after the last)."""
@@ -88,9 +90,13 @@ class Evaluation:
                     logits = self.recipe.predict(nets.eval, batch[0])
                     logits, y = logits.flatten(0, -2), batch[1].flatten()
                     predicted = logits.argmax(-1)
-                    scored = {"loss": torch.nn.functional.cross_entropy(logits.float(), y, reduction="none"),
-                              "acc": predicted == y}
+                    scored = LauncherFigures(loss=torch.nn.functional.cross_entropy(logits.float(), y,
+                                                                                    reduction="none"),
+                                             acc=predicted == y)
                     matrix += torch.bincount(y * classes + predicted, minlength=classes * classes)
+            if not self.named.issuperset(scored):
+                check_step_names("eval_step", scored)
+                self.named.update(scored)
             n = batch_len(batch)
             for name, value in scored.items():
                 figures.add(name, value, n)

@@ -51,6 +51,7 @@ from launcher.config import (
     to_plain,
 )
 from launcher.errors import ConfigError
+from launcher.figures import NamedFigures, check_report
 from launcher.files import CONFUSION, CURVES, EVAL, RESULTS, last_checkpoint, write_json
 from launcher.models import configured, from_config
 from launcher.recipes import Recipe, TokenSplits, recipe_class
@@ -65,11 +66,11 @@ from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog
 from launcher.train.optim import Stepper
 from launcher.train.preemption import Preempted, PreemptionWatch
-from launcher.train.stall import Readback, StepClock, StepPace, input_advice
+from launcher.train.stall import Readback, StepClock, StepPace, input_advice, thread_advice
 from launcher.train.step import Figures, TrainStep
 from launcher.train.stops import NonFiniteLoss, OutOfMemory
 from launcher.train.timeline import StartupTimeline
-from launcher.world import WorldInfo
+from launcher.world import WorldInfo, available_cores
 
 log = logging.getLogger("launcher.train")
 
@@ -249,6 +250,8 @@ class Trainer:
         self.stager: checkpoint.Stager | None = None  # rank 0 on a GPU: checkpoint copies staged on the device
         self.asides: list[_Aside] = []  # set-up work on threads, waited for at the first epoch's end
         self.early_stop = EarlyStop.from_config(self.cfg)  # early_stop.metric: None when not asked
+        # early_stop.metric, checkpoint.metric, sweep.objective: checked at the first row that can have each
+        self.named_figures = NamedFigures(self.cfg, type(self.recipe).figures, self.cfg.recipe.name)
         self.stopped_early: dict[str, Any] | None = None  # why the run stopped before its last epoch
         self.best: BestCheckpoints | None = None  # checkpoint.keep_best (rank 0, from the first evaluation)
         self.trackers = trackers.Trackers(self.cfg, self.run_dir, self.is_main)  # log=[mlflow,csv,wandb]
@@ -268,17 +271,22 @@ class Trainer:
         try:
             return self._run(start, t_start)
         finally:
+            if getattr(self, "tensorboard", None) is not None:
+                with contextlib.suppress(Exception):  # (a run that failed: its own error is what is said)
+                    self.tensorboard.close()
             self.trackers.close()  # (what they were sent goes first; FAILED where the run did not end well)
 
     def _run(self, start: Start, t_start: float) -> dict[str, Any] | None:
         self.trackers.start(start.history, restarted=start.own)
+        # (TensorBoard's writer is closed, its last events written, after results.json: `_end`; on the way out
+        # of a failed run, by run())
+        self.tensorboard = reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard
+                                                    and self.cfg.log.tensorboard is not None,
+                                                    self.cfg.log.tensorboard.folder if self.cfg.log.tensorboard
+                                                    else None)
         with contextlib.ExitStack() as stack:
             self.writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter(self.world)))
             self.preemption = stack.enter_context(contextlib.closing(PreemptionWatch(self.spec.requeue)))
-            self.tensorboard = stack.enter_context(contextlib.closing(
-                reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard
-                                         and self.cfg.log.tensorboard is not None,
-                                         self.cfg.log.tensorboard.folder if self.cfg.log.tensorboard else None)))
             # (the writer opened beside the warm-up; the first epoch's end waits for it, and so does
             # the exit, before the writer is closed)
             if self.tensorboard.enabled:
@@ -292,21 +300,37 @@ class Trainer:
             self.data.close()  # (its DataLoader workers, if any: nothing reads from them any more)
         # (the writer is closed: the last checkpoint is on disk before the run reports itself done)
         digests, devices = self._gather_rank_facts()
+        return self._end(history, digests, devices, start.source, time.perf_counter() - t_start)
+
+    def _end(self, history: list[dict[str, Any]], digests: list[str], devices: list[str], source: str | None,
+             worker_s: float) -> dict[str, Any] | None:
+        """The run's files at its end, the figures first: results.json (rank 0; small, atomic), then the
+        recipe's finish (a sample; its facts join results.json), TensorBoard's last events, curves.png and the
+        trackers, each attempted on its own (results.EndWrites): a file that cannot be written (a full disk)
+        is named, leaves no partial file, and ends the run with exit 1, the figures kept."""
+        ending = results.EndWrites(self.run_dir)
+        outcome = results.write(self, history, digests, devices, source, worker_s, {}) if self.is_main else None
         # (a sharded model's forward takes every rank, so all of them run the recipe's finish)
-        finished = self.recipe.finish(self.nets.module, self.run_dir, self.device, self.is_main) \
-            if self.is_main or self.strategy.sharded else {}
+        if self.is_main or self.strategy.sharded:
+            with ending.attempt(f"what recipe={self.cfg.recipe.name}'s finish writes in {self.run_dir}"):
+                finished = self.recipe.finish(self.nets.module, self.run_dir, self.device, self.is_main)
+                if outcome is not None and finished:
+                    results.add_facts(self.run_dir, outcome, finished)
         # (the trained weights for MLflow or W&B to keep; gathered from every rank's shards under fsdp)
         state = self.strategy.state_dict(self.nets) if self.trackers.want_weights or (
             self.strategy.sharded and (self.cfg.log.mlflow or self.cfg.log.wandb)) else None
-        if not self.is_main:
+        if outcome is None:
             return None
-        reporting.plot_curves(history, self.run_dir / CURVES)
-        outcome = results.write(self, history, digests, devices, start.source, time.perf_counter() - t_start,
-                                finished)
+        with ending.attempt(self.tensorboard.folder):
+            self.tensorboard.close()
+        with ending.attempt(self.run_dir / CURVES):
+            reporting.plot_curves(history, self.run_dir / CURVES)
         if self.trackers.active:
             weights = trackers.weights_file(state) if state else None
             self.trackers.finish(outcome, [self.run_dir / CURVES, self.run_dir / RESULTS], weights)
             self.trackers.ok = True
+        ending.check()
+        self.named_figures.check_results(outcome)  # (a sweep.objective that is no figure: a value of results.json)
         return outcome
 
     def evaluate(self, source: str) -> dict[str, Any] | None:
@@ -963,8 +987,7 @@ class Trainer:
             row["max_mem_allocated_mb"] = row["max_mem_reserved_mb"] = None
         # Wall time from this epoch's start to the next one's (to now when nothing was started after it).
         row["epoch_s"] = (next_started or time.perf_counter()) - queued.started
-        if self.is_main:
-            self.recipe.report(row, self.device, strategy.world_size)
+        self._report(row)
         if queued.snapshot is not None:
             # What the checkpoint cost training on rank 0 (under ddp every rank waits for it at its next
             # all-reduce): queuing the copies and waiting for earlier writes; and how long a write takes.
@@ -997,6 +1020,17 @@ class Trainer:
             self._stop_for_requeue(epoch + 1)
         if self.compiled.pending and epoch + 1 < cfg.epochs and self.stopped_early is None:
             self._compile_if_it_pays(span_s, cfg.epochs - epoch - 1)
+
+    def _report(self, row: dict[str, Any]) -> None:
+        """The recipe's derived figures added to the epoch's row, on every rank (each has the same figures,
+        so early stopping and the best checkpoints watch a derived one alike everywhere), checked for names
+        the launcher keeps (launcher/figures.py); then the settings that name a figure, where this row is
+        the first that can have it."""
+        before = dict(row)
+        self.recipe.report(row, self.device, self.strategy.world_size)
+        check_report(before, row, {*(f"train_{n}" for n in self.step.sums.named),
+                                   *(f"test_{n}" for n in self.evaluation.named)})
+        self.named_figures.check(row)
 
     def _best_after(self, row: dict[str, Any]) -> Callable[[Path, str | None], None] | None:
         """checkpoint.keep_best on rank 0: where this epoch is among the best so far by checkpoint.metric,
@@ -1081,10 +1115,18 @@ class Trainer:
         log.info("%s", results.epoch_line(row, self.cfg.epochs, self.data.unit))
 
     def _advise(self, row: dict[str, Any], epoch: int) -> bool:
-        """Say once per run when training was input-bound (not judged on a first epoch that has more)."""
-        if self.device.type != "cuda" or (epoch == 0 and self.cfg.epochs > 1):
+        """Say once per run what held training up (not judged on a first epoch that has more): its input, on
+        a GPU; on the CPU, the threads of a run on a busy machine (stall.py)."""
+        if epoch == 0 and self.cfg.epochs > 1:
             return False
-        advice = input_advice(row["input_stall"], self.data.placement, self.data.megabytes, self.compiled.compile)
+        if self.device.type == "cpu":
+            advice = thread_advice(torch.get_num_threads(), max(1, self.strategy.processes),
+                                   available_cores(os.environ), os.getloadavg()[0], "OMP_NUM_THREADS" in self.spec.env)
+        elif self.device.type == "cuda":
+            advice = input_advice(row["input_stall"], self.data.placement, self.data.megabytes,
+                                  self.compiled.compile)
+        else:
+            return False
         if advice:
             log.warning(advice)
         return advice is not None

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from launcher.files import TENSORBOARD
+from launcher.files import TENSORBOARD, write_atomic
 
 # metrics.jsonl key -> TensorBoard tag
 SCALARS = {
@@ -71,7 +71,8 @@ class TensorBoardLog:
 
 
 def plot_curves(history: list[dict[str, Any]], path: Path) -> Path | None:
-    """Loss and accuracy per epoch (train, and test where evaluated) as a PNG; None with no epochs."""
+    """Loss and accuracy per epoch (train, and test where evaluated) as a PNG; None with no epochs. Written
+    atomically: a write that fails (a full disk) leaves no partial or empty file."""
     if not history:
         return None
     import matplotlib
@@ -103,8 +104,10 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path | None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -1,15 +1,24 @@
-"""What a run reports: each epoch's line in the log, and results.json at the end (rank 0)."""
+"""What a run reports: each epoch's line in the log, and results.json at the end (rank 0), before the
+end's other files (`EndWrites`)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from launcher.config import DEFAULT_OBJECTIVE, minimized, model_name
+from launcher.errors import ExplainedStop
+from launcher.files import RESULTS, DiskFull, disk_full, free_bytes
 from launcher.train.early_stop import default_figure
 from launcher.train.metrics import write_results
+
+log = logging.getLogger("launcher.train")
 
 
 def epoch_line(row: dict[str, Any], epochs: int, unit: str) -> str:
@@ -110,3 +119,47 @@ def write(trainer: Any, history: list[dict[str, Any]], digests: list[str], devic
     }
     write_results(trainer.run_dir, results)
     return results
+
+
+def add_facts(run_dir: Path, results: dict[str, Any], facts: dict[str, Any]) -> None:
+    """The recipe's facts (its `finish`) added to results.json, written again (atomically)."""
+    results.update(facts)
+    write_results(run_dir, results)
+
+
+class EndWrites:
+    """The files a finished run writes after results.json (rank 0): its figures go first, small and atomic
+    (`write`); then the large or optional ones (the recipe's sample and facts, TensorBoard's last flush,
+    curves.png, the trackers), each `attempt`ed on its own, so that one that cannot be written (a full
+    disk) stops none of the others and leaves no partial file where the launcher writes it (atomic writes).
+    `check` then ends the run with one line naming every file not written (exit 1: the run did not record
+    everything), its figures kept."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.unwritten: list[tuple[Path | str, BaseException]] = []
+
+    @contextlib.contextmanager
+    def attempt(self, what: Path | str) -> Iterator[None]:
+        """Write `what` (a file, or what a block writes: the failure names its own file where it can) or
+        record why it failed."""
+        try:
+            yield
+        except (OSError, DiskFull) as exc:
+            named = getattr(exc, "path", None) or getattr(exc, "filename", None) or what
+            self.unwritten.append((named, exc))
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc).split(":")[0]
+            log.warning("writing %s failed: %s", named, reason, extra={"file_only": True})  # (`check` says it)
+
+    def check(self) -> None:
+        if not self.unwritten:
+            return
+        files = " and ".join(str(path) for path, _ in self.unwritten)
+        kept = f"{self.run_dir / RESULTS} holds the run's figures"
+        if any(isinstance(exc, DiskFull) or disk_full(self.run_dir, exc) for _, exc in self.unwritten):
+            free = free_bytes(self.run_dir)
+            shown = f"{free / 1e6:.1f} MB free" if free is not None else "no space"
+            raise ExplainedStop(f"No space left on device: writing {files} failed ({shown} on that file system); "
+                                f"{kept}; free some space (metrics.jsonl and any checkpoint are whole)")
+        first = self.unwritten[0][1]
+        raise ExplainedStop(f"writing {files} failed ({type(first).__name__}: {first}); {kept}")

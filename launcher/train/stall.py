@@ -10,6 +10,9 @@ On a CPU device the same marks are taken with the host clock.
 The same two marks give each training step's own time (its "ready" to its end: the step's work, input
 waits left out), which `StepPace` keeps for the last steps, for what tunes the input to the step's pace
 while training runs (recipe=imagefolder's data.decode=auto).
+
+What held an epoch up is said once per run, with the setting that would help: its input (`input_advice`),
+or on the CPU, a machine busier than its cores while each process ran several threads (`thread_advice`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ import torch
 from launcher.errors import ExplainedStop
 
 INPUT_BOUND = 0.10  # above this fraction of the epoch, the log calls the run input-bound
+# A machine is busy when its load average is at least this many cores' worth of work above the cores a CPU
+# run may use (its own threads fill those)
+BUSY_LOAD = 1.0
 
 
 @dataclass
@@ -175,3 +181,19 @@ def input_advice(fraction: float, placement: str, data_mb: float, compiled: bool
         return (f"input-bound: {share} with the data already on the GPU, so the host is too slow to issue "
                 "the steps: try perf.compile=true or a larger batch_size")
     return f"input-bound: {share} with the data on the GPU: a larger batch_size gives the GPU more work per step"
+
+
+def thread_advice(threads: int, processes: int, cores: int, load: float, chosen: bool) -> str | None:
+    """One line for the log when a CPU run's epochs ran on a busy machine (its load average `load` at least
+    BUSY_LOAD above the `cores` the run may use) with `threads` torch threads in each of its `processes`
+    processes on this machine: the thread count, where it came from (`chosen` by launch, else the user's
+    OMP_NUM_THREADS), and how to change it. A parallel operation waits for its slowest thread, and a thread
+    waiting for a core that other work holds holds up every operation, so fewer threads can run much faster
+    there."""
+    if threads <= 1 or load < cores + BUSY_LOAD:
+        return None
+    where = (f"launch's choice: the {cores} cores this run may use over its {processes} process"
+             f"{'es' if processes != 1 else ''}" if chosen else "OMP_NUM_THREADS as set where launch ran")
+    return (f"slow epochs? this machine is busy (load {load:.1f} on the {cores} cores this run may use) and each "
+            f"process trained with {threads} threads (OMP_NUM_THREADS={threads}, {where}); a thread waiting for a "
+            f"core holds up every operation: try OMP_NUM_THREADS=1 launch ... (or another count below {threads})")

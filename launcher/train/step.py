@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
+from launcher.figures import check_step_names
 from launcher.train.optim import capturable
 from launcher.train.prefetch import batch_len
 
@@ -153,8 +154,12 @@ class EpochSums:
         self.figures = Figures(device)
         self.finite_steps = torch.zeros((), dtype=torch.long, device=device)
         self.overflowed = torch.zeros((), dtype=torch.long, device=device)  # fp16: steps the scaler skipped
+        self.named: set[str] = set()  # the training_step's figure names checked so far (once each)
 
     def add(self, loss: torch.Tensor, figures: dict[str, torch.Tensor], n: int) -> None:
+        if not self.named.issuperset(figures):
+            check_step_names("training_step", figures)
+            self.named.update(figures)
         self.figures.add("loss", loss, n)
         for name, value in figures.items():
             self.figures.add(name, value, n)
@@ -180,8 +185,6 @@ def loss_and_figures(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise TypeError(f"training_step's loss must be a 0-dim tensor (a mean over the batch), not {shape}")
-    if "loss" in figures:
-        raise TypeError("training_step's figures may not be named 'loss' (the loss itself is reported as loss)")
     for name, value in figures.items():
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"training_step's figure {name!r} is a {type(value).__name__}; figures are tensors "

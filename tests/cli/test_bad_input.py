@@ -72,6 +72,8 @@ CASES = [
     ("recipe.translate=8", "recipe.translate=8 is not valid: must be an integer from 0 to 7"),  # was a traceback
     ("recipe=nowhere.my_recipe", "recipe=nowhere.my_recipe is not valid: choose one of cifar10, cifar10_fast, digits, "
      "imagefolder, text, or a module"),
+    # a figure the recipe cannot have: refused before any worker (was found after the first epoch had trained)
+    ("early_stop.metric=test_mse", "early_stop.metric=test_mse is not valid: names no figure of this run's epochs"),
 ]
 
 
@@ -181,3 +183,20 @@ def test_a_shared_checkpoint_naming_code_is_refused_by_eval_and_resume_until_the
                             "consent: it was not written by a run of yours (it carries no seal); to run it, add "
                             "model._target_=shutil.copyfile"), lines[0]
         assert victim.read_text() == "mine" and not list(tmp_path.glob("outputs/*/*"))
+
+
+def test_a_sweep_objective_that_names_no_figure_of_its_runs_is_one_line_before_any_run(launch, tmp_path):
+    """`launch -m ... sweep.objective=test_rmsee` (a typo) trained every run and exited 0 with an empty column
+    and no best run: regression.py lists its figures, so the sweep is refused before it starts."""
+    import shutil
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).parents[2] / "examples" / "regression.py", tmp_path)
+    result = launch("-m", "recipe=regression", "recipe.hidden=8,16", "gpus=[]", "epochs=1", "data.workers=0",
+                    "sweep.objective=test_rmsee", timeout=240)
+    assert result.returncode == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("launch: sweep.objective=test_rmsee is not valid: names no figure "
+                                                   "of this run's epochs; they are loss, test_mse, test_rmse"), lines
+    assert "(e.g. launch sweep.objective=test_rmse)" in lines[0] and "Traceback" not in result.output
+    assert not list(tmp_path.glob("multirun/**/results.json")) and "epoch 1/1" not in result.output

@@ -54,6 +54,55 @@ def test_a_full_disk_under_a_sharded_checkpoint_is_named_and_its_partial_folder_
     assert not list(tiny_disk.rglob("*.tmp-*"))
 
 
+# A recipe (examples/regression.py) whose run ends on a disk that is full by then: matplotlib's PNG writer gets
+# a few bytes out and then ENOSPC, and so does the recipe's own sample.
+FULL_AT_THE_END = """
+import errno
+import matplotlib.figure
+from regression import Regression
+
+
+def _full(self, target, *args, **kwargs):
+    out = open(target, "wb") if isinstance(target, str) or hasattr(target, "__fspath__") else target
+    out.write(b"\\x89PNG\\r\\n")
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+matplotlib.figure.Figure.savefig = _full
+
+
+class FullAtTheEnd(Regression):
+    def finish(self, model, run_dir, device, main):
+        raise OSError(errno.ENOSPC, "No space left on device", str(run_dir / "sample.txt"))
+"""
+
+
+def test_a_disk_full_at_the_runs_end_keeps_its_figures_and_names_each_file_not_written(launch, tmp_path):
+    """The run's figures reach results.json (and outcome.json) first; curves.png and the recipe's sample,
+    written after them, fail on the full disk: each is named in the one line, nothing partial is left, and the
+    exit code is 1 (the run did not record everything). It left a 0-byte curves.png, no results.json and no
+    outcome.json, and the message named the folder."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    shutil.copy(Path(__file__).parents[2] / "examples" / "regression.py", tmp_path)
+    (tmp_path / "full_at_the_end.py").write_text(FULL_AT_THE_END)
+    result = launch("recipe=full_at_the_end", "gpus=[]", "epochs=1", "batch_size=256", "data.workers=0",
+                    "checkpoint=false")
+    assert result.returncode == 1, result.output
+    run = result.run_dir()
+    assert (run / "results.json").is_file() and (run / "outcome.json").is_file(), result.output
+    figures = json.loads((run / "results.json").read_text())
+    assert figures["test_rmse"] > 0 and figures["epochs_run"] == 1
+    [line] = [x for x in result.stderr.splitlines() if x.startswith("launch:")]
+    assert line.startswith("launch: No space left on device: writing ") and "Traceback" not in result.stderr, line
+    assert f"{run}/sample.txt and {run}/curves.png failed" in line and f"{run}/results.json holds" in line, line
+    ended = json.loads((run / "outcome.json").read_text())
+    assert ended["exit_code"] == 1 and "curves.png" in ended["error"]
+    assert not (run / "curves.png").exists() and not list(run.rglob("*.tmp-*"))
+
+
 def test_a_worker_interpreter_that_cannot_import_torch_is_named_not_an_eof(launch, tmp_path):
     """The forkserver imports torch's compiler for the workers; a broken package under it (here a sympy
     that raises on import, first on PYTHONPATH) killed it, and launch said `EOFError: unexpected EOF`."""

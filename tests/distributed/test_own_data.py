@@ -53,16 +53,21 @@ def test_a_regression_dataset_in_a_plain_file_trains_and_its_rmse_falls(launch, 
     assert "next-token" not in evaluated.output
 
 
-def test_evaluation_figures_are_exact_over_uneven_shards_on_two_ranks(launch, project):
+def test_evaluation_figures_are_exact_over_uneven_shards_on_two_ranks_and_stop_them_alike(launch, project):
     """819 evaluation samples: an uneven last shard. One rank and two score the same set the same way, and
-    (the same global batch, the same order) train the same: the figures agree, not a mean of rank means."""
-    common = ("recipe=regression", "gpus=[]", "epochs=2", "batch_size=64", "eval.batch_size=100", "optim=adamw",
-              "lr=0.01", "data.workers=0")
+    (the same global batch, the same order) train the same: the figures agree, not a mean of rank means.
+    Early stopping on the figure the recipe's report derives (test_rmse) stops both after the same epoch:
+    every rank has it (derived on rank 0 alone, the other rank found no such figure and the run failed)."""
+    common = ("recipe=regression", "gpus=[]", "epochs=3", "batch_size=64", "eval.batch_size=100", "optim=adamw",
+              "lr=0.01", "data.workers=0", "early_stop.metric=test_rmse", "early_stop.patience=1",
+              "early_stop.min_delta=10")  # (epoch 2 cannot improve by 10: stopped after it)
     one = launch(*common)
     two = launch(*common, "strategy=ddp", "nprocs=2")
     assert one.returncode == 0 and two.returncode == 0, two.output
     assert _results(two)["ranks_agree"]
     assert math.isclose(_results(one)["test_mse"], _results(two)["test_mse"], rel_tol=1e-4)
+    stopped = [_results(r)["stopped_early"] for r in (one, two)]
+    assert [(s["epoch"], s["metric"]) for s in stopped] == [(2, "test_rmse")] * 2, stopped
     # no accuracy and no sweep.objective typed: the run is ranked by its own first held-out figure
     r = _results(one)
     assert r["objective"] == "test_mse" and r["best_test_mse"] == min(

@@ -71,4 +71,17 @@ MUTANTS = [
            '        run["resume_latest"] = newest is not None and Path(run["dir"]) == newest.parent.parent',
            '        run["resume_latest"] = run is runs[0]',
            ('tests/unit/test_checkpoint_trust.py::test_latest_is_the_checkpoint_written_last_whatever_the_run_dirs_names_say',)),
+    # --- h3 ---
+    Mutant('a setting naming a figure the recipe lacks reaches the workers', 'launcher/host/run_here.py',
+           '    check_figures(recipe, cfg)\n',
+           '',
+           ('tests/unit/test_figures.py',)),
+    Mutant("a sweep run's line shows the accuracy whatever the objective", 'launcher/host/packing.py',
+           '    value = objective_of(job.results, job.cfg.sweep.objective)',
+           '    value = job.results.get("test_acc")',
+           ('tests/unit/test_sweep_packing.py',)),
+    Mutant("a sweep run's line names the typed objective, not the run's own figure", 'launcher/host/packing.py',
+           '    key = effective_objective(job.results, job.cfg.sweep.objective)',
+           '    key = job.cfg.sweep.objective',
+           ('tests/unit/test_sweep_packing.py',)),
 ]

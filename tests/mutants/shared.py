@@ -32,4 +32,13 @@ MUTANTS = [
            '            for i, value in enumerate(sorted(obj, key=repr)):',
            '            for i, value in enumerate(obj):',
            ('tests/unit/test_checkpoint_trust.py::test_a_set_in_a_checkpoint_keeps_its_seal_whatever_order_it_iterates_in',)),
+    # --- h3 ---
+    Mutant("a step's figure is filed under a doubled prefix (test_test_mse)", 'launcher/figures.py',
+           '        if bare is not None:',
+           '        if False:',
+           ('tests/unit/test_figures.py',)),
+    Mutant("a recipe's own acc is shown as the accuracy", 'launcher/figures.py',
+           '        if name == ACCURACY and not isinstance(figures, LauncherFigures):',
+           '        if False:',
+           ('tests/unit/test_figures.py',)),
 ]

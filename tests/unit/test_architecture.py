@@ -19,9 +19,9 @@ import launcher
 
 PACKAGE = Path(launcher.__file__).parent
 RECIPES = PACKAGE.parent / "recipes"  # installed as launcher.recipes
-SHARED = ["launcher", "launcher.config", "launcher.errors", "launcher.files", "launcher.integrity", "launcher.world",
-          "launcher.spec", "launcher.logs", "launcher.failures", "launcher.bytecode", "launcher.strategies",
-          "launcher.strategies.base", "launcher.strategies.single", "launcher.strategies.dp",
+SHARED = ["launcher", "launcher.config", "launcher.errors", "launcher.figures", "launcher.files", "launcher.integrity",
+          "launcher.world", "launcher.spec", "launcher.logs", "launcher.failures", "launcher.bytecode",
+          "launcher.strategies", "launcher.strategies.base", "launcher.strategies.single", "launcher.strategies.dp",
           "launcher.strategies.ddp"]
 # Where the host wing may reach into the training wing: the workers' entry point, run in-process when
 # launch joins a world torchrun or srun started, or handed to torch.distributed.elastic.

@@ -338,6 +338,26 @@ def test_a_full_disk_at_the_runs_end_keeps_the_runs_own_error(tmp_path, monkeypa
     assert not (tmp_path / "outcome.json").exists()
 
 
+def test_an_outcome_json_that_cannot_be_written_is_named(tmp_path, monkeypatch, caplog):
+    """A full disk at the launch's end: outcome.json is not written, and the console says which file and the
+    exit code (it was left out without a word)."""
+    import errno
+    import logging
+
+    from launcher.host import run_here
+    from launcher.host.outcome import Outcome
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(run_here, "write_json", full)
+    with caplog.at_level(logging.WARNING, logger="launcher"):
+        run_here._record_outcome(tmp_path, Outcome(1, error="No space left on device: writing curves.png failed"))
+    said = [r.getMessage() for r in caplog.records]
+    assert any(f"{tmp_path / 'outcome.json'} could not be written (No space left on device); the exit code is 1" in m
+               for m in said), said
+
+
 def test_an_export_never_replaces_a_file_that_appeared_after_the_check(tmp_path):
     """launch export checks that its output does not exist, writes the weights beside it, then places them
     only if still nothing is there (a file or a link made meanwhile is the user's)."""

@@ -55,6 +55,42 @@ def test_cpu_threads_follow_a_slurm_allocation_not_the_whole_host(cuda_build):
     assert plan.env["OMP_NUM_THREADS"] == "4"
 
 
+def _cpu_epoch_advice(monkeypatch, caplog, load: float, threads: int, worker_env: dict) -> list[str]:
+    """What a CPU run's rank 0 logs after its second epoch (Trainer._advise) with `threads` torch threads on a
+    2-core machine whose load average is `load`; `worker_env`: what launch put in the workers' env."""
+    import logging
+    from types import SimpleNamespace
+
+    import torch
+
+    from launcher.train.loop import Trainer
+
+    monkeypatch.delenv("SLURM_CPUS_ON_NODE", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    trainer = SimpleNamespace(device=torch.device("cpu"), cfg=SimpleNamespace(epochs=3),
+                              strategy=SimpleNamespace(processes=1), spec=SimpleNamespace(env=worker_env))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="launcher.train"):
+        Trainer._advise(trainer, {"input_stall": 0.0}, 1)
+    return [r.getMessage() for r in caplog.records]
+
+
+def test_a_cpu_run_on_a_busy_machine_is_told_its_thread_count_and_how_to_change_it(monkeypatch, caplog):
+    """A one-process CPU run with as many threads as cores, on a machine other work keeps busy, ran many
+    times slower than with one thread and said nothing of its threads."""
+    [said] = _cpu_epoch_advice(monkeypatch, caplog, 7.5, 2, {"OMP_NUM_THREADS": "2"})
+    assert said.startswith("slow epochs? this machine is busy (load 7.5 on the 2 cores this run may use) and each "
+                           "process trained with 2 threads (OMP_NUM_THREADS=2, launch's choice: the 2 cores this run "
+                           "may use over its 1 process)"), said
+    assert said.endswith("try OMP_NUM_THREADS=1 launch ... (or another count below 2)")
+    [own] = _cpu_epoch_advice(monkeypatch, caplog, 7.5, 2, {})  # (the user's OMP_NUM_THREADS: launch left it)
+    assert "(OMP_NUM_THREADS=2, OMP_NUM_THREADS as set where launch ran)" in own
+    assert _cpu_epoch_advice(monkeypatch, caplog, 2.5, 2, {"OMP_NUM_THREADS": "2"}) == []  # its own threads' load
+    assert _cpu_epoch_advice(monkeypatch, caplog, 7.5, 1, {"OMP_NUM_THREADS": "1"}) == []  # one thread already
+
+
 def test_gpus_with_a_cpu_build_of_torch_is_refused(monkeypatch):
     monkeypatch.setattr(plan_module, "torch_has_cuda", lambda: False)
     with pytest.raises(ConfigError, match="CPU build"):

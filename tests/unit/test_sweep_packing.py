@@ -40,3 +40,28 @@ def test_the_swept_keys_are_the_ones_that_differ():
     jobs = [SweepJob(i, ["recipe=digits", f"batch_size={b}", "epochs=2"], None, None, Path("."))
             for i, b in enumerate((32, 64))]
     assert swept_keys(jobs) == ["batch_size"]
+
+
+def test_a_finished_runs_line_shows_its_objective_and_throughput(tmp_path, capsys):
+    """The line a sweep prints as each run ends said `no test` for a run ranked by test_rmse."""
+    import json
+    import time
+    from types import SimpleNamespace
+
+    from launcher.host.packing import SideBySide, _Running
+
+    def finished(results: dict, objective: str) -> str:
+        run = tmp_path / str(len(list(tmp_path.iterdir())))
+        run.mkdir()
+        (run / "results.json").write_text(json.dumps(results))
+        (run / "result.json").write_text(json.dumps({"exit_code": 0}))
+        job = SweepJob(0, ["recipe=regression"], None, SimpleNamespace(sweep=SimpleNamespace(objective=objective)),
+                       run)
+        SideBySide._finished(SimpleNamespace(), _Running(job, None, run / "result.json", time.monotonic()), 0)
+        return capsys.readouterr().out
+
+    own = {"test_acc": None, "objective": "test_rmse", "test_rmse": 0.4354, "final": {"samples_per_s": 23305.0}}
+    assert ": test_rmse 0.4354, 23,305 samples/s\n" in finished(own, "test_rmse")
+    assert ": test_rmse 0.4354, 23,305 samples/s\n" in finished(own, "test_acc")  # (ranked by its first figure)
+    assert ": test acc 74.92%, 1,200 img/s\n" in finished({"test_acc": 0.7492, "final": {"img_per_s": 1200.0}},
+                                                         "test_acc")
