@@ -2,7 +2,9 @@
 
 import itertools
 import os
+import signal
 import time
+import warnings
 
 import pytest
 import torch
@@ -695,3 +697,56 @@ def test_an_export_of_sharded_weights_reads_the_model_entries_whole_and_nothing_
     assert all(torch.equal(read[k], model[k]) for k in ("blocks.0.w", "head.weight"))
     extra = read["norm._extra_state"]
     assert extra["version"] == 2 and extra["scales"][0] == 1.5 and torch.equal(extra["scales"][1], torch.ones(2))
+
+
+def test_the_shard_writer_process_writes_each_saves_own_values_and_hands_back_its_error(tmp_path):
+    """strategy=fsdp's checkpoints are written by a process beside the rank (launcher/train/shard_writer.py),
+    from a host copy it keeps for the run: each save holds the values of its own time, and a save that fails
+    there fails here (one rank alone: its writer meets no other)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from launcher.train.shard_writer import ShardWriter
+    from launcher.world import WorldInfo
+
+    world = WorldInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, master_addr="127.0.0.1", master_port=0)
+    writer = ShardWriter(world, torch.device("cpu"), timeout_s=120)
+    try:
+        state = {"w": torch.arange(6.0)}
+        writer.save(state, tmp_path / "epoch-1.dcp").result(timeout=300)
+        state["w"] += 10  # (trained on)
+        writer.save(state, tmp_path / "epoch-2.dcp").result(timeout=300)
+        for name, want in (("epoch-1.dcp", torch.arange(6.0)), ("epoch-2.dcp", torch.arange(6.0) + 10)):
+            back = {"w": torch.zeros(6)}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (torch: "assuming the intent is to load in a single process")
+                dcp.load(back, checkpoint_id=tmp_path / name)
+            assert torch.equal(back["w"], want), name
+        (tmp_path / "a-file").write_text("")
+        with pytest.raises(CheckpointException, match="Not a directory"):
+            writer.save(state, tmp_path / "a-file" / "epoch-3.dcp").result(timeout=300)
+    finally:
+        writer.close()
+
+
+def test_a_dev_shm_too_small_for_the_shards_is_said_with_their_size():
+    from launcher.train.shard_writer import _short_of_shared_memory
+
+    said = _short_of_shared_memory({"w": torch.zeros(3 * 2**18)})  # 3 MB of float32
+    assert "/dev/shm cannot hold this rank's shards (3.0 MB;" in said and "--shm-size" in said
+
+
+def test_a_forkserver_whose_launcher_is_already_gone_ends_at_once():
+    """The forkserver's preload (launcher/train/preload.py) arms its parent-death signal first, against the
+    launcher's pid it was given: a launcher killed before that (the forkserver then belongs to init) is
+    noticed, not left behind importing torch for seconds and writing to a console that is gone."""
+    import subprocess
+    import sys
+
+    from tests.conftest import clean_env
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    proc = subprocess.run([sys.executable, "-c", "import launcher.train.preload"], capture_output=True, text=True,
+                          env=clean_env(LAUNCH_FORKSERVER_PARENT=str(gone.pid)), timeout=300)
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr[-2000:]  # (before any import of torch)

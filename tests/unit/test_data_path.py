@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from launcher.train.data import HostData, ResidentData, choose_placement, make_data, rank_order
-from launcher.train.prefetch import CudaPrefetcher
+from launcher.train.prefetch import CudaPrefetcher, batch_len
 from launcher.train.stall import INPUT_BOUND, StepClock, input_advice
 
 CPU = torch.device("cpu")
@@ -132,3 +132,25 @@ def test_input_bound_advice_names_the_setting_that_helps():
     assert "40%" in host and "data.placement=gpu" in host
     assert "perf.compile=true" in input_advice(0.4, "gpu", 180, False)
     assert "batch_size" in input_advice(0.4, "gpu", 180, True)
+
+
+def test_threaded_prefetcher_reads_no_further_ahead_than_its_depth():
+    """data.prefetch_depth bounds what the thread holds (each batch a GPU copy, or a decoded one)."""
+    read = []
+
+    def source():
+        for i in range(50):
+            read.append(i)
+            yield i
+
+    batches = iter(CudaPrefetcher(source(), CPU, depth=2, threaded=True))
+    assert next(batches) == 0
+    time.sleep(0.5)  # (time for the thread to read as far as it may)
+    assert len(read) <= 2 + 2, read  # the one handed out, `depth` waiting, one held by the thread
+    assert list(batches) == list(range(1, 50))
+
+
+def test_a_batchs_sample_count_is_the_leading_size_of_its_first_tensor():
+    assert batch_len({"image": torch.zeros(5, 3, 8, 8), "label": torch.zeros(5, dtype=torch.long)}) == 5
+    assert batch_len((torch.tensor(0.5), torch.zeros(7, 4))) == 7  # (a scalar first: the next tensor's)
+    assert batch_len(["no tensor"]) == 1

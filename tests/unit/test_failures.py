@@ -1,6 +1,19 @@
-"""Root cause: the earliest primary failure wins over the peers' echoes of it."""
+"""Root cause: the earliest primary failure wins over the peers' echoes of it. A worker's failure: its exit
+code, its record, and under SLURM whether its job is requeued."""
 
+import functools
+import json
+import logging
+import os
+
+import pytest
+
+from launcher.errors import ConfigError
 from launcher.failures import FailureRecord, looks_secondary, root_cause, short_headline
+from launcher.files import FAILURES
+from launcher.spec import RequeuePolicy, WorkerSpec
+from launcher.train.stops import NonFiniteLoss
+from tests.conftest import config_of
 
 
 def rec(rank, t, secondary, attempt=0):
@@ -27,3 +40,86 @@ def test_peer_loss_is_secondary():
     assert not looks_secondary(ValueError("bad shape"))
     assert short_headline("RuntimeError: [/x/pair.cc:553] Connection closed by peer. This is typically caused") == \
         "RuntimeError: Connection closed by peer"
+
+
+# ---- a worker's failure (launcher/train/worker.py): its exit code, its record, and a SLURM requeue ------
+
+composed = functools.cache(functools.partial(config_of, "gpus=[]"))
+
+
+class Exited(Exception):
+    """os._exit, as the test sees it: the code the worker process would have ended with."""
+
+
+@pytest.fixture
+def worker(monkeypatch, tmp_path):
+    """worker_main in this process: `train` raises the exception given; the worker's exit code is returned.
+    (What would touch this process's parent-death signal, console and logging is left out.) A fake
+    `scontrol` notes each requeue it is asked for in tmp_path/requeues."""
+    from launcher import logs
+    from launcher.train import loop
+    from launcher.train import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "die_with_parent", lambda *a: None)
+    monkeypatch.setattr(worker_module, "_let_forkserver_end_with_the_launcher", lambda: None)
+    monkeypatch.setattr(logs, "survive_closed_console", lambda: None)
+    monkeypatch.setattr(logs, "setup_worker_logging", lambda run_dir, rank: None)
+    monkeypatch.setattr(logging, "shutdown", lambda: None)
+    for key in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(key, raising=False)
+
+    def exit_now(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'requeues'}\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    def run(exc: BaseException, max_restarts: int = 0, restart_count: int = 0) -> int:
+        def train(*args):
+            raise exc
+
+        monkeypatch.setattr(loop, "train", train)
+        run_dir = tmp_path / "run"
+        (run_dir / FAILURES).mkdir(parents=True, exist_ok=True)
+        policy = RequeuePolicy("4242", restart_count, 0) if max_restarts else None  # (a SLURM job's)
+        spec = WorkerSpec(config=composed(f"max_restarts={max_restarts}"), strategy=None,
+                          run_dir=str(run_dir), requeue=policy)
+        with pytest.raises(Exited) as ended:
+            worker_module.worker_main(spec)
+        return ended.value.args[0]
+
+    return run
+
+
+def requeues(tmp_path) -> list[str]:
+    path = tmp_path / "requeues"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_bad_input_found_in_a_worker_ends_it_with_exit_2_and_its_record_says_so(worker, tmp_path):
+    code = worker(ConfigError("batch_size", 5000, "larger than the 1438 training images", "batch_size=359"))
+    assert code == 2
+    record = json.loads((tmp_path / "run" / FAILURES / "attempt0-rank0.json").read_text())
+    assert record["exit_code"] == 2 and "batch_size=5000" in record["message"]
+    assert worker(RuntimeError("boom")) == 1
+
+
+def test_under_slurm_a_failed_job_is_requeued_but_never_after_a_nan_stop_or_bad_input(worker, tmp_path):
+    assert worker(NonFiniteLoss("the training loss became nan"), max_restarts=2) == 1
+    assert worker(ConfigError("lr", -1, "must be positive", "lr=0.1"), max_restarts=2) == 2
+    assert requeues(tmp_path) == []  # (the same again would stop the same way)
+    assert worker(RuntimeError("a node went away"), max_restarts=2) == 1
+    assert requeues(tmp_path) == ["requeue 4242"]
+
+
+def test_a_slurm_job_is_requeued_at_most_max_restarts_times(worker, tmp_path, capsys):
+    for run in range(4):  # the job's first run, then each run after a requeue, every one failing
+        worker(RuntimeError("a node went away"), max_restarts=2, restart_count=run)
+    assert requeues(tmp_path) == ["requeue 4242", "requeue 4242"]
+    said = capsys.readouterr().err
+    assert "restart 1 of max_restarts=2" in said and "restart 2 of max_restarts=2" in said
+    assert "restart 3" not in said

@@ -334,3 +334,12 @@ def test_fp16_runs_its_step_eagerly_and_is_refused_under_fsdp():
     with pytest.raises(ConfigError, match=r"perf.precision=fp16 is not valid: strategy=fsdp"):
         strategies.choose(FSDPConfig(), Devices((0, 1)), nprocs=None, global_batch=64,
                           perf=PerfConfig(precision=Precision.fp16), gpus_text="2")
+
+
+def test_out_of_memory_suggests_a_smaller_batch_that_every_rank_gets_an_equal_share_of(on_a_gpu):
+    from launcher.train.stops import oom_message as _oom_message
+
+    cfg = config_of("recipe=text", "batch_size=36")
+    line = _oom_message(cfg, choose(gpus=4, global_batch=36, options=DDPConfig()).strategy, on_a_gpu,
+                        [torch.empty(1000)])
+    assert "at batch_size=36 = 9 per rank: lower it (e.g. batch_size=16)" in line, line  # (18: not 4 equal shares)

@@ -6,13 +6,15 @@ import json
 import os
 import time
 
+import pytest
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from launcher.config import DataConfig
+from launcher.errors import ConfigError
 from launcher.recipes import Recipe
 from launcher.train.data import rank_order
-from launcher.train.loader import DatasetSplit
+from launcher.train.loader import DatasetSplit, check_datasets
 
 CPU = torch.device("cpu")
 
@@ -96,8 +98,42 @@ def test_a_warm_up_or_a_resumed_epochs_rest_starts_a_pass_of_its_own(tmp_path):
     epoch_of(split, order(2), 2)
 
 
+def test_an_epoch_asked_for_with_other_rows_than_planned_reads_the_rows_asked(tmp_path):
+    split, order, journal = make(tmp_path, workers=2)
+    epoch_of(split, order(0), 0)  # its pass reads on into epoch 1's planned rows
+    epoch_of(split, torch.flip(order(1), [0]), 1)  # the same epoch in another order: a pass of its own
+
 def test_without_workers_the_epoch_is_told_in_the_training_process(tmp_path):
     split, order, journal = make(tmp_path, workers=0)
     for epoch in range(2):
         epoch_of(split, order(epoch), epoch)
     assert {r[0] for r in reads(journal)} == {os.getpid()}
+
+
+class Gappy(Dataset):
+    """Samples 3, 5 and 6 are None: files the Dataset could not read and chose to skip."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        return None if i in (3, 5, 6) else torch.tensor([i])
+
+
+def test_samples_the_dataset_skips_are_left_out_of_their_batches_and_all_counted():
+    split = DatasetSplit(Gappy(), Plain(), DataConfig(workers=0), CPU, True, 1, 0, 1, 4)
+    got = [b.view(-1).tolist() for b, _ in split.batches(torch.arange(12).view(3, 4), 0)]
+    assert got == [[0, 1, 2], [4, 7], [8, 9, 10, 11]]
+    assert split.skipped == 3
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(torch.arange(8).view(8, 1))
+
+
+def test_a_training_stream_without_a_length_is_one_line_and_an_evaluation_stream_needs_none(tmp_path):
+    mapped = Journal(8, str(tmp_path / "journal.jsonl"))
+    with pytest.raises(ConfigError, match=r"training IterableDataset has no __len__.*\(e\.g\. launch recipe=mine\)"):
+        check_datasets(Stream(), mapped, "mine")
+    check_datasets(mapped, Stream(), "mine")  # (an evaluation reads a stream to its end)

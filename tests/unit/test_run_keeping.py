@@ -1,6 +1,8 @@
-"""The trackers' config (log=[...]) and their check before any worker, figure names, early stopping's
-decision and the best checkpoints' bookkeeping, without starting a run."""
+"""The trackers' config (log=[...]) and their check before any worker, what rank 0's trackers are fed (metrics.csv,
+a local MLflow store, a tracker that fails), figure names, early stopping's decision and the best checkpoints'
+bookkeeping, without starting a run."""
 
+import functools
 import json
 import os
 import re
@@ -15,6 +17,7 @@ from launcher.host import trackers as host_trackers
 from launcher.host.compose import typed
 from launcher.train.best import BestCheckpoints, kept_folders
 from launcher.train.early_stop import EarlyStop
+from launcher.train.trackers import CsvTracker, MlflowTracker, RunInfo, Tracker, Trackers
 from tests.conftest import launch_command
 
 
@@ -243,3 +246,108 @@ def test_the_run_is_judged_by_test_acc_where_it_has_one_else_its_first_held_out_
     assert default_figure({"loss": 1.0, "test_loss": 0.5, "test_acc": 0.8}) == "test_acc"
     assert default_figure({"loss": 1.0, "test_mse": 0.5, "test_mae": 0.2, "train_s": 3.0}) == "test_mse"
     assert default_figure({"loss": 1.0, "train_acc": 0.5}) is None
+
+
+# ---- the trackers, fed on rank 0's tracker thread (launcher/train/trackers.py) ------------------------
+
+composed = functools.cache(compose)
+
+
+class Recording(Tracker):
+    """A tracker that notes what it is given; it raises at the epoch `fails_at`."""
+
+    def __init__(self, name: str, fails_at: int | None = None):
+        self.name, self.fails_at, self.calls = name, fails_at, []
+
+    def epoch(self, row):
+        self.calls.append(("epoch", row["epoch"]))
+        if row["epoch"] == self.fails_at:
+            raise ConnectionError("the server went away")
+
+    def close(self, ok):
+        self.calls.append(("close", ok))
+
+
+def feeding(tmp_path, *trackers, ok=True, epochs=3):
+    fed = Trackers(composed("log=[csv]"), tmp_path, enabled=True)
+    fed.trackers = list(trackers)
+    fed.start([], restarted=False)
+    for n in range(1, epochs + 1):
+        fed.epoch({"epoch": n, "loss": 1.0 / n})
+    fed.ok = ok
+    fed.close()
+
+
+def test_a_tracker_that_fails_is_said_once_and_left_out_while_the_others_go_on(tmp_path, caplog):
+    failing, other = Recording("mlflow", fails_at=1), Recording("csv")
+    with caplog.at_level("WARNING", logger="launcher.train"):
+        feeding(tmp_path, failing, other)
+    assert caplog.text.count("log: mlflow failed") == 1
+    assert failing.calls == [("epoch", 1), ("close", False)]  # (closed as failed once, then left alone)
+    assert other.calls == [("epoch", 1), ("epoch", 2), ("epoch", 3), ("close", True)]
+
+
+def test_a_run_that_failed_ends_its_tracker_runs_as_failed(tmp_path):
+    failed, fine = Recording("a"), Recording("b")
+    feeding(tmp_path, failed, ok=False)
+    feeding(tmp_path, fine, ok=True)
+    assert failed.calls[-1] == ("close", False) and fine.calls[-1] == ("close", True)
+
+
+def test_only_rank_0_logs_to_the_trackers(tmp_path):
+    cfg = composed("log=[csv,mlflow]")
+    assert [t.name for t in Trackers(cfg, tmp_path, enabled=True).trackers] == ["csv", "mlflow"]
+    other_rank = Trackers(cfg, tmp_path, enabled=False)
+    assert not other_rank.trackers and not other_rank.active
+    other_rank.start([{"epoch": 1, "loss": 1.0}], restarted=False)
+    other_rank.epoch({"epoch": 2, "loss": 0.5})
+    other_rank.close()
+    assert not (tmp_path / "metrics.csv").exists()
+
+
+def test_metrics_csv_holds_a_resumes_earlier_epochs_and_a_column_for_a_figure_that_appears_later(tmp_path):
+    import csv
+
+    cfg = composed("log=[csv]")
+    table = CsvTracker(cfg.log.csv, tmp_path)
+    table.start(RunInfo(tmp_path, cfg, history=[{"epoch": 1, "loss": 2.0}]))  # (a resume brought epoch 1)
+    table.epoch({"epoch": 2, "loss": 1.5})
+    table.epoch({"epoch": 3, "loss": 1.0, "test_acc": 0.75})  # (evaluated from epoch 3 on)
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["epoch"], r["loss"], r["test_acc"]) for r in rows] == [("1", "2.0", ""), ("2", "1.5", ""),
+                                                                     ("3", "1.0", "0.75")]
+
+
+def test_mlflow_gets_each_epoch_at_its_step_a_resumes_epochs_and_one_parent_for_a_sweeps_runs(tmp_path, monkeypatch):
+    """MLflow's own local store (a folder): what the tracker sent, read back through MLflow's client."""
+    pytest.importorskip("mlflow")
+    import dataclasses
+
+    from mlflow.tracking import MlflowClient
+
+    from launcher.files import SWEEP_MARK
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    store = (tmp_path / "mlruns").as_uri()
+    cfg = composed("log=[mlflow]")
+    section = dataclasses.replace(cfg.log.mlflow, tracking_uri=store)
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / SWEEP_MARK).write_text("")
+    ids = []
+    for name in ("0", "1"):  # a sweep's two runs, each resumed after its second epoch
+        run_dir = sweep / name
+        run_dir.mkdir()
+        tracker = MlflowTracker(section, run_dir)
+        tracker.start(RunInfo(run_dir, cfg, history=[{"epoch": 1, "loss": 2.0}, {"epoch": 2, "loss": 1.5}]))
+        tracker.epoch({"epoch": 3, "loss": 1.0, "started_unix": 1.7e9})
+        tracker.close(True)
+        ids.append(tracker.run_id)
+    client = MlflowClient(tracking_uri=store)
+    for run_id in ids:
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "loss"))
+        assert history == [(1, 2.0), (2, 1.5), (3, 1.0)]
+        assert client.get_metric_history(run_id, "started_unix") == []  # (a clock time, not a figure)
+    parents = {client.get_run(i).data.tags["mlflow.parentRunId"] for i in ids}
+    assert len(parents) == 1 and client.get_run(parents.pop()).info.run_name == "sweep"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from launcher.train.slots import PinnedSlots
@@ -56,3 +58,27 @@ def test_a_batch_too_large_or_without_a_free_slot_falls_back():
     kinds = [slot for _, slot in small]  # never read back: the one slot stays busy after the first batch
     assert kinds[0] == 0 and kinds[1:] == [-1, -1]
     assert slots.claim(8) is None  # (outside a worker: never)
+
+
+def as_worker(monkeypatch, worker_id: int, workers: int) -> None:
+    """This process as DataLoader worker `worker_id` (what get_worker_info says in a worker)."""
+    info = SimpleNamespace(id=worker_id, num_workers=workers)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: info)
+
+
+def test_each_worker_has_its_own_slots_and_a_batch_its_own_bytes(monkeypatch):
+    slots = PinnedSlots(workers=2, per_worker=2, nbytes=16, wait=0.01)
+    written = {}
+    # worker 1 fills its slots first: worker 0 still gets two of its own
+    for worker, sizes in ((1, (16, 5)), (0, (16, 8))):
+        as_worker(monkeypatch, worker, 2)
+        for size in sizes:
+            slot = slots.claim(size)
+            assert slot is not None, f"worker {worker} found no free slot of its own"
+            data = torch.full((size,), len(written) + 1, dtype=torch.uint8)
+            slots.view(slot, size).copy_(data)
+            written[slot] = data
+    assert len(written) == 4  # four slots: none shared
+    for slot, data in written.items():  # batches of different sizes never overlap one another
+        assert torch.equal(slots.to_device(slot, data.numel(), torch.device("cpu")), data)
+    assert int(slots.busy.sum()) == 0

@@ -49,3 +49,16 @@ def test_set_up_work_aside_runs_and_its_failure_is_raised_on_wait():
     aside = _Aside(torch.device("cpu"), fails)
     with pytest.raises(RuntimeError, match="cudaHostAlloc"):
         aside.wait()
+
+
+def test_tensorboard_puts_each_figure_under_its_own_tag(tmp_path):
+    log = TensorBoardLog(tmp_path, enabled=True)
+    log.epoch({"epoch": 1, "loss": 2.5, "test_loss": 3.0, "train_mse": 0.5, "test_mse": 0.25, "train_s": 9.0})
+    log.close()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    drawn = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert drawn == {"train/loss": [(1, 2.5)], "test/loss": [(1, 3.0)], "train/mse": [(1, 0.5)],
+                     "test/mse": [(1, 0.25)]}  # (train_s, the epoch's seconds, is no figure)
