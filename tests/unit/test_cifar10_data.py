@@ -92,3 +92,18 @@ def test_synthetic_is_only_used_when_asked(tmp_path):
         recipe_for(tmp_path, synthetic=False).load()
     small = synthetic_splits(100, 10)
     assert small.synthetic and small.train_x.shape == (100, 3, 32, 32)
+
+
+def test_evaluation_averages_the_test_time_augmentation_asked_for(tmp_path):
+    """recipe.tta=2: the logits are the weighted mean over the mirror and the shifted views, not one forward."""
+    from launcher.train.augment import tta_logits
+
+    def by_position(v):  # a network that reads pixels by position: every view gives other logits
+        return v[:, 0, 0, :4]
+
+    x = torch.randn(3, 3, 8, 8)
+    for tta in (0, 1, 2):
+        recipe = cifar10.Cifar10(config_of("recipe=cifar10", f"recipe.tta={tta}"))
+        assert torch.equal(recipe.predict(by_position, x), tta_logits(by_position, x, tta))
+    assert not torch.allclose(cifar10.Cifar10(config_of("recipe=cifar10", "recipe.tta=2")).predict(by_position, x),
+                              by_position(x))

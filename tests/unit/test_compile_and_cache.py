@@ -116,6 +116,12 @@ def test_cifar10_reads_the_cache_and_decodes_again_when_its_files_change(tmp_pat
     again = recipe.load()
     assert len(again.train_y) == 60 and (again.train_x == other.train_x).all()
     assert len(list((tmp_path / "cache" / "decoded").iterdir())) == 2
+    # a new test_batch alone (the training batches untouched): the test set is decoded again too
+    newer = synthetic_splits(60, 10, seed=7)
+    write_official_format(tmp_path / "newer" / FOLDER, newer)
+    (tmp_path / FOLDER / "test_batch").write_bytes((tmp_path / "newer" / FOLDER / "test_batch").read_bytes())
+    third = recipe.load()
+    assert (third.test_x == newer.test_x).all() and (third.train_x == other.train_x).all()
     assert not any(p.name.endswith(".npy") for p in (tmp_path / FOLDER).iterdir())  # the dataset's folder untouched
 
 

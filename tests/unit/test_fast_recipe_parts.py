@@ -30,6 +30,21 @@ def test_whitening_stem_decorrelates_2x2_patches():
     assert torch.allclose(net.stem.weight[12:], -net.stem.weight[:12])
 
 
+def test_the_record_nets_batchnorm_keeps_its_scale_at_one_under_any_optimizer():
+    """Shift-only BatchNorm: its scale is no parameter that trains (an SGD or AdamW step over the model's
+    trainable parameters leaves it at 1), only its shift does."""
+    from launcher.recipes.vision_models import ShiftOnlyBatchNorm
+
+    torch.manual_seed(0)
+    net = Airbench94()
+    norms = [m for m in net.modules() if isinstance(m, ShiftOnlyBatchNorm)]
+    sgd = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.5)
+    net(torch.randn(4, 3, 32, 32)).square().mean().backward()
+    sgd.step()
+    assert norms and all(torch.equal(m.weight, torch.ones_like(m.weight)) for m in norms)
+    assert any(not torch.equal(m.bias, torch.zeros_like(m.bias)) for m in norms)
+
+
 def test_alternating_flip_mirrors_complementary_halves_on_even_and_odd_epochs():
     x = torch.arange(8 * 4, dtype=torch.float32).view(8, 1, 1, 4)
     idx = torch.arange(8)

@@ -343,3 +343,54 @@ def test_out_of_memory_suggests_a_smaller_batch_that_every_rank_gets_an_equal_sh
     line = _oom_message(cfg, choose(gpus=4, global_batch=36, options=DDPConfig()).strategy, on_a_gpu,
                         [torch.empty(1000)])
     assert "at batch_size=36 = 9 per rank: lower it (e.g. batch_size=16)" in line, line  # (18: not 4 equal shares)
+
+
+def test_meta_init_builds_the_model_on_the_meta_device_and_without_it_on_the_device():
+    def build():
+        return nn.Linear(4, 4)
+
+    meta = choose(gpus=0, nprocs=1, options=FSDPConfig(meta_init=True)).strategy
+    assert all(p.is_meta for p in meta.build_model(build, torch.device("cpu")).parameters())
+    whole = choose(gpus=0, nprocs=1).strategy
+    assert not any(p.is_meta for p in whole.build_model(build, torch.device("cpu")).parameters())
+
+
+def test_weights_materialized_from_the_meta_device_get_the_models_own_initialization():
+    """A model with init_weights() (GPT-2's scheme in recipe=text) gets that and nothing after it; one
+    without gets every submodule's reset_parameters()."""
+    from launcher.strategies.fsdp import initialize
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(3, 3)
+
+        def init_weights(self):
+            nn.init.constant_(self.layer.weight, 0.5)
+            nn.init.zeros_(self.layer.bias)
+
+    net = Net()
+    initialize(net)
+    assert (net.layer.weight == 0.5).all() and (net.layer.bias == 0).all()
+    plain = nn.Linear(3, 3)
+    with torch.no_grad():
+        plain.weight.zero_()
+    initialize(plain)
+    assert plain.weight.abs().sum() > 0
+
+
+def test_fsdp_synchronizes_gradients_again_after_the_micro_batches_that_skip_it():
+    from types import SimpleNamespace
+
+    from launcher.strategies.base import Nets
+
+    said = []
+    module = SimpleNamespace(set_requires_gradient_sync=said.append)
+    strategy = choose().strategy
+    nets = Nets(module, module, module)
+    with strategy.no_sync(nets):
+        assert said == [False]
+    assert said == [False, True]
+    with pytest.raises(RuntimeError), strategy.no_sync(nets):
+        raise RuntimeError("a micro-batch failed")
+    assert said[-1] is True

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torchvision", reason="recipe=imagefolder needs torchvision (pip install torchvision)")
@@ -106,6 +107,19 @@ def test_hidden_files_and_folders_are_no_classes_or_images(tmp_path):
     assert all(not Path(p).name.startswith(".") for p, _ in splits["train"].samples)
 
 
+def test_images_in_a_class_folders_subfolders_are_ordered_as_torchvision_orders_them(tmp_path):
+    """Folder by folder in sorted order of their paths ('x-z' sorts before 'x/y'), whatever order the
+    filesystem lists them in: the same indices, so the same labels and the same augmentation, as torchvision."""
+    from torchvision.datasets import ImageFolder as Reference
+
+    root = write_image_folder(tmp_path, 1, 1, odd_files=False)
+    for sub in ("x", "x/y", "x-z", "a", "x/y/deeper"):
+        (root / "train" / "ant" / sub).mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8)).save(root / "train" / "ant" / sub / "img.jpg")
+    ref = Reference(str(root / "train"), allow_empty=False)
+    assert scan(root)["train"].samples == ref.samples
+
+
 def test_prepare_refuses_before_any_worker_and_writes_nothing_beside_the_data(folder, tmp_path):
     before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
     recipe = ImageFolder(config_of("recipe=imagefolder", f"data.root={folder}", "gpus=[]"))
@@ -147,6 +161,19 @@ def test_every_image_mode_becomes_an_rgb_uint8_crop(folder):
     deep = ds[by_name["deep16.png"]][0]  # 16-bit grey: scaled to 8 bits, not clipped to white
     assert 20 < deep.float().mean() < 235 and torch.equal(deep[0], deep[1])
     assert torch.equal(ds[by_name["grey.jpg"]][0][0], ds[by_name["grey.jpg"]][0][2])
+
+
+def test_transparent_pixels_become_the_mean_colour_which_normalizes_to_zero():
+    from launcher.recipes.imagefolder import GREY_BACKGROUND
+
+    clear = Image.new("RGBA", (4, 4), (255, 0, 0, 0))  # red, fully transparent
+    rgb = torch.from_numpy(np.array(to_rgb(clear)))
+    assert rgb.shape == (4, 4, 3) and torch.equal(rgb, torch.tensor(GREY_BACKGROUND, dtype=torch.uint8).expand(4, 4, 3))
+    normalized = Normalizer(False)(rgb.permute(2, 0, 1)[None])
+    assert normalized.abs().max() < 0.01
+    half = torch.from_numpy(np.array(to_rgb(Image.new("RGBA", (2, 2), (255, 0, 0, 128))))).int()
+    expected = (torch.tensor([255, 0, 0]) * 128 + torch.tensor(GREY_BACKGROUND) * 127) // 255  # half red, half mean
+    assert (half[0, 0] - expected).abs().max() <= 1
 
 
 def test_a_training_crop_is_torchvisions_random_resized_crop_and_flip_of_the_same_box(folder):
@@ -200,6 +227,10 @@ def test_evaluation_is_resize_then_center_crop_as_torchvision_does_it(folder):
             ref = reference(img.convert("RGB"))
         assert (ds[i][0].int() - ref.int()).abs().max() <= 1
     assert eval_geometry(300, 200, 256, 224) == (384, 256, 80, 16)
+    # a centre between two pixels: torchvision rounds (259 - 200) / 2 = 29.5 to 30 (its CenterCrop)
+    index = torch.arange(259 * 256).view(1, 259, 256)
+    corner = int(v2.functional.center_crop(index, [200, 200])[0, 0, 0])
+    assert eval_geometry(256, 259, 256, 200) == (256, 259, corner % 256, corner // 256) == (256, 259, 28, 30)
     assert split(folder, train=False)[0][0].shape == (3, 32, 32)
 
 
@@ -263,6 +294,31 @@ def test_the_gpu_path_names_a_jpeg_nvjpeg_cannot_decode(broken, tmp_path):
     except BadImageError:
         pytest.fail("skip must not raise")
     assert len(x) in (len(rows), len(rows) - 1)  # (a decoder may also decode the damaged scan to noise)
+
+
+def test_a_jpeg_the_gpu_cannot_decode_is_left_out_of_its_batch_with_its_label(folder, monkeypatch):
+    """data.on_bad_file=skip: the batch the GPU finishes lacks that sample's row and its label, and the other
+    rows are the ones a batch without it holds."""
+    from launcher.recipes import imagefolder
+
+    ds = split(folder, train=False, gpu_share=1.0)
+    batch = collate([ds[i] for i in range(len(ds))])
+    jpegs = batch[3].jpegs
+    whole, labels = gpu_batch(batch, 32, skip_bad=False, normalize=Normalizer(False))
+    real = imagefolder.decode_jpegs
+    lost = 2  # (the third JPEG: the decoder gives no image for it)
+
+    def one_lost(jpegs, device, skip_bad):
+        images, bad = real(jpegs, device, skip_bad)
+        return images[:lost] + images[lost + 1:], [*bad, lost]
+
+    monkeypatch.setattr(imagefolder, "decode_jpegs", one_lost)
+    x, y = gpu_batch(batch, 32, skip_bad=True, normalize=Normalizer(False))
+    kept = torch.ones(len(labels), dtype=torch.bool)
+    kept[jpegs.rows[lost]] = False
+    assert len(x) == len(y) == len(labels) - 1
+    assert torch.equal(y, labels[kept])
+    torch.testing.assert_close(x, whole[kept], atol=1e-4, rtol=0)  # (the canvas differs: float rounding)
 
 
 # ---- the GPU path's code, on the CPU ----------------------------------------------------------------------

@@ -34,6 +34,17 @@ def test_buckets_follow_the_backward_order_and_the_size_cap():
     assert last_weight.grad.storage_offset() < grads.buckets[0].numel()
 
 
+def test_frozen_parameters_get_no_flat_gradient():
+    """A frozen layer (requires_grad=False: the record net's whitening stem) has no .grad an optimizer would
+    step with, and takes no room in the buffers the ranks all-reduce."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model[0].weight.requires_grad_(False)
+    grads = FlatGradients(model.parameters())
+    assert model[0].weight.grad is None and sum(b.numel() for b in grads.buffers) == 4 + 8 + 2
+    model(torch.randn(3, 4)).sum().backward()
+    assert model[0].weight.grad is None and model[0].bias.grad.abs().sum() > 0
+
+
 def test_a_parameter_that_is_not_dense_is_refused():
     p = torch.nn.Parameter(torch.randn(4, 6)[:, ::2])
     with pytest.raises(ValueError, match="not dense"):

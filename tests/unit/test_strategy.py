@@ -47,7 +47,8 @@ def test_global_batch_is_split_only_over_ranks():
     assert choose("ddp", 2, None, 512).batch_per_process == 256
     assert choose("dp", 2, None, 512).batch_per_process == 512  # DataParallel splits it inside the step
     assert choose("single", 1, None, 512).batch_per_process == 512
-    assert choose("ddp", 2, None, 512, nodes=2).world_size == 4  # a SLURM job of 2 nodes x 2 tasks
+    two_nodes = choose("ddp", 2, None, 512, nodes=2)  # a SLURM job of 2 nodes x 2 tasks
+    assert (two_nodes.world_size, two_nodes.batch_per_process) == (4, 128)
 
 
 @pytest.mark.parametrize("name, gpus, nprocs, batch, words", [
@@ -71,6 +72,10 @@ def test_nccl_on_cpu_is_refused():
 def test_batch_suggestion_is_divisible():
     with pytest.raises(ConfigError, match=r"batch_size=62"):
         choose("ddp", 0, 2, 63)
+    # each rank's share must split into the micro-batches too: 6 over 2 ranks is 3 a rank, not 2 x 1.5
+    with pytest.raises(ConfigError, match=r"accumulate=2 is not valid: each rank's 3 samples .*batch_size=4 "
+                                          r"accumulate=2"):
+        strategies.check_batch_splits(6, 2, 2)
 
 
 def test_several_nodes_need_a_strategy_that_spans_them():
@@ -133,6 +138,9 @@ def test_dataparallel_turns_off_compile_graphs_and_cudnn_autotuning():
     assert type(choice.strategy) is DataParallel and choice.note and "off under strategy=dp" in choice.note
     assert not (choice.perf.compile or choice.perf.cuda_graph or choice.perf.cudnn_benchmark)
     assert "DataParallel" in choice.strategy.warning()
+    graphs_only = strategies.choose(DataParallelConfig(), Devices((0, 1)), nprocs=None, global_batch=64,
+                                    perf=PerfConfig(compile=False, cuda_graph=True), gpus_text="[0,1]")
+    assert not graphs_only.perf.cuda_graph and "off under strategy=dp" in (graphs_only.note or "")
 
 
 def test_gpus_auto_means_one_gpu_only_for_single():
@@ -176,3 +184,44 @@ def test_ddp_buckets_grow_with_the_model_unless_the_user_chose_them():
     assert bucket_mb(10, large) == 10 and bucket_mb(300, small) == 300
     with pytest.raises(ConfigError, match="bucket_cap_mb"):
         DDPConfig(bucket_cap_mb=-1).check("strategy")
+
+
+def test_dataparallel_reports_the_peak_memory_of_every_gpu_it_drives():
+    import torch
+
+    assert choose("dp", 3, None).memory_devices(torch.device("cuda", 0)) == [0, 1, 2]
+    assert choose("ddp", 2, None).memory_devices(torch.device("cuda", 1)) == [1]
+    assert choose("single", 0, None).memory_devices(torch.device("cpu")) == []
+
+
+def test_the_weights_digest_tells_apart_weights_that_differ_below_one():
+    """results.json's ranks_agree compares these digests: ranks whose weights differ in any bit must differ."""
+    import torch
+
+    from launcher.strategies.base import weights_sha256
+
+    state = {"w": torch.tensor([0.25, 1.5]), "steps": torch.tensor(3)}
+    assert weights_sha256(state) == weights_sha256({k: v.clone() for k, v in state.items()})
+    assert weights_sha256(state) != weights_sha256({"w": torch.tensor([0.25, 1.25]), "steps": torch.tensor(3)})
+    assert weights_sha256(state) != weights_sha256({"w": torch.tensor([0.25, 1.5]), "steps": torch.tensor(4)})
+
+
+def test_ddp_averages_the_ranks_batchnorm_statistics():
+    """At an epoch's end every rank holds the mean of the ranks' running statistics (here a world of two,
+    the other rank's statistics added by the all-reduce); the step counter is left as it is."""
+    import torch
+
+    strategy = choose("ddp", 0, 2)
+    bn = torch.nn.BatchNorm1d(3)
+    bn.running_mean.fill_(1.0)
+    bn.running_var.fill_(4.0)
+    bn.num_batches_tracked.fill_(7)
+    other = torch.cat([torch.full((3,), 3.0), torch.full((3,), 2.0)])  # the other rank's mean, then var
+
+    def all_reduce(tensor, op="sum"):
+        return tensor.add_(other)
+
+    strategy.all_reduce = all_reduce
+    strategy.average_buffers(bn)
+    assert torch.equal(bn.running_mean, torch.full((3,), 2.0)) and torch.equal(bn.running_var, torch.full((3,), 3.0))
+    assert int(bn.num_batches_tracked) == 7

@@ -187,3 +187,80 @@ def test_text_config_names_the_key_and_the_fix():
         config_of("recipe=text", "recipe.width=64", "recipe.heads=5")
     with pytest.raises(ConfigError, match=r"recipe.context"):
         config_of("recipe=text", "recipe.context=1")
+
+
+def test_a_corpus_file_edited_in_place_builds_its_streams_again(tmp_path):
+    """The streams' folder is keyed by every file's name, size and time: an edit that keeps the size (a word
+    replaced by another as long) is built again, never trained on from the old streams."""
+    import os
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (src / name).write_bytes(b"the old words " * 40)
+    first = Corpus(str(src), tmp_path / "data", synthetic=False)
+    old = first.ensure()
+    (src / "a.txt").write_bytes(b"the new words " * 40)
+    os.utime(src / "a.txt", ns=(1, 1))  # (another time, whatever the clock's resolution)
+    again = Corpus(str(src), tmp_path / "data", synthetic=False)
+    assert again.folder != old
+    built = again.ensure()
+    assert b"new words" in (built / "train.bin").read_bytes() + (built / "val.bin").read_bytes()
+
+
+def _text(tmp_path, *overrides):
+    from launcher.recipes.text import Text
+
+    return Text(config_of("recipe=text", f"data.root={tmp_path / 'data'}", *overrides))
+
+
+def test_max_bytes_is_the_whole_budget_of_both_streams(tmp_path):
+    """recipe.max_bytes=N: the first N - N/20 bytes of the training stream and N/20 of the held-out one."""
+    folder = tmp_path / "streams"
+    folder.mkdir()
+    (folder / "train.bin").write_bytes(bytes(range(256)) * 40)
+    (folder / "val.bin").write_bytes(bytes(range(256)) * 4)
+    train, val = _text(tmp_path, "recipe.max_bytes=2000")._streams(folder)
+    assert (len(train), len(val)) == (1900, 100) and len(train) + len(val) == 2000
+
+
+def test_a_batch_of_more_windows_than_the_stream_holds_is_refused_before_any_worker(tmp_path):
+    """A window is context + 1 bytes: a training stream of 1900 bytes holds (1900 - 1) // 19 = 99 windows of 19,
+    so batch_size=100 is one line and exit 2, and 99 goes through."""
+    book = tmp_path / "book.txt"
+    book.write_bytes(bytes(range(32, 127)) * 20 + b"x" * 100)  # 2000 bytes: 1900 train, 100 held out
+    corpus = f"recipe.corpus={book}"
+    with pytest.raises(ConfigError, match=r"batch_size=100 is not valid: larger than the 99 windows of 19 bytes"):
+        _text(tmp_path, corpus, "recipe.context=19", "batch_size=100").prepare()
+    _text(tmp_path, corpus, "recipe.context=19", "batch_size=99").prepare()
+
+
+def test_the_epoch_row_reports_bits_per_byte_and_mfu_over_every_gpu(tmp_path, monkeypatch):
+    """Bits per byte are the loss in nats over ln 2; MFU is the tokens/s of all the ranks against all their peaks."""
+    from launcher.recipes import text
+
+    recipe = _text(tmp_path, "perf.precision=bf16")
+    recipe.flops_per_token = 6e6
+    monkeypatch.setattr(text, "peak_flops", lambda device: 1e12)
+    row = {"loss": 1.5, "test_loss": 2.0, "tokens_per_s": 1000.0}
+    recipe.report(row, torch.device("cpu"), world_size=4)
+    assert row["bpb"] == pytest.approx(1.5 / math.log(2)) and row["test_bpb"] == pytest.approx(2.0 / math.log(2))
+    assert row["mfu"] == pytest.approx(1000.0 * 6e6 / (4 * 1e12))
+    shards = {"loss": 1.5}
+    recipe.tokens = True
+    recipe.report(shards, torch.device("cpu"), world_size=1)
+    assert shards["ppl"] == pytest.approx(math.exp(1.5)) and "bpb" not in shards
+
+
+def test_a_sample_of_token_ids_never_holds_the_padding_beyond_the_vocabulary():
+    """The model's vocabulary is padded to a multiple of 64: those outputs are never tokens, however likely."""
+    from launcher.recipes.text import generate_ids
+
+    class PaddingLover(torch.nn.Module):
+        def forward(self, ids):
+            logits = torch.zeros(*ids.shape, 64)
+            logits[..., 50:] = 10.0  # the padding (ids 50-63) far likelier than any token
+            return logits
+
+    ids = generate_ids(PaddingLover(), [1, 2, 3], 40, 8, 1.0, torch.device("cpu"), vocab=50)
+    assert ids[:3] == [1, 2, 3] and len(ids) == 43 and max(ids[3:]) < 50

@@ -61,6 +61,10 @@ def test_a_truncated_llmc_shard_is_one_line_naming_the_file_and_the_counts(tmp_p
                                           r"bytes\) but 1990 bytes follow the header \(truncated\?\)") as info:
         read_shard(path)
     assert "\n" not in str(info.value)
+    longer = write_llmc(tmp_path / "fineweb_train_000003.bin", np.arange(1000), count=990)  # 20 bytes too many
+    with pytest.raises(LaunchError, match=r"fineweb_train_000003\.bin: its llm.c header says 990 tokens \(1980 "
+                                          r"bytes\) but 2000 bytes follow the header \(trailing bytes\)"):
+        read_shard(longer)
     short = tmp_path / "c.bin"
     short.write_bytes(np.array([LLMC_MAGIC, 1, 5], dtype="<i4").tobytes())
     with pytest.raises(LaunchError, match=r"c\.bin is not an llm.c token file: 12 bytes, shorter than its 1024"):
@@ -139,6 +143,8 @@ def test_a_token_id_outside_the_vocabulary_names_the_shard_and_the_largest_id(tm
     with pytest.raises(ConfigError, match=r"recipe.vocab_size=50257 is not valid: .*train_2\.bin holds token id "
                                           r"50300; .*recipe.vocab_size=50301"):
         check_token_ids(corpus, 50257, cache)
+    with pytest.raises(ConfigError, match=r"recipe.vocab_size=50300 is not valid: .*holds token id 50300"):
+        check_token_ids(corpus, 50300, cache)  # (ids run from 0 to vocab_size - 1)
     check_token_ids(corpus, 50301, cache)
     assert sorted(json.loads(p.read_text())["largest"] for p in cache.glob("*.json")) == [199, 999, 50300]
     # a second run reads the remembered answer, not the shard; a rewritten shard is read again
