@@ -10,7 +10,7 @@ import torch
 from launcher.errors import LaunchError
 from launcher.host.resume import resolve as resolve_resume
 from launcher.train import checkpoint
-from launcher.world import WorldInfo, existing_world
+from launcher.world import WorldInfo, existing_world, refused_world
 
 
 def test_atomic_save_and_weights_only_load(tmp_path):
@@ -150,6 +150,23 @@ def test_torchrun_environment_is_joined():
     batch = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}
     assert existing_world(batch) is None
     assert existing_world({**batch, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"}) is None
+
+
+def test_torchrun_variables_without_torchrun_are_refused_not_joined():
+    """The four variables alone (left exported in a shell) are no world to join: joining waited for ranks
+    nobody starts. Refused, whatever WORLD_SIZE; joined under torchrun, srun, or LAUNCH_JOIN=1."""
+    for size in ("1", "2"):
+        stale = {"RANK": "0", "WORLD_SIZE": size, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}
+        assert existing_world(stale) is None
+        assert "unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT" in refused_world(stale)
+        assert existing_world({**stale, "LAUNCH_JOIN": "1"}) == WorldInfo(0, 0, int(size), int(size), "127.0.0.1",
+                                                                           1234)
+        assert refused_world({**stale, "LAUNCH_JOIN": "1"}) is None
+        assert refused_world({**stale, "TORCHELASTIC_RUN_ID": "x"}) is None
+    assert refused_world({"MASTER_ADDR": "h", "MASTER_PORT": "1"}) is None  # (spawned workers get their own)
+    assert refused_world({"PATH": "/bin"}) is None
+    assert "RANK, WORLD_SIZE are not set" in refused_world({"LAUNCH_JOIN": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    assert "LAUNCH_JOIN=yes is not valid" in refused_world({"LAUNCH_JOIN": "yes"})
 
 
 def test_a_checkpoint_write_that_fails_leaves_the_previous_checkpoint_whole(tmp_path):
