@@ -147,6 +147,15 @@ MUTANTS = [
     Mutant("fast net's global max back to torch.amax", "recipes/vision_models.py",
            "x = x.flatten(2).max(dim=2).values", "x = torch.amax(x, dim=(2, 3))",
            (UNIT_COMPILE + "::test_the_fast_net_compiled_by_inductor_under_bf16_keeps_finite_gradients",)),
+    # --- h4: stale torchrun variables ---
+    Mutant("stale world joined", "launcher/world.py",
+           'return "TORCHELASTIC_RUN_ID" in env',
+           'return "TORCHELASTIC_RUN_ID" in env or all(k in env for k in WORLD_VARS)',
+           (UNIT_CKPT + "::test_torchrun_variables_without_torchrun_are_refused_not_joined",
+            "tests/cli/test_run_dirs.py::test_torchrun_variables_left_in_the_shell_are_refused_in_one_line")),
+    Mutant("stale world not refused", "launcher/host/cli.py",
+           "    why = refused_world()\n    if why:", "    why = refused_world()\n    if why and argv[:1] == ['eval']:",
+           ("tests/cli/test_run_dirs.py::test_torchrun_variables_left_in_the_shell_are_refused_in_one_line",)),
 ]
 
 
