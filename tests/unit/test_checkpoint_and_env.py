@@ -692,3 +692,26 @@ def test_an_export_of_sharded_weights_reads_the_model_entries_whole_and_nothing_
     assert all(torch.equal(read[k], model[k]) for k in ("blocks.0.w", "head.weight"))
     extra = read["norm._extra_state"]
     assert extra["version"] == 2 and extra["scales"][0] == 1.5 and torch.equal(extra["scales"][1], torch.ones(2))
+
+
+def test_a_stopped_run_names_the_epoch_its_checkpoint_holds_not_the_last_one_logged(tmp_path):
+    """An epoch's line comes before its checkpoint (written in the background) is whole: the line a
+    stopped run ends with names the epoch last.pt holds, and the logged one whose checkpoint was not
+    finished; none at all, none is claimed. A sharded last.pt whose shards are not all there is none."""
+    import json
+
+    from launcher.host.resume import what_a_resume_finds
+    from launcher.train.checkpoint import save_atomic
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, "loss": 1.0}) + "\n" for e in (1, 2, 3)))
+    assert what_a_resume_finds(run) == "epoch 3's checkpoint was not finished: no checkpoint to resume from"
+    save_atomic({"epoch": 2, "net_state_dict": {}}, run / "checkpoints" / "last.pt")
+    assert what_a_resume_finds(run) == (f"launch resume={run} goes on from its checkpoint (epoch 2; epoch 3's "
+                                        "checkpoint was not finished)")
+    save_atomic({"epoch": 3, "net_state_dict": {}}, run / "checkpoints" / "last.pt")
+    assert what_a_resume_finds(run) == f"launch resume={run} goes on from its checkpoint (epoch 3)"
+    save_atomic({"epoch": 3, "sharded": "epoch-3.dcp"}, run / "checkpoints" / "last.pt")  # (its folder is missing)
+    assert "no checkpoint to resume from" in what_a_resume_finds(run)
+    assert what_a_resume_finds(tmp_path / "nothing") == ""
