@@ -156,6 +156,20 @@ MUTANTS = [
     Mutant("stale world not refused", "launcher/host/cli.py",
            "    why = refused_world()\n    if why:", "    why = refused_world()\n    if why and argv[:1] == ['eval']:",
            ("tests/cli/test_run_dirs.py::test_torchrun_variables_left_in_the_shell_are_refused_in_one_line",)),
+    # --- h4: fsdp's writers die with their rank; a stopped run claims only a whole checkpoint ---
+    Mutant("shard writer imports torch before it dies with its rank", "launcher/train/shard_writer.py",
+           "from launcher.world import WorldInfo\n\nif TYPE_CHECKING:",
+           "import torch\n\nfrom launcher.world import WorldInfo\n\nif TYPE_CHECKING:",
+           ("tests/unit/test_architecture.py::test_the_shard_writer_process_imports_torch_only_after_it_dies_with_its_rank",
+            "tests/distributed/test_fsdp.py::test_the_shard_writers_end_with_the_launch_however_it_ends[SIGKILL]")),
+    Mutant("stopped run claims the last logged epoch saved", "launcher/host/resume.py",
+           "    epoch = saved_epoch(last_checkpoint(run_dir))\n    logged = _last_logged_epoch(run_dir)",
+           "    logged = _last_logged_epoch(run_dir)\n    epoch = logged",
+           (UNIT_CKPT + "::test_a_stopped_run_names_the_epoch_its_checkpoint_holds_not_the_last_one_logged",)),
+    Mutant("stopped run claims a sharded checkpoint without its shards", "launcher/host/resume.py",
+           'return epoch if "sharded" not in state or sharded_damage(path, state["sharded"]) is None else None',
+           "return epoch",
+           (UNIT_CKPT + "::test_a_stopped_run_names_the_epoch_its_checkpoint_holds_not_the_last_one_logged",)),
 ]
 
 
