@@ -170,6 +170,14 @@ MUTANTS = [
            'return epoch if "sharded" not in state or sharded_damage(path, state["sharded"]) is None else None',
            "return epoch",
            (UNIT_CKPT + "::test_a_stopped_run_names_the_epoch_its_checkpoint_holds_not_the_last_one_logged",)),
+    # --- h4: lazy layers materialized before the strategy wraps ---
+    Mutant("lazy layers drawn from each rank's own seed", "launcher/models.py",
+           "        forward()\n", "        torch.seed()\n        forward()\n",
+           ("tests/unit/test_models_from_config.py::test_lazy_layers_take_their_shapes_from_a_first_batch_alike_on_every_rank",
+            "tests/distributed/test_own_data.py::test_a_network_with_lazy_layers_trains_on_two_ranks_alike")),
+    Mutant("lazy materializing forward keeps its batch statistics", "launcher/models.py",
+           "                buffer.copy_(kept[name])", "                pass",
+           ("tests/unit/test_models_from_config.py::test_lazy_layers_take_their_shapes_from_a_first_batch_alike_on_every_rank",)),
 ]
 
 
