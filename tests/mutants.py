@@ -178,6 +178,16 @@ MUTANTS = [
     Mutant("lazy materializing forward keeps its batch statistics", "launcher/models.py",
            "                buffer.copy_(kept[name])", "                pass",
            ("tests/unit/test_models_from_config.py::test_lazy_layers_take_their_shapes_from_a_first_batch_alike_on_every_rank",)),
+    # --- h4: best checkpoints under faults ---
+    Mutant("best.pt linked before best.json names it", "launcher/train/best.py",
+           "        self._write_index(ranked)\n"
+           "        _link(self.folder / kept[0][\"file\"], self.folder / BEST_CHECKPOINT)",
+           "        _link(self.folder / kept[0][\"file\"], self.folder / BEST_CHECKPOINT)\n"
+           "        self._write_index(ranked)",
+           ("tests/unit/test_run_keeping.py::test_best_checkpoints_stay_whole_wherever_the_process_dies_and_a_restart_goes_on",)),
+    Mutant("a restart leaves the best files half kept", "launcher/train/best.py",
+           "            self._publish(self.kept)", "            pass",
+           ("tests/unit/test_run_keeping.py::test_best_checkpoints_stay_whole_wherever_the_process_dies_and_a_restart_goes_on",)),
 ]
 
 
