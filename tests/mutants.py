@@ -188,6 +188,14 @@ MUTANTS = [
     Mutant("a restart leaves the best files half kept", "launcher/train/best.py",
            "            self._publish(self.kept)", "            pass",
            ("tests/unit/test_run_keeping.py::test_best_checkpoints_stay_whole_wherever_the_process_dies_and_a_restart_goes_on",)),
+    # --- h4: the optimizers' parameter groups ---
+    Mutant("muon head_lr ignored", "launcher/train/optim.py",
+           '("head", o.head_lr)', '("head", o.sgd_lr)', ("tests/unit/test_optim_groups.py",)),
+    Mutant("muon SGD groups' lr not scheduled", "launcher/train/optim.py",
+           "else schedule)", "else (lambda step: 1.0))", ("tests/unit/test_optim_groups.py",)),
+    Mutant("muon trains no parameter its roles leave out, silently", "launcher/train/optim.py",
+           "    if left_out or twice or not found.get(\"matrices\"):", "    if twice or not found.get(\"matrices\"):",
+           ("tests/unit/test_optim_groups.py",)),
 ]
 
 
