@@ -126,3 +126,40 @@ def from_config(spec: dict[str, Any], num_classes: int | None) -> Any:
         raise ConfigError("model._target_", spec["_target_"], f"returned a {type(model).__name__}, not a "
                           "torch.nn.Module", EXAMPLE)
     return model
+
+
+def lazy_modules(model: Any) -> list[Any]:
+    """The modules of `model` whose parameters or buffers wait for a first input (nn.LazyLinear, ...)."""
+    from torch.nn.modules.lazy import LazyModuleMixin
+
+    return [m for m in model.modules() if isinstance(m, LazyModuleMixin) and m.has_uninitialized_params()]
+
+
+def materialize_lazy(model: Any, forward: Any, device: Any) -> list[str]:
+    """Give lazy layers their shapes: `forward()` (one forward of `model` on a first batch), without
+    gradients, before a strategy wraps the model (its gradient buckets, its shards and the optimizers need
+    every parameter's shape). Returns the names of the lazy layers the forward did not reach (still
+    without shapes).
+
+    Every rank draws their initial values from the same random state (the seed, then the same model
+    built), so the ranks start alike without a broadcast; the random state is put back after, and so are
+    the running statistics that forward changed (a BatchNorm's, and a lazy one's: as if just built)."""
+    import torch
+    from torch.nn.modules.batchnorm import _NormBase
+    from torch.nn.parameter import UninitializedBuffer
+
+    lazy = {id(m) for m in lazy_modules(model)}
+    if not lazy:
+        return []
+    kept = {name: b.detach().clone() for name, b in model.named_buffers() if not isinstance(b, UninitializedBuffer)}
+    devices = [device] if getattr(device, "type", None) == "cuda" else []
+    with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        forward()
+        for name, buffer in model.named_buffers():
+            if name in kept:
+                buffer.copy_(kept[name])
+        for module in model.modules():
+            if id(module) in lazy and isinstance(module, _NormBase) and module.track_running_stats:
+                module.reset_running_stats()
+    left = {id(m) for m in lazy_modules(model)}
+    return [name or type(m).__name__ for name, m in model.named_modules() if id(m) in left]

@@ -1,9 +1,10 @@
 """The torch.distributed environment contract: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT. Workers read their place in the world from it (WorldInfo.from_env); the
 launcher recognises when it already runs inside a world (started by torchrun, or as one task of
-`srun`), in which case it joins instead of spawning. And the cores this machine's part of a launch may
-use (`available_cores`: what CPU workers' threads are sized by, and what the slow-epoch hint compares
-the machine's load with).
+`srun`, or another launcher's where LAUNCH_JOIN=1 says so), in which case it joins instead of spawning;
+the same variables left in a shell are refused (`refused_world`). And the cores this machine's part of a
+launch may use (`available_cores`: what CPU workers' threads are sized by, and what the slow-epoch hint
+compares the machine's load with).
 """
 
 from __future__ import annotations
@@ -43,8 +44,48 @@ class WorldInfo:
                 "MASTER_PORT": str(self.master_port)}
 
 
+# What every launcher of a torch.distributed world sets for each rank
+WORLD_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# LAUNCH_JOIN=1: join the world those variables describe though no torchrun or srun started it (another
+# launcher: a Kubernetes PyTorchJob, DeepSpeed's, an MPI wrapper)
+JOIN = "LAUNCH_JOIN"
+
+
 def started_by_torchrun(env: Mapping[str, str]) -> bool:
-    return "TORCHELASTIC_RUN_ID" in env or all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    """torchrun (torch.distributed.elastic's agent) names its run in every worker it starts."""
+    return "TORCHELASTIC_RUN_ID" in env
+
+
+def told_to_join(env: Mapping[str, str]) -> bool:
+    return env.get(JOIN) == "1" and all(k in env for k in WORLD_VARS)
+
+
+def refused_world(env: Mapping[str, str] | None = None) -> str | None:
+    """Why `launch` will not start here, as one line, or None.
+
+    RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT alone are what torchrun's variables look like when
+    left exported in a shell: joining that world waited without a word for ranks nobody starts. A
+    world is joined only where torchrun or srun started this process, or LAUNCH_JOIN=1 says so.
+    """
+    env = os.environ if env is None else env
+    if existing_world(env) is not None:
+        return None
+    present = [k for k in (*WORLD_VARS, "LOCAL_RANK", "LOCAL_WORLD_SIZE") if k in env]
+    if env.get(JOIN, "") not in ("", "0", "1"):
+        return f"{JOIN}={env[JOIN]} is not valid: 1 (join the world {', '.join(WORLD_VARS)} describe) or 0 " \
+               f"(e.g. {JOIN}=1 launch ...)"
+    if env.get(JOIN) == "1":
+        missing = [k for k in WORLD_VARS if k not in env]
+        return f"{JOIN}=1 asks launch to join a world, but {', '.join(missing)} " \
+               f"{'is' if len(missing) == 1 else 'are'} not set (each rank needs {', '.join(WORLD_VARS)}; " \
+               f"`unset {JOIN}` to start launch's own workers)"
+    if not all(k in env for k in WORLD_VARS):
+        return None
+    shown = " ".join(f"{k}={env[k]}" for k in present)
+    return (f"{shown} are set, but neither torchrun nor srun started this launch (no TORCHELASTIC_RUN_ID): "
+            f"joining that world would wait for ranks nobody starts. Left in this shell? "
+            f"`unset {' '.join(present)}` and launch starts its own workers; another launcher's world: "
+            f"{JOIN}=1 launch ... joins it")
 
 
 def in_srun_with_tasks(env: Mapping[str, str]) -> bool:
@@ -59,7 +100,7 @@ def in_srun_with_tasks(env: Mapping[str, str]) -> bool:
 def existing_world(env: Mapping[str, str] | None = None) -> WorldInfo | None:
     """The world this process already belongs to, or None when `launch` should spawn its own workers."""
     env = os.environ if env is None else env
-    if started_by_torchrun(env):
+    if started_by_torchrun(env) or told_to_join(env):
         return WorldInfo.from_env(env)
     if in_srun_with_tasks(env):
         return _from_slurm()  # reads os.environ, as SLURM set it

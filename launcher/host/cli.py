@@ -112,15 +112,31 @@ def _script_args_as_override(argv: list[str]) -> list[str]:
     return [*argv[:cut], "script_args=[" + ",".join(quoted(w) for w in argv[cut + 1:]) + "]"]
 
 
+def _refuse_stale_world(argv: list[str]) -> None:
+    """torchrun's variables left in the shell: one line and exit 2, before Hydra makes a run dir (joining
+    them waited for ranks nobody starts). --help and --cfg still answer."""
+    from launcher.world import refused_world
+
+    if INFORMATIONAL & set(argv):
+        return
+    why = refused_world()
+    if why:
+        print(said(why), file=sys.stderr)
+        raise SystemExit(2)
+
+
+# Arguments that only print: Hydra's help, the composed config
+INFORMATIONAL = frozenset({"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve"})
+
+
 def _will_spawn_workers(argv: list[str]) -> bool:
     """A cheap guess from the command line: skip the worker interpreter for help, --cfg, dry runs and
     inside torchrun/srun (no spawning there). A wrong guess costs only time, never correctness."""
     from launcher.world import existing_world
 
     # (-m: each run of a local sweep starts in a process of its own, which has its own)
-    informational = {"--help", "-h", "--hydra-help", "--cfg", "-c", "--info", "-i", "--resolve", "-m", "--multirun"}
-    if informational & set(argv) or any(a.replace(" ", "").lower() in ("dry_run=true", "backend=slurm")
-                                        for a in argv):
+    if (INFORMATIONAL | {"-m", "--multirun"}) & set(argv) or \
+            any(a.replace(" ", "").lower() in ("dry_run=true", "backend=slurm") for a in argv):
         return False  # nothing to spawn here (backend=slurm: the job's tasks do)
     return existing_world() is None
 
@@ -222,6 +238,8 @@ def _main(argv: list[str] | None) -> None:
         except LaunchError as err:
             print(said(err), file=sys.stderr)
             raise SystemExit(2) from None
+
+    _refuse_stale_world(argv)
 
     from launcher.bytecode import enable as keep_bytecode
     from launcher.host.compose import allow_imports_from_cwd, register

@@ -80,7 +80,8 @@ def collect() -> dict[str, Any]:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "slurm": {k: v for k, v in sorted(os.environ.items()) if k.startswith("SLURM_")},
         "torchelastic": {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                    "MASTER_PORT", "TORCHELASTIC_RUN_ID") if k in os.environ},
+                                                    "MASTER_PORT", "TORCHELASTIC_RUN_ID", "LAUNCH_JOIN")
+                         if k in os.environ},
     }
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
         try:

@@ -35,7 +35,14 @@ from typing import Any
 from launcher import integrity
 from launcher.config import Config, choices, flat_keys, saved_choices, to_plain
 from launcher.errors import LaunchError
-from launcher.files import BEST_CHECKPOINT, CHECKPOINTS, LAST_CHECKPOINT, PREVIOUS_CHECKPOINT, last_checkpoint
+from launcher.files import (
+    BEST_CHECKPOINT,
+    CHECKPOINTS,
+    LAST_CHECKPOINT,
+    METRICS,
+    PREVIOUS_CHECKPOINT,
+    last_checkpoint,
+)
 
 # Settings a resumed run may differ in without it meaning anything for the training (not reported).
 _NOT_SETTINGS = {"resume", "dry_run", "progress", "tensorboard", "profile", "fault", "log"}
@@ -185,6 +192,47 @@ def sharded_damage(path: Path, folder_name: Any) -> str | None:
         if shard.stat().st_size < end:
             return f"its shard file {shard} is truncated ({shard.stat().st_size} bytes; its index places {end})"
     return None
+
+
+def saved_epoch(path: Path) -> int | None:
+    """The epoch the checkpoint at `path` holds, where it reads as a launch checkpoint and (sharded) all its
+    shards are there by size; None otherwise. Tensors memory-mapped and nothing digested: said as a run
+    stops, which must not wait for a read of its weights."""
+    try:
+        import torch
+
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except Exception:  # noqa: BLE001 - missing, half-written or not a checkpoint: no epoch to name
+        return None
+    epoch = state.get("epoch") if isinstance(state, dict) else None
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        return None
+    return epoch if "sharded" not in state or sharded_damage(path, state["sharded"]) is None else None
+
+
+def what_a_resume_finds(run_dir: Path) -> str:
+    """For the line a stopped run ends with: which epoch `launch resume=RUN_DIR` goes on from, and the
+    logged epochs after it whose checkpoints were not finished (written in the background: an epoch's
+    line comes before its checkpoint is whole); "" where the run logged no epoch and saved nothing."""
+    epoch = saved_epoch(last_checkpoint(run_dir))
+    logged = _last_logged_epoch(run_dir)
+    unfinished = logged if logged and logged > (epoch or 0) else None
+    if epoch is not None:
+        return f"launch resume={run_dir} goes on from its checkpoint (epoch {epoch}" + \
+            (f"; epoch {unfinished}'s checkpoint was not finished)" if unfinished else ")")
+    return f"epoch {unfinished}'s checkpoint was not finished: no checkpoint to resume from" if unfinished else ""
+
+
+def _last_logged_epoch(run_dir: Path) -> int | None:
+    """The last epoch metrics.jsonl records (rank 0 appends a row per epoch as it logs its line)."""
+    import json
+
+    try:
+        rows = (run_dir / METRICS).read_text().splitlines()
+        epoch = json.loads(rows[-1]).get("epoch") if rows else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
 
 
 _checked: dict[tuple[str, int, int, int], str | None] = {}  # a file's identity -> what its seal said

@@ -32,7 +32,7 @@ from typing import Any
 
 from launcher import failures
 from launcher.errors import LaunchError
-from launcher.files import FULL_BELOW_BYTES, LOG, free_bytes, last_checkpoint, remove_stale_temporaries
+from launcher.files import FULL_BELOW_BYTES, LOG, free_bytes, remove_stale_temporaries
 from launcher.host.network import NodeNetwork
 from launcher.host.outcome import Outcome
 from launcher.logs import QUIET_PREFIXES
@@ -281,11 +281,12 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
             except SignalException as sig:
                 clear_console_line()
                 name = signal.Signals(sig.sigval).name
-                saved = last_checkpoint(Path(run_dir))
-                go_on = f"; launch resume={run_dir} goes on from its checkpoint" if saved.is_file() else ""
+                from launcher.host.resume import what_a_resume_finds
+
+                go_on = what_a_resume_finds(Path(run_dir))
                 return Outcome(128 + int(sig.sigval), error=f"stopped by {name}: all {nprocs} worker"
-                               f"{'s' if nprocs > 1 else ''} ended; what was written is in {run_dir}{go_on}",
-                               stopped=True)
+                               f"{'s' if nprocs > 1 else ''} ended; what was written is in {run_dir}"
+                               f"{'; ' + go_on if go_on else ''}", stopped=True)
         if 0 not in returns:  # another node holds rank 0: the run's results and files are there
             return Outcome(0, results=None, node_ranks=sorted(returns))
         return Outcome(0, results=returns.get(0))

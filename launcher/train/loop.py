@@ -53,7 +53,7 @@ from launcher.config import (
 from launcher.errors import ConfigError
 from launcher.figures import NamedFigures, check_report
 from launcher.files import CONFUSION, CURVES, EVAL, RESULTS, last_checkpoint, write_json
-from launcher.models import configured, from_config
+from launcher.models import configured, from_config, lazy_modules, materialize_lazy
 from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
@@ -479,6 +479,7 @@ class Trainer:
         torch.manual_seed(self.cfg.seed)  # same initial weights on every rank (DDP also broadcasts them)
         model = self.strategy.build_model(self._new_model, self.device)
         self.timeline.mark("model_on_device")
+        self._materialize_lazy(model)
         if self.data.channels_last:
             model = model.to(memory_format=torch.channels_last)
         if type(self.recipe).prepare_model is not Recipe.prepare_model and self.data.host_train_x is not None:
@@ -503,6 +504,32 @@ class Trainer:
         self._autotune()
         captured = nets.grads is not None and self.device.type == "cuda"  # (a captured step compiles itself)
         return self._compiled_nets(nets) if self.compiled.compile and not captured else nets
+
+    def _materialize_lazy(self, model: torch.nn.Module) -> None:
+        """Lazy layers (nn.LazyLinear, ...) get their shapes from this rank's first batch before the strategy
+        wraps the model (launcher/models.py materialize_lazy): one forward without gradients, under every
+        strategy; on the meta device (strategy.meta_init) with the batch's shapes only."""
+        if not lazy_modules(model):
+            return
+        batches = self.data.train.batches(self._order(0)[:1])
+        try:
+            batch, _ = next(iter(batches))
+        finally:
+            batches.close()
+        if self.data.in_memory:  # (the images as the network takes them: normalized, as TrainStep.inputs does)
+            batch = (self.data.normalize(batch[0]), *batch[1:])
+        if any(p.is_meta for p in model.parameters()):
+            batch = torch.utils._pytree.tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, batch)
+        builtin = type(self.recipe).__module__.startswith("launcher.recipes.")
+        try:
+            left = materialize_lazy(model, lambda: self.recipe.training_step(model, batch), self.device)
+        except Exception as exc:  # noqa: BLE001 - only a shape mismatch is turned into the one line
+            line = misfit.does_not_take(self.cfg, builtin, batch, exc)
+            if line is None:
+                raise
+            raise line from None
+        if left:
+            raise misfit.lazy_unreached(self.cfg, builtin, left)
 
     def _new_model(self) -> torch.nn.Module:
         """The network: the config's `model._target_` where given (launcher/models.py), else the recipe's."""

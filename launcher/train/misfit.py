@@ -101,6 +101,16 @@ def nothing_to_train(cfg: Any, builtin: bool) -> ConfigError:
                        "network with layers that learn", f"recipe={cfg.recipe.name}")
 
 
+def lazy_unreached(cfg: Any, builtin: bool, names: list[str]) -> ConfigError:
+    """Lazy layers (nn.LazyLinear, ...) that one forward on a first batch left without shapes (a branch
+    that batch did not take): nothing could size, shard or optimize their weights."""
+    key, value = chooses_network(cfg, builtin) or ("recipe", cfg.recipe.name)
+    layers = f"lazy layer{'s' if len(names) > 1 else ''} {', '.join(names[:5])}"
+    return ConfigError(key, value, f"a forward on the first batch left its {layers} without shapes (the launcher "
+                       "sets them so before training): build those layers with their input sizes "
+                       "(nn.Linear instead of nn.LazyLinear)", f"recipe={cfg.recipe.name}")
+
+
 def surplus_outputs(model: torch.nn.Module, classes: int | None, target: str, recipe: str) -> str | None:
     """A config network (model._target_) whose last linear layer gives more outputs than the recipe has
     classes (a constructor that did not take `num_classes`): it trains, but the outputs beyond the classes

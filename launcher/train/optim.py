@@ -144,16 +144,37 @@ def _adamw(o: AdamWConfig, lr: float, total: int, model: nn.Module, steps_per_ep
     return [_stepper(opt, triangular_schedule(total, round(o.warmup_epochs * steps_per_epoch)))]
 
 
+ROLES = ("matrices", "biases", "stem_bias", "head")  # what muon's groups take (`_muon_and_sgd`)
+
+
 def parameter_roles(model: nn.Module, cfg: Any = None) -> dict[str, list[nn.Parameter]]:
-    """Which of the model's parameters Muon takes (its `parameter_roles()`); ConfigError without one."""
+    """Which of the model's parameters Muon takes (its `parameter_roles()`): every trained parameter in one
+    role. ConfigError without one, or where a trained parameter is in none (it would never be stepped) or
+    in two (stepped twice)."""
     roles = getattr(model, "parameter_roles", None)
+    which = (f"recipe={cfg.recipe.name}'s model {cfg.recipe.model}" if cfg is not None
+             else f"the model {type(model).__name__}")
     if roles is None:
-        which = (f"recipe={cfg.recipe.name}'s model {cfg.recipe.model}" if cfg is not None
-                 else f"the model {type(model).__name__}")
         raise ConfigError("optim", "muon", f"{which} does not say which of its parameters are filter matrices (it "
                           "has no parameter_roles()); use optim=sgd or optim=adamw with it, or Muon with a model "
                           "that does", "recipe=cifar10_fast optim=muon")
-    return roles()
+    found = roles()
+    names = {id(p): name for name, p in model.named_parameters()}
+    placed: dict[int, str] = {}
+    twice = []
+    for role in ROLES:
+        for param in found.get(role, []):
+            if id(param) in placed:
+                twice.append(f"{names.get(id(param), '?')} ({placed[id(param)]} and {role})")
+            placed[id(param)] = role
+    left_out = [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in placed]
+    if left_out or twice or not found.get("matrices"):
+        what = (f"leaves {', '.join(left_out[:5])} in no role (never trained)" if left_out else
+                f"names {', '.join(twice[:5])} twice (stepped twice)" if twice else "names no matrices")
+        raise ConfigError("optim", "muon", f"{which}'s parameter_roles() {what}: it must put each trained parameter "
+                          f"in one of {', '.join(ROLES)}, and name the matrices; or use optim=sgd or optim=adamw "
+                          "with it", "recipe=cifar10_fast optim=muon")
+    return found
 
 
 def _muon_and_sgd(o: MuonConfig, lr: float, total: int, model: nn.Module, steps_per_epoch: int,

@@ -16,7 +16,8 @@ writer still a thread, 666k-700k; the writer a process, 744k-772k, as fast as no
     (the process, `_serve`)           dcp.save over a gloo group of the writer processes of every rank,
                                       met on the workers' own store under a prefix of this attempt
                                       (nothing new listens anywhere); it dies with its rank (parent-death
-                                      signal), and ends when the writer closes
+                                      signal, armed before it imports torch), and ends when the writer
+                                      closes
 
 One save at a time: the next waits for the last (checkpoint.BackgroundWriter.wait_sharded), so the
 host copy is never overwritten while it is read. Where /dev/shm cannot hold the host copy (a container's
@@ -33,11 +34,16 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from launcher.world import WorldInfo
+
+if TYPE_CHECKING:
+    import torch
+
+# No torch here at import time: the writer process imports this module before `_serve` runs, and a rank
+# killed while it imported torch (seconds) left its writer, and multiprocessing's resource tracker whose
+# pipe the writer holds, running that long. `_serve` arms its parent-death signal first, then imports.
 
 log = logging.getLogger("launcher.train")
 
@@ -57,6 +63,7 @@ class ShardWriter:
     def save(self, state: dict[str, Any], folder: Path) -> Future:
         """Write `state` (as torch.distributed.checkpoint.get_state_dict gives it: this rank's shards) to
         `folder`; the future is done when every rank's writer has written its part, or has the error."""
+        import torch
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
         gpu = self.device.type == "cuda"

@@ -2,6 +2,7 @@
 and removes only what it created."""
 
 import json
+import socket
 import subprocess
 
 from tests.conftest import clean_env, launch_command
@@ -55,17 +56,18 @@ def test_two_launches_started_together_on_one_dir_never_share_it(tmp_path):
     assert [r["epoch"] for r in rows] == [1, 2, 3]  # one run's epochs, not two interleaved
 
 
-def test_torchrun_variables_left_in_the_shell_do_not_make_launches_replace_each_other(launch, tmp_path):
-    stale = clean_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29512")
-    first = launch(*QUICK, env=stale)
-    assert first.returncode == 0, first.output
-    [run_dir] = [p.parent for p in tmp_path.glob("outputs/*/results.json")]
-    before = (run_dir / "results.json").read_bytes()
-    second = launch(*QUICK, "lr=0.01", env=stale)
-    assert second.returncode == 2, second.output
-    line = one_launch_line(second.stderr)
-    assert "already holds a run" in line and "unset RANK" in line
-    assert (run_dir / "results.json").read_bytes() == before
+def test_torchrun_variables_left_in_the_shell_are_refused_in_one_line(launch, tmp_path):
+    """RANK=0 WORLD_SIZE=2 ... without torchrun: joining would wait for a rank 1 nobody starts (it hung
+    until killed, leaving a run dir without outcome.json). Refused before any run dir, naming them."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stale = clean_env(RANK="0", WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    refused = launch(*QUICK, env=stale, timeout=120)
+    assert refused.returncode == 2, refused.output
+    line = one_launch_line(refused.stderr)
+    assert "unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT" in line and "LAUNCH_JOIN=1" in line, line
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_a_refused_launch_removes_only_what_it_created(launch, tmp_path):

@@ -235,43 +235,62 @@ def test_a_rank_that_dies_restarts_the_world_from_the_last_async_sharded_checkpo
 def test_the_shard_writers_end_with_the_launch_however_it_ends(text_root, tmp_path, sig):
     """Each rank's shards are written by a process of its own (launcher/train/shard_writer.py), started
     at the first save: killed outright (kill -9), stopped, or Ctrl-C at a terminal (SIGINT to the whole
-    process group), the launch leaves none of them behind, and a Ctrl-C is one line, no writer's traceback."""
+    process group) while those processes still start (their imports take seconds), the launch leaves
+    none of them behind, nor multiprocessing's resource tracker or forkserver, 3 s after it exits, and a
+    Ctrl-C is one line, no writer's traceback. What the stopped run says of its checkpoint is what its
+    last.pt holds, whole."""
     import os
+    import re
     import signal
     import subprocess
     import time
 
+    from launcher.host.resume import load_checkpoint
     from tests.conftest import alive, clean_env, descendants, launch_command, running, stop_tree
 
     terminal = sig == "Ctrl-C"
-    proc = subprocess.Popen(launch_command(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=500",
-                                           "recipe.sample_bytes=0"),
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(),
-                            start_new_session=terminal,
-                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if terminal else None)
+    out = tmp_path / "out.txt"  # (not a pipe: reading it to its end would wait for every process holding it)
+    with open(out, "w") as sink:
+        proc = subprocess.Popen(launch_command(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2",
+                                               "epochs=500", "recipe.sample_bytes=0", "hydra.run.dir=run"),
+                                cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, text=True, env=clean_env(),
+                                start_new_session=terminal,
+                                preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if terminal else None)
     try:
-        for line in proc.stdout:
-            if line.startswith("epoch"):  # (its checkpoint was handed to the writers before the line)
-                break
+        deadline = time.monotonic() + 240
+        while "\nepoch" not in out.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # (the first epoch's checkpoint was handed to the writers before its line)
+        assert "\nepoch" in out.read_text(), out.read_text()
         deadline = time.monotonic() + 30  # (each rank starts its writer at its own first save)
         while len(running(descendants(proc.pid), b"multiprocessing.spawn")) < 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
+            time.sleep(0.02)
         tree = descendants(proc.pid)
         assert len(running(tree, b"multiprocessing.spawn")) == 2, tree
+        assert running(tree, b"resource_tracker") and running(tree, b"forkserver"), tree
         if terminal:
             os.killpg(proc.pid, signal.SIGINT)
-            out = proc.communicate(timeout=60)[0]
-            assert proc.returncode == 130, out
-            assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
         else:
             proc.send_signal(getattr(signal, sig))
-            proc.wait(timeout=30)
-        deadline = time.monotonic() + 15
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 3
         while any(alive(p) for p in tree) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not [p for p in tree if alive(p)], "processes outlived the launch"
+            time.sleep(0.05)
+        assert not [p for p in tree if alive(p)], "processes outlived the launch by 3 s"
     finally:
         stop_tree(proc.pid)
+    said = out.read_text()
+    if terminal:
+        assert proc.returncode == 130, said
+        assert "Traceback" not in said and "KeyboardInterrupt" not in said, said
+    last = tmp_path / "run" / "checkpoints" / "last.pt"
+    claimed = re.search(r"goes on from its checkpoint \(epoch (\d+)", said)
+    if sig == "SIGTERM":
+        assert proc.returncode == 143 and (claimed or "no checkpoint to resume from" in said), said
+    if last.exists():  # (kill -9 says nothing: last.pt itself is the claim) whole, as a resume checks it
+        epoch = load_checkpoint(last, "resume")["epoch"]
+        assert not claimed or epoch == int(claimed[1]), said
+    else:
+        assert not claimed, said
 
 
 def test_a_dev_shm_too_small_for_the_shards_still_checkpoints_says_so_once_and_resumes(launch, text_root, tmp_path):

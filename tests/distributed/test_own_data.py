@@ -219,3 +219,17 @@ def test_a_sweep_minimizes_the_recipes_own_figure(launch, project):
     assert f"best: job {best} " in summary
     runs = launch("runs", timeout=60)
     assert runs.returncode == 0 and "test_rmse" in runs.stdout
+
+
+def test_a_network_with_lazy_layers_trains_on_two_ranks_alike(launch, project):
+    """nets.LazyNet (nn.LazyLinear, nn.LazyBatchNorm1d) takes its shapes from a first batch before ddp or fsdp
+    wraps it (it died in the gradient buckets' sizing): every rank starts from the same weights, so fsdp
+    (each rank keeps its own part of them) trains as ddp (rank 0's, broadcast) does."""
+    runs = {}
+    for strategy in ("ddp", "fsdp"):
+        result = launch("model._target_=nets.LazyNet", "gpus=[]", "epochs=1", f"strategy={strategy}", "nprocs=2")
+        assert result.returncode == 0, result.output
+        runs[strategy] = _results(result)
+        assert runs[strategy]["ranks_agree"] and runs[strategy]["world_size"] == 2
+    # (the training loss: evaluation reads the BatchNorm statistics, rank 0's under ddp, averaged under fsdp)
+    assert runs["ddp"]["final"]["loss"] == pytest.approx(runs["fsdp"]["final"]["loss"], rel=1e-4)

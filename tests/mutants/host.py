@@ -84,4 +84,17 @@ MUTANTS = [
            '    key = effective_objective(job.results, job.cfg.sweep.objective)',
            '    key = job.cfg.sweep.objective',
            ('tests/unit/test_sweep_packing.py',)),
+    # --- h4 ---
+    Mutant('stale world not refused', 'launcher/host/cli.py',
+           '    why = refused_world()\n    if why:',
+           "    why = refused_world()\n    if why and argv[:1] == ['eval']:",
+           ('tests/cli/test_run_dirs.py::test_torchrun_variables_left_in_the_shell_are_refused_in_one_line',)),
+    Mutant('stopped run claims the last logged epoch saved', 'launcher/host/resume.py',
+           '    epoch = saved_epoch(last_checkpoint(run_dir))\n    logged = _last_logged_epoch(run_dir)',
+           '    logged = _last_logged_epoch(run_dir)\n    epoch = logged',
+           ('tests/unit/test_checkpoint_and_env.py::test_a_stopped_run_names_the_epoch_its_checkpoint_holds_not_the_last_one_logged',)),
+    Mutant('stopped run claims a sharded checkpoint without its shards', 'launcher/host/resume.py',
+           'return epoch if "sharded" not in state or sharded_damage(path, state["sharded"]) is None else None',
+           'return epoch',
+           ('tests/unit/test_checkpoint_and_env.py::test_a_stopped_run_names_the_epoch_its_checkpoint_holds_not_the_last_one_logged',)),
 ]

@@ -41,4 +41,17 @@ MUTANTS = [
            '        if name == ACCURACY and not isinstance(figures, LauncherFigures):',
            '        if False:',
            ('tests/unit/test_figures.py',)),
+    # --- h4 ---
+    Mutant('stale world joined', 'launcher/world.py',
+           'return "TORCHELASTIC_RUN_ID" in env',
+           'return "TORCHELASTIC_RUN_ID" in env or all(k in env for k in WORLD_VARS)',
+           ('tests/unit/test_checkpoint_and_env.py::test_torchrun_variables_without_torchrun_are_refused_not_joined', 'tests/cli/test_run_dirs.py::test_torchrun_variables_left_in_the_shell_are_refused_in_one_line')),
+    Mutant("lazy layers drawn from each rank's own seed", 'launcher/models.py',
+           '        forward()\n',
+           '        torch.seed()\n        forward()\n',
+           ('tests/unit/test_models_from_config.py::test_lazy_layers_take_their_shapes_from_a_first_batch_alike_on_every_rank', 'tests/distributed/test_own_data.py::test_a_network_with_lazy_layers_trains_on_two_ranks_alike')),
+    Mutant('lazy materializing forward keeps its batch statistics', 'launcher/models.py',
+           '                buffer.copy_(kept[name])',
+           '                pass',
+           ('tests/unit/test_models_from_config.py::test_lazy_layers_take_their_shapes_from_a_first_batch_alike_on_every_rank',)),
 ]

@@ -6,7 +6,8 @@
 - the strategies import nothing from the training wing;
 - the wings meet only where the map says: the host starts the training wing through its entry point
   (launcher.train.worker), the training wing never imports the host wing;
-- no strategy-name comparisons outside launcher/strategies: the loop and the host ask the strategy.
+- no strategy-name comparisons outside launcher/strategies: the loop and the host ask the strategy;
+- fsdp's checkpoint writer process arms its parent-death signal before it imports torch.
 """
 
 import ast
@@ -85,6 +86,20 @@ GRAPH = {m: _imports(m, p) for m, p in MODULES.items()}
 def _ancestors(module: str) -> set[str]:
     parts = module.split(".")
     return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def test_the_shard_writer_process_imports_torch_only_after_it_dies_with_its_rank():
+    """fsdp's checkpoint writer process imports launcher.train.shard_writer to find `_serve`, which arms
+    its parent-death signal and then imports torch: torch imported with the module (seconds) left a
+    writer, and the resource tracker it holds, running that long after a kill of its rank."""
+    code = ("import json, sys\nimport launcher.train.shard_writer\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    source = (PACKAGE / "train" / "shard_writer.py").read_text()
+    serve = source[source.index("def _serve("):]
+    assert serve.index("die_with_parent(signal.SIGKILL, parent)") < serve.index("import torch")
 
 
 def test_no_import_circles():

@@ -12,7 +12,7 @@ import torch
 from launcher.errors import LaunchError
 from launcher.host.resume import resolve as resolve_resume
 from launcher.train import checkpoint
-from launcher.world import WorldInfo, existing_world
+from launcher.world import WorldInfo, existing_world, refused_world
 
 
 def test_atomic_save_and_weights_only_load(tmp_path):
@@ -152,6 +152,23 @@ def test_torchrun_environment_is_joined():
     batch = {"SLURM_JOB_ID": "5", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"}
     assert existing_world(batch) is None
     assert existing_world({**batch, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"}) is None
+
+
+def test_torchrun_variables_without_torchrun_are_refused_not_joined():
+    """The four variables alone (left exported in a shell) are no world to join: joining waited for ranks
+    nobody starts. Refused, whatever WORLD_SIZE; joined under torchrun, srun, or LAUNCH_JOIN=1."""
+    for size in ("1", "2"):
+        stale = {"RANK": "0", "WORLD_SIZE": size, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1234"}
+        assert existing_world(stale) is None
+        assert "unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT" in refused_world(stale)
+        assert existing_world({**stale, "LAUNCH_JOIN": "1"}) == WorldInfo(0, 0, int(size), int(size), "127.0.0.1",
+                                                                           1234)
+        assert refused_world({**stale, "LAUNCH_JOIN": "1"}) is None
+        assert refused_world({**stale, "TORCHELASTIC_RUN_ID": "x"}) is None
+    assert refused_world({"MASTER_ADDR": "h", "MASTER_PORT": "1"}) is None  # (spawned workers get their own)
+    assert refused_world({"PATH": "/bin"}) is None
+    assert "RANK, WORLD_SIZE are not set" in refused_world({"LAUNCH_JOIN": "1", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    assert "LAUNCH_JOIN=yes is not valid" in refused_world({"LAUNCH_JOIN": "yes"})
 
 
 def test_a_checkpoint_write_that_fails_leaves_the_previous_checkpoint_whole(tmp_path):
@@ -750,3 +767,26 @@ def test_a_forkserver_whose_launcher_is_already_gone_ends_at_once():
     proc = subprocess.run([sys.executable, "-c", "import launcher.train.preload"], capture_output=True, text=True,
                           env=clean_env(LAUNCH_FORKSERVER_PARENT=str(gone.pid)), timeout=300)
     assert proc.returncode == 128 + signal.SIGKILL, proc.stderr[-2000:]  # (before any import of torch)
+
+
+def test_a_stopped_run_names_the_epoch_its_checkpoint_holds_not_the_last_one_logged(tmp_path):
+    """An epoch's line comes before its checkpoint (written in the background) is whole: the line a
+    stopped run ends with names the epoch last.pt holds, and the logged one whose checkpoint was not
+    finished; none at all, none is claimed. A sharded last.pt whose shards are not all there is none."""
+    import json
+
+    from launcher.host.resume import what_a_resume_finds
+    from launcher.train.checkpoint import save_atomic
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, "loss": 1.0}) + "\n" for e in (1, 2, 3)))
+    assert what_a_resume_finds(run) == "epoch 3's checkpoint was not finished: no checkpoint to resume from"
+    save_atomic({"epoch": 2, "net_state_dict": {}}, run / "checkpoints" / "last.pt")
+    assert what_a_resume_finds(run) == (f"launch resume={run} goes on from its checkpoint (epoch 2; epoch 3's "
+                                        "checkpoint was not finished)")
+    save_atomic({"epoch": 3, "net_state_dict": {}}, run / "checkpoints" / "last.pt")
+    assert what_a_resume_finds(run) == f"launch resume={run} goes on from its checkpoint (epoch 3)"
+    save_atomic({"epoch": 3, "sharded": "epoch-3.dcp"}, run / "checkpoints" / "last.pt")  # (its folder is missing)
+    assert "no checkpoint to resume from" in what_a_resume_finds(run)
+    assert what_a_resume_finds(tmp_path / "nothing") == ""

@@ -28,3 +28,53 @@ def test_a_callable_is_found():
     from collections import OrderedDict
 
     assert locate({"_target_": "collections.OrderedDict"}) is OrderedDict
+
+
+def _lazy_net():
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.BatchNorm1d(12), nn.LazyLinear(8), nn.LazyBatchNorm1d(), nn.ReLU(),
+                         nn.Dropout(0.5), nn.LazyLinear(3))
+
+
+def test_lazy_layers_take_their_shapes_from_a_first_batch_alike_on_every_rank():
+    """Two ranks build the same seeded model and materialize it from different batches of one shape: the same
+    weights; the running statistics and the random state as before the forward (no trace of the batch)."""
+    import torch
+
+    from launcher.models import lazy_modules, materialize_lazy
+
+    nets = []
+    for rank in range(2):
+        net = _lazy_net()
+        batch = torch.randn(5, 3, 4, generator=torch.Generator().manual_seed(rank)) * 3 + rank
+        rng = torch.get_rng_state()
+        assert materialize_lazy(net, lambda n=net, b=batch: n(b).sum(), torch.device("cpu")) == []
+        assert torch.equal(torch.get_rng_state(), rng)
+        nets.append(net)
+    assert not lazy_modules(nets[0]) and tuple(nets[0][2].weight.shape) == (8, 12)
+    a, b = (dict(n.state_dict()) for n in nets)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert torch.equal(a["1.running_mean"], torch.zeros(12)) and torch.equal(a["3.running_var"], torch.ones(8))
+    assert int(a["1.num_batches_tracked"]) == 0 and int(a["3.num_batches_tracked"]) == 0
+    assert not any(p.grad is not None for p in nets[0].parameters())
+
+
+def test_a_lazy_layer_the_first_batch_does_not_reach_is_named():
+    import torch
+    from torch import nn
+
+    from launcher.models import materialize_lazy
+
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.aside = nn.LazyLinear(2), nn.LazyLinear(2)
+
+        def forward(self, x):
+            return self.used(x)
+
+    net = Branchy()
+    assert materialize_lazy(net, lambda: net(torch.ones(2, 3)), torch.device("cpu")) == ["aside"]

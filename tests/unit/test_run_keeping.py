@@ -204,6 +204,87 @@ def test_the_best_k_are_linked_and_what_drops_out_is_removed_after(tmp_path):
     assert not again.ranks(6, 0.6) and again.ranks(6, 0.4)
 
 
+class _Died(BaseException):
+    """The process ending at this point (not an OSError: best.py copies where a hard link fails)."""
+
+
+# (minimized; keep 2: a new best, drops of the old best and of others, a tie, and epochs that do not rank)
+BEST_RUN = [0.9, 0.5, 0.7, 0.5, 0.3, 0.8, 0.1, 0.2]
+
+
+def _best_run(folder, monkeypatch, die_at: int | None) -> tuple[int | None, int]:
+    """Train BEST_RUN's epochs into `folder` as the loop does (last.pt replaced, then best.keep), the process
+    dying at the `die_at`-th change best.py makes to the folder (os.link, os.replace, os.unlink), checked
+    there; then a restart that goes on with the epochs after (the one being kept was not trained again).
+    Returns (the epoch that died, or None; the changes counted)."""
+    calls, died = [0], None
+    real = {name: getattr(os, name) for name in ("link", "replace", "unlink")}
+
+    def counted(name):
+        def call(*args, **kwargs):
+            calls[0] += 1
+            if die_at is not None and calls[0] == die_at:
+                raise _Died
+            return real[name](*args, **kwargs)
+        return call
+
+    best = BestCheckpoints(folder, 2, "test_loss", minimize=True)
+    for epoch, value in enumerate(BEST_RUN, start=1):
+        tmp = folder / "tmp"  # (each epoch's last.pt is renamed over the one before, as save_atomic does)
+        tmp.write_text(f"epoch {epoch}")
+        real["replace"](tmp, folder / "last.pt")
+        if not best.ranks(epoch, value):
+            continue
+        for name in real:
+            monkeypatch.setattr(os, name, counted(name))
+        try:
+            best.keep(epoch, value, folder / "last.pt", None)
+        except _Died:
+            died = epoch
+            _assert_best_whole(folder)
+            best = BestCheckpoints(folder, 2, "test_loss", minimize=True)  # the restart
+        finally:
+            for name in real:
+                monkeypatch.setattr(os, name, real[name])
+        _assert_best_whole(folder)
+    return died, calls[0]
+
+
+def _assert_best_whole(folder):
+    """Every file best.json names exists, and best.pt is one of them (until the first best.pt is linked, there
+    is none: `launch eval RUN best` then says the run kept no best checkpoint, as before its first one)."""
+    index = json.loads((folder / "best.json").read_text()) if (folder / "best.json").exists() else {"kept": []}
+    named = [folder / e["file"] for e in index["kept"]]
+    assert all(p.is_file() for p in named), (index, sorted(p.name for p in folder.iterdir()))
+    if (folder / "best.pt").exists():
+        assert any(os.path.samefile(folder / "best.pt", p) for p in named), (index, sorted(
+            p.name for p in folder.iterdir()))
+
+
+def test_best_checkpoints_stay_whole_wherever_the_process_dies_and_a_restart_goes_on(tmp_path, monkeypatch):
+    """checkpoint.keep_best's files, the process killed at each of best.py's changes to the folder in turn:
+    at every such moment every file best.json names exists and best.pt is one of them; the restart's later
+    epochs leave the best 2 of the epochs recorded, best.pt the best, and nothing best.json does not name."""
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    _, changes = _best_run(whole, monkeypatch, None)
+    assert changes > 10
+    for die_at in range(1, changes + 1):
+        folder = tmp_path / f"died-{die_at}"
+        folder.mkdir()
+        died, _ = _best_run(folder, monkeypatch, die_at)
+        assert died is not None
+        index = json.loads((folder / "best.json").read_text())
+        kept = [(e["epoch"], e["value"]) for e in index["kept"]]
+        # the best 2 of the epochs recorded: every one but the epoch that died, unless it made it into best.json
+        recorded = [(e, v) for e, v in enumerate(BEST_RUN, start=1) if e != died or e in dict(kept)]
+        best_two = sorted(recorded, key=lambda ev: (ev[1], ev[0]))[:2]
+        assert kept == best_two, (die_at, died, kept)
+        assert (folder / "best.pt").read_text() == f"epoch {kept[0][0]}"
+        on_disk = sorted(p.name for p in folder.iterdir() if p.name.startswith("best-epoch-"))
+        assert on_disk == sorted(e["file"] for e in index["kept"]), (die_at, on_disk)
+
+
 def test_an_eval_or_export_of_best_without_best_checkpoints_is_one_line(tmp_path):
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     (tmp_path / "run" / "checkpoints" / "last.pt").write_bytes(b"x")
