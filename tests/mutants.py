@@ -147,6 +147,42 @@ MUTANTS = [
     Mutant("fast net's global max back to torch.amax", "recipes/vision_models.py",
            "x = x.flatten(2).max(dim=2).values", "x = torch.amax(x, dim=(2, 3))",
            (UNIT_COMPILE + "::test_the_fast_net_compiled_by_inductor_under_bf16_keeps_finite_gradients",)),
+    # --- h2: the data paths ---
+    Mutant("h2 imagefolder reads a linked image twice", "recipes/imagefolder.py",
+           "        if there or real in self.linked_files:", "        if real in self.linked_files:",
+           ("tests/unit/test_imagefolder.py::test_linked_folders_are_followed_once_and_loops_and_second_paths_are_"
+            "left_out_and_said",)),
+    Mutant("h2 imagefolder class folders compared by count", "recipes/imagefolder.py",
+           "    if train != val:", "    if len(train) != len(val):",
+           ("tests/unit/test_imagefolder.py::test_class_folders_that_count_alike_but_differ_by_name_are_refused",)),
+    Mutant("h2 text corpus reads a second path again", "recipes/text.py",
+           "        if key in kept:", "        if False:",
+           ("tests/unit/test_text_recipe.py::test_a_folder_reads_each_file_once_and_says_what_second_paths_it_left_"
+            "out",)),
+    Mutant("h2 token id equal to vocab_size accepted", "recipes/token_shards.py",
+           "        if largest >= vocab:", "        if largest > vocab:",
+           ("tests/unit/test_token_shards.py::test_a_token_id_equal_to_the_vocabulary_size_is_refused_and_one_below_"
+            "is_not",)),
+    Mutant("h2 stream: every rank the same share", "launcher/train/loader.py",
+           "if i % self.world_size == self.rank and (i // self.world_size // self.batch) % workers == worker:",
+           "if i % self.world_size == 0 and (i // self.world_size // self.batch) % workers == worker:",
+           ("tests/unit/test_own_datasets.py",)),
+    Mutant("h2 stream: workers not split", "launcher/train/loader.py",
+           "if i % self.world_size == self.rank and (i // self.world_size // self.batch) % workers == worker:",
+           "if i % self.world_size == self.rank:", ("tests/unit/test_own_datasets.py",)),
+    Mutant("h2 stream: the last partial share dropped", "launcher/train/loader.py",
+           "self.loader = DataLoader(self.shard, batch_size=max(1, per_rank_batch), **common)",
+           "self.loader = DataLoader(self.shard, batch_size=max(1, per_rank_batch), drop_last=True, **common)",
+           ("tests/unit/test_own_datasets.py",)),
+    Mutant("h2 stream: workers never told the epoch", "launcher/train/loader.py",
+           "        if self.tell and epoch >= 0:", "        if False:", ("tests/unit/test_own_datasets.py",)),
+    Mutant("h2 stream: a resumed epoch trains the stream's start again", "launcher/train/loader.py",
+           "skip=max(0, whole - len(rows))", "skip=0", ("tests/unit/test_own_datasets.py",)),
+    Mutant("h2 evaluation: batch means not weighed by their samples", "launcher/train/step.py",
+           "            pair[0].add_(value.double() * n)\n            pair[1].add_(n)",
+           "            pair[0].add_(value.double())\n            pair[1].add_(1)",
+           ("tests/unit/test_own_datasets.py::test_an_evaluations_batch_means_are_weighed_by_their_samples_over_an_"
+            "uneven_last_chunk",)),
 ]
 
 
