@@ -286,8 +286,12 @@ def scan(root: Path) -> dict[str, Folder]:
             what = "holds images but no class folders: put each class's images in" if loose else \
                 "holds no class folders: put each class's images in"
             raise ConfigError(key, root, f"{split}/ {what} {split}/<class>/", EXAMPLE)
-        walk = _SplitWalk(root / split)
-        per_class = walk.run([(i, str(root / split / name)) for i, name in enumerate(classes)])
+        try:
+            walk = _SplitWalk(root / split)
+            per_class = walk.run([(i, str(root / split / name)) for i, name in enumerate(classes)])
+        except OSError as exc:  # (os.walk passed over a folder it could not list: its images went missing)
+            raise ConfigError(key, root, f"cannot list {exc.filename or split} ({exc.strerror or exc}): make it "
+                              "readable, or move it out of data.root", EXAMPLE) from None
         samples: list[tuple[str, int]] = []
         for index, (name, files) in enumerate(zip(classes, per_class, strict=True)):
             if not files and index in walk.roots_left:

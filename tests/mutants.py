@@ -155,6 +155,9 @@ MUTANTS = [
     Mutant("h2 imagefolder class folders compared by count", "recipes/imagefolder.py",
            "    if train != val:", "    if len(train) != len(val):",
            ("tests/unit/test_imagefolder.py::test_class_folders_that_count_alike_but_differ_by_name_are_refused",)),
+    Mutant("h2 imagefolder: a folder it cannot list is a traceback", "recipes/imagefolder.py",
+           "        except OSError as exc:  # (os.walk passed over", "        except FileNotFoundError as exc:  # (",
+           ("tests/unit/test_imagefolder.py::test_a_folder_that_cannot_be_listed_is_one_line_naming_it",)),
     Mutant("h2 text corpus reads a second path again", "recipes/text.py",
            "        if key in kept:", "        if False:",
            ("tests/unit/test_text_recipe.py::test_a_folder_reads_each_file_once_and_says_what_second_paths_it_left_"

@@ -97,6 +97,23 @@ def test_each_layout_problem_is_one_line_naming_it(tmp_path):
     assert "train/ holds images but no class folders" in refusal(flat)
 
 
+def test_a_folder_that_cannot_be_listed_is_one_line_naming_it(tmp_path, monkeypatch):
+    """os.walk passed over a folder it could not list (its images silently missing); the scan names it."""
+    import os
+
+    root = write_image_folder(tmp_path, 2, 1, odd_files=False)
+    (root / "train" / "bee" / "more").mkdir()
+    listing = os.scandir
+
+    def scandir(path="."):
+        if str(path).endswith("more"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return listing(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert f"cannot list {root / 'train' / 'bee' / 'more'} (Permission denied): make it readable" in refusal(root)
+
+
 def test_class_folders_that_count_alike_but_differ_by_name_are_refused(tmp_path):
     """train/{cat,dog} and val/{cat,fox}: as many classes, so a check of the count alone would pass, and
     val/fox's images would be scored as dogs (label 1 in both)."""
