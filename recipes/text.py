@@ -46,7 +46,6 @@ Hyper-parameters: TextConfig in launcher/config.py; values: conf/recipe/text.yam
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import json
 import logging
@@ -120,6 +119,7 @@ class Corpus:
         self.synthetic = synthetic
         self.tokens = False  # token shards (.bin, .npy: read in place by TokenCorpus), not text
         self.checked = data_root / "text" / "token-ids"  # what a token scan found, per shard
+        self.left_out: list[tuple[Path, Path]] = []  # (a second path to a file, the path it is read under)
         if synthetic:
             self.name, self.files, self.root = "synthetic", [], None
         elif spec == "stdlib":
@@ -134,8 +134,7 @@ class Corpus:
             if is_glob(spec) and not path.exists():
                 fixed = next(i for i, part in enumerate(path.parts) if is_glob(part))
                 self.root = Path(*path.parts[:fixed]) if fixed else Path(".")
-                self.files = sorted(p for p in map(Path, glob.glob(str(path), recursive=True))
-                                    if _regular(p) and not p.name.startswith("."))
+                self.files, self.left_out = read_once(globbed(self.root, path))
                 if not self.files:
                     raise TextDataError(f"recipe.corpus={spec} matches no file; give a glob that names files (quote "
                                         "it: recipe.corpus='/data/fineweb10B/fineweb_*.bin'), a file or a folder")
@@ -144,7 +143,8 @@ class Corpus:
                                     "glob of text or token files: recipe.corpus=stdlib")
             else:
                 self.root = path if path.is_dir() else path.parent
-                self.files = corpus_files(path) if path.is_dir() else [path] if _regular(path) else []
+                self.files, self.left_out = (read_once(corpus_files(path)) if path.is_dir() else
+                                             ([path] if _regular(path) else [], []))
             self.tokens = names_tokens(self.files, spec)
             if not self.tokens and (not self.files or sum(p.stat().st_size for p in self.files) < 2):
                 raise TextDataError(f"recipe.corpus={spec} holds no text (no regular file with bytes in it); give "
@@ -225,7 +225,8 @@ def _regular(p: Path) -> bool:
 
 def corpus_files(top: Path) -> list[Path]:
     """Every regular file under `top`, sorted. Names starting with a dot are skipped, linked folders
-    are not followed, and kernel filesystems (/proc, /sys, /dev, ...) are not entered, nor linked to."""
+    are not followed, and kernel filesystems (/proc, /sys, /dev, ...) are not entered, nor linked to.
+    (A file under two paths is in the list twice: `read_once` keeps one.)"""
     virtual = _virtual_mounts()
 
     def in_virtual(p: Path) -> bool:
@@ -243,6 +244,35 @@ def corpus_files(top: Path) -> list[Path]:
                 continue
             files.append(p)
     return sorted(files)
+
+
+def globbed(root: Path, pattern: Path) -> list[Path]:
+    """The files a glob names, hidden names left out as glob.glob leaves them. pathlib's `**` does not follow
+    linked folders, where glob.glob's does: one link to a folder above it read every file once per level (40
+    levels), two never ended."""
+    rest = pattern.relative_to(root) if pattern.is_absolute() or root != Path(".") else pattern
+    named = set(rest.parts)  # (a hidden name the pattern spells out is meant)
+
+    def shown(p: Path) -> bool:
+        return not any(part.startswith(".") and part not in named for part in p.parts[len(root.parts):])
+
+    return sorted(p for p in root.glob(str(rest)) if shown(p) and _regular(p))
+
+
+def read_once(files: list[Path]) -> tuple[list[Path], list[tuple[Path, Path]]]:
+    """`files` (sorted), each file (by device and inode) once: a link to a file listed under another path, or a
+    hard link, would read its bytes twice. The path that is not a link is kept, else the first by name.
+    Returns (the files, [(each path left out, the path kept)])."""
+    kept: dict[tuple[int, int], Path] = {}
+    left_out: list[tuple[Path, Path]] = []
+    for p in sorted(files, key=lambda p: (p.is_symlink(), p)):
+        st = p.stat()
+        key = (st.st_dev, st.st_ino)
+        if key in kept:
+            left_out.append((p, kept[key]))
+        else:
+            kept[key] = p
+    return sorted(kept.values()), sorted(left_out)
 
 
 class _Staged:
@@ -496,6 +526,11 @@ class Text(Recipe):
         they hold a batch of windows, before any worker starts. Token shards are not built: their headers,
         lengths and token ids are checked instead (the ids once per shard, remembered under data.root)."""
         corpus = self._corpus()
+        if corpus.left_out:
+            (first, kept), n = corpus.left_out[0], len(corpus.left_out)
+            print(f"launch: warning: recipe.corpus={corpus.spec}: left out {n} second path{'s' if n != 1 else ''} to "
+                  f"files read already, so each is read once (e.g. {first}, which is {kept})", file=sys.stderr,
+                  flush=True)
         if corpus.tokens:
             self._prepare_shards(corpus)
             return

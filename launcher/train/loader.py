@@ -27,8 +27,9 @@ or an epoch that was left early starts a pass of its own.
 
 A sample the Dataset returns as None (a bad file it chose to skip) is left out of its batch and
 counted (`skipped`, on the host: no device sync). An IterableDataset has no indices to order: each
-rank takes every world_size-th sample of the stream (split again among its workers), and a training
-stream must say its length (`__len__`: samples per epoch) so every rank runs the same number of steps.
+rank takes every world_size-th sample of the stream (its workers read that share a whole batch each in
+turn: `_RankShard`), and a training stream must say its length (`__len__`: samples per epoch) so every
+rank runs the same number of steps; a resumed epoch's rest reads past the batches trained before.
 """
 
 from __future__ import annotations
@@ -162,18 +163,30 @@ class _Collate:
 
 
 class _RankShard(IterableDataset):
-    """An IterableDataset's share for one rank and one of its DataLoader workers: every
-    (world_size x workers)-th sample, so the ranks' shards are disjoint and together the whole stream."""
+    """An IterableDataset's share for one rank and one of its DataLoader workers. The rank keeps every
+    world_size-th sample of the stream (the ranks' shares are disjoint and together the whole stream); its
+    share is cut into batches of `batch` consecutive samples, and worker w of W reads batches w, w + W, ...:
+    the DataLoader takes its workers' batches in turn, so the rank trains its share in order, every batch full
+    but the share's last. (Splitting the share sample by sample among the workers made each worker end in a
+    partial batch: a training step of 2 samples where 4 were due, and the samples after it never trained.)
 
-    def __init__(self, dataset: Iterable[Any], world_size: int, rank: int):
-        self.dataset, self.world_size, self.rank = dataset, world_size, rank
+    `epoch` (shared memory, set by the rank before each pass) is told to the Dataset's `set_epoch` in the
+    process that reads it: persistent workers keep their own copy of the Dataset, which the rank's call
+    never reached (every epoch read in the order of the first)."""
+
+    def __init__(self, dataset: Iterable[Any], world_size: int, rank: int, batch: int):
+        self.dataset, self.world_size, self.rank, self.batch = dataset, world_size, rank, max(1, batch)
+        self.epoch = torch.full((), -1, dtype=torch.long).share_memory_()
+        self.tell = callable(getattr(dataset, "set_epoch", None))
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
-        stride, offset = self.world_size * workers, self.rank * workers + worker
+        epoch = int(self.epoch)
+        if self.tell and epoch >= 0:
+            self.dataset.set_epoch(epoch)
         for i, sample in enumerate(self.dataset):
-            if i % stride == offset:
+            if i % self.world_size == self.rank and (i // self.world_size // self.batch) % workers == worker:
                 yield sample
 
 
@@ -207,8 +220,9 @@ class DatasetSplit:
         self._pass: _Pass | None = None  # the training pass that reads ahead into the next epoch
         if self.iterable:
             self.length = _length(dataset)
-            self.loader = DataLoader(_RankShard(dataset, world_size, rank), batch_size=max(1, per_rank_batch),
-                                     **common)
+            self.world_size = world_size
+            self.shard = _RankShard(dataset, world_size, rank, per_rank_batch)
+            self.loader = DataLoader(self.shard, batch_size=max(1, per_rank_batch), **common)
         else:
             self.length = len(dataset)
             self.plan = _Plan()
@@ -236,12 +250,16 @@ class DatasetSplit:
         next, which continues it when its rows are the ones planned."""
         whole = rows if isinstance(rows, torch.Tensor) else None
         rows = [r.tolist() if isinstance(r, torch.Tensor) else list(r) for r in rows]
-        if self.iterable and epoch is not None and callable(getattr(self.dataset, "set_epoch", None)):
-            self.dataset.set_epoch(epoch)  # (a stream's workers see it only if the Dataset shares it)
+        if self.iterable and epoch is not None:
+            self.shard.epoch.fill_(epoch)  # (told to the Dataset in the process that reads it)
+            if callable(getattr(self.dataset, "set_epoch", None)):
+                self.dataset.set_epoch(epoch)
         if not rows and not (self.iterable and not self.training):
             return
         if self.iterable:  # (evaluation: the whole of this rank's share of the stream)
-            source = self._stream(len(rows) if self.training else None, len(rows[0]) if rows else 0)
+            # A training epoch's rest (resumed at a step): its first batches are read past, not trained again.
+            whole = self.length // (self.world_size * len(rows[0])) if self.training and epoch is not None else 0
+            source = self._stream(len(rows) if self.training else None, skip=max(0, whole - len(rows)))
         else:
             source = zip(self._counted(self._read(rows, whole, epoch)), rows, strict=False)
         after = None
@@ -284,16 +302,19 @@ class DatasetSplit:
                                  f"{skipped}); check the data, or lower data.on_bad_file's tolerance")
             yield batch
 
-    def _stream(self, steps: int | None, per_rank: int) -> Iterator[tuple[Any, list[int]]]:
-        """A stream's batches for `steps` steps (None: to its end); a training stream that ends first on
-        this rank is an error (the other ranks would wait for it at their next collective)."""
+    def _stream(self, steps: int | None, skip: int = 0) -> Iterator[tuple[Any, list[int]]]:
+        """A stream's batches for `steps` steps (None: to its end), after its first `skip` batches (read and
+        dropped); a training stream that ends first on this rank is an error (the other ranks would wait for
+        it at their next collective). A batch's indices are its samples' places in this rank's share."""
         got = seen = 0
         for got, batch in enumerate(self._counted(_start(self.loader)), start=1):
             n = batch_len(batch)
-            yield batch, list(range(seen, seen + n))
+            if got > skip:
+                yield batch, list(range(seen, seen + n))
             seen += n
-            if got == steps:
+            if steps is not None and got == skip + steps:
                 return
+        got = max(0, got - skip)
         if self.training:
             raise ValueError(f"the training IterableDataset ended after {got} batches on this rank, where its "
                              f"__len__ ({self.length} samples) promised {steps} steps of the epoch; make __len__ "

@@ -233,3 +233,32 @@ def test_a_network_with_lazy_layers_trains_on_two_ranks_alike(launch, project):
         assert runs[strategy]["ranks_agree"] and runs[strategy]["world_size"] == 2
     # (the training loss: evaluation reads the BatchNorm statistics, rank 0's under ddp, averaged under fsdp)
     assert runs["ddp"]["final"]["loss"] == pytest.approx(runs["fsdp"]["final"]["loss"], rel=1e-4)
+
+
+def test_a_stream_trains_each_ranks_share_once_per_epoch_and_batch_means_are_weighed_by_their_samples(launch,
+                                                                                                    project):
+    """2 ranks x 2 DataLoader workers on an IterableDataset of 48 ids (a global batch of 8: 6 steps): each
+    rank's steps are its every-other sample of the stream, in the order drawn from the epoch its workers were
+    told, full batches, the ranks' shares disjoint and together the whole epoch. The evaluation set (37
+    samples, eval.batch_size=10: rank 0 scores 5+5+5+4, rank 1 5+5+5+3) reports a 0-dim batch mean as the
+    exact mean over its samples, not a mean of the batches' means."""
+    import torch
+
+    result = launch("recipe=streamed", "gpus=[]", "epochs=2", "batch_size=8", "eval.batch_size=10", "strategy=ddp",
+                    "nprocs=2", "data.workers=2", "optim=sgd")
+    assert result.returncode == 0, result.output
+    steps = [[json.loads(line) for line in (project / f"streamed-{r}.jsonl").read_text().splitlines()]
+             for r in range(2)]
+    assert [len(s) for s in steps] == [12, 12]
+    for epoch in range(2):
+        stream = torch.randperm(48, generator=torch.Generator().manual_seed(epoch)).tolist()
+        trained = []
+        for rank in range(2):
+            mine = steps[rank][6 * epoch:6 * (epoch + 1)]
+            assert [s["ids"] for s in mine] == [stream[rank::2][4 * k:4 * (k + 1)] for k in range(6)], (rank, epoch)
+            assert all(e == epoch for s in mine for e in s["epochs"])  # (the workers were told the epoch)
+            assert {w for s in mine for w in s["workers"]} == {0, 1}
+            trained += [i for s in mine for i in s["ids"]]
+        assert sorted(trained) == list(range(48))
+    exact = sum(i * i for i in range(37)) / 37
+    assert math.isclose(result.results()["test_value"], exact, rel_tol=1e-6), (result.results()["test_value"], exact)

@@ -98,6 +98,36 @@ def test_each_layout_problem_is_one_line_naming_it(tmp_path):
     assert "train/ holds images but no class folders" in refusal(flat)
 
 
+def test_a_folder_that_cannot_be_listed_is_one_line_naming_it(tmp_path, monkeypatch):
+    """os.walk passed over a folder it could not list (its images silently missing); the scan names it."""
+    import os
+
+    root = write_image_folder(tmp_path, 2, 1, odd_files=False)
+    (root / "train" / "bee" / "more").mkdir()
+    listing = os.scandir
+
+    def scandir(path="."):
+        if str(path).endswith("more"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return listing(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert f"cannot list {root / 'train' / 'bee' / 'more'} (Permission denied): make it readable" in refusal(root)
+
+
+def test_class_folders_that_count_alike_but_differ_by_name_are_refused(tmp_path):
+    """train/{cat,dog} and val/{cat,fox}: as many classes, so a check of the count alone would pass, and
+    val/fox's images would be scored as dogs (label 1 in both)."""
+    root = tmp_path / "data"
+    for split, names in (("train", ("cat", "dog")), ("val", ("cat", "fox"))):
+        for name in names:
+            (root / split / name).mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(root / split / name / "x.jpg")
+    text = refusal(root)
+    assert "train/ and val/ must hold the same class folders" in text
+    assert "only in train/: dog; only in val/: fox" in text
+
+
 def test_hidden_files_and_folders_are_no_classes_or_images(tmp_path):
     root = write_image_folder(tmp_path, 2, 1, odd_files=False)
     (root / "train" / ".ipynb_checkpoints").mkdir()
@@ -118,6 +148,43 @@ def test_images_in_a_class_folders_subfolders_are_ordered_as_torchvision_orders_
         Image.new("RGB", (8, 8)).save(root / "train" / "ant" / sub / "img.jpg")
     ref = Reference(str(root / "train"), allow_empty=False)
     assert scan(root)["train"].samples == ref.samples
+
+
+def test_linked_folders_are_followed_once_and_loops_and_second_paths_are_left_out_and_said(tmp_path, capsys):
+    """A link back to a folder above it multiplied the training set (os.walk followed it 40 levels deep), and
+    a second path to a folder or file read its images twice: each image is a sample once, the real path kept,
+    and one warning line says what was left out. A linked folder reached once (data kept elsewhere) counts."""
+    root = write_image_folder(tmp_path / "data", 4, 2, odd_files=False)
+    real = {split: [(p, label) for p, label in folders.samples] for split, folders in scan(root).items()}
+    elsewhere = write_image_folder(tmp_path / "elsewhere", 2, 1, odd_files=False)
+    (root / "train" / "ant" / "more").symlink_to(elsewhere / "train" / "ant")  # followed: read once
+    deep = root / "train" / "ant" / "sub"
+    deep.mkdir()
+    (deep / "up").symlink_to(root / "train")  # a loop: a link to a folder above it
+    (deep / "again").symlink_to(deep)  # a loop onto itself
+    (root / "train" / "bee" / "cats").symlink_to(root / "train" / "cat")  # a second path to a class folder
+    (root / "train" / "cat" / "twice.jpg").symlink_to(root / "train" / "cat" / "cat_000.JPEG")  # to a file
+    (root / "val" / "cat" / "loop").symlink_to(root / "val")
+    capsys.readouterr()
+    recipe = ImageFolder(config_of("recipe=imagefolder", f"data.root={root}", "gpus=[]"))
+    recipe.prepare()
+    warned = capsys.readouterr().err.strip().splitlines()
+    splits = scan(root)
+    more = sorted(str(root / "train" / "ant" / "more" / p.name) for p in (elsewhere / "train" / "ant").iterdir())
+    assert splits["train"].samples == sorted(real["train"] + [(p, 0) for p in more])
+    assert len(splits["train"].samples) == 3 * 4 + 2 and splits["val"].samples == real["val"]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith(f"launch: warning: data.root={root}: left out 5 linked paths") and \
+        "3 loops" in warned[0] and str(deep / "again") in warned[0] and "2 second paths" in warned[0] and \
+        str(root / "train" / "bee" / "cats") in warned[0], warned[0]
+
+
+def test_a_class_folder_that_is_a_second_path_to_another_is_one_line(tmp_path):
+    root = write_image_folder(tmp_path, 2, 1, odd_files=False)
+    shutil.rmtree(root / "train" / "bee")
+    (root / "train" / "bee").symlink_to(root / "train" / "cat")
+    text = refusal(root)
+    assert f"train/bee/ is {root / 'train' / 'cat'} again (a link; each class needs a folder of its own)" in text
 
 
 def test_prepare_refuses_before_any_worker_and_writes_nothing_beside_the_data(folder, tmp_path):

@@ -9,7 +9,7 @@ import torch
 from launcher.config import DataConfig, Placement
 from launcher.errors import ConfigError, LaunchError
 from launcher.recipes import TokenSplits
-from launcher.recipes.text import GPT, Corpus, Recurrent, generate, stdlib_files, stdlib_root, unigram_loss
+from launcher.recipes.text import GPT, Corpus, Recurrent, Text, generate, stdlib_files, stdlib_root, unigram_loss
 from launcher.train.data import Data, rank_order
 from tests.conftest import config_of
 
@@ -68,6 +68,47 @@ def test_a_folder_streams_its_regular_files_in_chunks_and_skips_what_is_not_text
     assert sorted(train.split(b"\n\n")[:-1] + val.split(b"\n\n")[:-1]) == sorted(files.values())
     assert val and train  # few files: one is held out, the others train
     assert not list(folder.glob(".*tmp"))
+
+
+def _corpus_with_second_paths(tmp_path):
+    """A folder of 3 text files, plus a link to one of them, a hard link to another, a linked folder onto
+    its own parent and one onto a sibling folder (linked folders are not followed)."""
+    import os
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    files = {src / "a.txt": b"alpha " * 50, src / "sub" / "b.txt": b"beta " * 40, src / "c.txt": b"gamma " * 30}
+    for path, data in files.items():
+        path.write_bytes(data)
+    (src / "sub" / "again.txt").symlink_to(src / "a.txt")
+    os.link(src / "c.txt", src / "sub" / "c-hard.txt")
+    (src / "sub" / "up").symlink_to(src, target_is_directory=True)
+    (src / "down").symlink_to(src / "sub", target_is_directory=True)
+    return src, files
+
+
+def test_a_folder_reads_each_file_once_and_says_what_second_paths_it_left_out(tmp_path, capsys):
+    src, files = _corpus_with_second_paths(tmp_path)
+    corpus = Corpus(str(src), tmp_path / "data", synthetic=False)
+    assert corpus.files == sorted(files)
+    assert corpus.left_out == [(src / "sub" / "again.txt", src / "a.txt"), (src / "sub" / "c-hard.txt", src / "c.txt")]
+    capsys.readouterr()
+    Text(config_of("recipe=text", f"recipe.corpus={src}", f"data.root={tmp_path / 'data'}", "recipe.context=8",
+                   "batch_size=2", "gpus=[]")).prepare()
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "left out" in line]
+    assert said == [f"launch: warning: recipe.corpus={src}: left out 2 second paths to files read already, so "
+                    f"each is read once (e.g. {src / 'sub' / 'again.txt'}, which is {src / 'a.txt'})"], err
+
+
+def test_a_glob_reads_each_file_once_and_never_follows_a_linked_folder(tmp_path):
+    """glob.glob's ** followed linked folders: one loop read the files once per level (40 levels), two never
+    ended. A glob now walks the real folders and reads each file once."""
+    src, files = _corpus_with_second_paths(tmp_path)
+    (src / "sub" / "up2").symlink_to(src, target_is_directory=True)  # (two loops: glob.glob never ended)
+    corpus = Corpus(f"{src}/**/*.txt", tmp_path / "data", synthetic=False)
+    assert corpus.files == sorted(files)
+    assert [p for p, _ in corpus.left_out] == [src / "sub" / "again.txt", src / "sub" / "c-hard.txt"]
 
 
 def test_an_interrupted_build_leaves_no_stream_that_looks_complete(tmp_path, monkeypatch):

@@ -194,6 +194,46 @@ def test_token_shards_need_their_vocabulary_size(tmp_path):
         Text(cfg).prepare()
 
 
+@pytest.mark.parametrize("layout", ["llm.c-uint16", "llm.c-uint32", "nanoGPT-uint16", "npy-uint16", "npy-uint32"])
+@pytest.mark.parametrize("largest_in", ["train", "val"])
+def test_a_token_id_equal_to_the_vocabulary_size_is_refused_and_one_below_is_not(tmp_path, monkeypatch, layout,
+                                                                                 largest_in):
+    """The boundary, in every layout and token type: ids 0..vocab-1 fit the embedding, id == vocab does not
+    (on the GPU an out-of-range index is a device-side assert, or with the padded vocabulary a silent row)."""
+    from launcher.recipes import token_shards
+
+    monkeypatch.setattr(token_shards, "SCAN_TOKENS", 300)  # the largest id sits in a last, partial chunk
+    kind, dtype = layout.split("-")
+    vocab = 65535 if dtype == "uint16" else 70000  # (uint16: the type's own largest value is the refused id)
+
+    def write(folder, name, tokens):
+        tokens = np.asarray(tokens, dtype=dtype)
+        if kind == "npy":
+            np.save(folder / f"{name}.npy", tokens)
+            return folder / f"{name}.npy"
+        if kind == "llm.c":
+            return write_llmc(folder / f"{name}.bin", tokens, version=1 if dtype == "uint16" else 2)
+        (folder / f"{name}.bin").write_bytes(tokens.tobytes())
+        return folder / f"{name}.bin"
+
+    for largest, refused in ((vocab - 1, False), (vocab, True)):
+        folder = tmp_path / f"{largest}"
+        folder.mkdir()
+        train, val = np.arange(1000) % 500, np.arange(400) % 300
+        (train if largest_in == "train" else val)[-1] = largest
+        shards = {"train": write(folder, "train", train), "val": write(folder, "val", val)}
+        cfg = config_of("recipe=text", f"recipe.corpus={folder}", f"data.root={tmp_path / 'root'}", "batch_size=4",
+                        "recipe.context=8", f"recipe.vocab_size={vocab}")
+        if not refused:
+            Text(cfg).prepare()
+            continue
+        with pytest.raises(ConfigError) as err:
+            Text(cfg).prepare()
+        text = str(err.value)
+        assert "\n" not in text and text.startswith(f"recipe.vocab_size={vocab} is not valid: ")
+        assert f"{shards[largest_in]} holds token id {vocab}" in text and f"recipe.vocab_size={vocab + 1}" in text
+
+
 def test_the_unigram_baseline_counts_token_frequencies_over_the_vocabulary():
     train, val = [np.array([5] * 30 + [7] * 10, np.uint16)], [np.array([5, 7], np.uint16)]
     p5, p7 = 31 / (40 + 100), 11 / (40 + 100)
