@@ -4,6 +4,7 @@ from tests.mutants import UNIT_PLAN, Mutant
 
 SWEEP = "tests/unit/test_sweep_packing.py"
 COMMAND = "tests/unit/test_launch_command.py"
+CONFIG = "tests/unit/test_config.py"
 SLURM_WAIT = "tests/unit/test_slurm_submission.py::test_backend_wait_follows_the_job_and_its_failure_is_the_launchs"
 
 MUTANTS = [
@@ -164,4 +165,33 @@ MUTANTS = [
     Mutant("a job asks for one task per node whatever the GPUs", "launcher/host/backends/slurm.py",
            '"ntasks_per_node": strategy.processes,', '"ntasks_per_node": 1,',
            ("tests/unit/test_slurm_submission.py::test_ddp_on_gpus_is_one_task_per_gpu",)),
+    # ---- compose, hydra_errors: the config Hydra composes, its errors in one line ----------------------
+    Mutant("a relative data.root follows the folder a later command runs in", "launcher/host/compose.py",
+           "        obj.data.root = os.path.abspath(root)", "        pass",
+           (f"{CONFIG}::test_a_relative_data_root_is_kept_as_the_folder_it_named",)),
+    Mutant("+KEY=VALUE for a key no schema has is dropped silently", "launcher/host/compose.py",
+           "        if fields is not None and key not in fields:", "        if False:",
+           (f"{CONFIG}::test_a_key_added_with_a_plus_that_no_schema_has_is_refused_not_dropped",)),
+    Mutant("a file named like a built-in recipe replaces it", "launcher/host/compose.py",
+           'plain_file = "." not in word and not _builtin_option(word) and Path(f"{word}.py").is_file()',
+           'plain_file = "." not in word and Path(f"{word}.py").is_file()',
+           (f"{CONFIG}::test_a_file_named_like_a_built_in_recipe_does_not_replace_it",)),
+    Mutant("an eval run's dir is named as a training run", "launcher/host/compose.py",
+           'recipe + ("-eval" if evaluated else "")', "recipe",
+           (f"{CONFIG}::test_an_eval_run_dir_is_named_as_one_and_inside_torchrun_only_rank_0_writes_hydras_files",)),
+    Mutant("every rank of a torchrun world writes Hydra's files", "launcher/host/compose.py",
+           'return ".hydra" if world is None or world.rank == 0 else None', 'return ".hydra"',
+           (f"{CONFIG}::test_an_eval_run_dir_is_named_as_one_and_inside_torchrun_only_rank_0_writes_hydras_files",)),
+    Mutant("a group option's misspelt key gets no suggestion", "launcher/host/hydra_errors.py",
+           "        return _walk(schema, parts[1:])", "        return _walk(schema, parts)",
+           (f"{CONFIG}::test_a_misspelt_key_of_a_group_option_names_the_options_own_key",)),
+    Mutant("a key of another option of the group is called a typo", "launcher/host/hydra_errors.py",
+           "    if owners:  # (another option", "    if False:  # (another option",
+           (f"{CONFIG}::test_a_misspelt_key_of_a_group_option_names_the_options_own_key",)),
+    Mutant("checkpoint=false with a checkpoint key suggests the key itself", "launcher/host/hydra_errors.py",
+           'if full_key.startswith("checkpoint.") and leaf in known:', "if False:",
+           (f"{CONFIG}::test_a_section_switched_off_by_true_or_false_says_how_to_set_its_keys",)),
+    Mutant("a misspelt section is corrected to a key that does not exist", "launcher/host/hydra_errors.py",
+           'if parts[-1] in (_walk(config.Config, fixed.split(".")[:-1]) or []):', "if True:",
+           (f"{CONFIG}::test_a_misspelt_section_is_suggested_only_where_the_key_exists_there",)),
 ]

@@ -2,6 +2,10 @@
 
 from tests.mutants import UNIT_CKPT, UNIT_COMPILE, Mutant
 
+CONFIG = "tests/unit/test_config.py"
+REFUSED = f"{CONFIG}::test_settings_that_would_do_nothing_or_contradict_each_other_are_refused"
+RANGES = f"{CONFIG}::test_ranges_are_checked_with_one_line"
+
 MUTANTS = [
     Mutant("root cause: the latest failure, not the earliest", "launcher/failures.py",
            "return min(primary or latest, key=lambda r: r.time)", "return max(primary or latest, key=lambda r: r.time)",
@@ -19,4 +23,48 @@ MUTANTS = [
     Mutant("the data cache ignores a changed source", "launcher/datacache.py",
            'digest.update(f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}".encode())',
            'digest.update(f"{path.resolve()}".encode())', (UNIT_COMPILE,)),
+    # ---- config: a value out of range, or settings that would do nothing, go through -----------------
+    Mutant("an integer above its range goes through", "launcher/config.py",
+           "if isinstance(value, bool) or not isinstance(value, int) or value < low or value > top:",
+           "if isinstance(value, bool) or not isinstance(value, int) or value < low:", (RANGES,)),
+    Mutant("lr=inf goes through", "launcher/config.py",
+           "ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)",
+           "ok = isinstance(value, (int, float)) and not isinstance(value, bool)", (RANGES,)),
+    Mutant("a shift as wide as the image goes through", "launcher/config.py",
+           "high = 8 if self.image_side is None else min(8, self.image_side - 1)",
+           "high = 8 if self.image_side is None else min(8, self.image_side)", (RANGES,)),
+    Mutant("a network argument without a network is dropped", "launcher/config.py",
+           '        if extra and not (self.model or {}).get("_target_"):', "        if False:", (REFUSED,)),
+    Mutant("early stopping on a figure never evaluated goes through", "launcher/config.py",
+           'if watched.startswith("test_") and self.eval.every == 0 and self.epochs > 1:', "if False:", (REFUSED,)),
+    Mutant("early_stop settings without a figure do nothing silently", "launcher/config.py",
+           '        if self.metric is None and (self.patience != 3 or self.min_delta or str(self.mode) != "auto"):',
+           "        if False:", (REFUSED,)),
+    Mutant("keep_best without checkpoints goes through", "launcher/config.py",
+           "        if self.keep_best and not self.enabled:", "        if False:", (REFUSED,)),
+    Mutant("eval.checkpoint beside script= goes through", "launcher/config.py",
+           "if self.eval.checkpoint is not None and (self.resume is not None or self.script):", "if False:",
+           (REFUSED,)),
+    Mutant("checkpoint=false still writes checkpoints", "launcher/config.py",
+           "self.checkpoint = CheckpointConfig(enabled=self.checkpoint)", "self.checkpoint = CheckpointConfig()",
+           ("tests/unit/test_run_keeping.py::test_checkpoint_is_a_section_and_true_false_still_stand_for_it",)),
+    Mutant("an error figure counts as better when larger", "launcher/config.py",
+           "return any(word in name.lower() for word in MINIMIZED_WORDS)", "return name.lower() in MINIMIZED_WORDS",
+           ("tests/unit/test_run_keeping.py::test_early_stop_counts_evaluations_without_improvement",)),
+    Mutant("train/loss names no figure", "launcher/config.py",
+           'return "loss" if (to, rest) == ("train_", "loss") else to + rest', "return to + rest",
+           ("tests/unit/test_run_keeping.py::test_a_figure_is_named_as_users_type_it",)),
+    Mutant("a port above 65535 goes through", "launcher/config.py",
+           "not port.isdigit() or not 1 <= int(port) <= 65535", "not port.isdigit() or not 1 <= int(port)",
+           ("tests/unit/test_nodes.py::test_bad_multi_node_settings_are_one_line_naming_the_key",)),
+    # ---- errors: what a refusal says -----------------------------------------------------------------
+    Mutant("a refusal says launch twice", "launcher/errors.py",
+           "return f\"launch: {text[len('launch '):] if text.startswith('launch ') else text}\"",
+           'return f"launch: {text}"', (f"{CONFIG}::test_a_refusal_is_said_with_the_commands_name_once",)),
+    Mutant("a refusal loses its example to type", "launcher/errors.py",
+           "        if example:\n            text +=", "        if False:\n            text +=",
+           (f"{CONFIG}::test_a_value_is_said_as_a_user_types_it_with_an_example_to_type",)),
+    Mutant("a list value is said as Python writes it", "launcher/errors.py",
+           'return "[" + ",".join(str(v) for v in value) + "]"', "return str(value)",
+           (f"{CONFIG}::test_a_value_is_said_as_a_user_types_it_with_an_example_to_type",)),
 ]
