@@ -67,4 +67,9 @@ MUTANTS = [
     Mutant("a list value is said as Python writes it", "launcher/errors.py",
            'return "[" + ",".join(str(v) for v in value) + "]"', "return str(value)",
            (f"{CONFIG}::test_a_value_is_said_as_a_user_types_it_with_an_example_to_type",)),
+    # ---- spec ------------------------------------------------------------------------------------------
+    Mutant("a SLURM job's first run takes itself for a requeued one", "launcher/spec.py",
+           "return self.restart_count > 0", "return self.restart_count >= 0",
+           ("tests/unit/test_run_here.py::test_a_slurm_jobs_first_run_is_refused_a_finished_dir_and_only_its_"
+            "requeued_run_continues_it",)),
 ]

@@ -97,3 +97,11 @@ def test_a_sweep_over_several_machines_is_refused_before_any_run():
     cfg = config_of(*CPU, "nodes=2", "rdzv=127.0.0.1:29400")
     with pytest.raises(ConfigError, match="a sweep .* runs on this machine"):
         LocalBackend(cfg.backend).check(cfg)
+
+
+def test_a_name_with_both_addresses_is_met_at_its_ipv4_one(monkeypatch):
+    """gloo binds IPv4 by default: a rendezvous name that resolves to both is taken at its IPv4 address."""
+    v6 = (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fd00::1", 0, 0, 0))
+    v4 = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.1", 0))
+    monkeypatch.setattr(network.socket, "getaddrinfo", lambda *a, **k: [v6, v4])
+    assert network._resolve("node0.cluster") == "10.0.0.1"
