@@ -8,6 +8,9 @@ CONFIG = "tests/unit/test_config.py"
 HERE = "tests/unit/test_run_here.py"
 PLAN = UNIT_PLAN
 KEEPING = "tests/unit/test_run_keeping.py"
+RUNS = "tests/cli/test_runs_command.py::test_each_runs_state_best_figure_and_order_read_from_its_files_in_process"
+CKPT = "tests/unit/test_checkpoint_and_env.py"
+FAILED = "tests/unit/test_failures.py"
 SLURM_WAIT = "tests/unit/test_slurm_submission.py::test_backend_wait_follows_the_job_and_its_failure_is_the_launchs"
 
 MUTANTS = [
@@ -46,7 +49,8 @@ MUTANTS = [
             "timeout_s",)),
     Mutant("a node_rank given twice is not refused", "launcher/host/rendezvous.py",
            "        if sorted(given) != list(range(info.world_size)):", "        if False:",
-           ("tests/multinode/test_two_nodes.py::test_a_node_rank_given_twice_stops_every_node_in_one_line",)),
+           ("tests/unit/test_failures.py::test_the_node_ranks_given_become_the_ranks_and_a_rank_given_twice_stops_every_"
+            "node", "tests/multinode/test_two_nodes.py::test_a_node_rank_given_twice_stops_every_node_in_one_line")),
     Mutant("a rendezvous nobody serves is waited for forever", "launcher/host/rendezvous.py",
            "            if time.monotonic() + 0.5 >= deadline:", "            if False:",
            ("tests/multinode/test_two_nodes.py::test_a_rendezvous_nobody_serves_ends_the_node_at_rdzv_timeout_s",)),
@@ -278,4 +282,86 @@ MUTANTS = [
     Mutant("tensorboard=false no longer turns TensorBoard off", "launcher/host/trackers.py",
            'if cfg.tensorboard is False and "tensorboard" in picked:', "if False:",
            (f"{KEEPING}::test_tensorboard_false_still_turns_tensorboard_off",)),
+    # ---- runs, rundir: what `launch runs` lists, what a launch keeps ------------------------------------
+    Mutant("launch runs shows the worst epoch's accuracy as the best", "launcher/host/runs.py",
+           "(max(accs) if accs else None)", "(min(accs) if accs else None)", (RUNS,)),
+    Mutant("launch runs lists the oldest first", "launcher/host/runs.py",
+           'key=lambda r: (str(r["started"]), r["dir"]),\n                  reverse=True)',
+           'key=lambda r: (str(r["started"]), r["dir"]),\n                  reverse=False)', (RUNS,)),
+    Mutant("a script's launch that ended well is listed as failed", "launcher/host/runs.py",
+           'elif results or ended.get("exit_code") == 0:', "elif results:", (RUNS,)),
+    Mutant("a sweep's own dir is listed as a run", "launcher/host/runs.py",
+           'if not (path.parent / "multirun.yaml").exists():  # a sweep', "if True:  # a sweep", (RUNS,)),
+    Mutant("launch runs --limit is ignored", "launcher/host/runs.py",
+           "runs = runs[:limit] if limit else runs", "runs = runs", (RUNS,)),
+    Mutant("a sweep run's dir that a run wrote into is removed", "launcher/host/rundir.py",
+           "    if not entries <= HYDRA_FILES | {CLAIM}:\n        return", "    if False:\n        return",
+           ("tests/unit/test_rundir.py::test_release_keeps_a_dir_something_ran_and_wrote_in",)),
+    Mutant("another machine's claim is taken for a live launch here", "launcher/host/rundir.py",
+           "if host != socket.gethostname() or not isinstance(pid, int):", "if not isinstance(pid, int):",
+           ("tests/unit/test_rundir.py::test_a_claim_of_another_machine_is_not_taken_for_a_live_launch",)),
+    # ---- export, resume, evaluate: a checkpoint read before any worker ---------------------------------
+    Mutant("an export ties weights whose sampled values agree", "launcher/host/export.py",
+           "first = next((f for f in same if torch.equal(model[f], tensor)), None)", "first = next(iter(same), None)",
+           (f"{CKPT}::test_an_export_stores_a_tied_weight_once_and_never_ties_weights_that_differ_in_one_value",)),
+    Mutant("an export of best is written as model.pt", "launcher/host/export.py",
+           'default = path.parent.parent / ("model-best.pt" if which == "best" else "model.pt")',
+           'default = path.parent.parent / "model.pt"',
+           (f"{CKPT}::test_an_export_of_the_best_checkpoint_goes_beside_the_runs_and_counts_a_tied_weight_once",)),
+    Mutant("an export counts a tied weight twice", "launcher/host/export.py",
+           "values = sum(v.numel() for v in (model.values() if apart else {id(v): v for v in model.values()}"
+           ".values()))",
+           "values = sum(v.numel() for v in model.values())",
+           (f"{CKPT}::test_an_export_of_the_best_checkpoint_goes_beside_the_runs_and_counts_a_tied_weight_once",)),
+    Mutant("an exported file is readable by its owner only", "launcher/host/export.py",
+           "        os.fchmod(fd, 0o666 & ~_umask())", "        pass",
+           (f"{CKPT}::test_an_exported_file_has_a_new_files_usual_mode_and_a_taken_name_suggests_one_beside_it",)),
+    Mutant("resume=latest takes the oldest run", "launcher/host/resume.py",
+           "        return candidates[-1]", "        return candidates[0]", (f"{CKPT}::test_resolve_resume",)),
+    Mutant("a resume does not carry the precision", "launcher/host/resume.py",
+           "return key not in CARRIED_ANYWAY and bool(prefixes & _NOT_CARRIED)", "return bool(prefixes & _NOT_CARRIED)",
+           (f"{CONFIG}::test_a_resume_carries_the_precision_but_not_the_speed_settings_or_a_typed_data_root",)),
+    Mutant("a resume's data.root overrides the one typed", "launcher/host/resume.py",
+           'if root is not None and not ({"data", "data.root"} & typed) and "data" in cfg:',
+           'if root is not None and "data" in cfg:',
+           (f"{CONFIG}::test_a_resume_carries_the_precision_but_not_the_speed_settings_or_a_typed_data_root",)),
+    Mutant("a resume reports settings it did not change", "launcher/host/resume.py",
+           "and k in saved and saved[k] != v}", "and k in saved}",
+           (f"{CKPT}::test_a_resume_records_only_the_settings_this_launch_changed",)),
+    Mutant("launch eval scores a model trained on generated data on real data", "launcher/host/evaluate.py",
+           '        mine.append("data.synthetic=true")', "        pass",
+           ("tests/unit/test_eval_pin.py::test_launch_eval_takes_the_data_batch_and_recipe_values_the_checkpoint_"
+            "was_trained_with",)),
+    Mutant("launch eval drops the batch the checkpoint was trained with", "launcher/host/evaluate.py",
+           '        mine.append(f"batch_size={batch}")', "        pass",
+           ("tests/unit/test_eval_pin.py::test_launch_eval_takes_the_data_batch_and_recipe_values_the_checkpoint_"
+            "was_trained_with",)),
+    Mutant("launch eval takes the run's data.root over the one typed", "launcher/host/evaluate.py",
+           'if root is not None and "data.root" not in given:', "if root is not None:",
+           ("tests/unit/test_eval_pin.py::test_launch_eval_takes_the_data_batch_and_recipe_values_the_checkpoint_"
+            "was_trained_with",)),
+    # ---- spawn, rendezvous: the workers' supervision and the nodes' meeting -----------------------------
+    Mutant("a failure is explained from an earlier attempt's records", "launcher/host/spawn.py",
+           "    records = [r for r in failures.read_records(run_dir, also=failures.main_run_dir(run_dir))\n"
+           "               if r.attempt == max_restarts]",
+           "    records = [r for r in failures.read_records(run_dir, also=failures.main_run_dir(run_dir))]",
+           (FAILED,)),
+    Mutant("bad input a worker finds exits 1", "launcher/host/spawn.py",
+           "        return Outcome(2, error=cause.message)", "        return Outcome(1, error=cause.message)",
+           (FAILED,)),
+    Mutant("the last of two silent ranks to die is named", "launcher/host/spawn.py",
+           "min(known, key=lambda r: known[r].timestamp)", "max(known, key=lambda r: known[r].timestamp)",
+           (FAILED,)),
+    Mutant("the count of ranks stopped is one too many", "launcher/host/spawn.py",
+           "    others = nprocs - 1\n", "    others = nprocs\n", (FAILED,)),
+    Mutant("a node's own ranks are said to be on another node", "launcher/host/spawn.py",
+           "mine = failed | (set(range(block * nprocs, (block + 1) * nprocs)) if block is not None else set())",
+           "mine = failed", (FAILED,)),
+    Mutant("a node's node_rank never reaches the rendezvous", "launcher/host/spawn.py",
+           '"node_rank": -1 if nodes.node_rank is None else nodes.node_rank,', '"node_rank": -1,', (FAILED,)),
+    Mutant("max_restarts is not handed to elastic", "launcher/host/spawn.py",
+           "max_restarts=max_restarts, monitor_interval=0.1", "max_restarts=0, monitor_interval=0.1", (FAILED,)),
+    Mutant("the node ranks given are checked and then ignored", "launcher/host/rendezvous.py",
+           "        return RendezvousInfo(info.store, self.node_rank, info.world_size, info.bootstrap_store_info)",
+           "        return info", (FAILED,)),
 ]

@@ -675,3 +675,28 @@ def test_an_export_of_sharded_weights_reads_the_model_entries_whole_and_nothing_
     assert all(torch.equal(read[k], model[k]) for k in ("blocks.0.w", "head.weight"))
     extra = read["norm._extra_state"]
     assert extra["version"] == 2 and extra["scales"][0] == 1.5 and torch.equal(extra["scales"][1], torch.ones(2))
+
+
+def test_an_export_of_the_best_checkpoint_goes_beside_the_runs_and_counts_a_tied_weight_once(tmp_path, capsys):
+    from launcher.host.export import main as export_main
+
+    embed = torch.randn(30, 16)
+    state = {"net_state_dict": {"embed.weight": embed, "head.weight": embed.clone(), "b": torch.zeros(16)},
+             "epoch": 1, "history": [], "config": {"recipe": {"name": "text"}, "optim": None}}
+    checkpoint.save_atomic(state, tmp_path / "run" / "checkpoints" / "last.pt")
+    checkpoint.save_atomic(state, tmp_path / "run" / "checkpoints" / "best.pt")
+    assert export_main([str(tmp_path / "run"), "best"]) == 0
+    assert (tmp_path / "run" / "model-best.pt").is_file() and not (tmp_path / "run" / "model.pt").exists()
+    assert "exported 3 tensors (496 values; head.weight tied to embed.weight)" in capsys.readouterr().out
+
+
+def test_a_resume_records_only_the_settings_this_launch_changed(tmp_path, monkeypatch):
+    from launcher.host.resume import inspect
+    from tests.conftest import config_of
+
+    monkeypatch.chdir(tmp_path)
+    torch.save({"net_state_dict": {}, "epoch": 1, "config": {"recipe": {"name": "digits"}, "optim": {"name": "sgd"},
+                                                             "lr": 0.07, "epochs": 5}}, "ck.pt")
+    resume = inspect("ck.pt", config_of("resume=ck.pt", "epochs=8", "gpus=[]"))
+    assert resume.changed == {"epochs": (5, 8)}
+    assert "changed here: epochs 5 -> 8" in resume.describe()

@@ -131,6 +131,22 @@ def test_a_resumed_text_run_evaluates_in_chunks_of_the_batch_it_trains_with(tmp_
     assert config_of("resume=own.pt", "batch_size=8", "eval.batch_size=16").eval.batch_size == 16
 
 
+def test_a_resume_carries_the_precision_but_not_the_speed_settings_or_a_typed_data_root(tmp_path, monkeypatch):
+    """perf.* is where the run runs (not carried), except precision, which changes what is computed; the run's
+    data folder is carried where it exists here, unless the command line names another."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "theirs").mkdir()
+    saved = {"recipe": {"name": "digits"}, "optim": {"name": "sgd"}, "epochs": 5,
+             "perf": {"precision": "fp32", "compile_auto_min_s": 5.0}, "data": {"root": str(tmp_path / "theirs")}}
+    torch.save({"net_state_dict": {}, "epoch": 1, "config": saved}, "ck.pt")
+    cfg = config_of("resume=ck.pt")
+    assert (str(cfg.perf.precision), cfg.perf.compile_auto_min_s) == ("fp32", 60.0)
+    assert cfg.data.root == str(tmp_path / "theirs")
+    assert config_of("resume=ck.pt", "data.root=mine").data.root == str(tmp_path / "mine")
+
+
 def test_a_checkpoints_settings_are_taken_as_text_not_resolved_here(tmp_path, monkeypatch):
     """launch writes resolved configs; a `${oc.env:...}` in a checkpoint from elsewhere must not read this
     machine's environment into the resumed run's config."""
