@@ -4,6 +4,8 @@ from tests.mutants import UNIT_CKPT, UNIT_COMPILE, Mutant
 
 CONFIG = "tests/unit/test_config.py"
 REFUSED = f"{CONFIG}::test_settings_that_would_do_nothing_or_contradict_each_other_are_refused"
+CKPT = "tests/unit/test_checkpoint_and_env.py"
+LIFE = "tests/unit/test_process_lifetime.py"
 RANGES = f"{CONFIG}::test_ranges_are_checked_with_one_line"
 
 MUTANTS = [
@@ -72,4 +74,65 @@ MUTANTS = [
            "return self.restart_count > 0", "return self.restart_count >= 0",
            ("tests/unit/test_run_here.py::test_a_slurm_jobs_first_run_is_refused_a_finished_dir_and_only_its_"
             "requeued_run_continues_it",)),
+    # ---- world, files, failures, logs, lifetime, bytecode, datacache, models ----------------------------
+    Mutant("a stale MASTER_PORT in the shell is taken for a torchrun world", "launcher/world.py",
+           'all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))',
+           'any(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))',
+           (f"{CKPT}::test_variables_left_in_a_shell_or_a_single_task_step_are_no_world_to_join",)),
+    Mutant("a one-task SLURM step waits for ranks nobody starts", "launcher/world.py",
+           'int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1', 'int(env.get("SLURM_STEP_NUM_TASKS", "1")) >= 1',
+           (f"{CKPT}::test_variables_left_in_a_shell_or_a_single_task_step_are_no_world_to_join",)),
+    Mutant("a requeued job's elastic restarts are counted as its requeues", "launcher/world.py",
+           'int(env.get("TORCHELASTIC_RESTART_COUNT") or env.get("SLURM_RESTART_COUNT") or 0)',
+           'int(env.get("SLURM_RESTART_COUNT") or env.get("TORCHELASTIC_RESTART_COUNT") or 0)',
+           ("tests/unit/test_slurm_submission.py::test_a_requeued_jobs_tasks_count_its_requeues_as_restart_attempts",)),
+    Mutant("a failed write leaves its temporary file", "launcher/files.py",
+           "        tmp.unlink(missing_ok=True)\n        if full:", "        if full:",
+           (f"{CKPT}::test_a_write_that_fails_leaves_the_old_file_and_no_temporary_and_a_dead_writers_temporary_is_"
+            "removed",)),
+    Mutant("a live writer's temporary file is removed and a dead one's kept", "launcher/files.py",
+           'if pid.isdigit() and not Path(f"/proc/{pid}").exists():',
+           'if pid.isdigit() and Path(f"/proc/{pid}").exists():',
+           (f"{CKPT}::test_a_write_that_fails_leaves_the_old_file_and_no_temporary_and_a_dead_writers_temporary_is_"
+            "removed",)),
+    Mutant("the root cause is taken from the first attempt", "launcher/failures.py",
+           "last = max(r.attempt for r in records)", "last = min(r.attempt for r in records)",
+           ("tests/unit/test_failures.py::test_earliest_primary_and_last_attempt",)),
+    Mutant("consecutive ranks are never said as a span", "launcher/failures.py",
+           "ranks == list(range(ranks[0], ranks[-1] + 1))", "ranks == list(range(ranks[0], ranks[-1]))",
+           ("tests/unit/test_failures.py::test_ranks_are_said_as_a_person_reads_them",)),
+    Mutant("every rank speaks on the console", "launcher/logs.py",
+           "    if rank == 0:\n        _add(root, logging.StreamHandler(sys.stdout)",
+           "    if rank >= 0:\n        _add(root, logging.StreamHandler(sys.stdout)", (LIFE,)),
+    Mutant("lines meant for the file reach the console", "launcher/logs.py",
+           'return not getattr(record, "file_only", False)', "return True", (LIFE,)),
+    Mutant("a zombie is taken for a live process", "launcher/lifetime.py",
+           'return f.read().rsplit(")", 1)[1].split()[0] != "Z"', "return True", (LIFE,)),
+    Mutant("a launch removes live launches' temporary folders", "launcher/lifetime.py",
+           "if name.isdigit() and not process_alive(int(name)) and", "if name.isdigit() and", (LIFE,)),
+    Mutant("the bytecode cache is kept where torch has its own", "launcher/bytecode.py",
+           'if switch == "0" or (switch != "1" and not lacks_bytecode("torch", sys.dont_write_bytecode)):',
+           'if switch == "0":', ("tests/unit/test_bytecode.py",)),
+    Mutant("a package installed with bytecode is said to lack it", "launcher/bytecode.py",
+           "    if Path(importlib.util.cache_from_source(spec.origin)).exists():\n        return False",
+           "    if False:\n        return False", ("tests/unit/test_bytecode.py",)),
+    Mutant("a dataset decoded at another size is read back from the cache", "launcher/datacache.py",
+           'digest = hashlib.sha256(f"v{VERSION} {name} {sorted(params.items())}".encode())',
+           'digest = hashlib.sha256(f"v{VERSION} {name}".encode())',
+           ("tests/unit/test_compile_and_cache.py::test_a_cache_key_changes_with_what_was_decoded_and_from_which_files",)),
+    Mutant("LAUNCH_CACHE_DIR is ignored", "launcher/datacache.py",
+           '    if env.get("LAUNCH_CACHE_DIR"):\n        return Path(env["LAUNCH_CACHE_DIR"])',
+           '    if False:\n        return Path(env["LAUNCH_CACHE_DIR"])',
+           ("tests/unit/test_compile_and_cache.py::test_caches_live_under_launch_cache_dir_unless_inductor_is_told_"
+            "otherwise",)),
+    Mutant("a TORCHINDUCTOR_CACHE_DIR that cannot be used is passed over", "launcher/datacache.py",
+           "    elif user:\n        raise LaunchError", "    elif False:\n        raise LaunchError",
+           ("tests/unit/test_compile_and_cache.py::test_the_inductor_cache_is_settled_before_torch_is_imported_and_a_"
+            "users_unusable_one_refused",)),
+    Mutant("the recipe's class count replaces the one the model section gives", "launcher/models.py",
+           'if num_classes and "num_classes" not in spec and takes(fn, "num_classes"):',
+           'if num_classes and takes(fn, "num_classes"):', ("tests/unit/test_models_from_config.py",)),
+    Mutant("a network taking **kwargs gets no class count", "launcher/models.py",
+           "return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)",
+           "return any(p.name == name for p in params)", ("tests/unit/test_models_from_config.py",)),
 ]

@@ -152,6 +152,35 @@ def test_torchrun_environment_is_joined():
     assert existing_world({**batch, "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1"}) is None
 
 
+def test_variables_left_in_a_shell_or_a_single_task_step_are_no_world_to_join():
+    assert existing_world({"MASTER_PORT": "29500", "MASTER_ADDR": "h"}) is None  # (a torchrun that ended)
+    batch = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}
+    assert existing_world(batch) is None  # one task: it spawns its ranks itself
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_and_a_dead_writers_temporary_is_removed(tmp_path):
+    import subprocess
+
+    from launcher.files import remove_stale_temporaries, write_atomic, write_text_atomic
+
+    target = tmp_path / "results.json"
+    write_text_atomic(target, "old")
+
+    def broken(f):
+        f.write(b"half")
+        raise OSError("the device failed")
+
+    with pytest.raises(OSError, match="the device failed"):
+        write_atomic(target, broken)
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f".last.pt.tmp-{dead.pid}").write_bytes(b"x")
+    (tmp_path / f".metrics.jsonl.tmp-{os.getpid()}").write_bytes(b"x")  # (a live writer's: it renames it soon)
+    remove_stale_temporaries(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".metrics.jsonl.tmp-{os.getpid()}", "results.json"]
+
+
 def test_a_checkpoint_write_that_fails_leaves_the_previous_checkpoint_whole(tmp_path):
     """Atomic: the new state goes to a temporary file renamed over the old one; a write that fails
     half way (here: an object torch.save cannot pickle) leaves last.pt as it was, and no temporary file."""

@@ -1,6 +1,6 @@
 """Root cause: the earliest primary failure wins over the peers' echoes of it."""
 
-from launcher.failures import FailureRecord, looks_secondary, root_cause, short_headline
+from launcher.failures import FailureRecord, looks_secondary, root_cause, short_headline, span
 
 
 def rec(rank, t, secondary, attempt=0):
@@ -19,6 +19,10 @@ def test_earliest_primary_and_last_attempt():
 def test_all_echoes_gives_earliest():
     assert root_cause([rec(1, 2.0, True), rec(0, 1.0, True)]).rank == 0
     assert root_cause([]) is None
+
+
+def test_ranks_are_said_as_a_person_reads_them():
+    assert (span([3, 2]), span([1, 4]), span([0, 1, 2, 3]), span([5])) == ("2-3", "1, 4", "0-3", "5")
 
 
 def test_peer_loss_is_secondary():
