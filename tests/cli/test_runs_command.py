@@ -107,3 +107,29 @@ def test_runs_shows_damaged_runs_as_unreadable_escapes_names_and_fits_the_termin
                                        capture_output=True, text=True, timeout=60, env=env).stdout)
     assert {Path(r["dir"]).name[:1] for r in listed} == {"a", "b", "c", "d", "e"}
     assert next(r for r in listed if Path(r["dir"]).name == "d-plan")["state"] == "unreadable"
+
+
+def test_each_runs_state_best_figure_and_order_read_from_its_files_in_process(tmp_path, capsys):
+    """runs.main, in this process: newest first, a sweep's own dir not listed as a run, the best epoch's
+    accuracy, a launch that ended well without results (a script) finished, --limit."""
+    from launcher.host import runs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    best = _fake_run(tmp_path, "a-best", dead.pid, "2026-11-01 10:00:00",
+                     {"outcome.json": json.dumps({"exit_code": 1, "error": "boom"})})
+    (best / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, "test_acc": a}) + "\n"
+                                                for e, a in ((1, 0.5), (2, 0.75), (3, 0.625))))
+    _fake_run(tmp_path, "b-script", dead.pid, "2026-11-01 11:00:00", {"outcome.json": json.dumps({"exit_code": 0})})
+    sweep = tmp_path / "multirun" / "2026-11-01" / "12-00-00"
+    sweep.mkdir(parents=True)
+    claim = {"pid": dead.pid, "host": "x", "started": "2026-11-01 12:00:00"}
+    (sweep / ".launch-claim.json").write_text(json.dumps(claim))
+    (sweep / "multirun.yaml").write_text("{}\n")
+    assert runs.main(["--json"], root=tmp_path) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [Path(r["dir"]).name for r in listed] == ["b-script", "a-best"]  # newest first; the sweep's dir is none
+    assert [r["state"] for r in listed] == ["finished", "failed"]
+    assert listed[1]["best_test_acc"] == 0.75 and listed[1]["epochs"] == "3/4"
+    assert runs.main(["--json", "--limit", "1"], root=tmp_path) == 0
+    assert [Path(r["dir"]).name for r in json.loads(capsys.readouterr().out)] == ["b-script"]

@@ -45,3 +45,9 @@ def test_switched_off_or_a_users_own_prefix_changes_nothing(tmp_path, package_wi
     own = {"PYTHONPYCACHEPREFIX": str(tmp_path / "mine")}
     assert bytecode.enable(own) is None and own == {"PYTHONPYCACHEPREFIX": str(tmp_path / "mine")}
     assert sys.pycache_prefix is None and sys.dont_write_bytecode is True
+
+
+def test_where_torch_has_its_bytecode_no_cache_is_kept(tmp_path, monkeypatch, package_without_bytecode):
+    monkeypatch.setattr(bytecode, "lacks_bytecode", lambda package, dont_write: False)
+    env = {"LAUNCH_PYCACHE_DIR": str(tmp_path / "cache")}  # (LAUNCH_PYCACHE: auto)
+    assert bytecode.enable(env) is None and "PYTHONPYCACHEPREFIX" not in env and not (tmp_path / "cache").exists()

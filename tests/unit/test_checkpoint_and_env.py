@@ -171,6 +171,35 @@ def test_torchrun_variables_without_torchrun_are_refused_not_joined():
     assert "LAUNCH_JOIN=yes is not valid" in refused_world({"LAUNCH_JOIN": "yes"})
 
 
+def test_variables_left_in_a_shell_or_a_single_task_step_are_no_world_to_join():
+    assert existing_world({"MASTER_PORT": "29500", "MASTER_ADDR": "h"}) is None  # (a torchrun that ended)
+    batch = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "1"}
+    assert existing_world(batch) is None  # one task: it spawns its ranks itself
+
+
+def test_a_write_that_fails_leaves_the_old_file_and_no_temporary_and_a_dead_writers_temporary_is_removed(tmp_path):
+    import subprocess
+
+    from launcher.files import remove_stale_temporaries, write_atomic, write_text_atomic
+
+    target = tmp_path / "results.json"
+    write_text_atomic(target, "old")
+
+    def broken(f):
+        f.write(b"half")
+        raise OSError("the device failed")
+
+    with pytest.raises(OSError, match="the device failed"):
+        write_atomic(target, broken)
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f".last.pt.tmp-{dead.pid}").write_bytes(b"x")
+    (tmp_path / f".metrics.jsonl.tmp-{os.getpid()}").write_bytes(b"x")  # (a live writer's: it renames it soon)
+    remove_stale_temporaries(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".metrics.jsonl.tmp-{os.getpid()}", "results.json"]
+
+
 def test_a_checkpoint_write_that_fails_leaves_the_previous_checkpoint_whole(tmp_path):
     """Atomic: the new state goes to a temporary file renamed over the old one; a write that fails
     half way (here: an object torch.save cannot pickle) leaves last.pt as it was, and no temporary file."""
@@ -790,3 +819,28 @@ def test_a_stopped_run_names_the_epoch_its_checkpoint_holds_not_the_last_one_log
     save_atomic({"epoch": 3, "sharded": "epoch-3.dcp"}, run / "checkpoints" / "last.pt")  # (its folder is missing)
     assert "no checkpoint to resume from" in what_a_resume_finds(run)
     assert what_a_resume_finds(tmp_path / "nothing") == ""
+
+
+def test_an_export_of_the_best_checkpoint_goes_beside_the_runs_and_counts_a_tied_weight_once(tmp_path, capsys):
+    from launcher.host.export import main as export_main
+
+    embed = torch.randn(30, 16)
+    state = {"net_state_dict": {"embed.weight": embed, "head.weight": embed.clone(), "b": torch.zeros(16)},
+             "epoch": 1, "history": [], "config": {"recipe": {"name": "text"}, "optim": None}}
+    checkpoint.save_atomic(state, tmp_path / "run" / "checkpoints" / "last.pt")
+    checkpoint.save_atomic(state, tmp_path / "run" / "checkpoints" / "best.pt")
+    assert export_main([str(tmp_path / "run"), "best"]) == 0
+    assert (tmp_path / "run" / "model-best.pt").is_file() and not (tmp_path / "run" / "model.pt").exists()
+    assert "exported 3 tensors (496 values; head.weight tied to embed.weight)" in capsys.readouterr().out
+
+
+def test_a_resume_records_only_the_settings_this_launch_changed(tmp_path, monkeypatch):
+    from launcher.host.resume import inspect
+    from tests.conftest import config_of
+
+    monkeypatch.chdir(tmp_path)
+    torch.save({"net_state_dict": {}, "epoch": 1, "config": {"recipe": {"name": "digits"}, "optim": {"name": "sgd"},
+                                                             "lr": 0.07, "epochs": 5}}, "ck.pt")
+    resume = inspect("ck.pt", config_of("resume=ck.pt", "epochs=8", "gpus=[]"))
+    assert resume.changed == {"epochs": (5, 8)}
+    assert "changed here: epochs 5 -> 8" in resume.describe()

@@ -60,6 +60,17 @@ def test_caches_live_under_launch_cache_dir_unless_inductor_is_told_otherwise(tm
     assert datacache.cache_root({"HOME": "/home/u"}).as_posix() == "/home/u/.cache/launcher"
 
 
+def test_a_cache_key_changes_with_what_was_decoded_and_from_which_files(tmp_path):
+    source = tmp_path / "batch"
+    source.write_bytes(b"x")
+    key = datacache.key_for("synthetic", [source], train=500, test=100)
+    assert key == datacache.key_for("synthetic", [source], test=100, train=500)
+    assert key != datacache.key_for("synthetic", [source], train=600, test=100)  # (another size: other arrays)
+    assert key != datacache.key_for("cifar10", [source], train=500, test=100)
+    source.write_bytes(b"xy")
+    assert key != datacache.key_for("synthetic", [source], train=500, test=100)
+
+
 def test_a_dataset_is_decoded_once_and_read_back(tmp_path):
     calls = []
 

@@ -8,6 +8,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from launcher import config as schema
+from launcher import errors as schema_errors
 from launcher.errors import ConfigError
 from launcher.host.compose import typed
 from tests.conftest import composed, config_of
@@ -91,7 +92,7 @@ def test_choices_are_typed_by_name_torchs_spelling_included():
     ("nprocs=0", "nprocs"), ("max_restarts=-1", "max_restarts"), ("strategy.timeout_s=0", "strategy.timeout_s"),
     ("optim.momentum=1.5", "optim.momentum"), ("resume=true", "resume"), ("eval.every=-1", "eval.every"),
     ("recipe.translate=9", "recipe.translate"), ("data.prefetch_depth=0", "data.prefetch_depth"),
-    ("fault.kind=explode", "fault.kind"),
+    ("fault.kind=explode", "fault.kind"), ("seed=2147483648", "seed"), ("recipe.translate=8", "recipe.translate"),
 ])
 def test_ranges_are_checked_with_one_line(override, key):
     with pytest.raises(ConfigError) as err:
@@ -130,6 +131,22 @@ def test_a_resumed_text_run_evaluates_in_chunks_of_the_batch_it_trains_with(tmp_
     assert config_of("resume=own.pt", "batch_size=8", "eval.batch_size=16").eval.batch_size == 16
 
 
+def test_a_resume_carries_the_precision_but_not_the_speed_settings_or_a_typed_data_root(tmp_path, monkeypatch):
+    """perf.* is where the run runs (not carried), except precision, which changes what is computed; the run's
+    data folder is carried where it exists here, unless the command line names another."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "theirs").mkdir()
+    saved = {"recipe": {"name": "digits"}, "optim": {"name": "sgd"}, "epochs": 5,
+             "perf": {"precision": "fp32", "compile_auto_min_s": 5.0}, "data": {"root": str(tmp_path / "theirs")}}
+    torch.save({"net_state_dict": {}, "epoch": 1, "config": saved}, "ck.pt")
+    cfg = config_of("resume=ck.pt")
+    assert (str(cfg.perf.precision), cfg.perf.compile_auto_min_s) == ("fp32", 60.0)
+    assert cfg.data.root == str(tmp_path / "theirs")
+    assert config_of("resume=ck.pt", "data.root=mine").data.root == str(tmp_path / "mine")
+
+
 def test_a_checkpoints_settings_are_taken_as_text_not_resolved_here(tmp_path, monkeypatch):
     """launch writes resolved configs; a `${oc.env:...}` in a checkpoint from elsewhere must not read this
     machine's environment into the resumed run's config."""
@@ -160,3 +177,89 @@ def test_a_refusal_is_said_with_the_commands_name_once():
     assert said(ConfigError("epochs", 0, "must be at least 1")) == "launch: epochs=0 is not valid: must be at least 1"
     assert said("launch eval run bset is not valid: x") == "launch: eval run bset is not valid: x"
     assert said("launcher's own") == "launch: launcher's own"  # (only the word launch followed by a space)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (("+model.depth=3",), "model.depth=3 is not valid: sets an argument of a network from config, but model._target_"),
+    (("early_stop.metric=val/loss", "eval.every=0", "epochs=3"), "early_stop.metric=val/loss is not valid: watches "
+                                                                  "a held-out figure"),
+    (("early_stop.patience=5",), "early_stop.metric=null is not valid: names no figure to watch"),
+    (("checkpoint.enabled=false", "checkpoint.keep_best=2"), "checkpoint.keep_best=2 is not valid: keeps the best"),
+    (("eval.checkpoint=run", "script=train.py"), "eval.checkpoint=run is not valid: evaluates a saved model; it "
+                                                 "does not go with resume or script"),
+])
+def test_settings_that_would_do_nothing_or_contradict_each_other_are_refused(overrides, says):
+    with pytest.raises(ConfigError) as err:
+        config_of(*overrides)
+    assert str(err.value).startswith(says)
+
+
+def test_a_value_is_said_as_a_user_types_it_with_an_example_to_type():
+    err = ConfigError("gpus", [0, 1], "GPU 1 does not exist", "gpus=[0]")
+    assert str(err) == "gpus=[0,1] is not valid: GPU 1 does not exist (e.g. launch gpus=[0])"
+    placement = ConfigError("data.placement", schema.Placement.gpu, "no GPU")
+    assert str(placement) == "data.placement=gpu is not valid: no GPU"
+
+
+# ---- what Hydra needs before it composes, and its errors in one line (compose.py, hydra_errors.py) ------
+
+def test_a_key_added_with_a_plus_that_no_schema_has_is_refused_not_dropped():
+    with pytest.raises(schema_errors.LaunchError, match=r"^\+epoch=\.\.\. is not valid: there is no key epoch to add "
+                                                       r"\(did you mean epochs\?"):
+        typed(composed("+epoch=3"))
+    assert typed(composed("+args.lr=0.1")).args == {"lr": 0.1}  # (a section of the user's own keys)
+
+
+def test_a_file_named_like_a_built_in_recipe_does_not_replace_it(tmp_path, monkeypatch):
+    from launcher.host.compose import user_recipes_named
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "digits.py").write_text("# the user's notes, not a recipe\n")
+    (tmp_path / "my_recipe.py").write_text("")
+    assert user_recipes_named(["recipe=digits", "lr=0.1"]) == []
+    assert user_recipes_named(["recipe=my_recipe"]) == ["my_recipe"]
+    assert user_recipes_named(["-m", "recipe=my_pkg.mine,digits"]) == ["my_pkg.mine"]
+
+
+def test_an_eval_run_dir_is_named_as_one_and_inside_torchrun_only_rank_0_writes_hydras_files(monkeypatch):
+    import re
+
+    from launcher.host.compose import _output_subdir, _run_name
+
+    for key in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "SLURM_STEP_ID"):
+        monkeypatch.delenv(key, raising=False)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d-digits-eval-[0-9a-f]{4}", _run_name("digits", None, "ck.pt"))
+    assert re.fullmatch(r".*-digits-[0-9a-f]{4}", _run_name("digits", None))
+    assert _output_subdir() == ".hydra"
+    world = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+             "TORCHELASTIC_RUN_ID": "x"}
+    for key, value in world.items():
+        monkeypatch.setenv(key, value)
+    assert _output_subdir() is None and _run_name("digits", None) == "torchrun-x"
+    monkeypatch.setenv("RANK", "0")
+    assert _output_subdir() == ".hydra"
+
+
+def said_for(*overrides: str) -> str:
+    from launcher.host.hydra_errors import describe_hydra_error
+
+    with pytest.raises(Exception) as err:
+        typed(composed(*overrides))
+    return str(err.value) if isinstance(err.value, schema_errors.LaunchError) else describe_hydra_error(err.value)
+
+
+def test_a_misspelt_key_of_a_group_option_names_the_options_own_key():
+    assert said_for("optim=sgd", "optim.momentun=0.5").startswith(
+        "unknown key 'optim.momentun': did you mean optim.momentum? known keys: optim.name, optim.weight_decay")
+    assert said_for("optim=adamw", "optim.momentum=0.5").startswith(
+        "unknown key 'optim.momentum': it is an option of optim=muon or optim=sgd, not of optim=adamw")
+
+
+def test_a_section_switched_off_by_true_or_false_says_how_to_set_its_keys():
+    assert said_for("checkpoint=false", "checkpoint.keep_best=2").startswith(
+        "checkpoint.keep_best is not valid beside checkpoint=true/false, which stands for the whole section")
+
+
+def test_a_misspelt_section_is_suggested_only_where_the_key_exists_there():
+    assert said_for("evl.every=2").startswith("unknown key 'evl.every': did you mean eval.every?")
+    assert "did you mean" not in said_for("evl.nothing=2")

@@ -80,3 +80,19 @@ def test_a_run_replacing_its_checkpoint_faster_than_it_can_be_pinned_is_one_line
     monkeypatch.setattr(evaluate, "_link_files", always_gone)
     with pytest.raises(LaunchError, match="was replaced 3 times while it was read"):
         evaluate.pin(path, evaluate.identity(path), tmp_path / "eval" / "pinned", "launch eval run")
+
+
+def test_launch_eval_takes_the_data_batch_and_recipe_values_the_checkpoint_was_trained_with(tmp_path):
+    """A model trained on generated data is scored on generated data, at the batch its data was checked
+    against, with its recipe's values; what the command line gives wins."""
+    path = tmp_path / "run" / "checkpoints" / "last.pt"
+    path.parent.mkdir(parents=True)
+    torch.save({"net_state_dict": {}, "epoch": 1, "config": {
+        "recipe": {"name": "digits", "model": "cnn", "translate": 1}, "optim": {"name": "sgd"}, "batch_size": 256,
+        "data": {"synthetic": True, "root": str(tmp_path)}}}, path)
+    line = evaluate.command_line(["eval", str(tmp_path / "run")])
+    assert {"recipe=digits", "recipe.translate=1", "data.synthetic=true", "batch_size=256",
+            f"data.root='{tmp_path}'"} <= set(line)
+    typed = evaluate.command_line(["eval", str(tmp_path / "run"), "batch_size=64", "data.root=/elsewhere"])
+    assert "batch_size=256" not in typed and typed[-2:] == ["batch_size=64", "data.root=/elsewhere"]
+    assert f"data.root='{tmp_path}'" not in typed

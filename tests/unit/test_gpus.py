@@ -136,3 +136,7 @@ def test_gpu_loads_follow_the_mask_by_index_or_uuid(monkeypatch):
     assert [(g.index, g.free_gib, g.util_pct) for g in loads] == [(0, 70.0, 0), (1, 10.0, 99)]
     assert gpu_loads(["5"]) is None  # a token NVML does not know: no partial answer
     assert physical_gpu_count() == 2  # the same NVML reading counts the GPUs
+
+
+def test_a_mask_entry_for_a_gpu_the_machine_lacks_ends_the_list():
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": "1,2,0"}, physical_count=2) == ["1"]  # there is no GPU 2

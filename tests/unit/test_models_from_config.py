@@ -78,3 +78,19 @@ def test_a_lazy_layer_the_first_batch_does_not_reach_is_named():
 
     net = Branchy()
     assert materialize_lazy(net, lambda: net(torch.ones(2, 3)), torch.device("cpu")) == ["aside"]
+
+
+def test_the_recipes_class_count_is_passed_where_the_network_takes_it_and_the_config_gives_none(tmp_path,
+                                                                                              monkeypatch):
+    from launcher.models import from_config
+
+    (tmp_path / "my_nets.py").write_text(
+        "import torch\n\n"
+        "def net(num_classes=1000, width=4):\n    return torch.nn.Linear(width, num_classes)\n\n"
+        "def any_args(**kwargs):\n    return torch.nn.Linear(4, kwargs.get('num_classes', 1000))\n\n"
+        "def fixed(width=4):\n    return torch.nn.Linear(width, 2)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert from_config({"_target_": "my_nets.net"}, num_classes=10).out_features == 10
+    assert from_config({"_target_": "my_nets.net", "num_classes": 3}, num_classes=10).out_features == 3  # typed
+    assert from_config({"_target_": "my_nets.any_args"}, num_classes=10).out_features == 10
+    assert from_config({"_target_": "my_nets.fixed"}, num_classes=10).out_features == 2

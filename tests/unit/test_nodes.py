@@ -126,3 +126,11 @@ def test_nodes_given_different_recipes_are_told_the_recipe_typed_first_not_its_s
     assert line.startswith(said + "lr=0.5 on a (rank 0's node) but lr=0.25 on b (rank 2); "), line
     line = differences([(0, True, "a", 2, node("epochs=3"), ("epochs",)), (2, True, "b", 2, node("epochs=4"), ())])
     assert ": epochs=3 on a (rank 0's node) but epochs=4 on b (rank 2). Give every node" in line, line
+
+
+def test_a_name_with_both_addresses_is_met_at_its_ipv4_one(monkeypatch):
+    """gloo binds IPv4 by default: a rendezvous name that resolves to both is taken at its IPv4 address."""
+    v6 = (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fd00::1", 0, 0, 0))
+    v4 = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.1", 0))
+    monkeypatch.setattr(network.socket, "getaddrinfo", lambda *a, **k: [v6, v4])
+    assert network._resolve("node0.cluster") == "10.0.0.1"

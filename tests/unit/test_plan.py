@@ -175,3 +175,14 @@ def test_a_local_launch_keeps_its_sockets_on_loopback_unless_the_user_chose(cuda
     chosen = make_plan(config_of("gpus=[]", "strategy=ddp", "nprocs=2"), env={"GLOO_SOCKET_IFNAME": "eth1"},
                        physical_count=0)
     assert "GLOO_SOCKET_IFNAME" not in chosen.env
+
+
+def test_data_on_the_gpu_for_a_cpu_run_is_refused(cuda_build):
+    with pytest.raises(ConfigError, match=r"^data.placement=gpu is not valid: this run trains on the CPU"):
+        make_plan(config_of("gpus=[]", "data.placement=gpu"), env={}, physical_count=2)
+
+
+def test_a_gpu_with_little_free_memory_is_busy_even_when_idle_by_utilization():
+    loads = [GpuLoad(0, "H200", 10.0, 140.0, 0), GpuLoad(1, "H200", 20.0, 140.0, 0)]
+    chosen, why = least_busy(loads, 1)
+    assert chosen == [1] and "passed over busy GPU 0" in why and "Some chosen GPUs are busy" in why

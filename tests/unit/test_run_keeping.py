@@ -137,6 +137,16 @@ def test_an_mlflow_store_that_cannot_be_opened_stops_the_launch_before_any_worke
     assert fine.log.chosen == ["mlflow"] and not list(tmp_path.iterdir())  # (the probe left nothing)
 
 
+def test_an_mlflow_address_without_http_or_from_the_environment_is_checked_like_one_typed(monkeypatch, tmp_path):
+    monkeypatch.setattr(host_trackers.importlib.util, "find_spec", lambda name, *a: object())  # (installed)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(LaunchError, match=r"127.0.0.1:5000 is not valid: a server's address starts with http://"):
+        host_trackers.check(compose("log=[mlflow]", "log.mlflow.tracking_uri=127.0.0.1:5000"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/no/such/folder/x.db")
+    with pytest.raises(LaunchError, match="the folder .* does not exist"):
+        host_trackers.check(compose("log=[mlflow]"))
+
+
 def test_tensorboard_false_still_turns_tensorboard_off():
     cfg, _ = host_trackers.check(compose("tensorboard=false", "log=[tensorboard,csv]"))
     assert cfg.log.chosen == ["csv"]

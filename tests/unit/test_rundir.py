@@ -72,3 +72,29 @@ def test_a_dir_with_files_is_refused(tmp_path, files, why):
         (tmp_path / name).write_text(text)
     with pytest.raises(LaunchError, match=why.replace("(", r"\(").replace(")", r"\)")):
         rundir.claim(tmp_path)
+
+
+def test_release_keeps_a_dir_something_ran_and_wrote_in(tmp_path):
+    """A sweep's run dir (made by Hydra, claimed by no launch of its own) that a run wrote into stays whole."""
+    ran = tmp_path / "sweep" / "0"
+    (ran / ".hydra").mkdir(parents=True)
+    (ran / "results.json").write_text("{}")
+    rundir.release(ran)
+    assert (ran / "results.json").exists() and (ran / ".hydra").is_dir()
+    unused = tmp_path / "sweep" / "1"
+    (unused / ".hydra").mkdir(parents=True)
+    rundir.release(unused)  # (refused before it ran: nothing of it stays)
+    assert not unused.exists()
+
+
+def test_a_claim_of_another_machine_is_not_taken_for_a_live_launch(tmp_path, monkeypatch):
+    """Run dirs on a shared file system: a pid in another machine's claim says nothing about this one's
+    processes (here it is this test's own pid, alive): the dir is a run that holds its files, not one being
+    written."""
+    import json
+    import os
+
+    (tmp_path / ".launch-claim.json").write_text(json.dumps({"pid": os.getpid(), "host": "another-host"}))
+    assert not rundir.pid_alive(os.getpid(), "another-host")
+    with pytest.raises(LaunchError, match="already holds a run"):
+        rundir.claim(tmp_path)

@@ -109,3 +109,53 @@ def test_a_requeued_jobs_tasks_count_its_requeues_as_restart_attempts():
     assert WorldInfo.from_env({"RANK": "1", "WORLD_SIZE": "2", "SLURM_RESTART_COUNT": "2"}).restart_count == 2
     both = {"TORCHELASTIC_RESTART_COUNT": "1", "SLURM_RESTART_COUNT": "3"}
     assert WorldInfo.from_env(both).restart_count == 1  # elastic's own restarts, where elastic runs the workers
+
+
+class _Job:
+    """submitit's job handle, as far as SlurmBackend.run reads it: the job ends with `error` (or well)."""
+
+    def __init__(self, error=None):
+        self.job_id, self.state, self.error = "77", "FAILED" if error else "COMPLETED", error
+        self.paths = type("Paths", (), {"stdout": "/x/77.out", "stderr": "/x/77.err"})()
+
+    def results(self):
+        if self.error:
+            raise self.error
+        return [0]
+
+
+class _Executor:
+    def __init__(self, job):
+        self.job, self.parameters = job, {}
+
+    def update_parameters(self, **params):
+        self.parameters.update(params)
+
+    def submit(self, command):
+        return self.job
+
+
+def test_backend_wait_follows_the_job_and_its_failure_is_the_launchs(tmp_path, monkeypatch):
+    """backend.wait=true: launch waits for the job and exits as it ended, naming the ranks that died without a
+    word on every node (a 2-node job of 2 tasks each: ranks 2-3 are the second node's)."""
+    from launcher import failures
+    from launcher.host.launch import launch
+    from launcher.host.outcome import LaunchContext
+
+    echo = RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    failures.write_record(tmp_path, 0, 0, echo, 1)
+    failures.write_record(tmp_path, 1, 0, echo, 1)
+    monkeypatch.setattr(slurm, "_executor", lambda folder: _Executor(_Job(RuntimeError("srun: error: task 2"))))
+    cfg = slurm_config("gpus=[]", "strategy=ddp", "nprocs=2", "backend.nodes=2", "backend.wait=true")
+    outcome = launch(cfg, tmp_path, LaunchContext(started=0.0))
+    assert outcome.exit_code == 1 and outcome.error.startswith("SLURM job 77 ended FAILED: ranks 2-3 died"), outcome
+    monkeypatch.setattr(slurm, "_executor", lambda folder: _Executor(_Job(RuntimeError("srun: error"))))
+    assert launch(slurm_config("gpus=[]", "backend.wait=false"), tmp_path / "b",
+                  LaunchContext(started=0.0)).exit_code == 0  # (not followed: submitted is all it says)
+
+
+def test_only_the_job_run_that_asked_for_its_requeue_leaves_as_preempted(tmp_path):
+    """A job requeued once (marker 0) that fails for real in its next run (restart 1) fails; it is not requeued."""
+    (tmp_path / "preempted").write_text("0")
+    assert slurm.was_preempted(tmp_path, 0)
+    assert not slurm.was_preempted(tmp_path, 1)

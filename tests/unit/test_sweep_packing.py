@@ -1,6 +1,11 @@
 """How a sweep on this host shares the GPUs between its runs (made-up inventories, no processes)."""
 
+import csv
+import json
+import shutil
 from pathlib import Path
+
+import pytest
 
 from launcher.host.packing import GpuPool, Need
 from launcher.host.sweep import SweepJob, swept_keys
@@ -65,3 +70,149 @@ def test_a_finished_runs_line_shows_its_objective_and_throughput(tmp_path, capsy
     assert ": test_rmse 0.4354, 23,305 samples/s\n" in finished(own, "test_acc")  # (ranked by its first figure)
     assert ": test acc 74.92%, 1,200 img/s\n" in finished({"test_acc": 0.7492, "final": {"img_per_s": 1200.0}},
                                                          "test_acc")
+
+
+def test_named_gpus_wait_until_every_one_of_them_is_free():
+    pool = GpuPool(visible=2)
+    assert pool.take(Need(1, (1,))) == [1]
+    assert pool.take(Need(2, (0, 1))) is None  # GPU 1 is still another run's
+    pool.give_back([1])
+    assert pool.take(Need(2, (0, 1))) == [0, 1]
+
+
+# ---- what a sweep run reports: to Hydra's sweeper, in the summary, in the exit code -------------------
+
+def _job(num, tmp_path, results=None, exit_code=0, seconds=0.0, overrides=None, objective="test_acc"):
+    from omegaconf import OmegaConf
+
+    from tests.conftest import config_of
+
+    run_dir = tmp_path / str(num)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if results is not None:
+        (run_dir / "results.json").write_text(json.dumps(results))
+    job = SweepJob(num, overrides or [f"lr={num}"], OmegaConf.create({"hydra": {"job": {"name": "launch"}}}),
+                   config_of(f"sweep.objective={objective}"), run_dir)
+    job.finished(exit_code, None if exit_code == 0 else "it failed", seconds)
+    return job
+
+
+def test_a_failed_run_reaches_the_sweeper_as_a_failure_with_its_exit_code(tmp_path):
+    from hydra.core.utils import JobStatus
+
+    from launcher.host.outcome import RunFailed
+
+    failed = _job(0, tmp_path, exit_code=130).job_return()
+    assert failed.status == JobStatus.FAILED
+    assert isinstance(failed._return_value, RunFailed) and failed._return_value.exit_code == 130
+    done = _job(1, tmp_path, results={"test_acc": 0.9}).job_return()
+    assert done.status == JobStatus.COMPLETED and done.return_value == 0.9
+
+
+def test_the_objective_is_the_figure_named_or_the_final_epochs_or_a_recipes_own():
+    from launcher.host.outcome import objective_of
+
+    assert objective_of({"test_acc": 0.5, "final": {"test_acc": 0.4}}, "test_acc") == 0.5
+    assert objective_of({"final": {"test_acc": 0.4}}, "test_acc") == 0.4  # (a run without its top-level figure)
+    # a recipe without accuracy (a regression): the default objective is its own first held-out figure
+    assert objective_of({"objective": "test_rmse", "test_rmse": 0.25}, "test_acc") == 0.25
+    assert objective_of({"test_acc": True}, "test_acc") is None
+
+
+def test_the_summary_shows_each_runs_figures_time_and_the_best_run_by_its_direction(tmp_path):
+    from launcher.host.sweep import write_summary
+
+    jobs = [_job(0, tmp_path, {"objective": "test_rmse", "test_rmse": 0.5, "final": {"loss": 0.25}}, seconds=12.0,
+                 objective="test_rmse"),
+            _job(1, tmp_path, {"objective": "test_rmse", "test_rmse": 0.2, "worker_s": 30.0}, objective="test_rmse")]
+    table = write_summary(jobs, tmp_path)
+    assert "best: job 1 (lr=1), test_rmse 0.2" in table  # the smaller error, not the larger
+    rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert [r["seconds"] for r in rows] == ["12.0", "30.0"]  # a SLURM run's time: its workers' (results.json)
+    accuracy = write_summary([_job(2, tmp_path, {"test_acc": 0.8512})], tmp_path / "acc")
+    assert "| 85.12% |" in accuracy
+
+
+def test_a_run_killed_before_it_reported_fails_with_128_plus_its_signal(tmp_path, capsys):
+    """A sweep run's process killed outright (the OOM killer) writes no result: its exit code is the shell's
+    128+N, which the sweep's own exit code and summary then carry."""
+    import signal
+    import time
+
+    from launcher.host.packing import SideBySide, _Running
+
+    job = _job(0, tmp_path, exit_code=0)
+    (job.run_dir / "launch.out").write_text("launch: training\n")
+    entry = _Running(job, None, tmp_path / "no-result.json", time.monotonic())
+    SideBySide.__new__(SideBySide)._finished(entry, -signal.SIGKILL)
+    assert job.exit_code == 128 + signal.SIGKILL and "killed by SIGKILL" in job.error
+    assert f"FAILED (exit {128 + signal.SIGKILL})" in capsys.readouterr().err
+
+
+def test_cpu_runs_side_by_side_share_the_cores_and_a_users_thread_count_wins(monkeypatch):
+    from launcher.host import packing
+
+    monkeypatch.setattr(packing, "available_cores", lambda env: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    two = packing.SideBySide(None, None, parallel=2)
+    try:
+        assert two._child_env([])["OMP_NUM_THREADS"] == "4"
+        assert "OMP_NUM_THREADS" not in two._child_env([0])  # (a GPU run: its plan sets its own)
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert two._child_env([])["OMP_NUM_THREADS"] == "3"
+    finally:
+        shutil.rmtree(two.scratch, ignore_errors=True)
+
+
+def test_a_sweep_runs_process_hands_back_the_runs_own_exit_code(tmp_path, monkeypatch):
+    """launcher/host/sweep_job.py: what the run's process writes for the sweep and exits with is the run's
+    exit code (2 for bad input, 130 for Ctrl-C), not a plain failure."""
+    import cloudpickle
+    from hydra.core.utils import JobReturn, JobStatus
+
+    from launcher import lifetime
+    from launcher.host import compose, spawn, sweep, sweep_job
+    from launcher.host.outcome import RunFailed
+
+    ret = JobReturn(status=JobStatus.FAILED)
+    ret.return_value = RunFailed(130, "stopped by Ctrl-C")
+    monkeypatch.setattr(sweep, "run_sweep_job", lambda *a: ret)
+    monkeypatch.setattr(spawn, "prestart_worker_interpreter", lambda: None)
+    monkeypatch.setattr(lifetime, "private_temp_dir", lambda: None)
+    monkeypatch.setattr(compose, "register", lambda argv: None)
+    payload, result = tmp_path / "job.pkl", tmp_path / "job.json"
+    payload.write_bytes(cloudpickle.dumps((None, None, None)))
+    assert sweep_job.main([str(payload), str(result)]) == 130
+    assert json.loads(result.read_text()) == {"exit_code": 130, "error": "stopped by Ctrl-C"}
+
+
+def test_each_sweep_run_is_checked_and_continues_its_checkpoints_settings_before_any_run_starts(tmp_path,
+                                                                                                  monkeypatch):
+    """launch's sweep launcher composes every run as Hydra does, then: a resume's settings carried where the
+    run's overrides give none, and a bad value refused (exit 2) before the first run starts."""
+    import types
+
+    import torch
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    from launcher.errors import LaunchError
+    from launcher.host.compose import register
+    from launcher.host.sweep_launcher import SweepLauncher
+
+    monkeypatch.chdir(tmp_path)
+    torch.save({"net_state_dict": {}, "epoch": 1, "config": {"recipe": {"name": "digits"}, "optim": {"name": "sgd"},
+                                                             "lr": 0.07, "epochs": 5}}, "ck.pt")
+
+    def load_sweep_config(master, overrides):
+        register(overrides)
+        with initialize_config_module("launcher.conf", version_base="1.3"):
+            return hydra_compose("config", overrides=["gpus=[]", *overrides], return_hydra_config=True)
+
+    sweeper = SweepLauncher()
+    sweeper.setup(hydra_context=types.SimpleNamespace(config_loader=types.SimpleNamespace(
+        load_sweep_config=load_sweep_config)), task_function=None, config=None)
+    job = sweeper._compose(0, ["resume=ck.pt", "seed=3"])
+    assert (job.cfg.lr, job.cfg.epochs, job.cfg.seed) == (0.07, 5, 3)
+    with pytest.raises(LaunchError, match=r"^epochs=0 is not valid.*\[sweep run 1: epochs=0\]"):
+        sweeper._compose(1, ["epochs=0"])

@@ -1,0 +1,152 @@
+"""The `launch` command's own parts, in this process (no worker starts): its exit code over several runs,
+what reaches a user's script, which backend runs a config, and `launch doctor`'s figures."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import LaunchError
+from launcher.host.outcome import LaunchContext
+from tests.conftest import composed, config_of
+
+
+def test_the_exit_code_is_the_worst_of_the_commands_runs():
+    from launcher.host.cli import Invocation
+
+    runs = Invocation(started=0.0)
+    assert runs.exit_code() == 0
+    for code in (1, 130, 0):
+        runs.record(code)
+    assert runs.exit_code() == 130  # (a sweep whose last run went well still failed)
+
+
+def test_words_after_the_double_dash_reach_the_script_exactly_as_typed():
+    from launcher.host.cli import _script_args_as_override
+    from launcher.host.compose import typed
+
+    words = ["--name", "${oc.env:HOME}", "it's", "a,b", "C:\\dir\\"]
+    argv = _script_args_as_override(["script=train.py", "gpus=[]", "--", *words])
+    assert typed(composed(*argv)).script_args == words
+
+
+def test_backend_slurm_under_another_hydra_launcher_is_refused():
+    from launcher.host.cli import _refuse_impossible_sweeps
+
+    with pytest.raises(LaunchError, match="backend=slurm is not valid with hydra/launcher=joblib"):
+        _refuse_impossible_sweeps(["-m", "hydra/launcher=joblib", "backend=slurm", "lr=0.1,0.2"])
+    _refuse_impossible_sweeps(["-m", "hydra/launcher=joblib", "lr=0.1,0.2"])  # backend=local there: fine
+
+
+def test_bad_input_a_backend_finds_is_exit_2_with_its_line(tmp_path):
+    from launcher.host.launch import launch
+
+    outcome = launch(config_of("backend=slurm", "gpus=[]", "script=no_such_script.py"), tmp_path,
+                     LaunchContext(started=0.0))
+    assert outcome.exit_code == 2 and outcome.error.startswith("script=no_such_script.py is not valid: no such file")
+
+
+def test_each_backend_option_runs_its_own_way(tmp_path, capsys):
+    from launcher.host.launch import launch
+
+    assert launch(config_of("backend=slurm", "gpus=[]", "dry_run=true"), tmp_path / "a",
+                  LaunchContext(started=0.0)).exit_code == 0
+    assert "dry run: nothing submitted. The batch script" in capsys.readouterr().out
+    assert launch(config_of("gpus=[]", "dry_run=true"), tmp_path / "b", LaunchContext(started=0.0)).exit_code == 0
+    assert "dry run: nothing started." in capsys.readouterr().out
+
+
+def test_a_local_sweep_checks_each_runs_script_or_recipe_before_any_run_starts():
+    from launcher.host.backends.local import LocalBackend
+
+    cfg = config_of("gpus=[]", "script=no_such_script.py")
+    with pytest.raises(LaunchError, match="script=no_such_script.py is not valid"):
+        LocalBackend(cfg.backend).check(cfg)
+
+
+def test_a_local_sweep_runs_as_many_at_once_as_sweep_parallel_says(tmp_path, monkeypatch):
+    from launcher.host.backends import local
+    from launcher.host.sweep import SweepContext, SweepJob
+
+    asked = []
+
+    class Recorder:
+        def __init__(self, hydra_context, task_function, parallel):
+            asked.append(parallel)
+
+        def run(self, jobs):
+            pass
+
+    monkeypatch.setattr(local, "SideBySide", Recorder)
+    cfg = config_of("gpus=[]", "sweep.parallel=3")
+    local.LocalBackend(cfg.backend).sweep([SweepJob(0, [], None, cfg, tmp_path)], SweepContext(None, None, tmp_path))
+    assert asked == [3]
+
+
+# ---- script=: what a user's script is given, and how its end is said ---------------------------------
+
+def test_a_scripts_args_become_its_flags():
+    from launcher.host.script import script_argv
+
+    cfg = config_of("script=train.py", "gpus=[]", "+args.lr=0.1", "+args.verbose=true", "+args.quiet=false",
+                    "+args.sizes=[1,2]", "script_args=[--seed,3]")
+    assert script_argv(cfg) == ["--lr", "0.1", "--verbose", "--sizes", "1,2", "--seed", "3"]
+
+
+def test_a_script_run_in_place_that_exits_with_a_message_fails(tmp_path):
+    from launcher.host.script import run_in_this_process
+
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nsys.exit('no data')\n")
+    outcome = run_in_this_process(script, [], {}, rank=1)
+    assert outcome.exit_code == 1 and outcome.error == "rank 1: train.py exited with code 1"
+    script.write_text("import sys\nsys.exit(0)\n")
+    assert run_in_this_process(script, [], {}, rank=1).exit_code == 0
+
+
+def test_a_script_rank_killed_by_a_signal_fails_the_launch_and_says_so(tmp_path):
+    from launcher.host.script import _describe
+
+    def failed(exitcode):
+        failure = types.SimpleNamespace(exitcode=exitcode, message={"message": "Signal 9 (SIGKILL) received by PID 7"})
+        return types.SimpleNamespace(get_first_failure=lambda: (1, failure))
+
+    killed = _describe(failed(-9), Path("train.py"), tmp_path)
+    assert killed.exit_code == 1 and "rank 1 of train.py was killed by signal 9" in killed.error
+    assert _describe(failed(3), Path("train.py"), tmp_path).exit_code == 3
+
+
+# ---- launch doctor -----------------------------------------------------------------------------------
+
+def test_doctor_reports_each_caches_size_in_mib(tmp_path, monkeypatch):
+    from launcher.host import doctor
+
+    monkeypatch.setenv("LAUNCH_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("LAUNCH_PYCACHE_DIR", str(tmp_path / "pycache"))
+    (tmp_path / "decoded" / "digits-1").mkdir(parents=True)
+    (tmp_path / "decoded" / "digits-1" / "x.npy").write_bytes(b"\0" * (3 * 2**20))
+    (tmp_path / "decoded" / "cifar-2").mkdir()
+    found = {c["what"]: c for c in doctor.caches()}
+    assert (found["decoded datasets"]["mib"], found["decoded datasets"]["entries"]) == (3.0, 2)
+
+
+def test_doctor_lists_each_gpus_free_and_total_memory_from_nvml(monkeypatch):
+    from launcher.host import doctor
+
+    class Err(Exception):
+        pass
+
+    fake = types.SimpleNamespace(
+        NVMLError=Err, nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetUUID=lambda h: "GPU-a", nvmlDeviceGetName=lambda h: "H200",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(free=10 * 2**30, total=140 * 2**30),
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=7),
+        nvmlSystemGetDriverVersion=lambda: "580.0")
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    devices, driver = doctor._nvml_devices()
+    assert driver == "driver 580.0"
+    assert devices == [{"physical_index": 0, "name": "H200", "total_mib": 140 * 1024, "free_mib": 10 * 1024,
+                        "utilization_pct": 7}]
