@@ -9,6 +9,7 @@ in EXEMPT, which hold no statement that computes anything.
     python -m tests.mutants                     # every mutant: one JSON line each, then a summary line
     python -m tests.mutants atomic idle         # only the mutants whose name or file contains one of these words
     python -m tests.mutants --list              # the mutants and the modules they cover, nothing run
+    python -m tests.mutants --shard 1/2         # every second mutant (two checkouts, each its own venv, side by side)
 
 Before the mutants, each distinct set of tests is run once on the unchanged code: a mutant whose tests fail
 without it proves nothing and is reported as `"caught": null` with the baseline's failure.
@@ -102,8 +103,15 @@ def main(argv: list[str]) -> int:
         for m in mutants:
             print(f"{m.path}: {m.name}")
         return 0
+    shard = None
+    if "--shard" in argv:
+        at = argv.index("--shard")
+        index, count = (int(n) for n in argv[at + 1].split("/"))
+        shard, argv = (index - 1, count), argv[:at] + argv[at + 2:]
     words = [w.lower() for w in argv]
     chosen = [m for m in mutants if not words or any(w in m.name.lower() or w in m.path for w in words)]
+    if shard is not None:
+        chosen = chosen[shard[0]::shard[1]]
     dirty = subprocess.run(["git", "status", "--porcelain", "--", *sorted({m.path for m in chosen})], cwd=REPO,
                            capture_output=True, text=True).stdout.strip()
     if dirty:
