@@ -105,7 +105,7 @@ def test_the_trainer_is_freed_before_teardown_though_compiling_froze_the_heap(mo
     monkeypatch.setattr(loop.nodes, "meet", lambda *args, **kwargs: None)
     monkeypatch.setattr(loop, "to_plain", lambda cfg: {})
     spec = SimpleNamespace(config=SimpleNamespace(saves=False), strategy=Strategy(), device_index=None,
-                           run_dir=str(tmp_path), evaluate=None)
+                           run_dir=str(tmp_path), evaluate=None, typed=())
     try:
         assert loop.train(spec, SimpleNamespace(), SimpleNamespace(mark=lambda name: None)) == {"done": True}
     finally:
