@@ -11,8 +11,9 @@ in EXEMPT, which hold no statement that computes anything.
     python -m tests.mutants --list              # the mutants and the modules they cover, nothing run
     python -m tests.mutants --shard 1/2         # every second mutant (two checkouts, each its own venv, side by side)
 
-Before the mutants, each distinct set of tests is run once on the unchanged code: a mutant whose tests fail
-without it proves nothing and is reported as `"caught": null` with the baseline's failure.
+Before the mutants, the tests they name are run once on the unchanged code (all in one pytest; set by set
+only if that fails): a mutant whose tests fail without it proves nothing and is reported as `"caught": null`
+with the baseline's failure.
 
 It edits the working tree in place (launcher/ and recipes/ are installed in editable mode, so a copy would
 not be what the tests import): run it on a clean checkout, with nothing else running tests. The file is
@@ -97,6 +98,27 @@ def run(mutant: Mutant) -> dict:
             "seconds": round(time.monotonic() - started, 1)}
 
 
+def _baseline(sets: list[tuple[str, ...]]) -> dict[tuple[str, ...], subprocess.CompletedProcess]:
+    """Each set of tests, run on the unchanged code. All of them in one pytest first (one start-up, not
+    hundreds); only when that fails is each set run alone, so a failing test marks the sets that hold it."""
+    entries = list(dict.fromkeys(t for tests in sets for t in tests))
+    files = {e for e in entries if "::" not in e}
+    union = [e for e in entries if e in files or e.split("::")[0] not in files]
+    try:
+        whole = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *union], cwd=REPO,
+                               capture_output=True, text=True, timeout=TIMEOUT_S * 6)
+    except subprocess.TimeoutExpired:
+        whole = subprocess.CompletedProcess([], 124, "", "")
+    print(json.dumps({"baseline": f"{len(union)} test arguments for {len(sets)} sets", "tests": _tail(whole)}),
+          flush=True)
+    baseline = {}
+    for tests in sets:
+        baseline[tests] = whole if whole.returncode == 0 else _pytest(tests)
+        if baseline[tests].returncode != 0:
+            print(json.dumps({"baseline_failed": list(tests), "tests": _tail(baseline[tests])}), flush=True)
+    return baseline
+
+
 def main(argv: list[str]) -> int:
     mutants = all_mutants()
     if "--list" in argv:
@@ -117,11 +139,7 @@ def main(argv: list[str]) -> int:
     if dirty:
         print(f"mutants: these files have uncommitted changes; commit or stash them first:\n{dirty}", file=sys.stderr)
         return 2
-    baseline: dict[tuple[str, ...], subprocess.CompletedProcess] = {}
-    for tests in dict.fromkeys(m.tests for m in chosen):
-        baseline[tests] = _pytest(tests)
-        if baseline[tests].returncode != 0:
-            print(json.dumps({"baseline_failed": list(tests), "tests": _tail(baseline[tests])}), flush=True)
+    baseline = _baseline(list(dict.fromkeys(m.tests for m in chosen)))
     caught = 0
     survivors = []
     for mutant in chosen:

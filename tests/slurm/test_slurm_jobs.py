@@ -109,9 +109,10 @@ def _interrupted_long_run(launch, slurm_cluster: str, interrupt: list[str],
     assert submitted.returncode == 0, submitted.output
     run_dir = submitted.run_dir()
     job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
-    _wait_for(lambda: len(_epochs(run_dir)) >= 3, 120, "3 epochs before the interruption")
+    # (a wait, not a speed claim: under the suite's load a two-node job's start alone has taken a minute)
+    _wait_for(lambda: len(_epochs(run_dir)) >= 3, 300, "3 epochs before the interruption")
     subprocess.run([*interrupt, job_id], env=env, check=True)
-    _wait_for(lambda: (run_dir / "results.json").exists(), 240, "the requeued job to finish")
+    _wait_for(lambda: (run_dir / "results.json").exists(), 400, "the requeued job to finish")
     return run_dir, job_id, json.loads((run_dir / "results.json").read_text())
 
 
