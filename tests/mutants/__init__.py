@@ -10,6 +10,7 @@ in EXEMPT, which hold no statement that computes anything.
     python -m tests.mutants atomic idle         # only the mutants whose name or file contains one of these words
     python -m tests.mutants --list              # the mutants and the modules they cover, nothing run
     python -m tests.mutants --shard 1/2         # every second mutant (two checkouts, each its own venv, side by side)
+    python -m tests.mutants --no-baseline       # no baseline run: only where the whole suite passed at this commit
 
 Before the mutants, the tests they name are run once on the unchanged code (all in one pytest; set by set
 only if that fails): a mutant whose tests fail without it proves nothing and is reported as `"caught": null`
@@ -130,7 +131,8 @@ def main(argv: list[str]) -> int:
         at = argv.index("--shard")
         index, count = (int(n) for n in argv[at + 1].split("/"))
         shard, argv = (index - 1, count), argv[:at] + argv[at + 2:]
-    words = [w.lower() for w in argv]
+    no_baseline = "--no-baseline" in argv
+    words = [w.lower() for w in argv if w != "--no-baseline"]
     chosen = [m for m in mutants if not words or any(w in m.name.lower() or w in m.path for w in words)]
     if shard is not None:
         chosen = chosen[shard[0]::shard[1]]
@@ -139,7 +141,11 @@ def main(argv: list[str]) -> int:
     if dirty:
         print(f"mutants: these files have uncommitted changes; commit or stash them first:\n{dirty}", file=sys.stderr)
         return 2
-    baseline = _baseline(list(dict.fromkeys(m.tests for m in chosen)))
+    if no_baseline:  # the whole suite has just passed at this commit: it is the baseline
+        passed = subprocess.CompletedProcess([], 0, "", "")
+        baseline = {m.tests: passed for m in chosen}
+    else:
+        baseline = _baseline(list(dict.fromkeys(m.tests for m in chosen)))
     caught = 0
     survivors = []
     for mutant in chosen:
