@@ -15,6 +15,17 @@ for pid in "${pids[@]}"; do
     for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
 done
+# Job steps the daemons left behind (a requeued job's first slurmstepd and its srun outlived slurmd): any
+# process whose working directory, open files or SLURM_CONF lie in DIR is this cluster's.
+for proc in /proc/[0-9]*; do
+    pid=${proc#/proc/}
+    [ "$pid" = $$ ] && continue
+    if [[ "$(readlink "$proc/cwd" 2>/dev/null)" == "$DIR"* ]] \
+        || tr '\0' '\n' < "$proc/environ" 2>/dev/null | grep -qx "SLURM_CONF=$DIR/slurm.conf" \
+        || ls -l "$proc/fd" 2>/dev/null | grep -q -- "-> $DIR/"; then
+        kill -9 "$pid" 2>/dev/null || true
+    fi
+done
 # the two-node cluster's namespaces and bridge (start.sh DIR 2)
 if [ -s "$DIR/netns" ]; then
     while read -r ns; do
