@@ -5,6 +5,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.distributed
@@ -26,6 +27,10 @@ def test_eval_on_two_ranks_gives_the_trained_accuracy_per_class_and_a_confusion_
     assert sum(confusion[i][i] for i in range(10)) / 359 == pytest.approx(report["test_acc"])
     for i, name in enumerate(report["classes"]):
         assert report["per_class_acc"][name] == pytest.approx(confusion[i][i] / sum(confusion[i]))
+    # a row is a true class (its images, however predicted): row sums are the test split's class counts
+    from launcher.recipes.digits import TEST_FRACTION
+    labels = np.load(Path(__file__).parents[2] / "recipes" / "data" / "digits.npz")["labels"]
+    assert [sum(row) for row in confusion] == [round((labels == c).sum() * TEST_FRACTION) for c in range(10)]
     assert (run_dir / "confusion.png").stat().st_size > 1000
     assert f"test accuracy {100 * training_acc:.2f}%" in result.stdout
     assert not (tmp_path / "trained" / "eval.json").exists()  # the trained run is left as it was
