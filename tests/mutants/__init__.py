@@ -11,6 +11,7 @@ in EXEMPT, which hold no statement that computes anything.
     python -m tests.mutants --list              # the mutants and the modules they cover, nothing run
     python -m tests.mutants --shard 1/2         # every second mutant (two checkouts, each its own venv, side by side)
     python -m tests.mutants --no-baseline       # no baseline run: only where the whole suite passed at this commit
+    python -m tests.mutants --skip done.jsonl   # leave out the mutants an earlier run's JSON lines report
 
 Before the mutants, the tests they name are run once on the unchanged code (all in one pytest; set by set
 only if that fails): a mutant whose tests fail without it proves nothing and is reported as `"caught": null`
@@ -131,11 +132,20 @@ def main(argv: list[str]) -> int:
         at = argv.index("--shard")
         index, count = (int(n) for n in argv[at + 1].split("/"))
         shard, argv = (index - 1, count), argv[:at] + argv[at + 2:]
+    done: set[str] = set()
+    if "--skip" in argv:  # an earlier run's output: its mutants (caught or not) are not run again
+        at = argv.index("--skip")
+        for line in Path(argv[at + 1]).read_text().splitlines():
+            row = json.loads(line) if line.startswith("{") else {}
+            if "mutant" in row and row.get("caught") is not None:
+                done.add(row["mutant"])
+        argv = argv[:at] + argv[at + 2:]
     no_baseline = "--no-baseline" in argv
     words = [w.lower() for w in argv if w != "--no-baseline"]
     chosen = [m for m in mutants if not words or any(w in m.name.lower() or w in m.path for w in words)]
     if shard is not None:
         chosen = chosen[shard[0]::shard[1]]
+    chosen = [m for m in chosen if m.name not in done]
     dirty = subprocess.run(["git", "status", "--porcelain", "--", *sorted({m.path for m in chosen})], cwd=REPO,
                            capture_output=True, text=True).stdout.strip()
     if dirty:
