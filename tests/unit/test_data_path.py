@@ -154,3 +154,38 @@ def test_a_batchs_sample_count_is_the_leading_size_of_its_first_tensor():
     assert batch_len({"image": torch.zeros(5, 3, 8, 8), "label": torch.zeros(5, dtype=torch.long)}) == 5
     assert batch_len((torch.tensor(0.5), torch.zeros(7, 4))) == 7  # (a scalar first: the next tensor's)
     assert batch_len(["no tensor"]) == 1
+
+
+def test_images_reach_the_network_as_their_distance_from_the_mean_in_standard_deviations():
+    from launcher.config import DataConfig
+    from launcher.recipes import Splits
+    from launcher.train.data import Data
+
+    x, y = torch.zeros(4, 1, 2, 2, dtype=torch.uint8), torch.zeros(4, dtype=torch.long)
+    data = Data.place(Splits(x, y, x, y, 2, (4.0,), (2.0,)), DataConfig(), torch.device("cpu"), False)
+    assert data.normalize(torch.full((1, 1, 2, 2), 10, dtype=torch.uint8)).eq(3.0).all()  # (10 - 4) / 2
+
+
+def test_the_input_wait_counts_each_gap_from_a_step_end_to_the_next_batch_once(monkeypatch):
+    """A step that takes two batches (accumulation) marks two batches ready after one end: only the first
+    batch's arrival is time the step waited for its input."""
+    from launcher.train import stall
+
+    clock = stall.StepClock(torch.device("cpu"))
+    times = iter([0.0, 1.0, 3.0, 4.0])  # end (start), ready after 1 s, ready again, end
+    monkeypatch.setattr(stall.time, "perf_counter", lambda: next(times))
+    clock.start()
+    clock.batch_ready()
+    clock.batch_ready()
+    clock.step_end()
+    timing = clock.finish()
+    assert (timing.span_s, timing.input_wait_s) == (4.0, 1.0)
+
+
+def test_the_step_pace_is_the_median_of_the_latest_steps():
+    from launcher.train.stall import StepPace
+
+    pace = StepPace(keep=64)
+    for own in range(1, 11):  # steps slowing down: 1 s ... 10 s
+        pace.add(0.0, float(own))
+    assert pace.median_s(3) == 9.0 and pace.median_s(11) is None

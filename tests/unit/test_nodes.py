@@ -134,3 +134,13 @@ def test_a_name_with_both_addresses_is_met_at_its_ipv4_one(monkeypatch):
     v4 = (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.1", 0))
     monkeypatch.setattr(network.socket, "getaddrinfo", lambda *a, **k: [v6, v4])
     assert network._resolve("node0.cluster") == "10.0.0.1"
+
+
+def test_nodes_may_differ_in_their_own_keys_and_agree_without_a_word():
+    """A node's data folder, GPUs and loader workers are its own (PER_NODE): those differences are no refusal."""
+    from launcher.config import flat_keys, to_plain
+    from launcher.train.nodes import differences
+
+    a = flat_keys(to_plain(config_of(*CPU, "data.root=/data/a", "data.workers=2")))
+    b = flat_keys(to_plain(config_of(*CPU, "data.root=/mnt/b", "data.workers=4")))
+    assert a != b and differences([(0, True, "a", 2, a, ("data.root",)), (2, True, "b", 2, b, ("data.root",))]) is None

@@ -124,3 +124,11 @@ def test_muon_refuses_a_model_whose_roles_leave_a_parameter_out_or_name_one_twic
     model.parameter_roles = lambda: twice
     with pytest.raises(ConfigError, match=r"conv\.weight"):
         optim.build(MuonConfig(), LR, EPOCHS, model, STEPS, fused=False)
+
+
+def test_the_memory_estimate_counts_the_state_each_optimizer_keeps_per_parameter():
+    from launcher.config import AdamWConfig, SGDConfig
+    from launcher.train.optim import state_per_parameter
+
+    assert state_per_parameter(SGDConfig(momentum=0.0, nesterov=False)) == 0  # plain SGD keeps nothing
+    assert state_per_parameter(SGDConfig()) == 1 and state_per_parameter(AdamWConfig()) == 2
