@@ -238,6 +238,17 @@ def test_early_stopping_stops_a_stalled_figure_at_the_expected_epoch_on_every_ra
     assert shown["state"] == "stopped early (test_loss)" and shown["epochs"] == "3/8"
 
 
+def test_a_run_whose_patience_ends_with_its_last_epoch_finished_and_did_not_stop_early(launch, tmp_path):
+    """The same stalled figure over exactly 3 epochs: the run trained every epoch it was given, so it reports
+    none of early stopping (the judgement is only for epochs still to come)."""
+    result = launch("gpus=[]", "epochs=3", "lr=1e-9", "early_stop.metric=val/loss", "early_stop.patience=2",
+                    "early_stop.min_delta=0.001", "hydra.run.dir=outputs/run", timeout=240)
+    assert result.returncode == 0, result.output
+    results = json.loads((tmp_path / "outputs" / "run" / "results.json").read_text())
+    assert results["epochs_run"] == 3 and results["stopped_early"] is None, results["stopped_early"]
+    assert "stopped early" not in result.output
+
+
 # ---- the best checkpoints ---------------------------------------------------------------------------
 
 def test_keep_best_keeps_exactly_the_best_two_and_eval_best_gives_the_best_epochs_figure(launch, tmp_path):
