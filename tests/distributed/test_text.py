@@ -35,6 +35,8 @@ def test_a_small_gpt_beats_the_unigram_baseline_and_leaves_a_sample(launch, text
     assert sample.startswith("def ") and len(sample) > 100 and results["sample"].startswith("def ")
     assert "bits/byte (unigram baseline" in result.output and "tokens/s" in result.output
     assert [r["epoch"] for r in _rows(run_dir)] == [1, 2]
+    for row in _rows(run_dir):  # tokens, not windows of 64: an epoch's steps cover most of the 300 KB read
+        assert 100_000 < row["tokens_per_s"] * row["train_s"] <= 300_000, row
     meta = json.loads(next((text_root / "text").glob("stdlib-*/meta.json")).read_text())
     assert "PSF" in meta["licence"]
 
