@@ -26,6 +26,8 @@ def test_two_rank_ddp_reaches_95_percent_with_identical_weights(launch):
     assert list(startup)[:2] == ["spawn", "worker_process"] and list(startup)[-1] == "first_step"
     assert list(startup.values()) == sorted(startup.values()) and "process_group" in startup
     assert "start-up, seconds since launch" in result.stdout
+    # the first step's time counts from the command (not from some other clock's zero): within the launch's own
+    assert 0 < results["first_step_s"] < result.seconds, (results["first_step_s"], result.seconds)
 
     # metrics.jsonl: one line per epoch with the promised fields
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
