@@ -276,10 +276,12 @@ def test_keep_best_keeps_exactly_the_best_two_and_eval_best_gives_the_best_epoch
 
 def test_keep_best_with_sharded_checkpoints_keeps_their_shard_folders(launch, tmp_path):
     result = launch("recipe=text", f"data.root={tmp_path / 'text-data'}", "gpus=[]", "strategy=fsdp", "nprocs=2",
-                    "epochs=3", "recipe.layers=1",
+                    "epochs=4", "recipe.layers=1",
                     "recipe.width=32", "recipe.heads=2", "recipe.context=32", "recipe.max_bytes=60000",
                     "recipe.sample_bytes=0", "batch_size=32", "checkpoint.keep_best=1", "checkpoint.metric=val/loss",
-                    "hydra.run.dir=run",
+                    # (the highest loss ranks first: the best is epoch 1, older than both folders last.pt and
+                    # previous.pt name, so only best.json keeps its shards)
+                    "checkpoint.mode=max", "hydra.run.dir=run",
                     timeout=300)
     assert result.returncode == 0, result.output
     run_dir = tmp_path / "run"
@@ -288,7 +290,7 @@ def test_keep_best_with_sharded_checkpoints_keeps_their_shard_folders(launch, tm
     assert index["metric"] == "test_loss" and best["shards"] == f"epoch-{best['epoch']}.dcp"
     assert (run_dir / "checkpoints" / best["shards"] / ".metadata").is_file()
     held = {r["epoch"]: r["test_loss"] for r in rows(run_dir)}
-    assert best["epoch"] == min(held, key=lambda e: (held[e], e))
+    assert best["epoch"] == max(held, key=lambda e: (held[e], -e)) < 3
     evaluated = launch("eval", "run", "best", "gpus=[]", timeout=240)
     assert evaluated.returncode == 0, evaluated.output
     [report] = [json.loads(p.read_text()) for p in tmp_path.glob("outputs/*/*/eval.json")]
