@@ -195,7 +195,7 @@ MUTANTS = [
            ("tests/unit/test_fsdp_and_accumulation.py", "tests/distributed/test_nothing_silent.py")),
     Mutant("sharded gradients clipped by each rank's own norm", "launcher/train/step.py",
            "        dist.all_reduce(squares, group=group)\n", "",
-           ("tests/unit/test_fsdp_and_accumulation.py",)),
+           ("tests/distributed/test_fsdp.py::test_clipping_under_fsdp_uses_the_whole_models_gradient_norm",)),
     Mutant("small gradients scaled up to the clip norm", "launcher/train/step.py",
            "coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)", "coef = max_norm / (total + 1e-6)",
            ("tests/unit/test_fsdp_and_accumulation.py",)),
