@@ -72,6 +72,8 @@ def test_a_sharded_checkpoint_resumes_on_other_ranks_and_strategies(launch, fsdp
     saved = _rows(fsdp_run / "fsdp")
     assert [r["epoch"] for r in rows] == [1, 2, 3] and rows[:2] == saved
     assert rows[2]["loss"] < saved[1]["loss"]  # it continued from the trained weights, not from scratch
+    # and from the schedule's place: its linear decay ends at 0 with the run, not after one epoch of warm-up
+    assert rows[2]["lr"] < 0.1 * saved[0]["lr"], (rows[2]["lr"], saved[0]["lr"])
     reference = fsdp_run / "third-epoch.json"  # the first resume's third epoch is the others' reference
     if reference.exists():
         expected = json.loads(reference.read_text())

@@ -232,10 +232,11 @@ MUTANTS = [
            "                values[key] = old.zero_()", "                values[key] = old", (UNIT_CKPT,)),
     Mutant("no previous.pt kept", "launcher/train/checkpoint.py",
            "        link_atomic(path, path.with_name(PREVIOUS_CHECKPOINT))", "        pass", (UNIT_CKPT,)),
-    Mutant("a sharded resume restarts the schedules", "launcher/train/checkpoint.py",
-           "    for stepper, sched_state in zip(steppers, state[\"scheduler_state_dicts\"], strict=True):\n        stepper.scheduler.load_state_dict(sched_state)\n    set_rng_state(state.get(\"rng\", {}), device)\n\n\ndef load_sharded_weights",
-           "    set_rng_state(state.get(\"rng\", {}), device)\n\n\ndef load_sharded_weights",
-           ("tests/distributed/test_fsdp.py",)),
+    # (not "a sharded resume skips the schedulers' load_state_dict": equivalent, optim.continue_with then sets
+    # every field of the LambdaLR's state from this run's settings and the step)
+    Mutant("a resume puts the schedule back at its start", "launcher/train/optim.py",
+           "        sched.last_epoch = step\n", "        sched.last_epoch = 0\n",
+           ("tests/distributed/test_fsdp.py::test_a_sharded_checkpoint_resumes_on_other_ranks_and_strategies",)),
     # loop.py
     Mutant("tokens/s counts windows", "launcher/train/loop.py",
            "steps * cfg.batch_size * self.data.targets_per_sample / span_s", "steps * cfg.batch_size / span_s",
