@@ -137,6 +137,17 @@ def test_hidden_files_and_folders_are_no_classes_or_images(tmp_path):
     assert all(not Path(p).name.startswith(".") for p, _ in splits["train"].samples)
 
 
+def test_a_split_holding_only_a_hidden_image_name_is_told_it_has_no_class_folders(tmp_path):
+    """macOS's ._name.jpg files are not images: a val/ holding only one is not "holding images"."""
+    root = write_image_folder(tmp_path, 2, 1, odd_files=False)
+    shutil.rmtree(root / "val")
+    (root / "val").mkdir()
+    (root / "val" / "._ant_000.jpg").write_bytes(b"\0\5AppleDouble")
+    with pytest.raises(LaunchError) as err:
+        scan(root)
+    assert "val/ holds no class folders" in str(err.value), str(err.value)
+
+
 def test_images_in_a_class_folders_subfolders_are_ordered_as_torchvision_orders_them(tmp_path):
     """Folder by folder in sorted order of their paths ('x-z' sorts before 'x/y'), whatever order the
     filesystem lists them in: the same indices, so the same labels and the same augmentation, as torchvision."""
