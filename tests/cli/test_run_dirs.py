@@ -80,6 +80,14 @@ def test_a_refused_launch_removes_only_what_it_created(launch, tmp_path):
     assert not (tmp_path / "deep").exists()  # made by the launch: taken back, parents included
 
 
+def test_a_dry_run_sweep_leaves_no_run_folders(launch, tmp_path):
+    """Each run of a sweep says what it would do; none of their folders stays (Hydra makes them)."""
+    dry = launch("-m", "dry_run=true", "gpus=[]", "lr=0.01,0.02", "hydra.sweep.dir=sw")
+    assert dry.returncode == 0, dry.output
+    assert dry.stdout.count("(not created)") == 2, dry.output
+    assert not (tmp_path / "sw" / "0").exists() and not (tmp_path / "sw" / "1").exists()
+
+
 def test_a_refused_launch_into_the_current_folder_keeps_it(tmp_path):
     here = tmp_path / "project"
     here.mkdir()
