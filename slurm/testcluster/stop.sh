@@ -20,7 +20,8 @@ done
 for proc in /proc/[0-9]*; do
     pid=${proc#/proc/}
     [ "$pid" = $$ ] && continue
-    if [[ "$(readlink "$proc/cwd" 2>/dev/null)" == "$DIR"* ]] \
+    cwd=$(readlink "$proc/cwd" 2>/dev/null)
+    if [[ "$cwd" == "$DIR" || "$cwd" == "$DIR/"* ]] \
         || tr '\0' '\n' < "$proc/environ" 2>/dev/null | grep -qx "SLURM_CONF=$DIR/slurm.conf" \
         || ls -l "$proc/fd" 2>/dev/null | grep -q -- "-> $DIR/"; then
         kill -9 "$pid" 2>/dev/null || true
