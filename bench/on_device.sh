@@ -8,7 +8,7 @@
 #   bash bench/on_device.sh tests tests/gpu/test_gpu.py ...     # GPU tests -> $OUT/gpu-tests-<commit>.txt
 #   bash bench/on_device.sh versions airbench resnet18          # bench/versions.py -> $OUT/versions-<commit>.jsonl
 #   bash bench/on_device.sh peers --models resnet18             # bench/peers.py -> $OUT/peers-<commit>.jsonl
-#   bash bench/on_device.sh py bench/probe/whole_graph.py ...    # any script, the launcher installed
+#   bash bench/on_device.sh py bench/gpt.py ...                 # any script, the launcher installed
 set -uo pipefail
 source bench/device_env.sh
 what=$1
@@ -19,7 +19,7 @@ case "$what" in
         python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/gpu-tests-$commit.txt"
         python3 -m pytest -m gpu -v --durations=30 -p no:cacheprovider "$@" 2>&1 | tee -a "$OUT/gpu-tests-$commit.txt"
         ;;
-    py)  # any bench script, with the launcher installed: bash bench/on_device.sh py bench/probe/x.py ARGS
+    py)  # any bench script, with the launcher installed: bash bench/on_device.sh py bench/x.py ARGS
         python3 "$@"
         ;;
     peers)

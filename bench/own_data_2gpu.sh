@@ -75,22 +75,6 @@ gpt)
     python3 bench/gpt.py compare --gpus 2 --strategy fsdp --no-script --timeout "${FSDP_LIMIT:-200}" \
         --shards '/tmp/shards/*.bin' --epochs 3 --steps 40 2>&1 | tee "$OUT/gpt-fsdp-$commit.jsonl"
     ;;
-diagnose)
-    # why two GPUs scale badly: the interconnect as NCCL uses it, clocks, and GPT-2 with and without checkpoints
-    nvidia-smi topo -m > "$OUT/topo-$commit.txt" 2>&1
-    NCCL_DEBUG=INFO timeout 90 python3 -m torch.distributed.run --standalone --nproc-per-node=2 bench/probe/allreduce.py 1 25 100 500 \
-        > "$OUT/allreduce-$commit.jsonl" 2> "$OUT/allreduce-nccl-$commit.log"
-    cat "$OUT/allreduce-$commit.jsonl"; grep -h ' via \|NVLS\|P2P' "$OUT/allreduce-nccl-$commit.log" | sort | uniq -c | head -20
-    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu,clocks_throttle_reasons.active \
-        --format=csv -l 1 > "$OUT/smi-$commit.csv" 2>&1 &
-    smi=$!
-    shards 655360
-    timeout "${GPT_LIMIT:-300}" python3 bench/gpt.py compare --gpus 1 2 --shards '/tmp/shards/*.bin' --epochs 4 \
-        --steps 40 --script-loss inside 2>&1 | tee "$OUT/gpt-ddp-$commit.jsonl"
-    timeout 110 python3 bench/gpt.py compare --gpus 2 --no-script --shards '/tmp/shards/*.bin' --epochs 4 \
-        --steps 40 --launch-args checkpoint=false 2>&1 | tee "$OUT/gpt-ddp-nocheckpoint-$commit.jsonl"
-    kill $smi
-    ;;
 ddp-levers)
     # what DDP itself costs GPT-2 124M on two GPUs, and which of DDP's settings win it back: the script on one
     # GPU, then on two under each setting (bucket size, static graph, bf16 all-reduce, one compiled graph)
@@ -104,40 +88,6 @@ ddp-levers)
             --shards '/tmp/shards/*.bin' --steps 40 --epochs 3 $lever 2>&1 | grep '"what"' \
             | tee -a "$OUT/gpt-ddp-levers-$commit.jsonl"
     done
-    ;;
-why)
-    # where 2 GPUs lose against 1 (22nd session). GPT-2 124M at nanoGPT's batch (gradient accumulation: one
-    # all-reduce per 8 micro-batches of 16 x 1024 tokens), 1 GPU then 2; recipe=imagefolder with decoding taken
-    # away on 2 GPUs (the launcher's own path: does it scale?), then decode=cpu on 2 GPUs for 8 epochs
-    shards 2621440
-    timeout 150 python3 bench/gpt.py compare --gpus 1 2 --no-script --shards '/tmp/shards/*.bin' --epochs 3 \
-        --batch-per-gpu 128 --launch-args accumulate=8 2>&1 | tee "$OUT/gpt-accumulate-$commit.jsonl"
-    folder
-    vmstat -t 2 > "$OUT/vmstat-why-$commit.txt" 2>&1 &
-    vm=$!
-    args=$(sed 's/batch_size=256/batch_size=512/' bench/probe/imagefolder_free.args)
-    (cd bench/probe && timeout 110 python3 -m launcher recipe=imagefolder_free data.root=/tmp/imagenet-gen gpus=[0,1] \
-        perf.compile=true eval.every=0 epochs=5 progress=lines $args hydra.run.dir=/tmp/free2 2>&1 | tail -12) \
-        | tee "$OUT/imagefolder-free-2gpu-$commit.txt"
-    cat /tmp/free2/metrics.jsonl >> "$OUT/imagefolder-free-2gpu-$commit.txt" 2>/dev/null
-    echo "--- decode=cpu 2 GPUs 8 epochs" >> "$OUT/vmstat-why-$commit.txt"
-    timeout 150 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 2 --only launch \
-        --epochs 8 --launch-args data.decode=cpu 2>&1 | tee "$OUT/imagefolder-cpu-8epochs-$commit.jsonl"
-    kill $vm
-    ;;
-why2)
-    # recipe=imagefolder without decoding (bench/probe/imagefolder_free.py), rank 0's second epoch profiled: on 2
-    # GPUs under DDP's reducer and captured, and on 1 GPU; then GPT-2 124M at nanoGPT's batch on 2 GPUs
-    folder
-    free=$(grep -v '^#' bench/probe/imagefolder_free.args | sed 's/batch_size=256 //; s/perf.cuda_graph=false //')
-    python3 bench/probe/imagefolder_profile.py --recipe imagefolder_free --cwd bench/probe --gpus "[0,1]" \
-        --timeout 150 --who "nccl|Memcpy" --variant "$free batch_size=512 perf.cuda_graph=false" \
-        --variant "$free batch_size=512 perf.cuda_graph=true" 2>&1 | tee "$OUT/imagefolder-free-profile-2gpu-$commit.jsonl"
-    python3 bench/probe/imagefolder_profile.py --recipe imagefolder_free --cwd bench/probe --timeout 120 \
-        --variant "$free batch_size=256 perf.cuda_graph=false" 2>&1 | tee "$OUT/imagefolder-free-profile-1gpu-$commit.jsonl"
-    shards 2621440
-    timeout 120 python3 bench/gpt.py compare --gpus 2 --no-script --shards '/tmp/shards/*.bin' --epochs 3 \
-        --batch-per-gpu 128 --launch-args accumulate=8 2>&1 | tee "$OUT/gpt-accumulate-2gpu-$commit.jsonl"
     ;;
 auto)
     # perf.cuda_graph=auto under ddp (39c7085): recipe=imagefolder's defaults on 1 and 2 GPUs (decode=auto,
