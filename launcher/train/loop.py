@@ -33,7 +33,6 @@ import logging
 import math
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -69,6 +68,7 @@ from launcher.train.preemption import Preempted, PreemptionWatch
 from launcher.train.stall import Readback, StepClock, StepPace, input_advice, thread_advice
 from launcher.train.step import Figures, TrainStep
 from launcher.train.stops import NonFiniteLoss, OutOfMemory
+from launcher.train.threads import Asides, profiled
 from launcher.train.timeline import StartupTimeline
 from launcher.world import WorldInfo, available_cores
 
@@ -248,7 +248,7 @@ class Trainer:
         self.said_sharded_steps = False  # checkpoint_every_steps under a sharded strategy was said (once)
         self.step_s: float | None = None  # the last epoch's seconds per step (the slowest rank's)
         self.stager: checkpoint.Stager | None = None  # rank 0 on a GPU: checkpoint copies staged on the device
-        self.asides: list[_Aside] = []  # set-up work on threads, waited for at the first epoch's end
+        self.asides = Asides()  # set-up work on threads, waited for at the first epoch's end
         self.early_stop = EarlyStop.from_config(self.cfg)  # early_stop.metric: None when not asked
         # early_stop.metric, checkpoint.metric, sweep.objective: checked at the first row that can have each
         self.named_figures = NamedFigures(self.cfg, type(self.recipe).figures, self.cfg.recipe.name)
@@ -290,8 +290,8 @@ class Trainer:
             # (the writer opened beside the warm-up; the first epoch's end waits for it, and so does
             # the exit, before the writer is closed)
             if self.tensorboard.enabled:
-                self.asides.append(_Aside(None, self.tensorboard.open))
-            stack.callback(self._wait_asides, quiet=True)
+                self.asides.start(None, self.tensorboard.open)
+            stack.callback(self.asides.wait, quiet=True)
             self.bar = progress.EpochBar(progress.wanted(str(self.cfg.progress), self.is_main), self.device,
                                          self.cfg.epochs, self.data.unit)
             self._warm_up()
@@ -948,7 +948,7 @@ class Trainer:
                          skipped: int, first: int = 0) -> QueuedEpoch:
         """The epoch's end as device work, queued behind its steps without waiting for them: buffers
         averaged, the evaluation, the sums and (rank 0) the checkpoint's tensors copied to host memory."""
-        self._wait_asides()  # (TensorBoard's writer; the pinned memory the snapshot below takes)
+        self.asides.wait()  # (TensorBoard's writer; the pinned memory the snapshot below takes)
         self.strategy.average_buffers(self.nets.module)
         evaluation = self.evaluation.queue(self.nets, self.data, self.compiled.compile or self.captures) \
             if self.evaluation.after(epoch) else None
@@ -1093,19 +1093,8 @@ class Trainer:
         self.strategy.prepare_reduce_host()
         if self.is_main and self.cfg.saves and self.device.type == "cuda" and not self.strategy.sharded:
             state = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device)
-            self.asides.append(_Aside(self.device, checkpoint.warm_pinned_memory, state,
-                                      copies=checkpoint.BackgroundWriter.QUEUED + 1))
-
-    def _wait_asides(self, quiet: bool = False) -> None:
-        """Wait for the set-up threads and raise what one raised (`quiet`: on the way out, where an
-        error of the run itself is usually what is being raised)."""
-        asides, self.asides = self.asides, []
-        for aside in asides:
-            try:
-                aside.wait()
-            except Exception:
-                if not quiet:
-                    raise
+            self.asides.start(self.device, checkpoint.warm_pinned_memory, state,
+                              copies=checkpoint.BackgroundWriter.QUEUED + 1)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -1175,31 +1164,6 @@ def autocast(device_type: str, bf16: bool, fp16: bool) -> torch.autocast:
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16)
 
 
-class _Aside:
-    """`fn(*args, **kwargs)` on a thread of its own, with `device` (a GPU) as its current device (a new
-    thread's is GPU 0: pinned memory allocated there would open a CUDA context on another rank's GPU).
-    `wait` joins it and raises what it raised, on the training thread."""
-
-    def __init__(self, device: torch.device | None, fn: Callable[..., Any], *args: Any, **kwargs: Any):
-        self.failed: BaseException | None = None
-
-        def work() -> None:
-            try:
-                if device is not None and device.type == "cuda":
-                    torch.cuda.set_device(device)
-                fn(*args, **kwargs)
-            except BaseException as exc:
-                self.failed = exc
-
-        self.thread = threading.Thread(target=work, name=getattr(fn, "__name__", "aside"), daemon=True)
-        self.thread.start()
-
-    def wait(self) -> None:
-        self.thread.join()
-        if self.failed is not None:
-            raise self.failed
-
-
 def settle_heap() -> None:
     """After compiling: collect the garbage once, then freeze what lives (gc.freeze), so that no full
     collection walks the compiled code's objects again. Compiling leaves hundreds of thousands of them
@@ -1224,16 +1188,3 @@ def release_heap() -> None:
     gc.unfreeze()
     gc.collect()
 
-
-@contextlib.contextmanager
-def profiled(run_dir: Path):
-    """torch.profiler over one epoch: profile.txt (ops by device time) and trace.json (chrome://tracing)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
-        yield
-    sort = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-    (run_dir / "profile.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40) + "\n")
-    prof.export_chrome_trace(str(run_dir / "trace.json"))
-    log.info("profile of this epoch: %s (and trace.json for chrome://tracing or Perfetto)", run_dir / "profile.txt")

@@ -5,13 +5,13 @@ what they write arrives, and what fails there is raised on the training thread, 
 import pytest
 import torch
 
-from launcher.train.loop import _Aside
 from launcher.train.reporting import TensorBoardLog
+from launcher.train.threads import Aside, Asides, profiled
 
 
 def test_tensorboard_opened_on_a_thread_writes_each_epoch(tmp_path):
     log = TensorBoardLog(tmp_path, enabled=True)
-    _Aside(None, log.open).wait()
+    Aside(None, log.open).wait()
     log.epoch({"epoch": 1, "loss": 2.5, "lr": 0.1})
     log.epoch({"epoch": 2, "loss": 1.5, "lr": 0.1})
     log.close()
@@ -25,14 +25,14 @@ def test_tensorboard_opened_on_a_thread_writes_each_epoch(tmp_path):
 def test_a_failure_to_open_tensorboard_on_its_thread_is_raised_when_waited_for(tmp_path):
     (tmp_path / "tensorboard").write_text("a file where the folder should go")
     log = TensorBoardLog(tmp_path, enabled=True)
-    aside = _Aside(None, log.open)
+    aside = Aside(None, log.open)
     with pytest.raises(OSError):
         aside.wait()
 
 
 def test_disabled_tensorboard_writes_nothing(tmp_path):
     log = TensorBoardLog(tmp_path, enabled=False)
-    _Aside(None, log.open).wait()
+    Aside(None, log.open).wait()
     log.epoch({"epoch": 1, "loss": 2.5})
     log.close()
     assert not (tmp_path / "tensorboard").exists()
@@ -40,15 +40,40 @@ def test_disabled_tensorboard_writes_nothing(tmp_path):
 
 def test_set_up_work_aside_runs_and_its_failure_is_raised_on_wait():
     done = []
-    _Aside(torch.device("cpu"), done.append, "pinned").wait()
+    Aside(torch.device("cpu"), done.append, "pinned").wait()
     assert done == ["pinned"]
 
     def fails():
         raise RuntimeError("cudaHostAlloc failed")
 
-    aside = _Aside(torch.device("cpu"), fails)
+    aside = Aside(torch.device("cpu"), fails)
     with pytest.raises(RuntimeError, match="cudaHostAlloc"):
         aside.wait()
+
+
+def test_a_runs_set_up_threads_are_each_waited_for_once_and_a_failure_is_raised_unless_the_run_is_leaving():
+    """At the first epoch's end a failure on a set-up thread stops the run; on the way out of a run that failed,
+    the run's own error is what is said (`quiet`)."""
+    asides, done = Asides(), []
+
+    def fails():
+        raise OSError("No space left on device")
+
+    asides.start(None, done.append, "opened")
+    asides.start(None, fails)
+    with pytest.raises(OSError, match="No space"):
+        asides.wait()
+    assert done == ["opened"]
+    asides.wait()  # (nothing left to wait for)
+    asides.start(None, fails)
+    asides.wait(quiet=True)
+
+
+def test_a_profiled_epoch_leaves_its_table_of_ops_and_a_trace(tmp_path):
+    with profiled(tmp_path):
+        torch.ones(64, 64) @ torch.ones(64, 64)
+    assert "aten::mm" in (tmp_path / "profile.txt").read_text()
+    assert (tmp_path / "trace.json").stat().st_size > 0
 
 
 def test_tensorboard_puts_each_figure_under_its_own_tag(tmp_path):
