@@ -34,8 +34,8 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,19 @@ from launcher.models import configured, from_config, lazy_modules, materialize_l
 from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
-from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, reporting, results, stops, trackers
+from launcher.train import (
+    checkpoint,
+    compiling,
+    misfit,
+    nodes,
+    optim,
+    progress,
+    reporting,
+    restart,
+    results,
+    stops,
+    trackers,
+)
 from launcher.train.best import BestCheckpoints
 from launcher.train.data import Data, rank_order
 from launcher.train.early_stop import EarlyStop, check_named, default_figure
@@ -65,6 +77,7 @@ from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog
 from launcher.train.optim import Stepper
 from launcher.train.preemption import Preempted, PreemptionWatch
+from launcher.train.restart import Start
 from launcher.train.stall import Readback, StepClock, StepPace, input_advice, thread_advice
 from launcher.train.step import Figures, TrainStep
 from launcher.train.stops import NonFiniteLoss, OutOfMemory
@@ -118,18 +131,6 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     # On failure nothing is torn down (see DDP.teardown); here every rank finished.
     strategy.teardown()
     return outcome
-
-
-@dataclass
-class Start:
-    """Where training starts: after `epoch` finished epochs, with their history, from `source`."""
-
-    epoch: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
-    source: str | None = None
-    step: int = 0  # steps of `epoch` already done (a checkpoint written inside an epoch)
-    generator: torch.Tensor | None = None  # the augmentation generator's state there
-    own: bool = False  # from this run dir's own checkpoint (a restart or requeue): its trackers' runs go on
 
 
 @dataclass
@@ -243,7 +244,8 @@ class Trainer:
         self.evaluation = Evaluation(self.cfg, self.recipe, self.strategy, device, self.autocast, self.timings)
         # The augmentation's generator, on the device: seeded per (seed, epoch, rank) at each epoch.
         self.generator = torch.Generator(device=device)
-        self._stepped = False  # a training step has run (a network that does not take the batches says so before)
+        # (until a step has run, a network that does not take the batches says so in one line)
+        self.first_steps = misfit.FirstSteps(self.cfg, type(self.recipe).__module__.startswith("launcher.recipes."))
         self.advised = False  # the input-bound advice was logged (once per run)
         self.said_sharded_steps = False  # checkpoint_every_steps under a sharded strategy was said (once)
         self.step_s: float | None = None  # the last epoch's seconds per step (the slowest rank's)
@@ -265,7 +267,8 @@ class Trainer:
         self.steppers = optim.build(self.cfg.optim, self.cfg.lr, self.cfg.epochs, self.nets.module,
                                     self.steps_per_epoch, fused=self.device.type == "cuda", graphed=self.captures)
         self.step = self._build_step()
-        start = self._resume()
+        start = restart.resume(self.spec, self.world, self.run_dir, self.dirs.shared, self.strategy, self.device,
+                               self.step, self.steps_per_epoch)
         self.faults.check_reach(self.cfg.epochs * self.steps_per_epoch, start.epoch * self.steps_per_epoch + start.step)
         self.timeline.mark("model_built")
         try:
@@ -342,7 +345,7 @@ class Trainer:
         self.nets = self._build_model()
         read = self.spec.evaluate_read or source  # (launch eval's hard links to it: held still for every rank)
         state = checkpoint.load(read, map_location=self.device)
-        with self._fitting(source, state):
+        with restart.fitting(self.spec, source, state):
             if "sharded" in state:
                 checkpoint.load_sharded_weights(state, Path(read), self.nets)
             else:
@@ -564,114 +567,6 @@ class Trainer:
         """The step is replayed as a CUDA graph (perf.cuda_graph on a GPU; on the CPU it runs eagerly)."""
         return self.nets.grads is not None and self.device.type == "cuda"
 
-    def _resume(self) -> Start:
-        """After a restart or requeue, this run's own last checkpoint; else `resume`, if given.
-
-        The checkpoint gives the training state; the settings are this run's (launcher/host/resume.py
-        states the rule): the optimizers' hyper-parameters and learning rates as configured now, the
-        schedule continued at the epochs done, laid over this run's epochs and steps per epoch."""
-        own = last_checkpoint(self.run_dir)
-        restarted = self.world.restart_count > 0 or (self.spec.requeue is not None and self.spec.requeue.requeued)
-        mine = restarted and own.exists()
-        source = str(own) if mine else self.spec.resume_from
-        # (resume= was checked in the launcher, host/resume.py; a restart checks this run's own checkpoint,
-        # and goes on from the one before it where that one is damaged)
-        if not self.dirs.shared:  # other machines cannot read rank 0's run dir: rank 0 reads, and sends
-            state = None
-            if source and self.is_main:
-                if mine:
-                    chosen, state = checkpoint.load_restart(own, map_location="cpu")
-                    source = str(chosen)
-                else:
-                    state = checkpoint.load(source, map_location="cpu")
-            box = nodes.from_rank0({"source": source, "state": state} if self.is_main else None, self.world)
-            source, state = box["source"], box["state"]
-            if source is None:
-                return Start()
-        elif source is None:
-            return Start()
-        elif mine:
-            source, state = self._own_checkpoint(own)
-        else:
-            state = checkpoint.load(source, map_location=self.device)
-        settings = optim.settings(self.steppers)  # this run's, before the checkpoint's replace them
-        if self.strategy.sharded and "sharded" not in state:
-            raise ConfigError("resume", self.spec.resume_from or source, f"a checkpoint of an unsharded run resumes "
-                              f"under the strategy that wrote it, not strategy={self.strategy.name} (sharded runs' "
-                              "checkpoints resume under any)", f"strategy=ddp resume={self.spec.resume_from or source}")
-        with self._fitting(source, state):
-            if "sharded" in state:
-                checkpoint.restore_sharded(state, Path(source), self.nets, self.steppers, self.device)
-            else:
-                checkpoint.restore(state, self.strategy, self.nets, self.steppers, self.device,
-                                   scaler=self.step.scaler)
-        epoch = int(state["epoch"])
-        step = 0
-        if state.get("step_in_epoch"):  # (written inside an epoch: its position, in samples of the global order)
-            samples = int(state["step_in_epoch"]) * int(state.get("batch_size") or self.cfg.batch_size)
-            step = min(samples // self.cfg.batch_size, self.steps_per_epoch)
-        optim.continue_with(self.steppers, settings, epoch * self.steps_per_epoch + step)
-        generator = state.get("generator") if step else None
-        return Start(epoch, list(state.get("history", [])), source, step, generator, own=mine)
-
-    def _own_checkpoint(self, own: Path) -> tuple[str, dict[str, Any]]:
-        """A restart's checkpoint where every rank reads the run dir: rank 0 checks last.pt against its seal
-        (a sharded one's shard files too) and chooses it or, damaged, previous.pt; every rank loads the
-        one it chose (they must all go on from the same)."""
-        if self.world.world_size == 1:
-            chosen, state = checkpoint.load_restart(own, map_location=self.device)
-            return str(chosen), state
-        picked = None
-        if self.is_main:
-            chosen, state = checkpoint.load_restart(own, map_location=self.device)
-            picked = str(chosen)
-        picked = nodes.from_rank0({"source": picked} if self.is_main else None, self.world)["source"]
-        if not self.is_main:
-            state = checkpoint.load(picked, map_location=self.device)
-        return picked, state
-
-    @contextlib.contextmanager
-    def _fitting(self, source: str, state: dict[str, Any]) -> Iterator[None]:
-        """Loading `state` into this run's network: where it does not fit (shapes, names), one line."""
-        try:
-            yield
-        except BaseException as exc:  # noqa: BLE001 - (DCP's CheckpointException is a BaseException)
-            misfit = checkpoint.misfit(exc)
-            if misfit is None:
-                raise
-            raise self._does_not_fit(source, state, misfit) from None
-
-    @contextlib.contextmanager
-    def _network_fits(self, batch: Any) -> Iterator[None]:
-        """Until a step has run: a network (from config, or a built-in recipe's choice) whose layers do not
-        take the batch is one line naming the key that chose it (launcher/train/misfit.py)."""
-        if self._stepped:
-            yield
-            return
-        try:
-            yield
-        except Exception as exc:  # noqa: BLE001 - only a shape mismatch is turned into the one line
-            line = misfit.does_not_take(self.cfg, type(self.recipe).__module__.startswith("launcher.recipes."),
-                                        batch, exc)
-            if line is None:
-                raise
-            raise line from None
-        self._stepped = True
-
-    def _does_not_fit(self, source: str, state: dict[str, Any], exc: BaseException) -> ConfigError:
-        """The checkpoint's weights (or optimizer state) do not fit the network this config builds."""
-        saved = (state.get("config") or {}).get("recipe") or {}
-        mine = to_plain(self.cfg.recipe)
-        differ = [f"recipe.{k}={saved[k]}" for k in mine if k in saved and saved[k] != mine[k]]
-        first = str(exc).strip().splitlines()[0][:200].rstrip(":")
-        target = ((state.get("config") or {}).get("model") or {}).get("_target_")
-        if not differ and target and target != (self.cfg.model or {}).get("_target_"):
-            differ = [f"model._target_={target}"]  # (its network came from config)
-        hint = (f"it was trained with {' '.join(differ)}" if differ else "the network's layers differ")
-        key, value = ("eval.checkpoint", source) if self.spec.evaluate else ("resume", self.spec.resume_from or source)
-        return ConfigError(key, value, f"the checkpoint does not fit the network this config builds ({hint}: {first})",
-                           f"{' '.join(differ) or 'recipe.model=...'} {key}={value}")
-
     def _compile_if_it_pays(self, epoch_s: float, epochs_left: int) -> None:
         """perf.compile=auto after the first epoch: compile (and capture again) if the rest of the run is
         long enough to earn the compile time back (launcher/train/compiling.py). Every rank decides
@@ -712,7 +607,7 @@ class Trainer:
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             batch = idx = None
             for batch, idx in self.data.train.batches(rows):
-                with self._network_fits(batch):
+                with self.first_steps(batch):
                     self.step(batch, idx, 0, generator)
             if side is not None:
                 self._sync()
@@ -912,7 +807,7 @@ class Trainer:
                 clock.batch_ready()
                 done = first + step  # steps of this epoch before this one, on every rank
                 self.faults.at(epoch * self.steps_per_epoch + done)
-                with self._network_fits(batch):
+                with self.first_steps(batch):
                     self.step(batch, idx, epoch, self.generator)
                 clock.step_end()
                 if self.timings.first_step_s is None:

@@ -4,7 +4,7 @@ worker's traceback.
 A network from config (`model._target_=torchvision.models.resnet18`) or a built-in recipe's `recipe.model`
 can be one whose layers do not fit the data (three input channels for digits' one, a kernel larger than a
 small image, fewer outputs than classes). Torch says so at the first step, deep in the model's forward (or
-in torch.compile's tracing of it). The loop (launcher/train/loop.py) runs its steps through `first_steps`
+in torch.compile's tracing of it). The loop (launcher/train/loop.py) runs its steps through `FirstSteps`
 until one has run: a failure there that is such a shape mismatch becomes a ConfigError (exit 2) naming the
 key, the value, the batch's shapes and torch's own sentence. A user's own recipe with its own network keeps
 its traceback: there the error is in the user's code, and their frame is what they need.
@@ -12,7 +12,9 @@ its traceback: there the error is in the user's code, and their frame is what th
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -91,6 +93,30 @@ def does_not_take(cfg: Any, builtin: bool, batch: Any, exc: BaseException) -> Co
              "pick another recipe.model or recipe.image_size")
     return ConfigError(key, value, f"the network does not take recipe={name}'s batches ({describe(batch)}): "
                        f"{reason}; use a network made for such inputs, or {other}", f"recipe={name}")
+
+
+class FirstSteps:
+    """Until a step has run: a network (from config, or a built-in recipe's choice) whose layers do not take
+    the batch is one line naming the key that chose it (`does_not_take`); after that a step's error is its own.
+    `builtin`: the recipe is one of launch's own (its `recipe.model` chose the network)."""
+
+    def __init__(self, cfg: Any, builtin: bool):
+        self.cfg, self.builtin = cfg, builtin
+        self.stepped = False  # a training step has run
+
+    @contextlib.contextmanager
+    def __call__(self, batch: Any) -> Iterator[None]:
+        if self.stepped:
+            yield
+            return
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - only a shape mismatch is turned into the one line
+            line = does_not_take(self.cfg, self.builtin, batch, exc)
+            if line is None:
+                raise
+            raise line from None
+        self.stepped = True
 
 
 def nothing_to_train(cfg: Any, builtin: bool) -> ConfigError:

@@ -78,3 +78,26 @@ def test_the_default_hooks_name_the_hook_to_write_for_batches_that_are_not_pairs
         Mine().eval_step(nn.Linear(4, 2), batch)
     with pytest.raises(ConfigError, match="default training_step"):
         Mine().training_step(nn.Linear(4, 2), batch)
+
+
+def test_only_a_failure_before_the_first_step_has_run_is_the_networks_one_line():
+    """A shape mismatch in the first step is the network that does not take the batches (the key that chose it);
+    once a step has run, the same sentence is a later batch's own failure, raised as it is."""
+    import pytest
+
+    from launcher.errors import ConfigError
+    from launcher.train.misfit import FirstSteps
+
+    cfg = SimpleNamespace(model={"_target_": "torchvision.models.resnet18"}, recipe=SimpleNamespace(name="digits"))
+    batch = (torch.zeros(8, 1, 8, 8), torch.zeros(8, dtype=torch.int64))
+    conv = "Given groups=1, weight of size [64, 3, 7, 7], expected input[8, 1, 8, 8] to have 3 channels, but got 1"
+    first_steps = FirstSteps(cfg, builtin=True)
+    with pytest.raises(ConfigError, match="^model._target_=torchvision.models.resnet18 is not valid: the network "
+                                          "does not take recipe=digits's batches"):
+        with first_steps(batch):
+            raise RuntimeError(conv)
+    with first_steps(batch):
+        pass  # the first step that runs
+    with pytest.raises(RuntimeError, match="^Given groups=1"):
+        with first_steps(batch):
+            raise RuntimeError(conv)
