@@ -68,6 +68,7 @@ from launcher.train import (
     results,
     stops,
     trackers,
+    warmup,
 )
 from launcher.train.best import BestCheckpoints
 from launcher.train.data import Data, rank_order
@@ -78,21 +79,17 @@ from launcher.train.metrics import MetricsLog
 from launcher.train.optim import Stepper
 from launcher.train.preemption import Preempted, PreemptionWatch
 from launcher.train.restart import Start
+from launcher.train.results import Timings
 from launcher.train.stall import Readback, StepClock, StepPace, input_advice, thread_advice
 from launcher.train.step import Figures, TrainStep
 from launcher.train.stops import NonFiniteLoss, OutOfMemory
 from launcher.train.threads import Asides, profiled
 from launcher.train.timeline import StartupTimeline
+from launcher.train.warmup import WarmUp, tries_graph
 from launcher.world import WorldInfo, available_cores
 
 log = logging.getLogger("launcher.train")
 
-WARMUP_STEPS = 3
-# perf.cuda_graph=auto: steps timed each way after the capture, and how much shorter a replayed step must be
-# for the graph to be kept (a tie keeps the eager step: nothing frozen, no graph memory held)
-AUTO_GRAPH_STEPS = 8
-AUTO_GRAPH_S = 0.1  # (fewer steps a try where one step is longer: 2 at least)
-GRAPH_GAIN = 0.95
 # On GPUs an epoch's figures are read (and it is logged and checkpointed) a few steps into the next
 # epoch, with those steps queued for the device to run meanwhile (`Trainer._epochs`): enough steps for
 # OVERLAP_S of device time by the last epoch's pace (OVERLAP_STEPS before any epoch was read).
@@ -108,7 +105,7 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     device = strategy.select_device(world, spec.device_index)
     timeline.mark("device_set")
-    if device.type == "cuda":  # (cuDNN's autotuning is set with the compile decision: Trainer._autotune)
+    if device.type == "cuda":  # (cuDNN's autotuning is set with the compile decision: warmup.autotune)
         torch.set_float32_matmul_precision("high")
     strategy.setup(world, device)
     if strategy.distributed:
@@ -123,7 +120,7 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
         # Let go of the nets and a captured step before teardown: destroying NCCL's communicator while
         # a CUDA graph that captured its all-reduce is alive blocks forever (seen on 2x H200).
         trainer = None
-        release_heap()
+        compiling.release_heap()
     except torch.OutOfMemoryError as exc:
         nets = getattr(trainer, "nets", None)
         params = list(nets.module.parameters()) if nets is not None else []
@@ -182,20 +179,6 @@ class DeferredEnd:
             self._conclude(queued, next_started)
 
 
-@dataclass
-class Timings:
-    train_s: float = 0.0
-    eval_s: float = 0.0
-    warmup_s: float | None = None  # compile and capture, before any clock started
-    first_step_s: float | None = None  # from the command's start to the first step's end
-
-
-def keeps_graph(graph_ms: float, eager_ms: float, workers: bool) -> bool:
-    """perf.cuda_graph=auto's rule (Trainer._keep_faster_step): the replayed step at least 5% shorter, or, where
-    DataLoader workers share the host's cores with the step's launches, no longer."""
-    return graph_ms <= (1.0 if workers else GRAPH_GAIN) * eager_ms
-
-
 class Trainer:
     # What run() sets up, in this order; nothing else is added to a Trainer.
     data: Data  # the splits where they train, and how a batch is normalized
@@ -224,14 +207,6 @@ class Trainer:
         self.run_dir = self.dirs.main if self.dirs.shared else self.dirs.own
         self.recipe: Recipe = recipe_class(self.cfg.recipe.name)(self.cfg)
         self.recipe.step_pace = StepPace()  # (the training steps' own times, for the recipe: stall.py)
-        # perf.cuda_graph=auto (single or ddp on GPUs: strategies/__init__.py): the warm-up captures the step
-        # and keeps the graph only where it measures faster (`_keep_faster_step`). A recipe's own
-        # training_step is not captured under auto (a replay runs none of its Python), so its gradients stay
-        # plain (under ddp: DDP's own reducer).
-        self.auto_graph = self.cfg.perf.cuda_graph_setting == "auto" and self.strategy.static_gradients
-        if self.auto_graph and type(self.recipe).training_step is not Recipe.training_step:
-            self.strategy.static_gradients = False
-            self.auto_graph = False
         self.timings = Timings()
         self.faults = Faults(self.cfg.fault, world, device, last_checkpoint(self.run_dir))
         precision = self.cfg.perf.precision
@@ -242,6 +217,9 @@ class Trainer:
         # graph at once, before the process group is torn down)
         self.autocast = functools.partial(autocast, device.type, self.bf16, self.fp16)
         self.evaluation = Evaluation(self.cfg, self.recipe, self.strategy, device, self.autocast, self.timings)
+        # (perf.cuda_graph=auto: the warm-up captures the step and keeps the graph where it measures faster)
+        self.warm_up = WarmUp(self.cfg, self.strategy, device, self.timings, timeline, self.evaluation,
+                              tries_graph(self.cfg, self.strategy, self.recipe))
         # The augmentation's generator, on the device: seeded per (seed, epoch, rank) at each epoch.
         self.generator = torch.Generator(device=device)
         # (until a step has run, a network that does not take the batches says so in one line)
@@ -504,9 +482,10 @@ class Trainer:
         if self.is_main and self.strategy.layout:
             log.info("%s", self.strategy.layout)
         self.compiled = compiling.decide(self.cfg.perf.compile_setting, self.device.type)
-        self._autotune()
+        warmup.autotune(self.device, self.cfg.perf, self.compiled)
         captured = nets.grads is not None and self.device.type == "cuda"  # (a captured step compiles itself)
-        return self._compiled_nets(nets) if self.compiled.compile and not captured else nets
+        return warmup.compiled_nets(self.strategy, nets, self.cfg.perf) if self.compiled.compile and not captured \
+            else nets
 
     def _materialize_lazy(self, model: torch.nn.Module) -> None:
         """Lazy layers (nn.LazyLinear, ...) get their shapes from this rank's first batch before the strategy
@@ -540,17 +519,6 @@ class Trainer:
             return from_config(self.cfg.model, self.data.num_classes or None)
         return self.recipe.build_model(self.data.num_classes)
 
-    def _compiled_nets(self, nets: Nets) -> Nets:
-        mode = compiling.compiled_mode(self.cfg.perf.compile_mode.value)
-        return self.strategy.compile(nets, lambda fn: compiling.compiled(fn, mode))
-
-    def _autotune(self) -> None:
-        """cuDNN's autotuning (perf.cudnn_benchmark): as set, or with auto, when the run compiles. Set
-        before the warm-up that captures the step, so the captured graph keeps the algorithms picked."""
-        if self.device.type != "cuda":
-            return
-        torch.backends.cudnn.benchmark = compiling.autotunes(self.cfg.perf.cudnn_benchmark_setting, self.compiled)
-
     def _build_step(self) -> TrainStep:
         step = TrainStep(self.nets, self.steppers, self.recipe.training_step,
                          self.data.normalize if self.data.in_memory else None,
@@ -567,158 +535,19 @@ class Trainer:
         """The step is replayed as a CUDA graph (perf.cuda_graph on a GPU; on the CPU it runs eagerly)."""
         return self.nets.grads is not None and self.device.type == "cuda"
 
-    def _compile_if_it_pays(self, epoch_s: float, epochs_left: int) -> None:
-        """perf.compile=auto after the first epoch: compile (and capture again) if the rest of the run is
-        long enough to earn the compile time back (launcher/train/compiling.py). Every rank decides
-        alike: `epoch_s` is the slowest rank's, agreed through an all-reduce."""
-        self.compiled = compiling.after_first_epoch(epoch_s, epochs_left, self.cfg.perf.compile_auto_min_s)
-        if self.is_main:
-            autotunes = self.compiled.compile and self.cfg.perf.cudnn_benchmark_setting == "auto"
-            doing = "compiling and autotuning cuDNN" if autotunes else "compiling"
-            log.info("%s (%s)", doing if self.compiled.compile else "not compiling", self.compiled.why)
-        if not self.compiled.compile:
-            return
-        self._autotune()
-        if self.captures:
-            self.step.captured = None  # the uncompiled graph goes; the warm-up captures the compiled step
-            self.step.compile_captured(compiling.compiled_mode(self.cfg.perf.compile_mode.value))
-        else:
-            self.nets = self._compiled_nets(self.nets)
-            self.step.nets = self.nets
-        self._warm_up()
-
     def _warm_up(self) -> None:
-        """Compile, autotune and (perf.cuda_graph) capture the step on the real shapes, then put the
-        model, optimizers and RNG back as they were: the warm-up leaves no trace but speed."""
-        if not (self.compiled.compile or self.captures):
-            return
-        start = time.perf_counter()
-        # (each rank's own shards under fsdp: nothing gathered, every rank puts back its own)
-        saved = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device, clone=True, local=True,
-                                   scaler=self.step.scaler)
-        self.nets.train.train()
-        generator = self.generator
-        generator.manual_seed(0)
-        rows = self._order(0)[:WARMUP_STEPS]
-        # Graph capture wants the eager warm-up on a side stream (lazily made state then belongs to it).
-        side = torch.cuda.Stream(self.device) if self.captures else None
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            batch = idx = None
-            for batch, idx in self.data.train.batches(rows):
-                with self.first_steps(batch):
-                    self.step(batch, idx, 0, generator)
-            if side is not None:
-                self._sync()
-                self.timeline.mark("warmup_steps")
-                self._capture(batch, idx, generator, side)
-                if self.auto_graph and self.strategy.distributed:  # (every rank keeps a graph, or none does)
-                    failed = self.strategy.reduce_host([float(self.step.captured is None)], op="max")[0]
-                    if failed and self.step.captured is not None:
-                        self.step.captured = None
-                        self.step.optimizers_in_graph = False
-                        if self.is_main:
-                            log.info("perf.cuda_graph=auto: the step runs eagerly (capturing it failed on "
-                                     "another rank)")
-                if self.auto_graph and self.step.captured is not None:
-                    self._keep_faster_step(batch, idx, generator)
-        if side is not None:
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            self._sync()
-            self.timeline.mark("captured")
-        # Evaluation warms up later, at the first evaluation (evaluation.py): not before the first step.
-        self.evaluation.warm = False
-        checkpoint.restore(saved, self.strategy, self.nets, self.steppers, self.device, local=True,
-                           scaler=self.step.scaler)
-        self.step.zero_grads()
+        """Compile, autotune and (perf.cuda_graph) capture the step on the real shapes (warmup.py)."""
+        self.warm_up(self.step, self.data.train, self._order, self.generator, self.first_steps,
+                     self.compiled.compile, self.captures)
+
+    def _compile_if_it_pays(self, epoch_s: float, epochs_left: int) -> None:
+        """perf.compile=auto after the first epoch: compile, and warm up again, where the rest of the run is long
+        enough to earn the compile time back. Every rank decides alike (`epoch_s`: the slowest rank's)."""
+        self.compiled = warmup.after_first_epoch(self.cfg.perf, epoch_s, epochs_left, self.is_main)
         if self.compiled.compile:
-            settle_heap()
-        self._sync()
-        seconds = time.perf_counter() - start
-        if self.timings.warmup_s is None:
-            self.timeline.mark("warmed_up")
-        self.timings.warmup_s = (self.timings.warmup_s or 0.0) + seconds
-        if self.is_main:
-            done = ["compiled"] * self.compiled.compile + ["captured the step as one CUDA graph"] * self.captures
-            log.info("%s in %.1fs (not counted in the timings)", " and ".join(done), seconds)
-
-    def _capture(self, batch: Any, idx: torch.Tensor, generator: torch.Generator, side: torch.cuda.Stream) -> None:
-        """Capture the step as one CUDA graph; a recipe's step that cannot be captured (it reads a value
-        to the host, say) runs eagerly instead, said once."""
-        try:
-            self.step.capture(batch, idx, generator, stream=side)
-        except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
-            if isinstance(exc, torch.cuda.OutOfMemoryError) and not self.auto_graph:
-                raise
-            self.step.captured = None
-            self.step.optimizers_in_graph = False
-            self._sync()
-            first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-            if self.is_main and self.auto_graph:
-                log.info("perf.cuda_graph=auto: the step runs eagerly (capturing it failed: %s)", first)
-            elif self.is_main:
-                log.warning("perf.cuda_graph: %s's step cannot be captured as a CUDA graph (%s); it runs eagerly "
-                            "(no .item(), printing or other host reads in training_step lets it be captured; "
-                            "perf.cuda_graph=false says so up front)", self.cfg.recipe.name, first)
-
-    def _keep_faster_step(self, batch: Any, idx: torch.Tensor, generator: torch.Generator) -> None:
-        """perf.cuda_graph=auto, right after the capture: the warm-up's last batch stepped eagerly, then
-        replayed (the better of two tries each, by the device's clock: StepClock); the graph is kept where
-        its steps are at least 5% shorter, which is where the host's launches pace the step (a small
-        network or batch). Where DataLoader workers feed the run, a tie goes to the graph: they share the
-        host's cores with the step's launches once training runs (the warm-up times the step while they
-        rest), and a replayed step needs almost none. (recipe=imagefolder on two H200s, the workers alone,
-        15 a rank on 32 cores: 38.1 ms replayed against 39.2 eagerly here, then 7,775-8,344 img/s an epoch
-        eagerly against 8,663-10,496 replayed.) Each try is as many steps as fill AUTO_GRAPH_S of one
-        eager step's time (2 to AUTO_GRAPH_STEPS), so a large network's start is not held up by it. The
-        warm-up puts weights and optimizer state back afterwards. Under ddp every rank runs the same steps
-        (each one all-reduces) and keeps the same way, by the slowest rank's times."""
-        graph = self.step.captured
-        agreed = self.strategy.reduce_host  # (the slowest rank's figures; one process: its own)
-
-        def per_step_ms(captured: Any, steps: int, tries: int = 2) -> float:
-            self.step.captured = captured
-            best = math.inf
-            for _ in range(tries):
-                self._sync()
-                clock = StepClock(self.device)
-                clock.start()
-                for _ in range(steps):
-                    self.step(batch, idx, 0, generator)
-                    clock.step_end()
-                best = min(best, 1000 * clock.finish().span_s / steps)
-            return best
-
-        try:
-            one_ms = agreed([per_step_ms(None, 1, tries=1)], op="max")[0]
-            steps = max(2, min(AUTO_GRAPH_STEPS, math.ceil(1000 * AUTO_GRAPH_S / max(one_ms, 1e-3))))
-            eager_ms = per_step_ms(None, steps)
-        except torch.cuda.OutOfMemoryError:  # (the graph's memory held beside eager steps': the graph fits)
-            if self.strategy.distributed:
-                raise  # (the other ranks' steps are past the point where this one stopped: no agreeing now)
-            self.step.captured = graph
-            self._sync()
-            if self.is_main:
-                log.info("perf.cuda_graph=auto: the step replayed as one CUDA graph (eager steps beside it ran "
-                         "out of memory)")
-            return
-        graph_ms = per_step_ms(graph, steps)
-        graph_ms, eager_ms = agreed([graph_ms, eager_ms], op="max")
-        workers = getattr(self.data.train, "workers", 0) > 0
-        keep = keeps_graph(graph_ms, eager_ms, workers)
-        self.step.captured = graph if keep else None
-        self.step.optimizers_in_graph = self.step.optimizers_in_graph and keep
-        self.step.eager_steps = 0
-        self._sync()
-        if self.is_main:
-            both = (" (ddp: both ways average the gradients in the launcher's flat buckets; "
-                    "perf.cuda_graph=false keeps DDP's reducer)" if self.strategy.distributed else "")
-            tie = ("; with DataLoader workers beside it a tie goes to the graph, whose steps need almost no host "
-                   "time" if workers and keep and graph_ms > GRAPH_GAIN * eager_ms else "")
-            log.info("perf.cuda_graph=auto: %s (%.2f ms a step replayed, %.2f ms eagerly%s; perf.cuda_graph=%s "
-                     "decides it)%s", "the step replayed as one CUDA graph" if keep else "the step runs eagerly",
-                     graph_ms, eager_ms, tie, "false" if keep else "true", both)
+            warmup.autotune(self.device, self.cfg.perf, self.compiled)
+            self.nets = warmup.compile_step(self.step, self.strategy, self.cfg.perf, self.captures)
+            self._warm_up()
 
     # ---- epochs -------------------------------------------------------------------------------------
     def _epochs(self, start: Start) -> list[dict[str, Any]]:
@@ -1057,29 +886,3 @@ def autocast(device_type: str, bf16: bool, fp16: bool) -> torch.autocast:
     if fp16:
         return torch.autocast(device_type, dtype=torch.float16)
     return torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16)
-
-
-def settle_heap() -> None:
-    """After compiling: collect the garbage once, then freeze what lives (gc.freeze), so that no full
-    collection walks the compiled code's objects again. Compiling leaves hundreds of thousands of them
-    (a compiled ResNet-18: ~640,000, walked in 0.1-0.4 s); without this a full collection, let loose by
-    those new objects, can fall inside an early epoch and hold up a step the host is issuing, where the
-    host sets the pace (a small network's compiled step). Reference counting frees frozen objects as
-    ever; only cyclic garbage among them stays, until release_heap at the run's end."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-
-
-def release_heap() -> None:
-    """At the run's end, before teardown: undo settle_heap's freeze (and the loader's) and collect. The trainer
-    sits in reference cycles (its step's closures, a recipe's loader), so `trainer = None` alone frees it only
-    when a collection reaches it, and none reaches frozen objects: a compiled, captured ddp run on 2x H200
-    kept its CUDA graph, with NCCL's all-reduce in it, alive into destroy_process_group and blocked there
-    forever after its last epoch. One full collection here (a fraction of a second) frees it first."""
-    import gc
-
-    gc.unfreeze()
-    gc.collect()
-

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,16 @@ from launcher.train.early_stop import default_figure
 from launcher.train.metrics import write_results
 
 log = logging.getLogger("launcher.train")
+
+
+@dataclass
+class Timings:
+    """A run's time, summed on the device's own clock (CUDA events) where it has one."""
+
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    warmup_s: float | None = None  # compile and capture, before any clock started
+    first_step_s: float | None = None  # from the command's start to the first step's end
 
 
 def epoch_line(row: dict[str, Any], epochs: int, unit: str) -> str:

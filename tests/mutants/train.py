@@ -286,6 +286,16 @@ MUTANTS = [
            "                if not quiet:\n                    raise", "                if quiet:\n                    raise",
            ("tests/unit/test_tensorboard_aside.py::test_a_runs_set_up_threads_are_each_waited_for_once_and_a_failure_"
             "is_raised_unless_the_run_is_leaving",)),
+    Mutant("cuda_graph=auto keeps a graph that gains less than 5%", "launcher/train/warmup.py",
+           "return graph_ms <= (1.0 if workers else GRAPH_GAIN) * eager_ms", "return graph_ms <= eager_ms",
+           ("tests/unit/test_step_graph.py::test_cuda_graph_auto_keeps_a_replay_five_percent_shorter_or_a_tie_where_"
+            "dataloader_workers_run",)),
+    Mutant("the warm-up's saved state aliases the live weights", "launcher/train/warmup.py",
+           "self.device, clone=True, local=True,", "self.device, clone=False, local=True,",
+           ("tests/unit/test_step_graph.py::test_the_warm_up_leaves_no_trace_but_its_time",)),
+    Mutant("the evaluation keeps its warm-up from before a compile", "launcher/train/warmup.py",
+           "        self.evaluation.warm = False\n", "",
+           ("tests/unit/test_step_graph.py::test_the_warm_up_leaves_no_trace_but_its_time",)),
     Mutant("a CPU run's thread hint never said", 'launcher/train/loop.py',
            '        if self.device.type == "cpu":\n            advice = thread_advice(',
            '        if False:\n            advice = thread_advice(',

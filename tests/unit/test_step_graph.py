@@ -75,7 +75,7 @@ def test_the_trainer_is_freed_before_teardown_though_compiling_froze_the_heap(mo
     import weakref
     from types import SimpleNamespace
 
-    from launcher.train import loop
+    from launcher.train import compiling, loop
 
     alive: list[weakref.ref] = []
     seen_at_teardown: list[bool] = []
@@ -84,7 +84,7 @@ def test_the_trainer_is_freed_before_teardown_though_compiling_froze_the_heap(mo
         def __init__(self, *args, **kwargs):
             self.step = lambda: self  # a closure over the trainer, as TrainStep's
             alive.append(weakref.ref(self))
-            loop.settle_heap()  # as after compiling: the cycle is frozen while it lives
+            compiling.settle_heap()  # as after compiling: the cycle is frozen while it lives
 
         def run(self):
             return {"done": True}
@@ -118,8 +118,65 @@ def test_cuda_graph_auto_keeps_a_replay_five_percent_shorter_or_a_tie_where_data
     (busy on the host's cores once training runs, resting while the warm-up times both ways) a replayed step,
     which needs almost no host time, wins a tie: on two H200s with 15 workers a rank, 38.1 ms replayed against
     39.2 eagerly in the warm-up, then 8,663-10,496 img/s an epoch replayed against 7,775-8,344 eagerly."""
-    from launcher.train.loop import keeps_graph
+    from launcher.train.warmup import keeps_graph
 
     assert keeps_graph(37.0, 40.0, workers=False) and not keeps_graph(37.7, 38.7, workers=False)
     assert keeps_graph(37.7, 38.7, workers=True) and keeps_graph(38.7, 38.7, workers=True)
     assert not keeps_graph(39.0, 38.7, workers=True)
+
+
+def test_the_warm_up_leaves_no_trace_but_its_time():
+    """The warm-up (warmup.py) trains a few steps on the real batches before the first epoch: afterwards the
+    weights, the optimizer's momentum and the learning-rate schedule are as before, no gradient is left, the
+    evaluation warms up again at its next run, and its time is counted apart from the training's."""
+    import contextlib
+    import gc
+    import logging
+    from types import SimpleNamespace
+
+    from launcher.config import PerfConfig, SingleConfig
+    from launcher.strategies import Devices, choose
+    from launcher.train.misfit import FirstSteps
+    from launcher.train.optim import _stepper
+    from launcher.train.results import Timings
+    from launcher.train.step import TrainStep
+    from launcher.train.warmup import WARMUP_STEPS, WarmUp
+
+    cpu = torch.device("cpu")
+    strategy = choose(SingleConfig(), Devices(), nprocs=None, global_batch=8, perf=PerfConfig(),
+                      gpus_text="[]").strategy
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    nets = strategy.wrap(model, cpu)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    steppers = [_stepper(opt, lambda step: 1.0 / (step + 1))]
+
+    def cross_entropy(net, batch):
+        return torch.nn.functional.cross_entropy(net(batch[0]), batch[1])
+
+    step = TrainStep(nets, steppers, cross_entropy, None, None, contextlib.nullcontext, cpu)
+    seen = []
+
+    class Split:
+        def batches(self, rows):
+            for r in rows:
+                seen.append(r)
+                yield (torch.randn(8, 3), torch.randint(0, 2, (8,))), r
+
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    timings, evaluation = Timings(), SimpleNamespace(warm=True)
+    warm_up = WarmUp(config_of("gpus=[]"), strategy, cpu, timings, SimpleNamespace(mark=lambda name: None), evaluation,
+                     auto_graph=False)
+    order = lambda epoch: torch.arange(40).view(5, 8)  # noqa: E731
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(logging.getLogger("launcher.train"), "info", lambda *a, **k: None)
+            warm_up(step, Split(), order, torch.Generator(), FirstSteps(None, False), compiled=True, captures=False)
+    finally:
+        gc.unfreeze()  # (settle_heap froze the heap, as after compiling)
+    assert len(seen) == WARMUP_STEPS
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    assert all(not s["momentum_buffer"].any() for s in opt.state.values())  # (none before: zeros in place)
+    assert steppers[0].scheduler.last_epoch == 0 and opt.param_groups[0]["lr"] == pytest.approx(0.1)
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+    assert evaluation.warm is False and timings.warmup_s > 0 and timings.train_s == 0
