@@ -12,12 +12,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from launcher.config import Config
 from launcher.figures import LauncherFigures, check_step_names
+from launcher.files import CONFUSION, EVAL, write_json
+from launcher.train import reporting
 from launcher.train.data import Data, eval_chunks, warm_up_chunks
 from launcher.train.prefetch import batch_len
 from launcher.train.stall import StepClock
@@ -119,6 +122,36 @@ class Evaluation:
             row["confusion"] = [[int(v) for v in r]
                                 for r in s.all_reduce(queued.matrix).view(classes, classes).tolist()]
         return row
+
+    def write_report(self, run_dir: Path, facts: dict[str, Any], row: dict[str, Any], data: Data,
+                     started: float) -> dict[str, Any]:
+        """`launch eval`'s eval.json (rank 0): `facts` (what was evaluated, on what) and the figures of `row`
+        (`read_now`'s); where it holds the confusion matrix (a built-in classifier), the test images, the
+        accuracy per class, and confusion.png. `started`: perf_counter() when the evaluation began."""
+        if "confusion" not in row:
+            report = {**facts, **row, "worker_s": time.perf_counter() - started, "torch": torch.__version__}
+            write_json(run_dir / EVAL, report)
+            return report
+        confusion = row.pop("confusion")
+        counts = [sum(r) for r in confusion]
+        per_class = [confusion[i][i] / counts[i] if counts[i] else None for i in range(len(confusion))]
+        names = self.class_names(data, len(confusion))
+        report = {
+            **facts, "test_images": int(sum(counts)), **row, "classes": names,
+            "per_class_acc": dict(zip(names, per_class, strict=True)), "confusion": confusion,
+            "worker_s": time.perf_counter() - started, "torch": torch.__version__,
+        }
+        write_json(run_dir / EVAL, report)
+        reporting.plot_confusion(confusion, names, run_dir / CONFUSION)
+        return report
+
+    def class_names(self, data: Data, count: int) -> list[str]:
+        """The recipe's class names, else its evaluation Dataset's `classes` (an image folder's folder names,
+        as torchvision's ImageFolder has them), else the class indices."""
+        names = [str(c) for c in self.recipe.class_names]
+        if not names and not data.in_memory:
+            names = [str(c) for c in getattr(data.test.dataset, "classes", None) or ()]
+        return names if len(names) == count else [str(i) for i in range(count)]
 
     @torch.no_grad()
     def _warm_up(self, nets: Nets, data: Data, chunks: list[torch.Tensor], warmed: bool) -> None:

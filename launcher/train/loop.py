@@ -32,7 +32,6 @@ import functools
 import logging
 import math
 import os
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,7 +50,7 @@ from launcher.config import (
 )
 from launcher.errors import ConfigError
 from launcher.figures import NamedFigures, check_report
-from launcher.files import CONFUSION, CURVES, EVAL, RESULTS, last_checkpoint, write_json
+from launcher.files import CURVES, RESULTS, last_checkpoint
 from launcher.models import configured, from_config, lazy_modules, materialize_lazy
 from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
@@ -79,7 +78,7 @@ from launcher.train.metrics import MetricsLog
 from launcher.train.optim import Stepper
 from launcher.train.preemption import Preempted, PreemptionWatch
 from launcher.train.restart import Start
-from launcher.train.results import Timings
+from launcher.train.results import RankFacts, RunRecord, Timings
 from launcher.train.stall import Readback, StepClock, StepPace, input_advice, thread_advice
 from launcher.train.step import Figures, TrainStep
 from launcher.train.stops import NonFiniteLoss, OutOfMemory
@@ -280,17 +279,30 @@ class Trainer:
             history = self._epochs(start)
             self.data.close()  # (its DataLoader workers, if any: nothing reads from them any more)
         # (the writer is closed: the last checkpoint is on disk before the run reports itself done)
-        digests, devices = self._gather_rank_facts()
-        return self._end(history, digests, devices, start.source, time.perf_counter() - t_start)
+        ranks = RankFacts.gather(self.strategy, self.nets, self.device)
+        return self._end(history, self._record(ranks, start.source, time.perf_counter() - t_start))
 
-    def _end(self, history: list[dict[str, Any]], digests: list[str], devices: list[str], source: str | None,
-             worker_s: float) -> dict[str, Any] | None:
+    def _record(self, ranks: RankFacts, source: str | None, worker_s: float) -> RunRecord:
+        """What results.json says of this run beside its epochs' rows (results.py)."""
+        s, best = self.strategy, self.best
+        return RunRecord(
+            cfg=self.cfg, strategy=s.name, world_size=s.world_size, batch_per_process=s.batch_per_process,
+            gradient_sync=s.gradient_sync, sharding=s.layout, device_type=self.device.type, ranks=ranks,
+            synthetic_data=self.data.synthetic, data_placement=self.data.placement, compiled=self.compiled.compile,
+            compile_decision=self.compiled.why, cuda_graph=self.step.captured is not None,
+            cudnn_benchmark=self.device.type == "cuda" and torch.backends.cudnn.benchmark, fp16=self.fp16,
+            stopped_early=self.stopped_early,
+            best_checkpoint={"metric": best.key, "kept": best.kept} if best is not None else None,
+            timings=self.timings, started_unix=self.spec.started_at, startup=self.timeline.as_dict(),
+            resumed_from=source, restarts=self.world.restart_count, worker_s=worker_s)
+
+    def _end(self, history: list[dict[str, Any]], record: RunRecord) -> dict[str, Any] | None:
         """The run's files at its end, the figures first: results.json (rank 0; small, atomic), then the
         recipe's finish (a sample; its facts join results.json), TensorBoard's last events, curves.png and the
         trackers, each attempted on its own (results.EndWrites): a file that cannot be written (a full disk)
         is named, leaves no partial file, and ends the run with exit 1, the figures kept."""
         ending = results.EndWrites(self.run_dir)
-        outcome = results.write(self, history, digests, devices, source, worker_s, {}) if self.is_main else None
+        outcome = results.write(self.run_dir, record, history) if self.is_main else None
         # (a sharded model's forward takes every rank, so all of them run the recipe's finish)
         if self.is_main or self.strategy.sharded:
             with ending.attempt(f"what recipe={self.cfg.recipe.name}'s finish writes in {self.run_dir}"):
@@ -334,38 +346,13 @@ class Trainer:
         self.data.close()
         if not self.is_main:
             return None
-        if not self._classifies:
+        if not self._classifies:  # (the built-in classifiers' report: accuracy per class, the confusion matrix)
             self.recipe.report(row, self.device, self.strategy.world_size)
-            report = {"evaluated": source, "recipe": self.cfg.recipe.name, "model": model_name(self.cfg),
-                       "trained_epochs": state.get("epoch"), "strategy": self.strategy.name,
-                       "world_size": self.strategy.world_size, "device_type": self.device.type,
-                       "synthetic_data": self.data.synthetic, **row, "worker_s": time.perf_counter() - t_start,
-                       "torch": torch.__version__}
-            write_json(self.run_dir / EVAL, report)
-            return report
-        confusion = row.pop("confusion")
-        counts = [sum(r) for r in confusion]
-        per_class = [confusion[i][i] / counts[i] if counts[i] else None for i in range(len(confusion))]
-        names = self._class_names(len(confusion))
-        report = {
-            "evaluated": source, "recipe": self.cfg.recipe.name, "model": model_name(self.cfg),
-            "trained_epochs": state.get("epoch"), "strategy": self.strategy.name,
-            "world_size": self.strategy.world_size, "device_type": self.device.type,
-            "synthetic_data": self.data.synthetic, "test_images": int(sum(counts)),
-            **row, "classes": names, "per_class_acc": dict(zip(names, per_class, strict=True)),
-            "confusion": confusion, "worker_s": time.perf_counter() - t_start, "torch": torch.__version__,
-        }
-        write_json(self.run_dir / EVAL, report)
-        reporting.plot_confusion(confusion, names, self.run_dir / CONFUSION)
-        return report
-
-    def _class_names(self, count: int) -> list[str]:
-        """The recipe's class names, else its evaluation Dataset's `classes` (an image folder's folder names,
-        as torchvision's ImageFolder has them), else the class indices."""
-        names = [str(c) for c in self.recipe.class_names]
-        if not names and not self.data.in_memory:
-            names = [str(c) for c in getattr(self.data.test.dataset, "classes", None) or ()]
-        return names if len(names) == count else [str(i) for i in range(count)]
+        facts = {"evaluated": source, "recipe": self.cfg.recipe.name, "model": model_name(self.cfg),
+                 "trained_epochs": state.get("epoch"), "strategy": self.strategy.name,
+                 "world_size": self.strategy.world_size, "device_type": self.device.type,
+                 "synthetic_data": self.data.synthetic}
+        return self.evaluation.write_report(self.run_dir, facts, row, self.data, t_start)
 
     @property
     def is_main(self) -> bool:
@@ -871,15 +858,6 @@ class Trainer:
             log.warning(advice)
         return advice is not None
 
-    def _gather_rank_facts(self) -> tuple[list[str], list[str]]:
-        """Every rank's weights digest and device names, in rank order (and each rank's host: `self.hosts`)."""
-        mine = (self.strategy.weights_digest(self.nets), self.strategy.device_names(self.device), socket.gethostname())
-        everyone = self.strategy.gather(mine)
-        digests = [d for d, _, _ in everyone]
-        self.hosts = [host for _, _, host in everyone]
-        if len(set(digests)) > 1 and self.is_main:
-            log.warning("ranks ended with DIFFERENT weights (digests %s): the replicas diverged", digests)
-        return digests, [name for _, names, _ in everyone for name in names]
 
 def autocast(device_type: str, bf16: bool, fp16: bool) -> torch.autocast:
     """The autocast a step runs under: float16 (perf.precision=fp16), else bf16 where `bf16`, else none."""

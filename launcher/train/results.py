@@ -6,18 +6,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from launcher.config import DEFAULT_OBJECTIVE, minimized, model_name
+from launcher.config import DEFAULT_OBJECTIVE, Config, minimized, model_name
 from launcher.errors import ExplainedStop
 from launcher.files import RESULTS, DiskFull, disk_full, free_bytes
 from launcher.train.early_stop import default_figure
 from launcher.train.metrics import write_results
+
+if TYPE_CHECKING:
+    from launcher.strategies import Nets, Strategy
 
 log = logging.getLogger("launcher.train")
 
@@ -30,6 +34,54 @@ class Timings:
     eval_s: float = 0.0
     warmup_s: float | None = None  # compile and capture, before any clock started
     first_step_s: float | None = None  # from the command's start to the first step's end
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """Every rank's weights digest, device names and machine, in rank order (`gather`)."""
+
+    digests: list[str]
+    devices: list[str]  # (a rank of strategy=dp drives several)
+    hosts: list[str]
+
+    @classmethod
+    def gather(cls, strategy: Strategy, nets: Nets, device: torch.device) -> RankFacts:
+        """Gathered from every rank (a collective); replicas that ended with different weights said on rank 0."""
+        mine = (strategy.weights_digest(nets), strategy.device_names(device), socket.gethostname())
+        everyone = strategy.gather(mine)
+        digests = [d for d, _, _ in everyone]
+        if len(set(digests)) > 1 and strategy.is_main:
+            log.warning("ranks ended with DIFFERENT weights (digests %s): the replicas diverged", digests)
+        return cls(digests, [name for _, names, _ in everyone for name in names], [host for _, _, host in everyone])
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What results.json says of a finished run beside its epochs' rows, as the loop filled it at the end."""
+
+    cfg: Config  # the settings it ran with (what actually ran: the plan's)
+    strategy: str
+    world_size: int
+    batch_per_process: int
+    gradient_sync: str | None
+    sharding: str | None  # (fsdp's units; None under the other strategies)
+    device_type: str
+    ranks: RankFacts
+    synthetic_data: bool
+    data_placement: str
+    compiled: bool
+    compile_decision: str
+    cuda_graph: bool  # the step was replayed as one CUDA graph
+    cudnn_benchmark: bool
+    fp16: bool
+    stopped_early: dict[str, Any] | None  # why the run stopped before its last epoch (early_stop)
+    best_checkpoint: dict[str, Any] | None  # checkpoint.keep_best: the figure and the epochs kept
+    timings: Timings
+    started_unix: float  # when `launch` began: first_step_s counts from it
+    startup: dict[str, Any]  # the start-up's milestones (timeline.py)
+    resumed_from: str | None
+    restarts: int
+    worker_s: float
 
 
 def epoch_line(row: dict[str, Any], epochs: int, unit: str) -> str:
@@ -63,10 +115,9 @@ def epoch_line(row: dict[str, Any], epochs: int, unit: str) -> str:
     return "  ".join(parts)
 
 
-def write(trainer: Any, history: list[dict[str, Any]], digests: list[str], devices: list[str],
-          resumed_from: str | None, total_s: float, recipe_facts: dict[str, Any]) -> dict[str, Any]:
-    """results.json of a finished run (rank 0), from the trainer's facts and the epochs' history; returned."""
-    cfg, s, t = trainer.cfg, trainer.strategy, trainer.timings
+def write(run_dir: Path, record: RunRecord, history: list[dict[str, Any]]) -> dict[str, Any]:
+    """results.json of a finished run (rank 0), from its record and the epochs' history; returned."""
+    cfg, t, digests = record.cfg, record.timings, record.ranks.digests
     final = history[-1] if history else {}
     scored = [r["test_acc"] for r in history if "test_acc" in r]
     stalls = [r["input_stall"] for r in history]
@@ -77,28 +128,28 @@ def write(trainer: Any, history: list[dict[str, Any]], digests: list[str], devic
     ranked = [r[objective] for r in history if isinstance(r.get(objective), (int, float))]
     best = ((min if minimized(objective, cfg.sweep.direction) else max)(ranked) if ranked else None)
     timed = {"train_s": t.train_s, "eval_s": t.eval_s, "train_eval_s": t.train_s + t.eval_s,
-             "clock": "cuda events" if trainer.device.type == "cuda" else "host clock",
+             "clock": "cuda events" if record.device_type == "cuda" else "host clock",
              "compile_warmup_s": t.warmup_s}
     results = {
         "recipe": cfg.recipe.name,
         "model": model_name(cfg),
-        "strategy": s.name,
-        "world_size": s.world_size,
-        "device_type": trainer.device.type,
-        "devices": devices,
-        "hosts": trainer.hosts,  # each rank's machine, in rank order
+        "strategy": record.strategy,
+        "world_size": record.world_size,
+        "device_type": record.device_type,
+        "devices": record.ranks.devices,
+        "hosts": record.ranks.hosts,  # each rank's machine, in rank order
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "epochs": cfg.epochs,
         "batch_size": cfg.batch_size,
-        "batch_per_process": s.batch_per_process,
-        "synthetic_data": trainer.data.synthetic,
-        "data_placement": trainer.data.placement,
-        "compiled": trainer.compiled.compile,
-        "compile_decision": trainer.compiled.why,
-        "cuda_graph": trainer.step.captured is not None,
-        "cudnn_benchmark": trainer.device.type == "cuda" and torch.backends.cudnn.benchmark,
-        "gradient_sync": s.gradient_sync,
-        "sharding": s.layout,  # (fsdp's units; None under the other strategies)
+        "batch_per_process": record.batch_per_process,
+        "synthetic_data": record.synthetic_data,
+        "data_placement": record.data_placement,
+        "compiled": record.compiled,
+        "compile_decision": record.compile_decision,
+        "cuda_graph": record.cuda_graph,
+        "cudnn_benchmark": record.cudnn_benchmark,
+        "gradient_sync": record.gradient_sync,
+        "sharding": record.sharding,  # (fsdp's units; None under the other strategies)
         "final": final,
         "test_acc": final.get("test_acc"),
         "best_test_acc": max(scored, default=None),
@@ -107,28 +158,26 @@ def write(trainer: Any, history: list[dict[str, Any]], digests: list[str], devic
         "objective": objective,
         f"best_{objective}": best,
         "epochs_run": len(history),
-        "stopped_early": trainer.stopped_early,  # None, or why the run stopped before its last epoch (early_stop)
-        "best_checkpoint": ({"metric": trainer.best.key, "kept": trainer.best.kept}
-                            if trainer.best is not None else None),
+        "stopped_early": record.stopped_early,  # None, or why the run stopped before its last epoch (early_stop)
+        "best_checkpoint": record.best_checkpoint,
         "skipped_samples": sum(int(r.get("skipped", 0)) for r in history),
         # (each evaluation reads the same files: the last one's count)
         "skipped_eval_samples": int(final.get("eval_skipped", 0)),
-        **({"overflow_steps": sum(int(r.get("overflow_steps", 0)) for r in history)} if trainer.fp16 else {}),
+        **({"overflow_steps": sum(int(r.get("overflow_steps", 0)) for r in history)} if record.fp16 else {}),
         "train_s": t.train_s,
         "timed": timed,
         "input_stall": round(sum(stalls) / len(stalls), 4) if stalls else None,
-        "worker_s": total_s,
+        "worker_s": record.worker_s,
         "first_step_s": t.first_step_s,
-        "started_unix": trainer.spec.started_at,  # when `launch` began: first_step_s counts from it
-        "startup": trainer.timeline.as_dict(),
-        "resumed_from": resumed_from,
-        "restarts": trainer.world.restart_count,
+        "started_unix": record.started_unix,  # when `launch` began: first_step_s counts from it
+        "startup": record.startup,
+        "resumed_from": record.resumed_from,
+        "restarts": record.restarts,
         "weights_sha256": digests,
         "ranks_agree": len(set(digests)) == 1,
         "torch": torch.__version__,
-        **recipe_facts,
     }
-    write_results(trainer.run_dir, results)
+    write_results(run_dir, results)
     return results
 
 

@@ -250,7 +250,7 @@ MUTANTS = [
     Mutant("a run that finished all epochs says it stopped early", "launcher/train/loop.py",
            "if self.early_stop is not None and epoch + 1 < cfg.epochs:", "if self.early_stop is not None:",
            ("tests/distributed/test_trackers.py::test_a_run_whose_patience_ends_with_its_last_epoch_finished_and_did_not_stop_early",)),
-    Mutant("per-class accuracy over the largest class", "launcher/train/loop.py",
+    Mutant("per-class accuracy over the largest class", "launcher/train/evaluation.py",
            "per_class = [confusion[i][i] / counts[i] if counts[i] else None", "per_class = [confusion[i][i] / max(counts) if counts[i] else None",
            ("tests/distributed/test_eval.py",)),
     Mutant("the first step's time not the command's", "launcher/train/loop.py",

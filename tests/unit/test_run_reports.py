@@ -4,7 +4,6 @@ ETA) and when it is drawn, the epoch line, results.json's figures, and where a N
 import functools
 import json
 import math
-from types import SimpleNamespace
 
 import torch
 
@@ -46,15 +45,14 @@ def test_the_epoch_line_shows_each_figure_under_its_own_name():
 def finished(tmp_path, history, digests, *overrides):
     """results.json of a run with this history, as rank 0 writes it at the end; what it holds."""
     cfg = composed(*overrides)
-    trainer = SimpleNamespace(
-        cfg=cfg, device=CPU, hosts=["here"], run_dir=tmp_path, stopped_early=None, best=None, fp16=False,
-        strategy=SimpleNamespace(name="single", world_size=1, batch_per_process=cfg.batch_size, gradient_sync=None,
-                                 layout=None),
-        timings=SimpleNamespace(train_s=1.0, eval_s=0.5, warmup_s=0.0, first_step_s=2.0),
-        data=SimpleNamespace(synthetic=False, placement="resident"), compiled=SimpleNamespace(compile=False, why=""),
-        step=SimpleNamespace(captured=None), spec=SimpleNamespace(started_at=0.0),
-        timeline=SimpleNamespace(as_dict=dict), world=SimpleNamespace(restart_count=0))
-    results.write(trainer, history, digests, ["cpu"], None, 3.0, {})
+    record = results.RunRecord(
+        cfg=cfg, strategy="single", world_size=1, batch_per_process=cfg.batch_size, gradient_sync=None, sharding=None,
+        device_type="cpu", ranks=results.RankFacts(digests, ["cpu"] * len(digests), ["here"] * len(digests)),
+        synthetic_data=False, data_placement="resident", compiled=False, compile_decision="", cuda_graph=False,
+        cudnn_benchmark=False, fp16=False, stopped_early=None, best_checkpoint=None,
+        timings=results.Timings(train_s=1.0, eval_s=0.5, warmup_s=0.0, first_step_s=2.0), started_unix=0.0,
+        startup={}, resumed_from=None, restarts=0, worker_s=3.0)
+    results.write(tmp_path, record, history)
     return json.loads((tmp_path / "results.json").read_text())
 
 
