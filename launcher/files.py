@@ -16,7 +16,7 @@ from typing import IO
 
 from launcher.errors import ExplainedStop
 
-# The files of a run dir (README.md "What a run leaves behind").
+# The files of a run dir (docs/runs.md, "The run dir").
 CONFIG = "config.yaml"  # the resolved config
 PLAN = "plan.json"  # strategy, devices, worker environment
 LOG = "train.log"  # every line prefixed [launcher] or [rank N]

@@ -99,8 +99,8 @@ def _pair(batch: Any, recipe: Recipe, hook: str) -> tuple[Any, Any]:
             else f"a {type(batch).__name__}" + (f" of {len(batch)}" if isinstance(batch, (tuple, list)) else ""))
     name = getattr(getattr(getattr(recipe, "cfg", None), "recipe", None), "name", type(recipe).__name__)
     raise ConfigError("recipe", name, f"its batches are {what}, and the default {hook} takes (inputs, labels) "
-                      f"pairs: define {hook}(self, model, batch) in {type(recipe).__name__} (README \"Your own data, "
-                      "model and task\")")
+                      f"pairs: define {hook}(self, model, batch) in {type(recipe).__name__} (docs/own-code.md, "
+                      "\"The recipe interface\")")
 
 
 class Recipe:

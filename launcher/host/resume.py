@@ -1,7 +1,7 @@
 """`resume=`: which checkpoint, whether it is a launch checkpoint at all, and what this launch changes
 of the run it continues. Checked in the launcher, before any worker starts.
 
-The rule (README "Resuming"): a resume continues the run as it was. The training *state* comes from
+The rule (docs/runs.md, "Resuming"): a resume continues the run as it was. The training *state* comes from
 the checkpoint (weights, optimizer moments, the RNG, the metrics so far, the epochs done), and so does
 every training *setting* this command line does not give: the recipe and its values, the optimizer and
 its hyper-parameters, lr, epochs, batch size, accumulation, seed, evaluation, precision

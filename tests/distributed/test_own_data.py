@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.distributed
 
 OWN = Path(__file__).parent / "data" / "own"  # the tests' own recipes
-EXAMPLES = Path(__file__).parents[2] / "examples"  # the README's (regression.py, nets.py)
+EXAMPLES = Path(__file__).parents[2] / "examples"  # docs/own-code.md's (regression.py, nets.py)
 
 
 def _run_dir(result) -> Path:

@@ -1,5 +1,5 @@
 """`resume=`: the checkpoint's training state continues with the checkpoint's settings, changed only
-where this command line says so (README "Resuming"); what cannot continue is refused in one line before
+where this command line says so (docs/runs.md, "Resuming"); what cannot continue is refused in one line before
 any worker starts, and a resumed run really starts after the checkpoint's epoch (a run from scratch is
 deterministic too, so the tests look at what only a resume does)."""
 

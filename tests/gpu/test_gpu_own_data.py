@@ -15,7 +15,7 @@ import torch
 from tests.imagefolders import write_image_folder
 
 OWN = Path(__file__).parent.parent / "distributed" / "data" / "own"  # (indexed.py)
-EXAMPLES = Path(__file__).parents[2] / "examples"  # the README's (regression.py, nets.py)
+EXAMPLES = Path(__file__).parents[2] / "examples"  # docs/own-code.md's (regression.py, nets.py)
 
 
 def _project(cwd: Path) -> None:

@@ -1,4 +1,4 @@
-"""Each optimizer's parameter groups as the README's `optim` row documents them: which parameters each group
+"""Each optimizer's parameter groups as docs/keys.md's `optim` row documents them: which parameters each group
 holds (every trained one in exactly one), its weight decay, and its learning rate at the first step, at the end
 of the warm-up and at the end of the run (launcher/train/optim.py)."""
 
