@@ -1,10 +1,11 @@
-"""Every `launch` command README.md shows, read out of it, runs as written from a fresh clone (from
-examples/, where the files the README's own recipes need are): each is composed, checked and planned
-(`dry_run=true`: nothing trains; `launch doctor`, `runs`, `--help`, `--version` run whole). What this
-machine cannot have is put in its place and said: GPUs (`gpus=` becomes `gpus=[]`), the folder a
+"""Every `launch` command README.md and docs/*.md show, read out of them, runs as written from a fresh
+clone (from examples/, where the files the docs' own recipes need are): each is composed, checked and
+planned (`dry_run=true`: nothing trains; `launch doctor`, `runs`, `--help`, `--version` run whole). What
+this machine cannot have is put in its place and said: GPUs (`gpus=` becomes `gpus=[]`), the folder a
 command names as DIR (a generated image folder), a machine's address (127.0.0.1). Commands that name a
-run dir of the README's author, a cluster, a GPU-only strategy or a package not installed here are
-listed as left out, so that the list of what is checked stays visible in the test's output."""
+run dir of the docs' author (or an earlier run here), a cluster, a GPU-only strategy or a package not
+installed here are listed as left out, so that the list of what is checked stays visible in the test's
+output. A command shown on several pages runs once; each place it is shown is a test of its own."""
 
 from __future__ import annotations
 
@@ -21,13 +22,15 @@ import pytest
 from tests.conftest import clean_env, launch_command
 
 REPO = Path(__file__).resolve().parents[2]
+PAGES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 PLACEHOLDERS = ("RUN_DIR", "outputs/", "/data/", "...", "DIR/")
 
 
-def readme_commands() -> list[tuple[int, list[str]]]:
-    """(line, argv after `launch`) for each `launch ...` line of README.md's indented code blocks, with
-    its continuation lines joined and its comment removed."""
-    lines = (REPO / "README.md").read_text().splitlines()
+def page_commands(page: Path) -> list[tuple[str, list[str]]]:
+    """(`page:line`, argv after `launch`) for each `launch ...` line of a page's indented code blocks,
+    with its continuation lines joined and its comment removed."""
+    name = page.relative_to(REPO).as_posix()
+    lines = page.read_text().splitlines()
     found, i, fenced = [], 0, False
     while i < len(lines):
         line, start = lines[i], i + 1
@@ -38,16 +41,23 @@ def readme_commands() -> list[tuple[int, list[str]]]:
             while text.endswith("\\") and i + 1 < len(lines):
                 i += 1
                 text = text[:-1] + " " + lines[i].strip()
-            found.append((start, shlex.split(text, comments=True)[1:]))
+            found.append((f"{name}:{start}", shlex.split(text, comments=True)[1:]))
         i += 1
     return found
+
+
+def doc_commands() -> list[tuple[str, list[str]]]:
+    """Every page's commands, README.md first."""
+    return [found for page in PAGES for found in page_commands(page)]
 
 
 def left_out(argv: list[str]) -> str | None:
     """Why this command cannot run on a CPU machine without a cluster, or None."""
     text = " ".join(argv)
     if any(p in text for p in PLACEHOLDERS) or "DIR" in text.replace("data.root=DIR", ""):
-        return "names a run dir or data of the README's author"
+        return "names a run dir or data of the docs' author"
+    if "resume=latest" in text:
+        return "continues the newest run here, and a fresh copy of examples/ holds none"
     if "backend=slurm" in text:
         return "needs a SLURM cluster (tests/slurm runs those)"
     if "strategy=dp" in text:
@@ -75,18 +85,19 @@ def as_run_here(argv: list[str], images: Path) -> list[str]:
     return [*before, "dry_run=true", *dashes, *after]
 
 
-COMMANDS = readme_commands()
+COMMANDS = doc_commands()
 
 
-def test_the_readme_shows_the_commands_this_test_reads():
+def test_the_docs_show_the_commands_this_test_reads():
     assert len(COMMANDS) > 40
     assert any(argv[:1] == ["recipe=my_pkg.my_recipe"] for _, argv in COMMANDS)
+    assert {where.split(":")[0] for where, _ in COMMANDS} >= {"README.md", "docs/keys.md", "docs/own-code.md"}
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> tuple[Path, Path]:
-    """A fresh copy of examples/ to run from, with the script the README's script= commands name, and
-    a small image folder for its DIR."""
+    """A fresh copy of examples/ to run from, with the script the docs' script= commands name, and
+    a small image folder for their DIR."""
     from tests.imagefolders import write_image_folder
 
     root = tmp_path_factory.mktemp("readme")
@@ -99,30 +110,34 @@ def project(tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def ran(project) -> dict[int, tuple[list[str], Future]]:
+def ran(project) -> dict[str, tuple[list[str], Future]]:
     """Every command that runs here, started two at a time as the module begins (each is a process that is
     mostly one core's work: composing, checking, importing its recipe), so that the tests below mostly find
-    theirs done. line -> (the command as run, its CompletedProcess to come)."""
+    theirs done; a command shown twice runs once. `page:line` -> (the command as run, its CompletedProcess
+    to come)."""
     here, images = project
     pool = ThreadPoolExecutor(max_workers=2)
-    started = {}
-    for line, argv in COMMANDS:
+    started, by_command = {}, {}
+    for where, argv in COMMANDS:
         if left_out(argv) is None:
             command = as_run_here(argv, images)
-            started[line] = (command, pool.submit(subprocess.run, launch_command(*command), cwd=here,
-                                                  capture_output=True, text=True, timeout=180, env=clean_env()))
+            if tuple(command) not in by_command:
+                by_command[tuple(command)] = pool.submit(
+                    subprocess.run, launch_command(*command), cwd=here, capture_output=True, text=True,
+                    timeout=180, env=clean_env())
+            started[where] = (command, by_command[tuple(command)])
     yield started
     pool.shutdown(cancel_futures=True)
 
 
-@pytest.mark.parametrize("line, argv", COMMANDS, ids=[f"README.md:{n}" for n, _ in COMMANDS])
-def test_a_readme_command_runs_as_written(line, argv, ran):
+@pytest.mark.parametrize("where, argv", COMMANDS, ids=[where for where, _ in COMMANDS])
+def test_a_docs_command_runs_as_written(where, argv, ran):
     why = left_out(argv)
     if why:
-        pytest.skip(f"README.md:{line} `launch {' '.join(argv)}`: {why}")
-    command, proc = ran[line]
+        pytest.skip(f"{where} `launch {' '.join(argv)}`: {why}")
+    command, proc = ran[where]
     proc = proc.result()
-    shown = f"README.md:{line}: launch {' '.join(command)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    shown = f"{where}: launch {' '.join(command)}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     assert proc.returncode == 0, shown
     assert "Traceback" not in proc.stderr, shown
     assert not re.search(r"is not valid|unknown key", proc.stderr), shown
