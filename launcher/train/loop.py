@@ -30,11 +30,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +40,11 @@ import torch
 from launcher.config import (
     Config,
     Precision,
-    figure_key,
     model_name,
-    smaller_is_better,
     to_plain,
 )
 from launcher.errors import ConfigError
-from launcher.figures import NamedFigures, check_report
+from launcher.figures import NamedFigures
 from launcher.files import CURVES, RESULTS, last_checkpoint
 from launcher.models import configured, from_config, lazy_modules, materialize_lazy
 from launcher.recipes import Recipe, TokenSplits, recipe_class
@@ -69,31 +64,25 @@ from launcher.train import (
     trackers,
     warmup,
 )
-from launcher.train.best import BestCheckpoints
 from launcher.train.data import Data, rank_order
-from launcher.train.early_stop import EarlyStop, check_named, default_figure
-from launcher.train.evaluation import Evaluation, QueuedEvaluation
+from launcher.train.epoch_end import DeferredEnd, EpochEnds, Next, QueuedEpoch, Reporters, Verdict
+from launcher.train.evaluation import Evaluation
 from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog
 from launcher.train.optim import Stepper
-from launcher.train.preemption import Preempted, PreemptionWatch
+from launcher.train.preemption import PreemptionWatch
 from launcher.train.restart import Start
 from launcher.train.results import RankFacts, RunRecord, Timings
-from launcher.train.stall import Readback, StepClock, StepPace, input_advice, thread_advice
-from launcher.train.step import Figures, TrainStep
-from launcher.train.stops import NonFiniteLoss, OutOfMemory
+from launcher.train.saving import Saves
+from launcher.train.stall import StepClock, StepPace
+from launcher.train.step import TrainStep
+from launcher.train.stops import OutOfMemory
 from launcher.train.threads import Asides, profiled
 from launcher.train.timeline import StartupTimeline
 from launcher.train.warmup import WarmUp, tries_graph
-from launcher.world import WorldInfo, available_cores
+from launcher.world import WorldInfo
 
 log = logging.getLogger("launcher.train")
-
-# On GPUs an epoch's figures are read (and it is logged and checkpointed) a few steps into the next
-# epoch, with those steps queued for the device to run meanwhile (`Trainer._epochs`): enough steps for
-# OVERLAP_S of device time by the last epoch's pace (OVERLAP_STEPS before any epoch was read).
-OVERLAP_S = 0.05
-OVERLAP_STEPS = 4
 
 
 def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict[str, Any] | None:
@@ -129,55 +118,6 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     return outcome
 
 
-@dataclass
-class QueuedEpoch:
-    """An epoch whose steps and end are queued on the device and whose figures the host has not read
-    yet (`Trainer._conclude` reads them while the next epoch's first steps run)."""
-
-    epoch: int
-    row: dict[str, Any]  # what the host knew when it queued the epoch's end
-    clock: StepClock
-    started: float  # perf_counter() when the host began the epoch
-    steps: int  # the steps this run took in the epoch (fewer than an epoch's when it resumed inside it)
-    names: list[str]  # the training figures' names (the loss first)
-    figures: Readback  # finite steps, each training figure's sum and count (, the evaluation's)
-    evaluation: QueuedEvaluation | None
-    memory_mb: list[float]  # this rank's peak allocated and reserved (-1 without a GPU)
-    snapshot: checkpoint.HostSnapshot | None  # rank 0: the state after the epoch, being copied to host memory
-    skipped: int = 0  # training samples this rank's Dataset skipped in the epoch
-    first: int = 0  # the step of the epoch it started at
-    snapshot_s: float = 0.0  # rank 0's host time queuing the snapshot's copies
-
-
-class DeferredEnd:
-    """The epoch whose end is queued on the device and not read yet: held from the end of its steps to step
-    `at` of the next epoch (OVERLAP_S of device time; 0 on the CPU, where nothing runs ahead of the host),
-    where `read_if_due` hands it to `conclude` (Trainer._conclude: NaN stop, log, checkpoint, preemption)
-    while the GPU runs those steps; or read at once (`read_now`: the last epoch, a compile decision,
-    early stopping, a strategy whose epoch ends do not overlap)."""
-
-    def __init__(self, conclude: Callable[[QueuedEpoch, float | None], None]):
-        self._conclude = conclude
-        self._held: QueuedEpoch | None = None
-        self.at = 0
-
-    @property
-    def held(self) -> bool:
-        return self._held is not None
-
-    def hold(self, queued: QueuedEpoch) -> None:
-        self._held = queued
-
-    def read_now(self, queued: QueuedEpoch) -> None:
-        self._conclude(queued, None)
-
-    def read_if_due(self, step: int, next_started: float) -> None:
-        """At step `step` of the next epoch (begun at `next_started`): read the held end if this is its step."""
-        if self._held is not None and step == self.at:
-            queued, self._held = self._held, None
-            self._conclude(queued, next_started)
-
-
 class Trainer:
     # What run() sets up, in this order; nothing else is added to a Trainer.
     data: Data  # the splits where they train, and how a batch is normalized
@@ -186,12 +126,11 @@ class Trainer:
     compiled: compiling.Decision  # whether this run compiles (perf.compile), and why
     steppers: list[Stepper]  # the optimizers with their schedules
     step: TrainStep  # one training step and the epoch's sums on the device
-    writer: checkpoint.BackgroundWriter  # checkpoints, written off the training thread
+    saves: Saves  # the checkpoints it writes, off the training thread
     preemption: PreemptionWatch  # SIGUSR2 under SLURM
     tensorboard: reporting.TensorBoardLog
     bar: progress.EpochBar
-    history: list[dict[str, Any]]  # every finished epoch's row (`_epochs`, `_conclude`)
-    metrics_log: MetricsLog
+    ends: EpochEnds  # what each epoch's end does, and the finished epochs' rows
 
     def __init__(self, spec: WorkerSpec, world: WorldInfo, device: torch.device, timeline: StartupTimeline,
                  dirs: nodes.RunDirs | None = None):
@@ -223,16 +162,9 @@ class Trainer:
         self.generator = torch.Generator(device=device)
         # (until a step has run, a network that does not take the batches says so in one line)
         self.first_steps = misfit.FirstSteps(self.cfg, type(self.recipe).__module__.startswith("launcher.recipes."))
-        self.advised = False  # the input-bound advice was logged (once per run)
-        self.said_sharded_steps = False  # checkpoint_every_steps under a sharded strategy was said (once)
-        self.step_s: float | None = None  # the last epoch's seconds per step (the slowest rank's)
-        self.stager: checkpoint.Stager | None = None  # rank 0 on a GPU: checkpoint copies staged on the device
         self.asides = Asides()  # set-up work on threads, waited for at the first epoch's end
-        self.early_stop = EarlyStop.from_config(self.cfg)  # early_stop.metric: None when not asked
         # early_stop.metric, checkpoint.metric, sweep.objective: checked at the first row that can have each
         self.named_figures = NamedFigures(self.cfg, type(self.recipe).figures, self.cfg.recipe.name)
-        self.stopped_early: dict[str, Any] | None = None  # why the run stopped before its last epoch
-        self.best: BestCheckpoints | None = None  # checkpoint.keep_best (rank 0, from the first evaluation)
         self.trackers = trackers.Trackers(self.cfg, self.run_dir, self.is_main)  # log=[mlflow,csv,wandb]
 
     # ---- the run, top to bottom --------------------------------------------------------------------
@@ -265,7 +197,8 @@ class Trainer:
                                                     self.cfg.log.tensorboard.folder if self.cfg.log.tensorboard
                                                     else None)
         with contextlib.ExitStack() as stack:
-            self.writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter(self.world)))
+            writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter(self.world)))
+            self.saves = Saves(self.cfg, self.strategy, self.device, self.run_dir, writer, self.step)
             self.preemption = stack.enter_context(contextlib.closing(PreemptionWatch(self.spec.requeue)))
             # (the writer opened beside the warm-up; the first epoch's end waits for it, and so does
             # the exit, before the writer is closed)
@@ -284,15 +217,14 @@ class Trainer:
 
     def _record(self, ranks: RankFacts, source: str | None, worker_s: float) -> RunRecord:
         """What results.json says of this run beside its epochs' rows (results.py)."""
-        s, best = self.strategy, self.best
+        s = self.strategy
         return RunRecord(
             cfg=self.cfg, strategy=s.name, world_size=s.world_size, batch_per_process=s.batch_per_process,
             gradient_sync=s.gradient_sync, sharding=s.layout, device_type=self.device.type, ranks=ranks,
             synthetic_data=self.data.synthetic, data_placement=self.data.placement, compiled=self.compiled.compile,
             compile_decision=self.compiled.why, cuda_graph=self.step.captured is not None,
             cudnn_benchmark=self.device.type == "cuda" and torch.backends.cudnn.benchmark, fp16=self.fp16,
-            stopped_early=self.stopped_early,
-            best_checkpoint={"metric": best.key, "kept": best.kept} if best is not None else None,
+            stopped_early=self.ends.stopped_early, best_checkpoint=self.saves.kept,
             timings=self.timings, started_unix=self.spec.started_at, startup=self.timeline.as_dict(),
             resumed_from=source, restarts=self.world.restart_count, worker_s=worker_s)
 
@@ -538,21 +470,22 @@ class Trainer:
 
     # ---- epochs -------------------------------------------------------------------------------------
     def _epochs(self, start: Start) -> list[dict[str, Any]]:
-        """Every epoch's steps, with each epoch's end overlapping the next epoch's first steps: the
-        host queues the epoch's end on the device (buffer averaging, evaluation, the sums and the
-        checkpoint copied to pinned memory) and starts the next epoch; a few steps into it (OVERLAP_S of
-        device time), it reads the finished epoch's figures, logs them and writes its checkpoint, while
-        the GPU runs those steps. Nothing is decided later than before: a NaN loss or a preemption stops the run
-        before any state of the next epoch is saved. The last epoch, and the first one of a
-        perf.compile=auto run (whose time decides the compile), end at once."""
+        """Every epoch's steps, each epoch's end overlapping the next epoch's first steps (epoch_end.py): the
+        host queues the end on the device and starts the next epoch; a few steps into it, the end is read
+        (its figures logged, its checkpoint written) while the GPU runs those steps, and its verdict acted on
+        before the next step: a NaN loss or a preemption stops the run before anything of the next epoch is
+        saved. The last epoch, and the first one of a perf.compile=auto run (whose time decides the compile),
+        end at once."""
         cfg = self.cfg
-        self.history = list(start.history)
-        self.metrics_log = MetricsLog(self.run_dir)
+        reporters = Reporters(MetricsLog(self.run_dir), self.tensorboard, self.trackers, self.bar)
+        self.ends = EpochEnds(cfg, self.strategy, self.device, self.step, self.data, self.recipe, self.evaluation,
+                              self.named_figures, self.saves, reporters, self.preemption, self.asides, self.timings,
+                              list(start.history), self.spec.env, self.run_dir, self.steps_per_epoch)
         if self.is_main:
-            self.metrics_log.rewrite(self.history)
+            reporters.metrics_log.rewrite(self.ends.history)
             if start.source:
                 log.info("resumed from %s after epoch %d", start.source, start.epoch)
-        ends = DeferredEnd(self._conclude)
+        deferred = DeferredEnd(self.ends.conclude)
         for epoch in range(start.epoch, cfg.epochs):
             # Seeded per (seed, epoch, rank), so a resumed run augments exactly as an uninterrupted one.
             self.generator.manual_seed((cfg.seed * 100_003 + epoch) * 1_009 + self.strategy.rank)
@@ -563,16 +496,28 @@ class Trainer:
                 log.info("resuming epoch %d at step %d of %d", epoch + 1, first + 1, self.steps_per_epoch)
             profiling = cfg.profile and epoch == min(start.epoch + 1, cfg.epochs - 1) and self.is_main
             with profiled(self.run_dir) if profiling else contextlib.nullcontext():
-                queued = self._train_epoch(epoch, ends, first)
+                queued = self._train_epoch(epoch, deferred, first)
+                if isinstance(queued, Verdict):  # the end before, read a few steps into this epoch, stops the run
+                    self._act(queued)
+                    break
             deciding = self.compiled.pending and epoch + 1 < cfg.epochs
             # (early stopping decides before the next epoch changes the weights: its epochs end at once)
-            if epoch + 1 == cfg.epochs or deciding or not self.strategy.overlaps_epoch_ends or self.early_stop:
-                ends.read_now(queued)
+            if epoch + 1 == cfg.epochs or deciding or not self.strategy.overlaps_epoch_ends or self.ends.early_stop:
+                verdict = deferred.read_now(queued)
+                self._act(verdict)
+                if verdict.stops:
+                    break
             else:
-                ends.hold(queued)
-            if self.stopped_early is not None:
-                break
-        return self.history
+                deferred.hold(queued)
+        return self.ends.history
+
+    def _act(self, verdict: Verdict) -> None:
+        """An epoch end's verdict: stop for a NaN loss or a preemption (what the worker exits with says which),
+        compile now (perf.compile=auto), or go on (early stopping ends the loop)."""
+        if verdict.next in (Next.NAN, Next.PREEMPTED):
+            raise self.ends.stopping(verdict)
+        if verdict.next is Next.COMPILE:
+            self._compile_if_it_pays(verdict.epoch_s, self.cfg.epochs - verdict.epoch - 1)
 
     def _upcoming(self, epoch: int) -> torch.Tensor | None:
         """This rank's order of `epoch`, None past the last: a data path reading ahead asks for it."""
@@ -582,9 +527,10 @@ class Trainer:
         return rank_order(len(self.data.train), self.cfg.batch_size, self.cfg.seed, epoch, self.strategy.world_size,
                           self.strategy.rank, drawn=self.data.drawn_per_epoch)
 
-    def _train_epoch(self, epoch: int, ends: DeferredEnd, first: int = 0) -> QueuedEpoch:
+    def _train_epoch(self, epoch: int, ends: DeferredEnd, first: int = 0) -> QueuedEpoch | Verdict:
         """Queue one epoch's steps from step `first` (a resume in the middle of the epoch), reading the end of
-        the epoch before (`ends`, where it is held) a few steps in, and queue this epoch's end."""
+        the epoch before (`ends`, where it is held) a few steps in, and queue this epoch's end; or stop where
+        that end's verdict stops the run (returned: nothing of this epoch is saved)."""
         strategy, sums = self.strategy, self.step.sums
         started = time.perf_counter()
         row: dict[str, Any] = {"epoch": epoch + 1, "started_unix": round(time.time(), 3)}
@@ -598,13 +544,9 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         steps = len(order)
-        # Where the epoch before is read: the same step on every rank (its reading is a collective); on
-        # the CPU, where nothing runs ahead of the host, before this epoch's clock starts.
-        ends.at = 0
-        if self.device.type == "cuda":  # (step_s is agreed by every rank, so they all stop at the same step)
-            cover = OVERLAP_STEPS if self.step_s is None else max(1, math.ceil(OVERLAP_S / self.step_s))
-            ends.at = min(cover, steps - 1)
-        ends.read_if_due(0, started)
+        ends.place(steps, self.ends.step_s, self.device.type == "cuda")  # (where the epoch before is read)
+        if (verdict := ends.read_if_due(0, started)) is not None and verdict.stops:
+            return verdict
         # A bounded wait at the epoch's end when collectives run inside a graph (no NCCL watchdog there).
         clock = StepClock(self.device, strategy.collective_timeout(), self.recipe.step_pace)
         if not ends.held:
@@ -619,7 +561,8 @@ class Trainer:
         every = self.cfg.checkpoint_every_steps if self.cfg.saves else 0
         with contextlib.closing(batches):
             for step, (batch, idx) in enumerate(batches):
-                ends.read_if_due(step, started)
+                if (verdict := ends.read_if_due(step, started)) is not None and verdict.stops:
+                    return verdict
                 clock.batch_ready()
                 done = first + step  # steps of this epoch before this one, on every rank
                 self.faults.at(epoch * self.steps_per_epoch + done)
@@ -629,166 +572,12 @@ class Trainer:
                 if self.timings.first_step_s is None:
                     self._first_step_done()
                 if every and (done + 1) % every == 0 and done + 1 < self.steps_per_epoch and not ends.held:
-                    self._save_within_epoch(epoch, done + 1)
+                    self.saves.within_epoch(epoch, done + 1, self.generator, self.ends.history)
         # How long the host took to issue the epoch. Close to the device's span: the host is what limits
         # the speed (Python, launches), and CUDA graphs or a larger batch would help more than kernels.
         row["host_issue_s"] = round(time.perf_counter() - host_start, 4)
-        return self._queue_epoch_end(epoch, row, clock, started, steps, self.data.skipped - skipped_before, first)
-
-    def _save_within_epoch(self, epoch: int, done: int) -> None:
-        """`checkpoint_every_steps`: the state after `done` steps of `epoch`, with that position, so a
-        restart or a resume continues the epoch's order from the next step (on any number of ranks: the
-        order is global). Not under sharded strategies (their checkpoints are written at epoch ends)."""
-        if self.strategy.sharded:
-            if not self.said_sharded_steps and self.is_main:
-                log.warning("checkpoint_every_steps: strategy=%s writes its sharded checkpoints at epoch ends only",
-                            self.strategy.name)
-            self.said_sharded_steps = True
-            return
-        if not self.is_main:
-            return
-        if self.stager is None and self.device.type == "cuda":
-            self.stager = checkpoint.Stager(self.device)
-        snapshot = checkpoint.HostSnapshot(checkpoint.capture(self.strategy, self.nets, self.steppers, self.device,
-                                                              scaler=self.step.scaler), self.stager)
-        snapshot.add(epoch=epoch, step_in_epoch=done, batch_size=self.cfg.batch_size,
-                     generator=self.generator.get_state(), history=list(self.history), config=to_plain(self.cfg))
-        self.writer.submit(snapshot, last_checkpoint(self.run_dir))
-
-    def _queue_epoch_end(self, epoch: int, row: dict[str, Any], clock: StepClock, started: float, steps: int,
-                         skipped: int, first: int = 0) -> QueuedEpoch:
-        """The epoch's end as device work, queued behind its steps without waiting for them: buffers
-        averaged, the evaluation, the sums and (rank 0) the checkpoint's tensors copied to host memory."""
-        self.asides.wait()  # (TensorBoard's writer; the pinned memory the snapshot below takes)
-        self.strategy.average_buffers(self.nets.module)
-        evaluation = self.evaluation.queue(self.nets, self.data, self.compiled.compile or self.captures) \
-            if self.evaluation.after(epoch) else None
-        sums = self.step.sums
-        figures = [sums.finite_steps, sums.overflowed, *sums.figures.tensors()]
-        if evaluation is not None:
-            figures += evaluation.figures.tensors()
-        row["lr"] = self.steppers[0].scheduler.get_last_lr()[0]
-        snapshot, snapshot_start = None, time.perf_counter()
-        if self.is_main and self.cfg.saves and not self.strategy.sharded:
-            # copied now (the next steps change the weights in place), completed and written at the conclusion
-            if self.stager is None and self.device.type == "cuda":
-                self.stager = checkpoint.Stager(self.device)
-            snapshot = checkpoint.HostSnapshot(checkpoint.capture(self.strategy, self.nets, self.steppers,
-                                                                  self.device, scaler=self.step.scaler), self.stager)
-        return QueuedEpoch(epoch, row, clock, started, steps, sums.figures.names, Readback(figures, self.device),
-                           evaluation, self._local_memory_mb(), snapshot, skipped, first,
-                           time.perf_counter() - snapshot_start if snapshot is not None else 0.0)
-
-    def _conclude(self, queued: QueuedEpoch, next_started: float | None = None) -> None:
-        """Read a queued epoch's figures (agreed by every rank), stop on a NaN loss, then record, log and
-        checkpoint it, and stop for a preemption or compile after it where asked."""
-        cfg, strategy, row, epoch = self.cfg, self.strategy, queued.row, queued.epoch
-        local = queued.figures.values(strategy.collective_timeout())
-        timing = queued.clock.finish()
-        steps = queued.steps
-        finite_steps, overflowed, sums = local[0], local[1], local[2:]
-        trained = 2 * len(queued.names)
-        # Sums and counts add up over the ranks (each figure exact over every rank's samples). The
-        # preemption flag rides along, so every rank learns of a SIGUSR2 that reached any of them.
-        eval_skipped = float(queued.evaluation.skipped) if queued.evaluation is not None else 0.0
-        *sums, stop, skipped, eval_skipped = strategy.reduce_host(
-            [*sums, float(self.preemption.requested), float(queued.skipped), eval_skipped])
-        train = Figures.means(queued.names, sums[:trained])
-        # The slowest rank sets the pace: its span and its input wait. The rank with the most
-        # non-finite steps rides along, as it hit the first one earliest.
-        span_s, stall, non_finite, alloc_mb, reserved_mb = strategy.reduce_host(
-            [timing.span_s, timing.stall_fraction, steps - finite_steps, *queued.memory_mb], op="max")
-        row["loss"] = train.pop("loss")
-        row.update({f"train_{name}": value for name, value in train.items()})
-        row.update({"train_s": span_s, f"{self.data.unit}_per_s":
-                    steps * cfg.batch_size * self.data.targets_per_sample / span_s, "input_stall": round(stall, 4)})
-        if skipped:
-            row["skipped"] = int(skipped)
-        if eval_skipped:
-            row["eval_skipped"] = int(eval_skipped)
-        if self.fp16:  # (every rank skips the same steps: their gradients were averaged first)
-            row["overflow_steps"] = int(overflowed)
-        if non_finite > 0:
-            raise self._non_finite_loss(epoch, row["loss"],
-                                        epoch * self.steps_per_epoch + queued.first + steps - int(non_finite))
-        if queued.evaluation is not None:
-            eval_s = queued.evaluation.clock.finish().span_s
-            row.update({f"test_{k}": v for k, v in Figures.means(queued.evaluation.figures.names,
-                                                                 sums[trained:]).items()})
-            row["eval_s"] = eval_s
-            self.timings.eval_s += eval_s
-        self.timings.train_s += span_s
-        self.step_s = span_s / steps
-        if alloc_mb >= 0:
-            row["max_mem_allocated_mb"], row["max_mem_reserved_mb"] = round(alloc_mb, 1), round(reserved_mb, 1)
-        else:
-            row["max_mem_allocated_mb"] = row["max_mem_reserved_mb"] = None
-        # Wall time from this epoch's start to the next one's (to now when nothing was started after it).
-        row["epoch_s"] = (next_started or time.perf_counter()) - queued.started
-        self._report(row)
-        if queued.snapshot is not None:
-            # What the checkpoint cost training on rank 0 (under ddp every rank waits for it at its next
-            # all-reduce): queuing the copies and waiting for earlier writes; and how long a write takes.
-            waited = self.writer.make_room()
-            row["checkpoint_wait_s"] = round(queued.snapshot_s + waited, 4)
-            if self.writer.last_write_s is not None:
-                row["checkpoint_write_s"] = round(self.writer.last_write_s, 3)
-        self.history.append(row)
-        if self.early_stop is not None and epoch + 1 < cfg.epochs:  # (the same on every rank: the rows are)
-            self.stopped_early = self.early_stop.judge(self.history)
-            if self.stopped_early is not None:
-                row["stopped_early"] = self.stopped_early["reason"]
-        then = self._best_after(row)  # (checkpoint.keep_best: this epoch is among the best)
-        if queued.snapshot is not None:
-            queued.snapshot.add(epoch=epoch + 1, history=list(self.history), config=to_plain(cfg))
-            self.writer.submit(queued.snapshot, last_checkpoint(self.run_dir), then=then)
-        elif self.strategy.sharded and cfg.saves:  # (its epochs end at once: the state is the epoch's)
-            checkpoint.save_sharded(strategy, self.nets, self.steppers, self.device, last_checkpoint(self.run_dir),
-                                    epoch + 1, {"epoch": epoch + 1, "history": list(self.history),
-                                                "config": to_plain(cfg)}, writer=self.writer, then=then)
-        if self.is_main:
-            self.metrics_log.append(row)
-            self.tensorboard.epoch(row)
-            self.trackers.epoch(row)
-            self.bar.epoch_done(row)
-            self._log_epoch(row)
-            self.advised = self.advised or self._advise(row, epoch)
-        more_to_do = epoch + 1 < cfg.epochs and cfg.saves and self.stopped_early is None
-        if stop > 0 and more_to_do and self.preemption.may_requeue(warn=self.is_main):
-            self._stop_for_requeue(epoch + 1)
-        if self.compiled.pending and epoch + 1 < cfg.epochs and self.stopped_early is None:
-            self._compile_if_it_pays(span_s, cfg.epochs - epoch - 1)
-
-    def _report(self, row: dict[str, Any]) -> None:
-        """The recipe's derived figures added to the epoch's row, on every rank (each has the same figures,
-        so early stopping and the best checkpoints watch a derived one alike everywhere), checked for names
-        the launcher keeps (launcher/figures.py); then the settings that name a figure, where this row is
-        the first that can have it."""
-        before = dict(row)
-        self.recipe.report(row, self.device, self.strategy.world_size)
-        check_report(before, row, {*(f"train_{n}" for n in self.step.sums.named),
-                                   *(f"test_{n}" for n in self.evaluation.named)})
-        self.named_figures.check(row)
-
-    def _best_after(self, row: dict[str, Any]) -> Callable[[Path, str | None], None] | None:
-        """checkpoint.keep_best on rank 0: where this epoch is among the best so far by checkpoint.metric,
-        what the checkpoint writer does once its last.pt is on disk (link it as one of the best)."""
-        section = self.cfg.checkpoint
-        if not (section.keep_best and self.is_main and self.cfg.saves):
-            return None
-        if self.best is None:
-            typed = section.metric or self.cfg.early_stop.metric
-            key = figure_key(typed) if typed else default_figure(row)
-            if key is None or (key.startswith("test_") and not any(k.startswith("test_") for k in row)):
-                return None  # (not evaluated after this epoch: eval.every)
-            check_named(key, typed or key, "checkpoint.metric", row)
-            mode = section.mode if section.metric or not self.cfg.early_stop.metric else self.cfg.early_stop.mode
-            self.best = BestCheckpoints(last_checkpoint(self.run_dir).parent, section.keep_best, key,
-                                        smaller_is_better(key, mode))
-        best, epoch, value = self.best, int(row["epoch"]), row.get(self.best.key)
-        if not best.ranks(epoch, value):
-            return None
-        return lambda last, shards: best.keep(epoch, float(value), last, shards)
+        return self.ends.queue(epoch, row, clock, started, steps, self.data.skipped - skipped_before, first,
+                               self.compiled, self.compiled.compile or self.captures)
 
     def _first_step_done(self) -> None:
         self._sync()
@@ -802,61 +591,11 @@ class Trainer:
         # ResNet-18's state). Done here on this thread, with TensorBoard's import and writer, that work
         # left recipe=cifar10_fast's first epoch GPU idle 0.1 s, 0.4 s on a fresh machine (BENCHMARKS.md).
         self.strategy.prepare_reduce_host()
-        if self.is_main and self.cfg.saves and self.device.type == "cuda" and not self.strategy.sharded:
-            state = checkpoint.capture(self.strategy, self.nets, self.steppers, self.device)
-            self.asides.start(self.device, checkpoint.warm_pinned_memory, state,
-                              copies=checkpoint.BackgroundWriter.QUEUED + 1)
+        self.saves.warm_pinned_memory(self.asides)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-
-    def _local_memory_mb(self) -> list[float]:
-        """This rank's peak allocated and reserved GPU memory in the epoch (-1 on the CPU), read from the
-        allocator's own counts: no wait for the device."""
-        devices = self.strategy.memory_devices(self.device)
-        if not devices:
-            return [-1.0, -1.0]
-        return [max(torch.cuda.max_memory_allocated(d) for d in devices) / 2**20,
-                max(torch.cuda.max_memory_reserved(d) for d in devices) / 2**20]
-
-    # ---- ending early -------------------------------------------------------------------------------
-    def _non_finite_loss(self, epoch: int, loss: float, bad_step: int) -> NonFiniteLoss:
-        """Every rank gets here at the same epoch (the step came through an all-reduce) and stops;
-        this epoch is not saved, so the last checkpoint is the last good state."""
-        self.writer.wait()
-        return stops.non_finite_loss(self.cfg, self.run_dir, epoch, loss, bad_step, self.steps_per_epoch)
-
-    def _stop_for_requeue(self, epochs_done: int) -> None:
-        """SIGUSR2 reached a rank during this epoch: checkpoint, requeue the job, and leave on every rank."""
-        self.writer.wait()  # this epoch's checkpoint is on disk
-        if self.is_main:
-            log.warning("SIGUSR2 (preemption or time limit): stopping after epoch %d, checkpoint written; the "
-                        "job is requeued and resumes from it in this run dir", epochs_done)
-            self.preemption.requeue(self.run_dir)
-        self.strategy.barrier()  # nobody leaves (and ends the others) before rank 0 has requeued the job
-        raise Preempted()
-
-    # ---- reporting ----------------------------------------------------------------------------------
-    def _log_epoch(self, row: dict[str, Any]) -> None:
-        log.info("%s", results.epoch_line(row, self.cfg.epochs, self.data.unit))
-
-    def _advise(self, row: dict[str, Any], epoch: int) -> bool:
-        """Say once per run what held training up (not judged on a first epoch that has more): its input, on
-        a GPU; on the CPU, the threads of a run on a busy machine (stall.py)."""
-        if epoch == 0 and self.cfg.epochs > 1:
-            return False
-        if self.device.type == "cpu":
-            advice = thread_advice(torch.get_num_threads(), max(1, self.strategy.processes),
-                                   available_cores(os.environ), os.getloadavg()[0], "OMP_NUM_THREADS" in self.spec.env)
-        elif self.device.type == "cuda":
-            advice = input_advice(row["input_stall"], self.data.placement, self.data.megabytes,
-                                  self.compiled.compile)
-        else:
-            return False
-        if advice:
-            log.warning(advice)
-        return advice is not None
 
 
 def autocast(device_type: str, bf16: bool, fp16: bool) -> torch.autocast:

@@ -16,8 +16,8 @@ from torch import nn
 from launcher.errors import ConfigError, LaunchError
 from launcher.figures import NamedFigures
 from launcher.recipes import Recipe
+from launcher.train.epoch_end import EpochEnds
 from launcher.train.evaluation import Evaluation
-from launcher.train.loop import Trainer
 from launcher.train.step import TrainStep
 from tests.conftest import config_of
 
@@ -115,7 +115,7 @@ def test_the_launchers_accuracy_reaches_a_recipe_through_its_default_eval_step()
 
 
 def _reporting(report, cfg=None, evaluated=("mse",)):
-    """A trainer's epoch-row reporting (Trainer._report) with a recipe whose report is `report`."""
+    """An epoch end's row reporting (EpochEnds._report) with a recipe whose report is `report`."""
     return SimpleNamespace(recipe=SimpleNamespace(report=report), device=torch.device("cpu"),
                            strategy=SimpleNamespace(world_size=2),
                            step=SimpleNamespace(sums=SimpleNamespace(named=set())),
@@ -137,13 +137,13 @@ def _row(**more):
 ])
 def test_a_report_that_changes_the_launchers_figures_or_takes_its_names_is_one_line(report, said):
     with pytest.raises(LaunchError) as caught:
-        Trainer._report(_reporting(report), _row(test_mse=0.25))
+        EpochEnds._report(_reporting(report), _row(test_mse=0.25))
     assert str(caught.value).startswith(said) and "\n" not in str(caught.value)
 
 
 def test_a_report_may_not_file_a_figure_under_an_evaluated_name_on_an_epoch_without_evaluation():
     with pytest.raises(LaunchError, match="report's figure 'test_mse' is not valid"):
-        Trainer._report(_reporting(lambda row, d, w: row.update(test_mse=0.0)), _row())
+        EpochEnds._report(_reporting(lambda row, d, w: row.update(test_mse=0.0)), _row())
 
 
 def test_a_derived_figure_is_added_and_a_setting_naming_it_is_checked_at_the_first_evaluation():
@@ -153,16 +153,16 @@ def test_a_derived_figure_is_added_and_a_setting_naming_it_is_checked_at_the_fir
 
     trainer = _reporting(rmse, config_of("gpus=[]", "early_stop.metric=test_rmse"))
     row = _row()
-    Trainer._report(trainer, row)  # (not evaluated: nothing to check yet)
+    EpochEnds._report(trainer, row)  # (not evaluated: nothing to check yet)
     row = _row(test_mse=0.25)
-    Trainer._report(trainer, row)
+    EpochEnds._report(trainer, row)
     assert row["test_rmse"] == 0.5
     typo = _reporting(rmse, config_of("gpus=[]", "early_stop.metric=test_rmsee"))
-    Trainer._report(typo, _row())
+    EpochEnds._report(typo, _row())
     with pytest.raises(ConfigError, match=r"early_stop.metric=test_rmsee is not valid: names no figure of this "
                                           r"run's epochs; they are loss, test_mse, test_rmse .*\(e.g. launch "
                                           r"early_stop.metric=test_rmse\)"):
-        Trainer._report(typo, _row(test_mse=0.25))
+        EpochEnds._report(typo, _row(test_mse=0.25))
 
 
 @pytest.fixture

@@ -56,24 +56,24 @@ def test_cpu_threads_follow_a_slurm_allocation_not_the_whole_host(cuda_build):
 
 
 def _cpu_epoch_advice(monkeypatch, caplog, load: float, threads: int, worker_env: dict) -> list[str]:
-    """What a CPU run's rank 0 logs after its second epoch (Trainer._advise) with `threads` torch threads on a
+    """What a CPU run's rank 0 logs after its second epoch (EpochEnds._advise) with `threads` torch threads on a
     2-core machine whose load average is `load`; `worker_env`: what launch put in the workers' env."""
     import logging
     from types import SimpleNamespace
 
     import torch
 
-    from launcher.train.loop import Trainer
+    from launcher.train.epoch_end import EpochEnds
 
     monkeypatch.delenv("SLURM_CPUS_ON_NODE", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-    trainer = SimpleNamespace(device=torch.device("cpu"), cfg=SimpleNamespace(epochs=3),
-                              strategy=SimpleNamespace(processes=1), spec=SimpleNamespace(env=worker_env))
+    ends = SimpleNamespace(device=torch.device("cpu"), cfg=SimpleNamespace(epochs=3),
+                           strategy=SimpleNamespace(processes=1), env=worker_env)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="launcher.train"):
-        Trainer._advise(trainer, {"input_stall": 0.0}, 1)
+        EpochEnds._advise(ends, {"input_stall": 0.0}, 1, compiled=False)
     return [r.getMessage() for r in caplog.records]
 
 
