@@ -6,6 +6,12 @@ config is composed, with one line (launcher/host/hydra_errors.py); each schema's
 type cannot (ranges, combinations), before anything starts. Workers get the composed config as these dataclasses, frozen
 (launcher/spec.py), never as a DictConfig.
 
+Each field's docstring (the string under it) says what the key does; conf/ holds the values, BENCHMARKS.md
+what the speed settings measured. The true | false | auto keys (perf.compile, perf.cuda_graph,
+perf.cudnn_benchmark) are one Enum, Toggle: YAML and the command line give true and false as bools, which
+OmegaConf's Enum nodes refuse, so the composed config holds them as typed and the schema turns them into
+Toggles when it is built (PerfConfig.__post_init__); a value that is none of the three is check's one line.
+
 Sections, by who reads them:
     recipe     what is trained: the recipe's name, its model and its own hyper-parameters
     optim      the optimizer and its schedule (a group: sgd, adamw, muon)
@@ -35,7 +41,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from launcher.errors import ConfigError
 
@@ -54,48 +60,121 @@ def _choice(name: str, values: str) -> type[Choice]:
     return Choice(name, [(v, v) for v in values.split()], module=__name__, qualname=name)  # type: ignore[return-value]
 
 
+class Toggle(Choice):
+    """A true | false | auto key. Users type it as a bool (YAML, the command line), a word in any case, or
+    0 / 1 (which the keys took before they were an Enum): `read` makes each a member."""
+
+    true = "true"
+    """On, where the strategy and the device allow it (the plan says what it turns off)."""
+    false = "false"
+    """Off."""
+    auto = "auto"
+    """The launcher decides, as the key's docstring says."""
+
+    @classmethod
+    def read(cls, value: object) -> Toggle | None:
+        """`value` as typed (a Toggle, True/False, 0/1, or true/false/auto in any case) as a member; None for
+        anything else, left for `check` to name."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, (bool, int, float)) and value in (0, 1):
+            return cls.true if value else cls.false
+        if isinstance(value, str):
+            return cls.__members__.get(value.lower())
+        return None
+
+    @property
+    def plain(self) -> bool | str:
+        """As config.yaml, checkpoints and trackers write it: True, False or "auto" (as launch always has, so
+        run dirs and checkpoints of either version read alike)."""
+        return {"true": True, "false": False}.get(self.value, self.value)
+
+
+if TYPE_CHECKING:
+    ToggleKey = Toggle
+else:
+    # Any: OmegaConf holds a true | false | auto key as typed (its Enum nodes refuse bools); __post_init__ reads it.
+    ToggleKey = Any
+
+
 class Flip(Choice):
+    """How training images are mirrored."""
+
     random = "random"
-    alternating = "alternating"  # each image the other way round every other epoch
+    """Each image mirrored or not at random, every epoch."""
+    alternating = "alternating"
+    """Each image the other way round every other epoch."""
     none = "none"
+    """Never."""
 
 
 class Precision(Choice):
-    auto = "auto"  # bf16 autocast on GPUs, fp32 on the CPU
+    """The dtype the forward and backward passes compute in (autocast)."""
+
+    auto = "auto"
+    """bf16 autocast on GPUs, fp32 on the CPU."""
     bf16 = "bf16"
-    fp16 = "fp16"  # autocast to float16 with a gradient scaler (GPUs without bf16); steps that overflow are skipped
+    """bf16 autocast."""
+    fp16 = "fp16"
+    """float16 autocast with a gradient scaler (GPUs without bf16); steps that overflow are skipped."""
     fp32 = "fp32"
+    """No autocast."""
 
 
 class Placement(Choice):
-    auto = "auto"  # gpu when the dataset takes at most a quarter of the GPU's free memory, else host
-    gpu = "gpu"  # the whole split on the GPU
-    host = "host"  # pinned host memory, copied on a side stream
+    """Where a dataset held in memory lives during training."""
+
+    auto = "auto"
+    """gpu when the dataset takes at most a quarter of the GPU's free memory, else host."""
+    gpu = "gpu"
+    """The whole split on the GPU."""
+    host = "host"
+    """Pinned host memory, copied to the GPU on a side stream."""
 
 
 class ProcessGroupBackend(Choice):
-    auto = "auto"  # nccl on GPUs, gloo on the CPU
+    """torch.distributed's backend for the ranks' collectives."""
+
+    auto = "auto"
+    """nccl on GPUs, gloo on the CPU."""
     nccl = "nccl"
+    """NVIDIA's collectives (GPUs)."""
     gloo = "gloo"
+    """Gloo (the CPU; GPUs too, slowly)."""
 
 
 class Decode(Choice):
-    auto = "auto"  # with a GPU: the workers alone, or a split sized from their times where they fall behind (measured)
-    cpu = "cpu"  # DataLoader worker processes decode (PIL)
-    gpu = "gpu"  # batched nvJPEG on the GPU, off the compute stream
+    """Who decodes image files (recipe=imagefolder)."""
+
+    auto = "auto"
+    """With a GPU: the workers alone, or a share for the GPU sized from their times where they fall behind."""
+    cpu = "cpu"
+    """DataLoader worker processes (PIL)."""
+    gpu = "gpu"
+    """Batched nvJPEG on the GPU, off the compute stream."""
 
 
 class OnBadFile(Choice):
-    error = "error"  # the run stops with one line naming the file
-    skip = "skip"  # the sample is left out of its batch and counted (epoch line, results.json)
+    """What a data file that cannot be read or decoded does to the run."""
+
+    error = "error"
+    """The run stops with one line naming the file."""
+    skip = "skip"
+    """The sample is left out of its batch and counted (epoch line, results.json)."""
 
 
 class Progress(Choice):
-    auto = "auto"  # a live bar when stdout is a terminal, else a line per epoch
+    """How the console shows training progress."""
+
+    auto = "auto"
+    """A live bar when stdout is a terminal, else a line per epoch."""
     bar = "bar"
+    """A live progress bar."""
     lines = "lines"
+    """A line per epoch."""
 
 
+# torch.compile's modes (names with dashes: a Choice built from its values)
 CompileMode = _choice("CompileMode", "default reduce-overhead max-autotune max-autotune-no-cudagraphs")
 GRAPHING_COMPILE_MODES = ("reduce-overhead", "max-autotune")  # the modes whose compiled code makes CUDA graphs
 # A plain string checked by FaultConfig.check, not a Choice: Hydra reads `fault.kind=nan` as a float.
@@ -105,7 +184,7 @@ FAULT_KINDS = ("raise", "exit", "hang", "kill", "nan", "oom", "damage")
 INT_MAX = 2**31 - 1  # no setting needs more, and every value fits the C ints torch and its libraries take
 
 
-def check_int(key: str, value: Any, low: int, example: str, high: int | None = None) -> None:
+def check_int(key: str, value: object, low: int, example: str, high: int | None = None) -> None:
     """`value` is an integer in [low, high] (high: INT_MAX unless given)."""
     top = INT_MAX if high is None else high
     if isinstance(value, bool) or not isinstance(value, int) or value < low or value > top:
@@ -114,7 +193,7 @@ def check_int(key: str, value: Any, low: int, example: str, high: int | None = N
         raise ConfigError(key, value, f"must be {bound}", example)
 
 
-def check_float(key: str, value: Any, example: str, *, positive: bool = True, high: float | None = None) -> None:
+def check_float(key: str, value: object, example: str, *, positive: bool = True, high: float | None = None) -> None:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (value > 0 if positive else value >= 0) and (high is None or value <= high)
     if not ok:
@@ -124,7 +203,7 @@ def check_float(key: str, value: Any, example: str, *, positive: bool = True, hi
         raise ConfigError(key, value, f"must be {rule}", example)
 
 
-def split_endpoint(text: Any, key: str = "rdzv") -> tuple[str, int]:
+def split_endpoint(text: object, key: str = "rdzv") -> tuple[str, int]:
     """`HOST:PORT` (an IPv6 address in brackets: `[fd00::1]:29400`) -> (host, port), or a ConfigError."""
     example = "nodes=2 node_rank=0 rdzv=10.0.0.1:29400"
     value = str(text).strip()
@@ -141,7 +220,7 @@ class Schema:
     """Base of every schema class: mutable while Hydra builds it, read-only once `freeze`d, and able to
     check the ranges its types cannot express (`check`, called before anything starts)."""
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if self.__dict__.get("_frozen"):
             raise dataclasses.FrozenInstanceError(f"cannot assign to {type(self).__name__}.{name}: the config "
                                                   "is frozen once composed; derive a changed copy with derive()")
@@ -158,8 +237,10 @@ class Schema:
 class RecipeConfig(Schema):
     """What is trained. Each recipe's schema subclasses this with its own hyper-parameters."""
 
-    name: str = MISSING  # a built-in recipe (digits, cifar10) or a user's module path (my_pkg.my_recipe)
-    model: str = MISSING  # one of the recipe's models
+    name: str = MISSING
+    """The recipe: a built-in one (digits, cifar10, text, imagefolder) or a user's module path (my_pkg.my_recipe)."""
+    model: str = MISSING
+    """The network: one of the recipe's models."""
 
 
 @dataclass
@@ -167,10 +248,15 @@ class ImageRecipeConfig(RecipeConfig):
     """Image classification: cross-entropy over classes, augmentation on the training device."""
 
     label_smoothing: float = 0.0
+    """Cross-entropy's label smoothing, from 0 (none) to 1."""
     augment: bool = True
+    """Augment the training images (flips, shifts) on the training device."""
     flip: Flip = Flip.random
-    translate: int = 2  # random shift by up to this many pixels (reflect padding)
-    image_side: ClassVar[int | None] = None  # the images' side in pixels, when the recipe knows it
+    """How training images are mirrored."""
+    translate: int = 2
+    """Shift each training image by up to this many pixels at random (reflect padding); 0: never."""
+    image_side: ClassVar[int | None] = None
+    """The images' side in pixels, where the recipe knows it (translate must stay below it)."""
 
     def check(self, at: str) -> None:
         check_float(f"{at}.label_smoothing", self.label_smoothing, f"{at}.label_smoothing=0.1", positive=False,
@@ -181,29 +267,49 @@ class ImageRecipeConfig(RecipeConfig):
 
 
 class DigitsModel(Choice):
+    """recipe=digits' networks."""
+
     cnn = "cnn"
+    """A small convolutional network."""
 
 
 @dataclass
 class DigitsConfig(ImageRecipeConfig):
+    """The UCI handwritten digits (recipes/digits.py): 8x8 images shipped inside the package, trained offline."""
+
     name: str = "digits"
+    """This recipe."""
     model: DigitsModel = DigitsModel.cnn
+    """The network."""
     image_side: ClassVar[int | None] = 8
+    """8x8 images."""
 
 
 class Cifar10Model(Choice):
+    """recipe=cifar10's networks (recipes/cifar10.py)."""
+
     airbench = "airbench"
+    """A fast three-block conv net in the style of Keller Jordan's CIFAR-10 speed records."""
     airbench94 = "airbench94"
+    """The records' own network (recipe=cifar10_fast's): whitening stem, filter matrices for Muon."""
     resnet18 = "resnet18"
+    """ResNet-18, the CIFAR variant (3x3 stem, no max-pool)."""
     mobilenetv3_small = "mobilenetv3_small"
+    """MobileNetV3-Small, its stem and first block at stride 1 for 32x32 inputs."""
 
 
 @dataclass
 class Cifar10Config(ImageRecipeConfig):
+    """CIFAR-10 (recipes/cifar10.py): downloaded and checksummed once, then held in memory."""
+
     name: str = "cifar10"
+    """This recipe."""
     model: Cifar10Model = Cifar10Model.airbench
-    tta: int = 0  # test-time augmentation: 0 none | 1 mirror | 2 mirror + 1-pixel shifts
+    """The network."""
+    tta: int = 0
+    """Test-time augmentation: 0 none, 1 mirror, 2 mirror and 1-pixel shifts."""
     image_side: ClassVar[int | None] = 32
+    """32x32 images."""
 
     def check(self, at: str) -> None:
         super().check(at)
@@ -216,11 +322,17 @@ class ImageFolderConfig(RecipeConfig):
     train/<class>/* and val/<class>/*, decoded per sample (data.decode: cpu workers, the GPU, or both)."""
 
     name: str = "imagefolder"
-    model: str = "resnet50"  # any torchvision classification model (torchvision.models.list_models()), untrained
-    image_size: int = 224  # the side of the square crops trained and evaluated on
-    eval_resize: int = 0  # evaluation: shorter side resized to this, then center-cropped (0: image_size*256/224)
+    """This recipe."""
+    model: str = "resnet50"
+    """A torchvision classification model, untrained (torchvision.models.list_models())."""
+    image_size: int = 224
+    """The side of the square crops trained and evaluated on."""
+    eval_resize: int = 0
+    """Evaluation: the shorter side resized to this, then center-cropped (0: image_size*256/224)."""
     label_smoothing: float = 0.0
-    min_scale: float = 0.08  # RandomResizedCrop's smallest share of the image's area
+    """Cross-entropy's label smoothing, from 0 (none) to 1."""
+    min_scale: float = 0.08
+    """RandomResizedCrop's smallest share of the image's area."""
 
     @property
     def eval_side(self) -> int:
@@ -240,7 +352,7 @@ class ImageFolderConfig(RecipeConfig):
         check_torchvision_model(f"{at}.model", self.model)
 
 
-def check_torchvision_model(key: str, name: Any) -> None:
+def check_torchvision_model(key: str, name: object) -> None:
     """`name` is one of torchvision's classification models. Imports torchvision (and torch) when called:
     the recipe that takes it is imported on the host right after the config is checked anyway."""
     from launcher.lifetime import sigint_deferred
@@ -262,9 +374,14 @@ def check_torchvision_model(key: str, name: Any) -> None:
 
 
 class TextModel(Choice):
-    gpt = "gpt"  # decoder-only Transformer: pre-norm, scaled_dot_product_attention, tied embeddings
+    """recipe=text's networks (recipes/text.py)."""
+
+    gpt = "gpt"
+    """A decoder-only Transformer: pre-norm, scaled_dot_product_attention, tied embeddings."""
     lstm = "lstm"
+    """An LSTM."""
     gru = "gru"
+    """A GRU."""
 
 
 MAX_VOCAB = 1 << 22  # recipe.vocab_size: beyond any tokenizer's (GPT-2 50257, Llama 3 128256, Gemma 262144)
@@ -276,22 +393,31 @@ class TextConfig(RecipeConfig):
     shards written by nanoGPT or llm.c (.bin, .npy)."""
 
     name: str = "text"
+    """This recipe."""
     model: TextModel = TextModel.gpt
-    # stdlib: this Python's own standard library sources (PSF licence, on every machine with Python);
-    # or the path of a text file, a folder or a glob of text files (bytes); or of token shards (.bin, .npy)
+    """The network."""
     corpus: str = "stdlib"
-    max_bytes: int = 0  # use only the corpus's first this many bytes (0: all of it; byte corpora only)
-    # the tokens' vocabulary: 0 = 256 (bytes); token shards need their tokenizer's (GPT-2: 50257). The
-    # model's embedding and output layer are padded to a multiple of 64 (50257 -> 50304).
+    """stdlib (this Python's standard library sources), or a text file, folder or glob; or token shards (.bin, .npy)."""
+    max_bytes: int = 0
+    """Use only the corpus's first this many bytes (0: all of it; byte corpora only)."""
     vocab_size: int = 0
-    context: int = 256  # bytes a sample sees (and predicts)
+    """The tokens' vocabulary (0: 256 bytes; token shards: their tokenizer's, GPT-2's 50257), padded to 64s."""
+    context: int = 256
+    """Tokens a sample sees (and predicts)."""
     layers: int = 6
-    width: int = 384  # the embedding (gpt) or hidden state (lstm, gru)
-    heads: int = 6  # gpt only: width must divide by it
+    """Transformer blocks (gpt) or recurrent layers (lstm, gru)."""
+    width: int = 384
+    """The embedding (gpt) or hidden state (lstm, gru)."""
+    heads: int = 6
+    """gpt's attention heads: width must divide by it."""
     dropout: float = 0.0
-    sample_bytes: int = 300  # after training, rank 0 generates this many bytes into sample.txt (0: none)
+    """Dropout probability in training."""
+    sample_bytes: int = 300
+    """After training, rank 0 generates this many bytes into sample.txt (0: none)."""
     sample_prompt: str = "def "
+    """The text the sample starts from."""
     temperature: float = 0.8
+    """The sample's softmax temperature."""
 
     def check(self, at: str) -> None:
         check_int(f"{at}.max_bytes", self.max_bytes, 0, f"{at}.max_bytes=1000000", high=2**62)
@@ -327,11 +453,13 @@ class OptimConfig(Schema):
     over `warmup_epochs`, then a linear decay to 0 at the end of the run)."""
 
     name: str = MISSING
+    """The optimizer: sgd, adamw or muon."""
     weight_decay: float = 5e-4
+    """L2 weight decay."""
     warmup_epochs: float = 1.0
-    # Gradients scaled down to this global L2 norm before every step when their norm is larger (over all
-    # parameters and ranks, after accumulation); 0: never.
+    """Epochs of the schedule's linear warm-up from 0 to lr."""
     clip_grad_norm: float = 0.0
+    """Scale gradients down to this global L2 norm (all parameters and ranks) when larger, each step; 0: never."""
 
     def check(self, at: str) -> None:
         check_float(f"{at}.weight_decay", self.weight_decay, f"{at}.weight_decay=5e-4", positive=False)
@@ -342,8 +470,11 @@ class OptimConfig(Schema):
 @dataclass
 class SGDConfig(OptimConfig):
     name: str = "sgd"
+    """This optimizer."""
     momentum: float = 0.9
+    """SGD's momentum."""
     nesterov: bool = True
+    """Nesterov momentum."""
 
     def check(self, at: str) -> None:
         super().check(at)
@@ -352,7 +483,10 @@ class SGDConfig(OptimConfig):
 
 @dataclass
 class AdamWConfig(OptimConfig):
+    """torch.optim.AdamW over all parameters (its own betas and eps)."""
+
     name: str = "adamw"
+    """This optimizer."""
 
 
 @dataclass
@@ -362,13 +496,21 @@ class MuonConfig(OptimConfig):
     defaults are the CIFAR-10 speed record's (Keller Jordan, 2024), for its batch of 2000."""
 
     name: str = "muon"
-    weight_decay: float = 0.004  # per step at full LR, SGD groups only
+    """This optimizer."""
+    weight_decay: float = 0.004
+    """Weight decay per step at full rate, for the SGD groups only."""
     warmup_epochs: float = 0.0
+    """Epochs of the schedule's linear warm-up from 0 to lr."""
     muon_momentum: float = 0.6
-    momentum: float = 0.85  # the SGD groups'
-    sgd_lr: float = 106.0  # BatchNorm biases and the stem's bias
-    head_lr: float = 1340.0  # the classifier
-    stem_bias_epochs: float = 3.0  # the stem's bias trains only this long
+    """Muon's momentum (the filter matrices)."""
+    momentum: float = 0.85
+    """The SGD groups' Nesterov momentum."""
+    sgd_lr: float = 106.0
+    """Learning rate of the SGD group of BatchNorm biases and the stem's bias."""
+    head_lr: float = 1340.0
+    """The classifier's learning rate."""
+    stem_bias_epochs: float = 3.0
+    """The stem's bias trains only this many epochs."""
 
     def check(self, at: str) -> None:
         super().check(at)
@@ -384,30 +526,46 @@ class MuonConfig(OptimConfig):
 
 @dataclass
 class StrategyConfig(Schema):
+    """How the devices share the work (launcher/strategies)."""
+
     name: str = MISSING
+    """The strategy: auto, single, dp, ddp or fsdp."""
 
 
 @dataclass
 class SingleConfig(StrategyConfig):
+    """One process on one device."""
+
     name: str = "single"
+    """This strategy."""
 
 
 @dataclass
 class DataParallelConfig(StrategyConfig):
+    """nn.DataParallel: one process driving every selected GPU."""
+
     name: str = "dp"
+    """This strategy."""
 
 
 @dataclass
 class DDPConfig(StrategyConfig):
+    """DistributedDataParallel: one process per GPU or CPU rank."""
+
     name: str = "ddp"
+    """This strategy."""
     backend: ProcessGroupBackend = ProcessGroupBackend.auto
-    timeout_s: int = 600  # a collective that waits longer than this ends the launch instead of hanging
+    """The process group's backend."""
+    timeout_s: int = 600
+    """A collective that waits longer than this ends the launch instead of hanging."""
     gradient_as_bucket_view: bool = True
+    """DDP's gradient_as_bucket_view: gradients are views into its all-reduce buckets."""
     static_graph: bool = False
-    # DDP's gradient buckets in MB, also those of perf.cuda_graph's own all-reduce; 0: by the model's size
-    # (a fifth of its gradients, from torch's 25 to 100; launcher/strategies/base.py bucket_mb)
+    """DDP's static_graph (keeps DDP's reducer under perf.cuda_graph=auto)."""
     bucket_cap_mb: int = 0
+    """Gradient buckets in MB, DDP's and perf.cuda_graph's own; 0: by the model's size (base.py bucket_mb)."""
     find_unused_parameters: bool = False
+    """DDP's find_unused_parameters (keeps DDP's reducer under perf.cuda_graph=auto)."""
 
     def check(self, at: str) -> None:
         check_int(f"{at}.timeout_s", self.timeout_s, 1, f"{at}.timeout_s=600")
@@ -417,23 +575,30 @@ class DDPConfig(StrategyConfig):
 @dataclass
 class FSDPConfig(StrategyConfig):
     """PyTorch's FSDP2 (torch.distributed.fsdp.fully_shard): weights, gradients and optimizer state
-    sharded over the ranks (launcher/strategies/fsdp.py)."""
+    sharded over the ranks (launcher/strategies/fsdp.py).
+
+    Shard units (min_unit_params, torch's size-based wrapping default): consecutive blocks are gathered as
+    one unit until it holds that many parameters, and what is left (all of a smaller model) is gathered
+    with the root; fewer units are fewer of FSDP2's hooks, which bound a small model's step (`shard_groups`).
+    meta_init: each rank's own init runs on its shards, so a model too big for one device never exists
+    whole on one; without it the model is built whole (the same initial weights as ddp), then sharded."""
 
     name: str = "fsdp"
+    """This strategy."""
     backend: ProcessGroupBackend = ProcessGroupBackend.auto
+    """The process group's backend."""
     timeout_s: int = 600
-    reshard_after_forward: bool = True  # free each unit's gathered weights after its forward (less memory)
-    # The fewest parameters a shard unit holds (torch's size-based wrapping default): consecutive blocks
-    # are gathered as one unit until it holds this many, and what is left (all of a smaller model) is
-    # gathered with the root. 0: every block a unit of its own. Fewer units are fewer of FSDP2's hooks,
-    # which bound a small model's step (launcher/strategies/fsdp.py `shard_groups`).
+    """A collective that waits longer than this ends the launch instead of hanging."""
+    reshard_after_forward: bool = True
+    """Free each unit's gathered weights after its forward (less memory, gathered again for the backward)."""
     min_unit_params: int = 100_000_000
-    mixed_precision: bool = True  # GPUs: bf16 weights in compute, gradients reduced in fp32
-    activation_checkpointing: bool = False  # recompute each block's activations in the backward pass
-    # Build the model on the meta device and materialize only each rank's shard (its own init runs on
-    # the shards): a model too big for one device never exists whole on one. false: built whole on the
-    # device (same initial weights as ddp), then sharded.
+    """The fewest parameters a shard unit holds: consecutive blocks gathered together (0: a unit per block)."""
+    mixed_precision: bool = True
+    """GPUs: bf16 weights in compute, gradients reduced in fp32."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass (less memory, more compute)."""
     meta_init: bool = False
+    """Build on the meta device and materialize only each rank's shard (false: whole on the device, as ddp)."""
 
     def check(self, at: str) -> None:
         check_int(f"{at}.timeout_s", self.timeout_s, 1, f"{at}.timeout_s=600")
@@ -445,6 +610,7 @@ class AutoStrategyConfig(DDPConfig):
     """ddp for several devices (with these DDP options), else single; never dp."""
 
     name: str = "auto"
+    """This strategy."""
 
 
 # ---- backend ------------------------------------------------------------------------------------
@@ -452,12 +618,18 @@ class AutoStrategyConfig(DDPConfig):
 
 @dataclass
 class BackendConfig(Schema):
+    """Where the workers run (launcher/host/backends)."""
+
     name: str = MISSING
+    """The backend: local or slurm."""
 
 
 @dataclass
 class LocalBackendConfig(BackendConfig):
+    """On this machine."""
+
     name: str = "local"
+    """This backend."""
 
 
 @dataclass
@@ -465,22 +637,38 @@ class SlurmBackendConfig(BackendConfig):
     """sbatch options (null leaves the cluster's default) and how launch follows the job."""
 
     name: str = "slurm"
+    """This backend."""
     partition: str | None = None
+    """sbatch --partition."""
     account: str | None = None
+    """sbatch --account."""
     qos: str | None = None
-    time_min: int = 60  # the job's time limit, minutes
-    mem_gb: int | None = None  # memory per node
+    """sbatch --qos."""
+    time_min: int = 60
+    """The job's time limit in minutes."""
+    mem_gb: int | None = None
+    """Memory per node in GB."""
     cpus_per_task: int | None = None
+    """sbatch --cpus-per-task."""
     constraint: str | None = None
+    """sbatch --constraint (node features)."""
     exclude: str | None = None
-    nodes: int = 1  # world = nodes x tasks per node (GPUs per node under ddp)
-    job_name: str | None = None  # default: launch-<recipe>
-    additional: dict[str, Any] = field(default_factory=dict)  # any other sbatch option, e.g. {mail-type: END}
-    wait: bool = False  # follow the job until it ends; the exit status becomes launch's
-    max_requeues: int = 3  # after SIGUSR2 (preemption, time limit): checkpoint and requeue at most this often
-    array_parallelism: int = 16  # `launch -m`: a job array, at most this many of its runs at once
+    """sbatch --exclude (nodes not to use)."""
+    nodes: int = 1
+    """Nodes of the job: the world is nodes x tasks per node (GPUs per node under ddp)."""
+    job_name: str | None = None
+    """The job's name (null: launch-<recipe>)."""
+    additional: dict[str, Any] = field(default_factory=dict)  # Any: sbatch's own options, passed on as typed
+    """Other sbatch options, e.g. {mail-type: END}."""
+    wait: bool = False
+    """Follow the job until it ends; its exit status becomes launch's."""
+    max_requeues: int = 3
+    """After SIGUSR2 (preemption, time limit): checkpoint and requeue at most this often."""
+    array_parallelism: int = 16
+    """`launch -m`: one job array, at most this many of its runs at once."""
 
     TEXT_KEYS = ("partition", "account", "qos", "constraint", "exclude", "job_name")
+    """The options written into the batch script as text: no control characters."""
 
     def check(self, at: str) -> None:
         """sbatch options end up as lines of a batch script: no value may start a new line of it."""
@@ -508,18 +696,26 @@ class SlurmBackendConfig(BackendConfig):
 
 @dataclass
 class DataConfig(Schema):
+    """Where the data lives and how it reaches the device."""
+
     root: str = "${oc.env:LAUNCH_DATA_ROOT,'~/.cache/launcher/data'}"
-    download: bool = True  # fetch a missing dataset (checksummed); offline, an error says where to put it
-    synthetic: bool = False  # generate data of the real shape for timing runs; never used unless asked for
+    """Where datasets are found or downloaded to (LAUNCH_DATA_ROOT, else ~/.cache/launcher/data)."""
+    download: bool = True
+    """Fetch a missing dataset (checksummed); offline, an error says where to put it."""
+    synthetic: bool = False
+    """Generate data of the real shape for timing runs (never used unless asked for)."""
     placement: Placement = Placement.auto
-    prefetch_depth: int = 2  # batches copied to the device ahead of the step that uses them (side stream)
-    # A recipe that hands over Datasets (launcher/train/loader.py): DataLoader worker processes per rank
-    # (null: the cores this rank may use, less one for the training loop), and the batches each one
-    # keeps ready (DataLoader's prefetch_factor)
+    """Where a dataset held in memory lives: the GPU, or pinned host memory."""
+    prefetch_depth: int = 2
+    """Batches copied to the device ahead of the step that uses them (on a side stream)."""
     workers: int | None = None
+    """DataLoader worker processes per rank for a recipe's Datasets (null: the rank's cores less one)."""
     worker_prefetch: int = 4
-    decode: Decode = Decode.auto  # image recipes that decode files (recipe=imagefolder): where
-    on_bad_file: OnBadFile = OnBadFile.error  # a file that cannot be read or decoded
+    """Batches each DataLoader worker keeps ready (its prefetch_factor)."""
+    decode: Decode = Decode.auto
+    """Who decodes image files (recipe=imagefolder): the DataLoader workers, the GPU, or both."""
+    on_bad_file: OnBadFile = OnBadFile.error
+    """What a file that cannot be read or decoded does: stop the run, or be skipped and counted."""
 
     def check(self, at: str) -> None:
         check_int(f"{at}.prefetch_depth", self.prefetch_depth, 1, f"{at}.prefetch_depth=2", high=64)
@@ -530,68 +726,64 @@ class DataConfig(Schema):
 
 @dataclass
 class EvalConfig(Schema):
-    batch_size: int = 1024  # global, like batch_size
-    every: int = 1  # evaluate after every N-th epoch (0: only after the last)
-    # Evaluate this run dir's (or checkpoint file's) weights instead of training: `launch eval RUN_DIR`
+    """When and in what chunks the held-out split is scored."""
+
+    batch_size: int = 1024
+    """Samples per evaluation batch, global like batch_size."""
+    every: int = 1
+    """Evaluate after every N-th epoch (0: only after the last)."""
     checkpoint: str | None = None
+    """Evaluate this run dir's (or checkpoint file's) weights instead of training: `launch eval RUN_DIR`."""
 
     def check(self, at: str) -> None:
         check_int(f"{at}.batch_size", self.batch_size, 1, f"{at}.batch_size=1024")
         check_int(f"{at}.every", self.every, 0, f"{at}.every=1")
 
 
-def _true_false_auto(value: Any) -> Any:
-    """A true | false | auto setting as True, False or "auto" (YAML and the command line may give strings);
-    anything else comes back as it was, for the check to name."""
-    if isinstance(value, str) and value.lower() in ("true", "false", "auto"):
-        return {"true": True, "false": False}.get(value.lower(), "auto")
-    return value
-
-
 @dataclass
 class PerfConfig(Schema):
-    """Settings that change the speed, not (beyond rounding) what is computed."""
+    """Settings that change the speed, not (beyond rounding) what is computed.
+
+    perf.cuda_graph=auto tries the graph where a captured step is simple to try: GPUs with one process
+    each (strategy single or ddp), the launcher's own step (a recipe's own training_step is replayed only
+    with true: a replay runs none of its Python), one micro-batch a step, no fp16 scaler, no compile mode
+    that makes graphs itself. There the warm-up times the step eagerly and replayed and keeps the faster,
+    every rank alike, and says which in one line. Under ddp a captured step's gradients sit in flat buckets
+    the launcher averages, not DDP's reducer, so strategy.static_graph and find_unused_parameters do not
+    apply; ddp over several nodes, or with either of them set, keeps the reducer (launcher/strategies).
+    perf.cudnn_benchmark=auto autotunes exactly when the run compiles (perf.compile=true, or auto once it
+    decides to): a run long enough to compile earns the autotuning back, a short one starts sooner. What
+    each setting gained: BENCHMARKS.md."""
 
     precision: Precision = Precision.auto
-    channels_last: bool = True  # GPU only
-    # torch.compile the model (its warm-up runs before any clock starts): true | false | auto, which
-    # compiles GPU runs long enough to earn the compile time back (launcher/train/compiling.py)
-    compile: Any = "auto"
-    # perf.compile=auto compiles when, after the first epoch, the epochs left would take this long uncompiled
+    """The dtype the passes compute in: auto (bf16 on GPUs, fp32 on the CPU), bf16, fp16 or fp32."""
+    channels_last: bool = True
+    """The model and image batches in channels-last memory layout (GPUs only)."""
+    compile: ToggleKey = Toggle.auto
+    """torch.compile the model: true, false, or auto (GPU runs long enough to earn the compile time back)."""
     compile_auto_min_s: float = 60.0
+    """perf.compile=auto compiles when, after the first epoch, the epochs left would take this long uncompiled."""
     compile_mode: CompileMode = CompileMode["default"]  # type: ignore[valid-type]
-    # GPUs: capture each step (augment, forward, backward, gradient all-reduce) as one CUDA graph and
-    # replay it (true | false | auto). Under ddp the gradients then sit in flat buckets averaged by the
-    # launcher instead of DDP's reducer (launcher/train/step.py), so DDP's static_graph/find_unused_parameters
-    # do not apply. auto: on GPUs, one process each (strategy single or ddp), where the step is the
-    # launcher's own (a recipe with no training_step of its own), the warm-up times the step eagerly and
-    # replayed and keeps the faster (under ddp every rank alike, both ways with flat buckets), said in one
-    # line: a small network's step, paced by the host's kernel launches, replays about 2x faster (a
-    # ResNet-18 at batch 512 on an H200: 2.2-2.5x, BENCHMARKS.md); a large one on one GPU gains nothing.
-    # ddp over several nodes, or with strategy.find_unused_parameters or static_graph set, keeps DDP's reducer.
-    # A recipe's own training_step is replayed only with true (a replay runs none of its Python: no
-    # .item(), no counters kept in Python).
-    cuda_graph: Any = "auto"
-    # GPUs: let cuDNN time its algorithms for each convolution shape on first use (true | false | auto).
-    # On the CIFAR networks it made steps ~3.5% shorter and the first step 4-7 s later (BENCHMARKS.md), so
-    # auto autotunes exactly when the run compiles (perf.compile=true, or auto once it decides to compile):
-    # a run long enough to compile earns it back, a short one starts sooner.
-    cudnn_benchmark: Any = "auto"
+    """torch.compile's mode."""
+    cuda_graph: ToggleKey = Toggle.auto
+    """GPUs: replay each step (augment, forward, backward, all-reduce) as one CUDA graph: true, false or auto."""
+    cudnn_benchmark: ToggleKey = Toggle.auto
+    """GPUs: cuDNN times its algorithms per convolution shape: true, false or auto (when the run compiles)."""
 
-    @property
-    def compile_setting(self) -> bool | str:
-        """perf.compile as True, False or "auto" (a YAML or command line may give it as a string)."""
-        return _true_false_auto(self.compile)
+    TOGGLES: ClassVar[dict[str, str]] = {
+        "compile": "compile GPU runs long enough to earn the compile time back",
+        "cudnn_benchmark": "autotune cuDNN when the run compiles",
+        "cuda_graph": "replay the step as a CUDA graph where that is measured faster",
+    }
+    """The true | false | auto keys, and what auto does (said by the line that refuses another value)."""
 
-    @property
-    def cudnn_benchmark_setting(self) -> bool | str:
-        """perf.cudnn_benchmark as True, False or "auto"."""
-        return _true_false_auto(self.cudnn_benchmark)
-
-    @property
-    def cuda_graph_setting(self) -> bool | str:
-        """perf.cuda_graph as True, False or "auto"."""
-        return _true_false_auto(self.cuda_graph)
+    def __post_init__(self) -> None:
+        """The one place a true | false | auto key becomes a Toggle, however the section was made (composed,
+        derived, constructed); a value `Toggle.read` cannot read stays as typed, for `check` to name."""
+        for key in self.TOGGLES:
+            setting = Toggle.read(getattr(self, key))
+            if setting is not None:
+                setattr(self, key, setting)
 
     @property
     def compile_makes_graphs(self) -> bool:
@@ -600,16 +792,11 @@ class PerfConfig(Schema):
 
     def check(self, at: str) -> None:
         check_float(f"{at}.compile_auto_min_s", self.compile_auto_min_s, f"{at}.compile_auto_min_s=60", positive=False)
-        if self.compile_setting not in (True, False, "auto"):
-            raise ConfigError(f"{at}.compile", self.compile, "choose true, false or auto (compile GPU runs long "
-                              "enough to earn the compile time back)", f"{at}.compile=auto")
-        if self.cudnn_benchmark_setting not in (True, False, "auto"):
-            raise ConfigError(f"{at}.cudnn_benchmark", self.cudnn_benchmark, "choose true, false or auto "
-                              "(autotune cuDNN when the run compiles)", f"{at}.cudnn_benchmark=auto")
-        if self.cuda_graph_setting not in (True, False, "auto"):
-            raise ConfigError(f"{at}.cuda_graph", self.cuda_graph, "choose true, false or auto (replay the step as a "
-                              "CUDA graph where that is measured faster)", f"{at}.cuda_graph=auto")
-        if self.cuda_graph_setting is True and self.compile_setting is not False and self.compile_makes_graphs:
+        for key, auto in self.TOGGLES.items():
+            if not isinstance(getattr(self, key), Toggle):
+                raise ConfigError(f"{at}.{key}", getattr(self, key), f"choose true, false or auto ({auto})",
+                                  f"{at}.{key}=auto")
+        if self.cuda_graph is Toggle.true and self.compile is not Toggle.false and self.compile_makes_graphs:
             raise ConfigError(f"{at}.compile_mode", self.compile_mode, f"{at}.cuda_graph=true captures the whole "
                               "step already and this mode would make CUDA graphs inside it; use default or "
                               f"max-autotune-no-cudagraphs, or {at}.cuda_graph=false to let torch.compile graph it",
@@ -621,10 +808,13 @@ class FaultConfig(Schema):
     """Deliberate failures, to test supervision: rank `rank` fails at global step `step` with `kind`."""
 
     rank: int | None = None
+    """The rank that fails (null: none does)."""
     step: int = 0
-    kind: str = "raise"  # raise | exit | hang | kill | nan (the loss becomes NaN from that step on) | oom |
-    # damage (bytes of the run's checkpoints/last.pt overwritten in place, as a failing disk would, then raise)
-    attempt: int = 0  # only on this restart attempt (-1: on every attempt)
+    """The global step it fails at."""
+    kind: str = "raise"
+    """raise, exit, hang, kill, nan (the loss from then on), oom, damage (last.pt's bytes overwritten, then raise)."""
+    attempt: int = 0
+    """Only on this restart attempt (-1: on every attempt)."""
 
     def check(self, at: str) -> None:
         if self.kind not in FAULT_KINDS:
@@ -632,9 +822,14 @@ class FaultConfig(Schema):
 
 
 class Direction(Choice):
-    auto = "auto"  # minimize a loss or an error (loss, mse, rmse, mae, error, bpb, ppl in its name), else maximize
+    """Which way a sweep's objective is better."""
+
+    auto = "auto"
+    """Minimize a loss or an error (loss, mse, rmse, mae, error, bpb, ppl in its name), else maximize."""
     minimize = "minimize"
+    """Smaller is better."""
     maximize = "maximize"
+    """Larger is better."""
 
 
 MINIMIZED_WORDS = ("loss", "mse", "rmse", "mae", "err", "bpb", "ppl", "perplexity", "nll", "distance")
@@ -654,26 +849,32 @@ def minimized(name: str, direction: Direction | str = "auto") -> bool:
 class SweepConfig(Schema):
     """`launch -m` (launcher/host/sweep.py)."""
 
-    parallel: int = 0  # on this host, most runs at once; 0: as many as the GPUs allow (CPU runs one at a time)
-    # the results.json value each run returns to Hydra (e.g. for the Optuna sweeper): test_acc, or any figure
-    # a recipe's eval_step names, as test_NAME (test_rmse, test_loss)
-    objective: str = DEFAULT_OBJECTIVE  # (where a run has no accuracy: its first test_NAME figure)
-    direction: Direction = Direction.auto  # which way the objective is better: the summary's best run
+    parallel: int = 0
+    """Most runs at once on this host (0: as many as the GPUs allow; CPU runs one at a time)."""
+    objective: str = DEFAULT_OBJECTIVE
+    """The figure each run returns to Hydra (Optuna): test_acc or a test_NAME (else the run's first test_NAME)."""
+    direction: Direction = Direction.auto
+    """Which way the objective is better (the summary's best run)."""
 
     def check(self, at: str) -> None:
         check_int(f"{at}.parallel", self.parallel, 0, f"{at}.parallel=2")
 
 
 class Mode(Choice):
-    auto = "auto"  # min for a loss or an error (loss, mse, mae, error, bpb, ppl in its name), else max
+    """Which way a watched figure is better (early_stop, checkpoint.keep_best)."""
+
+    auto = "auto"
+    """min for a loss or an error (loss, mse, mae, error, bpb, ppl in its name), else max."""
     min = "min"
+    """Smaller is better."""
     max = "max"
+    """Larger is better."""
 
 
 FIGURE_ALIASES = {"accuracy": "acc"}  # TensorBoard's tag names -> the figures' own (test/accuracy: test_acc)
 
 
-def figure_key(name: Any) -> str:
+def figure_key(name: object) -> str:
     """A figure as typed (`val/mse`, `test/mse`, `test_mse`, `train/loss`, `loss`, `test/accuracy`) -> its key in
     an epoch's row (metrics.jsonl, results.json): the held-out split's figures are test_NAME (val/ and eval/
     name them too), the training ones train_NAME, the training loss `loss`."""
@@ -692,7 +893,7 @@ def smaller_is_better(key: str, mode: Mode | str) -> bool:
     return minimized(key, "auto") if str(mode) == "auto" else str(mode) == "min"
 
 
-def _check_figure(key: str, value: Any, example: str) -> None:
+def _check_figure(key: str, value: object, example: str) -> None:
     if value is not None and (not isinstance(value, str) or not value.strip() or any(c.isspace() for c in value)):
         raise ConfigError(key, value, "names a figure of the epoch line: test_NAME (or val/NAME, test/NAME) for a "
                           "held-out figure, train_NAME or loss for a training one", example)
@@ -703,11 +904,14 @@ class CheckpointConfig(Schema):
     """`checkpoint=false` turns checkpoints off; `checkpoint.keep_best=3 checkpoint.metric=test_acc` keeps the
     best 3 epochs' checkpoints beside last.pt (launcher/train/best.py)."""
 
-    enabled: bool = True  # checkpoints/last.pt every epoch (atomically)
-    keep_best: int = 0  # also keep the best this many epochs' checkpoints (checkpoints/best.pt, best-epoch-N.pt)
-    # the figure that ranks them (default: early_stop.metric, else test_acc or the first test_NAME)
+    enabled: bool = True
+    """Write checkpoints/last.pt every epoch (atomically)."""
+    keep_best: int = 0
+    """Also keep the best this many epochs' checkpoints (checkpoints/best.pt, best-epoch-N.pt)."""
     metric: str | None = None
-    mode: Mode = Mode.auto  # min | max | auto
+    """The figure that ranks them (null: early_stop.metric, else test_acc or the first test_NAME)."""
+    mode: Mode = Mode.auto
+    """Which way the figure is better."""
 
     def check(self, at: str) -> None:
         check_int(f"{at}.keep_best", self.keep_best, 0, f"{at}.keep_best=3", high=1000)
@@ -721,10 +925,14 @@ class CheckpointConfig(Schema):
 class EarlyStopConfig(Schema):
     """Stop a run whose figure stopped improving (launcher/train/early_stop.py): the same decision on every rank."""
 
-    metric: str | None = None  # the figure watched (test_mse, val/mse, loss, ...); null: never stop early
-    mode: Mode = Mode.auto  # min | max | auto
-    patience: int = 3  # evaluations without an improvement before the run stops
-    min_delta: float = 0.0  # an improvement smaller than this does not count
+    metric: str | None = None
+    """The figure watched (test_mse, val/mse, loss, ...); null: never stop early."""
+    mode: Mode = Mode.auto
+    """Which way the figure is better."""
+    patience: int = 3
+    """Evaluations without an improvement before the run stops."""
+    min_delta: float = 0.0
+    """An improvement smaller than this does not count."""
 
     def check(self, at: str) -> None:
         _check_figure(f"{at}.metric", self.metric, f"{at}.metric=test_loss {at}.patience=3")
@@ -737,29 +945,44 @@ class EarlyStopConfig(Schema):
 
 
 class WandbMode(Choice):
-    offline = "offline"  # written under the run dir only; `wandb sync DIR` sends it, if and when you choose
+    """Where W&B sends a run."""
+
+    offline = "offline"
+    """Written under the run dir only; `wandb sync DIR` sends it, if and when you choose."""
     online = "online"
+    """Sent to W&B as it runs."""
     disabled = "disabled"
+    """W&B's calls do nothing."""
 
 
 @dataclass
 class TensorBoardLog(Schema):
-    folder: str = "tensorboard"  # under the run dir: tensorboard --logdir RUN_DIR
+    """log=[tensorboard]: TensorBoard event files."""
+
+    folder: str = "tensorboard"
+    """Their folder under the run dir (tensorboard --logdir RUN_DIR)."""
 
 
 @dataclass
 class CsvLog(Schema):
-    file: str = "metrics.csv"  # under the run dir: one row per epoch, a column per figure
+    """log=[csv]: one CSV file."""
+
+    file: str = "metrics.csv"
+    """Its name under the run dir: one row per epoch, a column per figure."""
 
 
 @dataclass
 class MlflowLog(Schema):
-    # null: MLFLOW_TRACKING_URI, else MLflow's own local store in the folder launch runs in (MLflow 3:
-    # sqlite:///mlflow.db, which `mlflow ui` there shows); a server's http://HOST:PORT, or file:./mlruns
+    """log=[mlflow]: an MLflow run."""
+
     tracking_uri: str | None = None
-    experiment: str | None = None  # default: the recipe's name
-    run_name: str | None = None  # default: the run dir's name
-    tags: dict[str, Any] = field(default_factory=dict)
+    """A server's http://HOST:PORT, or file:./mlruns (null: MLFLOW_TRACKING_URI, else MLflow's local store here)."""
+    experiment: str | None = None
+    """The MLflow experiment (null: the recipe's name)."""
+    run_name: str | None = None
+    """The MLflow run's name (null: the run dir's name)."""
+    tags: dict[str, Any] = field(default_factory=dict)  # Any: tag values as typed; MLflow stores them as text
+    """Tags set on the MLflow run."""
 
     def check(self, at: str) -> None:
         if self.tracking_uri is not None and not str(self.tracking_uri).strip():
@@ -769,10 +992,16 @@ class MlflowLog(Schema):
 
 @dataclass
 class WandbLog(Schema):
-    mode: WandbMode = WandbMode.offline  # offline: nothing leaves the machine unless you run `wandb sync`
-    project: str | None = None  # default: launch-<recipe>
+    """log=[wandb]: a Weights & Biases run."""
+
+    mode: WandbMode = WandbMode.offline
+    """Where the run goes (offline: nothing leaves the machine unless you run `wandb sync`)."""
+    project: str | None = None
+    """The W&B project (null: launch-<recipe>)."""
     entity: str | None = None
+    """The W&B entity, a user or team (null: W&B's default)."""
     tags: list[str] = field(default_factory=list)
+    """Tags set on the W&B run."""
 
 
 # Where the epochs' figures go besides metrics.jsonl: `log=[tensorboard,mlflow,csv]` picks several options of
@@ -783,12 +1012,18 @@ TRACKER_PACKAGES = {"tensorboard": "tensorboard", "csv": None, "mlflow": "mlflow
 
 @dataclass
 class LogConfig(Schema):
-    # a tracker not installed or not reachable stops the launch before any worker (false: a warning; it goes on)
+    """The trackers `log=[...]` picks (each a section, null where not picked)."""
+
     required: bool = True
+    """A tracker not installed or not reachable stops the launch before any worker (false: a warning)."""
     tensorboard: TensorBoardLog | None = None
+    """TensorBoard, where picked."""
     csv: CsvLog | None = None
+    """metrics.csv, where picked."""
     mlflow: MlflowLog | None = None
+    """MLflow, where picked."""
     wandb: WandbLog | None = None
+    """Weights & Biases, where picked."""
 
     @property
     def chosen(self) -> list[str]:
@@ -804,57 +1039,82 @@ class LogConfig(Schema):
 
 @dataclass
 class Config(Schema):
-    # The four groups are typed by the option chosen: each option's YAML brings its own schema (a
-    # subclass of RecipeConfig, OptimConfig, StrategyConfig, BackendConfig), whose field types then hold
-    # in full (a base-class annotation here would keep the base's field types over the option's).
-    recipe: Any = MISSING
-    optim: Any = MISSING
-    strategy: Any = MISSING
-    backend: Any = MISSING
+    """The whole launch config: the sections, then the keys typed most often, at the top level.
+
+    The four groups are typed by the option chosen: each option's YAML brings its own schema (a subclass
+    of RecipeConfig, OptimConfig, StrategyConfig, BackendConfig), whose field types then hold in full; a
+    base-class annotation here would keep the base's field types over the option's, hence Any.
+    Several machines without SLURM (launcher/host/network.py, rendezvous.py) run the same launch on each,
+    `nodes=2 node_rank=K rdzv=HOST:PORT`, HOST an address of node 0 that every node reaches."""
+
+    recipe: Any = MISSING  # Any: the chosen option's schema (see above)
+    """What is trained (the `recipe` group)."""
+    optim: Any = MISSING  # Any: the chosen option's schema
+    """The optimizer and its schedule (the `optim` group)."""
+    strategy: Any = MISSING  # Any: the chosen option's schema
+    """How the devices share the work (the `strategy` group)."""
+    backend: Any = MISSING  # Any: the chosen option's schema
+    """Where the workers run (the `backend` group)."""
     perf: PerfConfig = field(default_factory=PerfConfig)
+    """Speed settings."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """The held-out evaluation."""
     data: DataConfig = field(default_factory=DataConfig)
+    """Where the data lives and how it reaches the device."""
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    """`launch -m` on this host."""
     fault: FaultConfig = field(default_factory=FaultConfig)
-    log: LogConfig = field(default_factory=LogConfig)  # `log=[tensorboard,mlflow,csv]`: the trackers (conf/log/)
+    """Deliberate failures, to see supervision work."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """The trackers, `log=[tensorboard,mlflow,csv]` (conf/log/)."""
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
-    # The keys typed most often sit at the top level.
-    gpus: Any = "auto"  # [0,1] ids | 2 a count | all | auto (all visible, else CPU) | [] or cpu: the CPU
-    nprocs: int | None = None  # CPU ranks for ddp on the CPU (gpus=[]); with GPUs it is one per GPU
-    batch_size: int = 64  # GLOBAL: samples per optimizer step summed over all devices, for every strategy
-    # Gradient accumulation: each rank's share of a step runs as this many micro-batches, gradients
-    # summed, averaged across ranks only after the last one (batch_size stays the global step's)
+    """Stop a run whose figure stopped improving."""
+    gpus: Any = "auto"  # Any: a list, a count or a word (launcher/host/gpus.py reads it)
+    """[0,1] ids, 2 a count, all, auto (all visible, else the CPU), [] or cpu: the CPU."""
+    nprocs: int | None = None
+    """CPU ranks for ddp on the CPU (gpus=[]); with GPUs it is one per GPU."""
+    batch_size: int = 64
+    """GLOBAL: samples per optimizer step summed over all devices, for every strategy."""
     accumulate: int = 1
+    """Micro-batches per step on each rank, gradients summed and averaged across ranks after the last."""
     epochs: int = 10
+    """Passes over the training split."""
     lr: float = 0.1
+    """The peak learning rate of the schedule."""
     seed: int = 0
-    resume: str | None = None  # a run dir or checkpoint file to continue from, or `latest`
-    max_restarts: int = 0  # restart the worker group this many times after a failure; it resumes (SLURM: requeue)
-    # Several machines without SLURM (launcher/host/network.py, rendezvous.py): the same launch on each,
-    # `nodes=2 node_rank=K rdzv=HOST:PORT`; HOST is an address of node 0 that every node reaches.
+    """Seeds the weights, the data order and the augmentation (the same order on any number of ranks)."""
+    resume: str | None = None
+    """A run dir or checkpoint file to continue from, or `latest`."""
+    max_restarts: int = 0
+    """Restart the worker group this many times after a failure, resuming (SLURM: requeue)."""
     nodes: int = 1
-    node_rank: int | None = None  # this machine's place, 0 .. nodes-1 (null: assigned at the rendezvous)
-    rdzv: str | None = None  # HOST:PORT where node 0's launch listens for the others
-    rdzv_timeout_s: int = 300  # how long a node waits for all the others to join (and to rejoin after a restart)
-    dry_run: bool = False  # print the plan, start nothing
-    # checkpoints/last.pt every epoch, atomically (`checkpoint=false`: none); `checkpoint.keep_best=3
-    # checkpoint.metric=test_acc` keeps the best epochs' too (a section: CheckpointConfig; true/false stand for it)
-    checkpoint: Any = field(default_factory=CheckpointConfig)
-    # also every this many steps inside an epoch (0: at epoch ends only): a restart or resume then continues the
-    # epoch's global order from the next step, on any number of ranks
+    """Machines the launch spans without SLURM, each running the same launch."""
+    node_rank: int | None = None
+    """This machine's place, 0 .. nodes-1 (null: assigned at the rendezvous)."""
+    rdzv: str | None = None
+    """HOST:PORT where node 0's launch listens for the others."""
+    rdzv_timeout_s: int = 300
+    """How long a node waits for all the others to join (and to rejoin after a restart)."""
+    dry_run: bool = False
+    """Print the plan, start nothing."""
+    checkpoint: Any = field(default_factory=CheckpointConfig)  # Any: true, false or the section (__post_init__)
+    """checkpoints/last.pt every epoch and the best epochs' (CheckpointConfig); true/false stand for it."""
     checkpoint_every_steps: int = 0
-    # The network from config instead of the recipe's: `model._target_=torchvision.models.resnet50`, its
-    # arguments as `+model.KEY=VALUE` (Hydra's instantiate, in each worker; launcher/models.py). Empty: the
-    # recipe's own (recipe.model).
-    model: dict[str, Any] = field(default_factory=lambda: {"_target_": None})
-    profile: bool = False  # torch.profiler over the second epoch: profile.txt and trace.json in the run dir
-    tensorboard: bool = True  # false: no TensorBoard even where `log` picks it (the switch before `log` existed)
+    """Also checkpoint every this many steps inside an epoch, resumable mid-epoch (0: at epoch ends only)."""
+    model: dict[str, Any] = field(default_factory=lambda: {"_target_": None})  # Any: the network's own arguments
+    """A network from config instead of the recipe's: model._target_=CLASS and +model.KEY=VALUE (launcher/models.py)."""
+    profile: bool = False
+    """torch.profiler over the second epoch: profile.txt and trace.json in the run dir."""
+    tensorboard: bool = True
+    """false: no TensorBoard even where `log` picks it (the switch from before `log`)."""
     progress: Progress = Progress.auto
-    # Your own torchrun-style script instead of a recipe (launcher/host/script.py): `args.KEY=V` become
-    # `--KEY V`; what follows `--` on the command line is added after them.
+    """How the console shows training progress."""
     script: str | None = None
-    args: dict[str, Any] = field(default_factory=dict)
+    """Your own torchrun-style script to run instead of a recipe (launcher/host/script.py)."""
+    args: dict[str, Any] = field(default_factory=dict)  # Any: the script's own options
+    """The script's options: args.KEY=V becomes --KEY V."""
     script_args: list[str] = field(default_factory=list)
+    """What follows `--` on the command line, added after args."""
 
     def __post_init__(self) -> None:
         if isinstance(self.checkpoint, bool):  # (`checkpoint=false`, as before the section existed)
@@ -967,7 +1227,7 @@ def freeze(obj: S) -> S:
     return obj
 
 
-def derive(obj: S, **changes: Any) -> S:
+def derive(obj: S, **changes: object) -> S:
     """A frozen copy of `obj` with `changes` (dataclasses.replace for frozen configs)."""
     return freeze(dataclasses.replace(obj, **changes))  # type: ignore[type-var]
 
@@ -983,9 +1243,12 @@ def flat_keys(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def to_plain(obj: Any) -> Any:
-    """Plain Python data (dicts, lists, str for choices), e.g. for JSON or a checkpoint's `config`."""
+    """Plain Python data (dicts, lists, str for choices, True/False/"auto" for a Toggle), e.g. for JSON or a
+    checkpoint's `config`."""
     if isinstance(obj, Schema):
         return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}  # type: ignore[arg-type]
+    if isinstance(obj, Toggle):
+        return obj.plain
     if isinstance(obj, Enum):
         return obj.value
     if isinstance(obj, dict):
@@ -1002,7 +1265,7 @@ def model_name(cfg: Config) -> str:
     return str(target) if target else str(cfg.recipe.model)
 
 
-def choices(cfg: Config) -> dict[str, Any]:
+def choices(cfg: Config) -> dict[str, str]:
     """The recipe, model and optimizer this config trains (the keys of `saved_choices`)."""
     return {"recipe": cfg.recipe.name, "recipe.model": str(cfg.recipe.model), "optim": cfg.optim.name}
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from launcher.config import GROUPS, SCHEMAS, Config, Schema, freeze
+from launcher.config import GROUPS, SCHEMAS, Config, Schema, freeze, to_plain
 from launcher.errors import LaunchError
 from launcher.world import existing_world, joined_run_id
 
@@ -242,8 +242,9 @@ def config_for(*overrides: str) -> Config:
 
 
 def to_yaml(cfg: Config) -> str:
-    """The typed config as YAML (a run dir's config.yaml): what ran, every value resolved."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The typed config as YAML (a run dir's config.yaml): what ran, every value resolved (a true | false |
+    auto key as true, false or auto, as YAML reads it back)."""
+    return OmegaConf.to_yaml(to_plain(cfg))
 
 
 # ---- resolvers used by conf/config.yaml -----------------------------------------------------------

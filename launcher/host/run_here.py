@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher import logs
-from launcher.config import Config, derive
+from launcher.config import Config, Toggle, derive
 from launcher.datacache import prepare_inductor_dir
 from launcher.errors import LaunchError
 from launcher.failures import span
@@ -93,7 +93,8 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
             tracked, untracked = trackers.check(plan.config)
             plan = dataclasses.replace(plan, config=tracked, notes=(*plan.notes, *untracked))
         if evaluate is not None:  # one pass over the test split: compiling would cost more than it saves
-            plan = dataclasses.replace(plan, config=derive(plan.config, perf=derive(plan.config.perf, compile=False)))
+            uncompiled = derive(plan.config.perf, compile=Toggle.false)
+            plan = dataclasses.replace(plan, config=derive(plan.config, perf=uncompiled))
         resume = inspect_resume(cfg.resume, plan.config) if cfg.resume and not requeued else None
         resume_from = str(resume.path) if resume else (str(resolve_resume(cfg.resume).resolve()) if cfg.resume
                                                        else None)

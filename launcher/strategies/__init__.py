@@ -28,6 +28,7 @@ from launcher.config import (
     PerfConfig,
     SingleConfig,
     StrategyConfig,
+    Toggle,
     derive,
 )
 from launcher.errors import ConfigError
@@ -74,18 +75,18 @@ def one_device(options: StrategyConfig) -> bool:
 
 def _accumulating(perf: PerfConfig, accumulate: int, note: str | None) -> tuple[PerfConfig, str | None]:
     """A captured step holds one micro-batch's work: gradient accumulation runs the step eagerly."""
-    if accumulate > 1 and perf.cuda_graph:
+    if accumulate > 1 and perf.cuda_graph is not Toggle.false:
         said = f"perf.cuda_graph is off with accumulate={accumulate} (a captured step is one micro-batch's work)"
-        return derive(perf, cuda_graph=False), "; ".join(n for n in (note, said) if n)
+        return derive(perf, cuda_graph=Toggle.false), "; ".join(n for n in (note, said) if n)
     return perf, note
 
 
 def _fp16(perf: PerfConfig, note: str | None) -> tuple[PerfConfig, str | None]:
     """fp16's gradient scaler decides on the host, after each step, whether the step overflowed: the
     step runs eagerly."""
-    if str(perf.precision) == "fp16" and perf.cuda_graph:
+    if str(perf.precision) == "fp16" and perf.cuda_graph is not Toggle.false:
         said = "perf.cuda_graph is off with perf.precision=fp16 (the gradient scaler steps outside a graph)"
-        return derive(perf, cuda_graph=False), "; ".join(n for n in (note, said) if n)
+        return derive(perf, cuda_graph=Toggle.false), "; ".join(n for n in (note, said) if n)
     return perf, note
 
 
@@ -101,21 +102,21 @@ def _auto_graph(cls: type[Strategy], perf: PerfConfig, on_gpu: bool, accumulate:
     with it: cheap over one machine's NVLink (GPT-2 124M's 0.5 GB in 1.7 ms, BENCHMARKS.md), not over a
     network. So several nodes keep DDP's reducer, as does a ddp run that sets its options
     (strategy.find_unused_parameters, strategy.static_graph)."""
-    if perf.cuda_graph_setting != "auto":
-        return derive(perf, cuda_graph=perf.cuda_graph_setting)
-    graphs_itself = perf.compile_setting is not False and perf.compile_makes_graphs
+    if perf.cuda_graph is not Toggle.auto:
+        return derive(perf)
+    graphs_itself = perf.compile is not Toggle.false and perf.compile_makes_graphs
     reducer_asked = isinstance(options, DDPConfig) and (options.find_unused_parameters or options.static_graph)
     tried = (cls in (Single, DDP) and on_gpu and accumulate == 1 and str(perf.precision) != "fp16"
              and not graphs_itself and not (cls is DDP and (reducer_asked or not one_node)))
-    return derive(perf, cuda_graph="auto" if tried else False)
+    return derive(perf, cuda_graph=Toggle.auto if tried else Toggle.false)
 
 
 def _captured(cls: type[Strategy], perf: PerfConfig) -> tuple[type[Strategy], bool]:
     """perf.cuda_graph (true, or auto where it is tried) needs gradients that stay in place: DDP then
     averages them itself."""
-    if perf.cuda_graph in (True, "auto") and cls is DDP:
+    if perf.cuda_graph is not Toggle.false and cls is DDP:
         return CapturedDDP, True
-    return cls, bool(perf.cuda_graph)
+    return cls, perf.cuda_graph is not Toggle.false
 
 
 def choose(options: StrategyConfig, devices: Devices, *, nprocs: int | None, global_batch: int, perf: PerfConfig,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from launcher.config import PerfConfig, StrategyConfig, derive
+from launcher.config import PerfConfig, StrategyConfig, Toggle, derive
 from launcher.errors import ConfigError
 from launcher.strategies.base import Devices, Nets, Strategy
 
@@ -46,10 +46,11 @@ class DataParallel(Strategy):
         # results do not carry over, so with benchmark on it re-tunes every step (on 2x H200 the fast
         # net ran at 2.5k img/s under dp with it on, 63.7k with it off; BENCHMARKS.md).
         note = None
-        if perf.compile_setting is True or perf.cuda_graph:
+        if perf.compile is Toggle.true or perf.cuda_graph is not Toggle.false:
             note = ("perf.compile / perf.cuda_graph are off under strategy=dp (DataParallel re-replicates the "
                     "model every step); ddp uses them")
-        return derive(perf, compile=False, cuda_graph=False, cudnn_benchmark=False), note
+        off = Toggle.false
+        return derive(perf, compile=off, cuda_graph=off, cudnn_benchmark=off), note
 
     def warning(self) -> str | None:
         return DP_COST

@@ -46,7 +46,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from launcher.config import CompileMode, FSDPConfig, PerfConfig, derive
+from launcher.config import CompileMode, FSDPConfig, PerfConfig, Toggle, derive
 from launcher.strategies.base import Nets
 from launcher.strategies.ddp import DDP
 
@@ -65,15 +65,15 @@ class FSDP(DDP):
 
     @classmethod
     def adjust_perf(cls, perf: PerfConfig) -> tuple[PerfConfig, str | None]:
-        notes, mode, compile_setting = [], perf.compile_mode.value, perf.compile_setting
-        if perf.cuda_graph:
+        notes, mode = [], perf.compile_mode.value
+        if perf.cuda_graph is not Toggle.false:
             notes.append("perf.cuda_graph is off under strategy=fsdp (a replayed graph cannot follow the weights "
                          "FSDP2 gathers and frees)")
-        if compile_setting is not False and perf.compile_makes_graphs:
+        if perf.compile is not Toggle.false and perf.compile_makes_graphs:
             mode = "default" if mode == "reduce-overhead" else "max-autotune-no-cudagraphs"
             notes.append(f"perf.compile_mode={perf.compile_mode.value} makes CUDA graphs, which strategy=fsdp cannot "
                          f"replay: {mode} instead")
-        return (derive(perf, compile=compile_setting, cuda_graph=False, compile_mode=CompileMode[mode]),
+        return (derive(perf, cuda_graph=Toggle.false, compile_mode=CompileMode[mode]),
                 "; ".join(notes) or None)
 
     def compile(self, nets: Nets, compiled: Callable[[Callable], Callable]) -> Nets:

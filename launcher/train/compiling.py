@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from launcher.config import Toggle
 from launcher.datacache import inductor_dir, prepare_inductor_dir
 
 cache_dir = inductor_dir  # where inductor's caches go: TORCHINDUCTOR_CACHE_DIR, else ~/.cache/launcher/inductor
@@ -56,12 +57,12 @@ class Decision:
     pending: bool = False  # perf.compile=auto on a GPU: decided after the first epoch (`after_first_epoch`)
 
 
-def decide(setting: bool | str, device_type: str) -> Decision:
+def decide(setting: Toggle, device_type: str) -> Decision:
     """perf.compile before the run: true and false are taken as said; auto waits for the first epoch's
     time on a GPU, and never compiles on the CPU."""
-    if setting is True:
+    if setting is Toggle.true:
         return Decision(True, "perf.compile=true")
-    if setting is False:
+    if setting is Toggle.false:
         return Decision(False, "perf.compile=false")
     if device_type != "cuda":
         return Decision(False, "perf.compile=auto: not on the CPU")
@@ -81,12 +82,12 @@ def after_first_epoch(epoch_s: float, epochs_left: int, min_seconds: float) -> D
                     f"uncompiled, less than the {min_seconds:.0f}s that earn the compile time back")
 
 
-def autotunes(setting: bool | str, decision: Decision) -> bool:
+def autotunes(setting: Toggle, decision: Decision) -> bool:
     """Whether cuDNN autotunes (perf.cudnn_benchmark): true and false as said; auto when the run compiles.
     Autotuning shortened the CIFAR networks' steps by ~3.5% and delayed the first step by 4-7 s (an
     H100, torch 2.11: BENCHMARKS.md), the same trade as compiling on a smaller scale, so it follows the
     compile decision (with perf.compile=auto, from the second epoch of a run long enough to compile)."""
-    return decision.compile if setting == "auto" else bool(setting)
+    return decision.compile if setting is Toggle.auto else setting is Toggle.true
 
 
 def compile_for_training(model: nn.Module, mode: str | None, backend: str = "inductor") -> None:

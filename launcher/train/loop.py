@@ -400,7 +400,7 @@ class Trainer:
         nets = self.strategy.wrap(model, self.device)
         if self.is_main and self.strategy.layout:
             log.info("%s", self.strategy.layout)
-        self.compiled = compiling.decide(self.cfg.perf.compile_setting, self.device.type)
+        self.compiled = compiling.decide(self.cfg.perf.compile, self.device.type)
         warmup.autotune(self.device, self.cfg.perf, self.compiled)
         captured = nets.grads is not None and self.device.type == "cuda"  # (a captured step compiles itself)
         return warmup.compiled_nets(self.strategy, nets, self.cfg.perf) if self.compiled.compile and not captured \

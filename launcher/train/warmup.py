@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from launcher.config import Toggle
 from launcher.train import checkpoint, compiling
 from launcher.train.stall import StepClock
 
@@ -58,7 +59,7 @@ def tries_graph(cfg: Config, strategy: Strategy, recipe: Recipe) -> bool:
     DDP's own reducer)."""
     from launcher.recipes import Recipe
 
-    auto = cfg.perf.cuda_graph_setting == "auto" and strategy.static_gradients
+    auto = cfg.perf.cuda_graph is Toggle.auto and strategy.static_gradients
     if auto and type(recipe).training_step is not Recipe.training_step:
         strategy.static_gradients = False
         return False
@@ -70,7 +71,7 @@ def autotune(device: torch.device, perf: PerfConfig, compiled: compiling.Decisio
     the warm-up that captures the step, so the captured graph keeps the algorithms picked."""
     if device.type != "cuda":
         return
-    torch.backends.cudnn.benchmark = compiling.autotunes(perf.cudnn_benchmark_setting, compiled)
+    torch.backends.cudnn.benchmark = compiling.autotunes(perf.cudnn_benchmark, compiled)
 
 
 def compiled_nets(strategy: Strategy, nets: Nets, perf: PerfConfig) -> Nets:
@@ -84,7 +85,7 @@ def after_first_epoch(perf: PerfConfig, epoch_s: float, epochs_left: int, say: b
     compile time back (compiling.py). Every rank decides alike: `epoch_s` is the slowest rank's."""
     compiled = compiling.after_first_epoch(epoch_s, epochs_left, perf.compile_auto_min_s)
     if say:
-        autotunes = compiled.compile and perf.cudnn_benchmark_setting == "auto"
+        autotunes = compiled.compile and perf.cudnn_benchmark is Toggle.auto
         doing = "compiling and autotuning cuDNN" if autotunes else "compiling"
         log.info("%s (%s)", doing if compiled.compile else "not compiling", compiled.why)
     return compiled

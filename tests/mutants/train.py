@@ -152,7 +152,7 @@ MUTANTS = [
     Mutant("compile=auto counts one epoch too few", "launcher/train/compiling.py",
            "    left_s = epoch_s * epochs_left\n", "    left_s = epoch_s * (epochs_left - 1)\n", (UNIT_COMPILE,)),
     Mutant("cuDNN autotunes whatever the setting", "launcher/train/compiling.py",
-           "return decision.compile if setting == \"auto\" else bool(setting)", "return decision.compile",
+           "return decision.compile if setting is Toggle.auto else setting is Toggle.true", "return decision.compile",
            (UNIT_COMPILE,)),
     # stall.py
     Mutant("input wait counted twice", "launcher/train/stall.py",

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from launcher import datacache
+from launcher.config import Toggle
 from launcher.errors import ConfigError
 from launcher.recipes import cifar10
 from launcher.recipes.cifar10 import FOLDER, synthetic_splits, write_official_format
@@ -14,10 +15,10 @@ from tests.conftest import config_of
 
 
 def test_compile_setting_takes_true_false_auto_and_refuses_the_rest():
-    assert config_of("recipe=cifar10").perf.compile_setting == "auto"
-    assert config_of("recipe=cifar10", "perf.compile=true").perf.compile_setting is True
-    assert config_of("recipe=cifar10_fast").perf.compile_setting is True
-    assert config_of("perf.compile=false").perf.compile_setting is False
+    assert config_of("recipe=cifar10").perf.compile is Toggle.auto
+    assert config_of("recipe=cifar10", "perf.compile=true").perf.compile is Toggle.true
+    assert config_of("recipe=cifar10_fast").perf.compile is Toggle.true
+    assert config_of("perf.compile=false").perf.compile is Toggle.false
     with pytest.raises(ConfigError, match=r"perf.compile=often is not valid: choose true, false or auto"):
         config_of("perf.compile=often")
     with pytest.raises(ConfigError, match="perf.compile_auto_min_s"):
@@ -25,9 +26,9 @@ def test_compile_setting_takes_true_false_auto_and_refuses_the_rest():
 
 
 def test_auto_waits_for_the_first_epoch_on_gpus_and_never_compiles_on_the_cpu():
-    assert compiling.decide(True, "cpu").compile and not compiling.decide(False, "cuda").compile
-    assert not compiling.decide("auto", "cpu").compile and not compiling.decide("auto", "cpu").pending
-    gpu = compiling.decide("auto", "cuda")
+    assert compiling.decide(Toggle.true, "cpu").compile and not compiling.decide(Toggle.false, "cuda").compile
+    assert not compiling.decide(Toggle.auto, "cpu").compile and not compiling.decide(Toggle.auto, "cpu").pending
+    gpu = compiling.decide(Toggle.auto, "cuda")
     assert not gpu.compile and gpu.pending  # no compile before the first step
 
 
@@ -40,17 +41,18 @@ def test_auto_compiles_only_when_the_rest_of_the_run_earns_the_compile_back():
 
 
 def test_cudnn_autotunes_when_the_run_compiles_unless_told():
-    assert config_of("recipe=cifar10").perf.cudnn_benchmark_setting == "auto"
-    assert config_of("recipe=digits").perf.cudnn_benchmark_setting is False
-    assert config_of("recipe=cifar10", "perf.cudnn_benchmark=true").perf.cudnn_benchmark_setting is True
+    assert config_of("recipe=cifar10").perf.cudnn_benchmark is Toggle.auto
+    assert config_of("recipe=digits").perf.cudnn_benchmark is Toggle.false
+    assert config_of("recipe=cifar10", "perf.cudnn_benchmark=true").perf.cudnn_benchmark is Toggle.true
     with pytest.raises(ConfigError, match=r"perf.cudnn_benchmark=sometimes is not valid: choose true, false or auto"):
         config_of("perf.cudnn_benchmark=sometimes")
-    pending = compiling.decide("auto", "cuda")
-    assert not compiling.autotunes("auto", pending)  # the first epoch of an auto run: heuristics, no delay
-    assert compiling.autotunes("auto", compiling.after_first_epoch(1.0, 100, min_seconds=60))
-    assert not compiling.autotunes("auto", compiling.after_first_epoch(0.2, 9, min_seconds=60))
-    assert compiling.autotunes("auto", compiling.decide(True, "cuda"))
-    assert compiling.autotunes(True, pending) and not compiling.autotunes(False, compiling.decide(True, "cuda"))
+    auto, pending = Toggle.auto, compiling.decide(Toggle.auto, "cuda")
+    assert not compiling.autotunes(auto, pending)  # the first epoch of an auto run: heuristics, no delay
+    assert compiling.autotunes(auto, compiling.after_first_epoch(1.0, 100, min_seconds=60))
+    assert not compiling.autotunes(auto, compiling.after_first_epoch(0.2, 9, min_seconds=60))
+    assert compiling.autotunes(auto, compiling.decide(Toggle.true, "cuda"))
+    assert compiling.autotunes(Toggle.true, pending)
+    assert not compiling.autotunes(Toggle.false, compiling.decide(Toggle.true, "cuda"))
 
 
 def test_caches_live_under_launch_cache_dir_unless_inductor_is_told_otherwise(tmp_path):

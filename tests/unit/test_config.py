@@ -24,7 +24,8 @@ def test_default_is_digits_on_auto():
 def test_recipe_sets_its_own_values_across_sections_and_overrides_win():
     cifar = config_of("recipe=cifar10")
     assert (cifar.recipe.model, cifar.batch_size, cifar.epochs) == (schema.Cifar10Model.airbench, 1024, 10)
-    assert cifar.optim.warmup_epochs == 2 and cifar.perf.cuda_graph and cifar.eval.batch_size == 2048
+    assert cifar.optim.warmup_epochs == 2 and cifar.perf.cuda_graph is schema.Toggle.true
+    assert cifar.eval.batch_size == 2048
     assert config_of("recipe=cifar10", "batch_size=256").batch_size == 256
     assert config_of("recipe=cifar10", "recipe.model=resnet18").recipe.model is schema.Cifar10Model.resnet18
     assert config_of("recipe=cifar10", "optim.warmup_epochs=5").optim.warmup_epochs == 5
@@ -42,7 +43,8 @@ def test_text_evaluates_in_chunks_of_its_training_batch_unless_told():
 def test_the_fast_recipe_picks_muon_and_the_command_line_can_pick_another():
     fast = config_of("recipe=cifar10_fast")
     assert isinstance(fast.optim, schema.MuonConfig) and fast.optim.head_lr == 1340.0
-    assert fast.perf.compile and fast.perf.cuda_graph and fast.perf.compile_mode is schema.CompileMode["default"]
+    assert fast.perf.compile is fast.perf.cuda_graph is schema.Toggle.true
+    assert fast.perf.compile_mode is schema.CompileMode["default"]
     assert isinstance(config_of("recipe=cifar10_fast", "optim=sgd").optim, schema.SGDConfig)
 
 

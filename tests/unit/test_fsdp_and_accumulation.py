@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from launcher import strategies
-from launcher.config import CompileMode, DDPConfig, FSDPConfig, PerfConfig
+from launcher.config import CompileMode, DDPConfig, FSDPConfig, PerfConfig, Toggle
 from launcher.errors import ConfigError
 from launcher.strategies import FSDP, Devices
 from launcher.strategies.fsdp import describe_units, shard_groups, shard_units
@@ -35,14 +35,14 @@ def test_fsdp_is_one_process_per_gpu_or_cpu_rank_and_shards_checkpoints():
 
 def test_fsdp_compiles_but_says_what_it_turns_off():
     chosen = choose(perf=PerfConfig(compile=True, cuda_graph=True, compile_mode=CompileMode["reduce-overhead"]))
-    assert chosen.perf.compile is True and chosen.perf.cuda_graph is False
+    assert chosen.perf.compile is Toggle.true and chosen.perf.cuda_graph is Toggle.false
     assert chosen.perf.compile_mode.value == "default"
     assert "perf.cuda_graph is off under strategy=fsdp" in chosen.note and "reduce-overhead" in chosen.note
     quiet = choose(perf=PerfConfig(compile=True, cuda_graph=False))
-    assert quiet.note is None and quiet.perf.compile is True
+    assert quiet.note is None and quiet.perf.compile is Toggle.true
     # auto decides after the first epoch, as under the other strategies (compiled paid under fsdp: 1.24x-1.36x
     # on 2 H200s, GPT-2 124M)
-    assert choose(perf=PerfConfig(compile="auto", cuda_graph=False)).perf.compile_setting == "auto"
+    assert choose(perf=PerfConfig(compile="auto", cuda_graph=False)).perf.compile is Toggle.auto
     graphs = choose(perf=PerfConfig(compile="auto", cuda_graph=False, compile_mode=CompileMode["reduce-overhead"]))
     assert graphs.perf.compile_mode.value == "default" and "reduce-overhead" in graphs.note
 
@@ -146,7 +146,7 @@ def test_accumulate_splits_each_ranks_share_or_says_how():
         choose(accumulate=3)
     chosen = strategies.choose(DDPConfig(), Devices((0, 1)), nprocs=None, global_batch=64,
                                perf=PerfConfig(cuda_graph=True), gpus_text="2", accumulate=2)
-    assert chosen.perf.cuda_graph is False and "accumulate=2" in chosen.note
+    assert chosen.perf.cuda_graph is Toggle.false and "accumulate=2" in chosen.note
     with pytest.raises(ConfigError, match="accumulate"):
         config_of("accumulate=0")
 
@@ -331,7 +331,7 @@ def test_fp16_runs_its_step_eagerly_and_is_refused_under_fsdp():
 
     chosen = strategies.choose(DDPConfig(), Devices((0, 1)), nprocs=None, global_batch=64,
                                perf=PerfConfig(cuda_graph=True, precision=Precision.fp16), gpus_text="2")
-    assert chosen.perf.cuda_graph is False and "perf.precision=fp16" in chosen.note
+    assert chosen.perf.cuda_graph is Toggle.false and "perf.precision=fp16" in chosen.note
     with pytest.raises(ConfigError, match=r"perf.precision=fp16 is not valid: strategy=fsdp"):
         strategies.choose(FSDPConfig(), Devices((0, 1)), nprocs=None, global_batch=64,
                           perf=PerfConfig(precision=Precision.fp16), gpus_text="2")

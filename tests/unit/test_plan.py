@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from launcher.config import Toggle
 from launcher.errors import ConfigError
 from launcher.host import plan as plan_module
 from launcher.host.gpus import GpuLoad, least_busy
@@ -121,7 +122,7 @@ def test_auto_gpus_with_single_takes_the_first_gpu(cuda_build):
 
 def test_dataparallel_turns_off_what_it_cannot_honour_and_says_so(cuda_build):
     plan = make_plan(config_of("recipe=cifar10", "gpus=[0,1]", "strategy=dp"), env={}, physical_count=2)
-    assert not plan.config.perf.cuda_graph and not plan.config.perf.cudnn_benchmark
+    assert plan.config.perf.cuda_graph is plan.config.perf.cudnn_benchmark is Toggle.false
     assert any("off under strategy=dp" in n for n in plan.notes) and any("DataParallel" in n for n in plan.notes)
 
 

@@ -12,6 +12,7 @@ from launcher.config import (
     PerfConfig,
     ProcessGroupBackend,
     SingleConfig,
+    Toggle,
 )
 from launcher.errors import ConfigError
 from launcher.strategies import CapturedDDP, DataParallel, Devices, Single
@@ -98,10 +99,11 @@ def _chosen(name, gpus, nprocs=None, accumulate=1, **perf):
 
 def test_cuda_graph_auto_is_tried_on_gpus_one_process_each_and_off_elsewhere_without_a_word():
     one = _chosen("auto", 1)
-    assert one.perf.cuda_graph == "auto" and type(one.strategy) is Single and one.strategy.static_gradients
+    assert one.perf.cuda_graph is Toggle.auto and type(one.strategy) is Single and one.strategy.static_gradients
     # ddp on GPUs: both ways of the trial average flat gradients (DDP's reducer runs host code a replay skips)
     for two in (_chosen("auto", 2), _chosen("ddp", 2)):
-        assert two.perf.cuda_graph == "auto" and type(two.strategy) is CapturedDDP and two.strategy.static_gradients
+        assert two.perf.cuda_graph is Toggle.auto and type(two.strategy) is CapturedDDP
+        assert two.strategy.static_gradients
         assert "cuda_graph" not in (two.note or "")
     # DDP's reducer asked for, or several nodes (its overlap of the all-reduce with the backward pass matters
     # over a network): DDP's reducer
@@ -113,7 +115,7 @@ def test_cuda_graph_auto_is_tried_on_gpus_one_process_each_and_off_elsewhere_wit
     kept.append(strategies.for_world(AutoStrategyConfig(), spanning, Devices((0, 1)), global_batch=64,
                                      perf=PerfConfig()))
     for chosen in kept:
-        assert chosen.perf.cuda_graph is False and type(chosen.strategy) is not CapturedDDP
+        assert chosen.perf.cuda_graph is Toggle.false and type(chosen.strategy) is not CapturedDDP
     within = WorldInfo(0, 0, 2, 2, "localhost", 29500)
     assert type(strategies.for_world(AutoStrategyConfig(), within, Devices((0, 1)), global_batch=64,
                                      perf=PerfConfig()).strategy) is CapturedDDP
@@ -121,9 +123,9 @@ def test_cuda_graph_auto_is_tried_on_gpus_one_process_each_and_off_elsewhere_wit
     for chosen in (_chosen("auto", 2, accumulate=2), _chosen("auto", 0), _chosen("auto", 0, nprocs=2), _chosen("dp", 2),
                    _chosen("auto", 1, accumulate=2), _chosen("auto", 1, precision="fp16"),
                    _chosen("auto", 1, compile=True, compile_mode=CompileMode["reduce-overhead"])):
-        assert chosen.perf.cuda_graph is False and not chosen.strategy.static_gradients
+        assert chosen.perf.cuda_graph is Toggle.false and not chosen.strategy.static_gradients
         assert type(chosen.strategy) is not CapturedDDP and "cuda_graph" not in (chosen.note or "")
-    assert _chosen("auto", 1, cuda_graph="false").perf.cuda_graph is False  # (the command line's words too)
+    assert _chosen("auto", 1, cuda_graph="false").perf.cuda_graph is Toggle.false  # (the command line's words too)
     assert type(_chosen("auto", 2, cuda_graph="true").strategy) is CapturedDDP
 
 
@@ -136,11 +138,11 @@ def test_dataparallel_turns_off_compile_graphs_and_cudnn_autotuning():
     choice = strategies.choose(DataParallelConfig(), Devices((0, 1)), nprocs=None, global_batch=64,
                                perf=PerfConfig(compile=True, cuda_graph=True), gpus_text="[0,1]")
     assert type(choice.strategy) is DataParallel and choice.note and "off under strategy=dp" in choice.note
-    assert not (choice.perf.compile or choice.perf.cuda_graph or choice.perf.cudnn_benchmark)
+    assert choice.perf.compile is choice.perf.cuda_graph is choice.perf.cudnn_benchmark is Toggle.false
     assert "DataParallel" in choice.strategy.warning()
     graphs_only = strategies.choose(DataParallelConfig(), Devices((0, 1)), nprocs=None, global_batch=64,
                                     perf=PerfConfig(compile=False, cuda_graph=True), gpus_text="[0,1]")
-    assert not graphs_only.perf.cuda_graph and "off under strategy=dp" in (graphs_only.note or "")
+    assert graphs_only.perf.cuda_graph is Toggle.false and "off under strategy=dp" in (graphs_only.note or "")
 
 
 def test_gpus_auto_means_one_gpu_only_for_single():
