@@ -58,6 +58,8 @@ CASES = [
     ("log=[mlflow] log.mlflw.tracking_uri=x", "unknown key 'log.mlflw.tracking_uri': did you mean "
      "log.mlflow.tracking_uri?"),
     ("progress=bars", "progress=bars is not valid: choose one of auto, bar, lines (did you mean progress=bar?)"),
+    ("perf.cuda_graph=yes", "perf.cuda_graph=yes is not valid: choose true, false or auto (replay the step as a CUDA "
+     "graph where that is measured faster) (e.g. launch perf.cuda_graph=auto)"),
     ("evl.every=2", "unknown key 'evl.every': did you mean eval.every?"),  # (listed Config's keys as evl.*)
     ("perf.precision=fp8", "perf.precision=fp8 is not valid: choose one of auto, bf16, fp16, fp32"),
     ("gpus=ALL", "gpus=ALL is not valid: no GPU is visible"),

@@ -7,6 +7,8 @@
 - the wings meet only where the map says: the host starts the training wing through its entry point
   (launcher.train.worker), the training wing never imports the host wing;
 - no strategy-name comparisons outside launcher/strategies: the loop and the host ask the strategy;
+- a true | false | auto key (perf.compile, ...) is read against Toggle's members, never as a truth value
+  (Toggle.false is truthy) nor compared with a string or a bool;
 - fsdp's checkpoint writer process arms its parent-death signal before it imports torch.
 """
 
@@ -159,6 +161,36 @@ def test_the_wings_meet_only_at_the_workers_entry_point():
     assert host_to_train <= HOST_TO_TRAIN, f"undeclared crossings: {host_to_train - HOST_TO_TRAIN}"
     shared_to_wings = [(m, i) for m in SHARED for i in GRAPH[m] if i.startswith("launcher.host")]
     assert not shared_to_wings, shared_to_wings
+
+
+def test_true_false_auto_keys_are_compared_with_toggles_only():
+    """`if perf.cuda_graph:` held for False before the keys were an Enum; with Toggle it holds for every value."""
+    from launcher.config import PerfConfig
+
+    keys = set(PerfConfig.TOGGLES)
+
+    def toggle_key(node: ast.AST) -> bool:  # perf.KEY, cfg.perf.KEY, self.cfg.perf.KEY
+        owner = getattr(node, "value", None)
+        return (isinstance(node, ast.Attribute) and node.attr in keys
+                and (getattr(owner, "attr", None) == "perf" or getattr(owner, "id", None) == "perf"))
+
+    found = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                wrong = any(toggle_key(o) for o in operands) and any(isinstance(o, (ast.Constant, ast.Tuple))
+                                                                     for o in operands)
+            else:  # as a truth value
+                tested = {ast.If: "test", ast.IfExp: "test", ast.While: "test", ast.Assert: "test",
+                          ast.UnaryOp: "operand", ast.BoolOp: "values", ast.Call: "args"}.get(type(node))
+                value = getattr(node, tested, None) if tested else None
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) != "bool":
+                    value = None
+                wrong = any(toggle_key(v) for v in (value if isinstance(value, list) else [value]))
+            if wrong:
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
 
 
 def test_no_strategy_name_is_compared_outside_the_strategies():

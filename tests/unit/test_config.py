@@ -117,6 +117,70 @@ def test_workers_get_a_typed_frozen_config_that_pickles():
     assert schema.to_plain(cfg)["recipe"]["model"] == "airbench"
 
 
+TOGGLES = ("perf.compile", "perf.cuda_graph", "perf.cudnn_benchmark")
+
+
+@pytest.mark.parametrize("typed_as, meant", [("true", "true"), ("True", "true"), ("TRUE", "true"),
+                                             ("false", "false"), ("False", "false"), ("auto", "auto"),
+                                             ("AUTO", "auto"), ("Auto", "auto"), ("'true'", "true"),
+                                             ("1", "true"), ("0", "false")])
+def test_a_true_false_auto_key_reads_what_users_type_as_one_toggle(typed_as, meant):
+    """Hydra reads `true` as a bool, `AUTO` as a string, `1` as an int: each reaches the code as the Toggle meant."""
+    cfg = config_of(*(f"{key}={typed_as}" for key in TOGGLES))
+    assert cfg.perf.compile is cfg.perf.cuda_graph is cfg.perf.cudnn_benchmark is schema.Toggle[meant]
+
+
+def test_a_toggle_is_read_from_python_values_and_written_back_as_before():
+    read = schema.Toggle.read
+    assert read(True) is read("TRUE") is read(1) is read(1.0) is read(schema.Toggle.true) is schema.Toggle.true
+    assert read(False) is read("False") is read(0) is schema.Toggle.false
+    assert read("AUTO") is read("auto") is schema.Toggle.auto
+    assert [read(v) for v in ("yes", "", " auto", 2, 0.5, None, [1])] == [None] * 7
+    perf = schema.PerfConfig(compile=True, cuda_graph="AUTO", cudnn_benchmark=False)  # (constructed, not composed)
+    assert (perf.compile, perf.cuda_graph, perf.cudnn_benchmark) == (schema.Toggle.true, schema.Toggle.auto,
+                                                                     schema.Toggle.false)
+    assert schema.derive(perf, cuda_graph=False).cuda_graph is schema.Toggle.false
+    # config.yaml, checkpoints and trackers hold True, False and "auto", as launch always wrote them
+    plain = schema.to_plain(perf)
+    assert (plain["compile"], plain["cuda_graph"], plain["cudnn_benchmark"]) == (True, "auto", False)
+    from launcher.host.compose import to_yaml
+
+    written = to_yaml(config_of("recipe=cifar10_fast", "perf.cudnn_benchmark=auto"))
+    assert "  compile: true\n" in written and "  cuda_graph: true\n" in written
+    assert "  cudnn_benchmark: auto\n" in written
+
+
+@pytest.mark.parametrize("key, value, said", [("perf.compile", "maybe", "maybe"), ("perf.cuda_graph", "yes", "yes"),
+                                              ("perf.cudnn_benchmark", "2", "2"), ("perf.compile", "1.5", "1.5"),
+                                              ("perf.cuda_graph", "null", "null"),
+                                              ("perf.cudnn_benchmark", "[1]", "[1]")])
+def test_a_bad_true_false_auto_value_is_one_line_naming_the_three(key, value, said):
+    with pytest.raises(ConfigError) as err:
+        config_of(f"{key}={value}")
+    assert str(err.value).startswith(f"{key}={said} is not valid: choose true, false or auto (")
+    assert str(err.value).endswith(f"(e.g. launch {key}=auto)") and "\n" not in str(err.value)
+
+
+def test_a_checkpoint_written_with_bools_resumes_and_compares_its_settings_as_before(tmp_path, monkeypatch):
+    """Checkpoints hold the true | false | auto keys as True, False and "auto" (to_plain): a resume reads them and
+    names what this launch changes, and nothing where it types the same."""
+    import torch
+
+    from launcher.host.resume import inspect
+
+    monkeypatch.chdir(tmp_path)
+    saved = schema.to_plain(config_of("recipe=digits", "epochs=2", "perf.compile=true", "perf.cuda_graph=false"))
+    assert (saved["perf"]["compile"], saved["perf"]["cuda_graph"], saved["perf"]["cudnn_benchmark"]) == (
+        True, False, False)
+    torch.save({"net_state_dict": {}, "epoch": 1, "config": saved}, "ck.pt")
+    same = config_of("resume=ck.pt", "epochs=3", "perf.compile=True", "perf.cuda_graph=FALSE")
+    assert same.perf.compile is schema.Toggle.true
+    assert not [k for k in inspect("ck.pt", same).changed if k.startswith("perf.")]
+    other = config_of("resume=ck.pt", "epochs=3", "perf.compile=auto", "perf.cuda_graph=false")
+    assert {k: v for k, v in inspect("ck.pt", other).changed.items() if k.startswith("perf.")} == {
+        "perf.compile": (True, "auto")}
+
+
 def test_a_resumed_text_run_evaluates_in_chunks_of_the_batch_it_trains_with(tmp_path, monkeypatch):
     """eval.batch_size follows batch_size (${batch_size}); a checkpoint holds the number. Resumed with a
     batch lowered to fit memory, the chunks follow it, unless the run had its own eval.batch_size."""
