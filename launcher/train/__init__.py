@@ -2,6 +2,11 @@
 
     worker.py       apply the worker env, log with the rank, train, record a failure, exit
     loop.py         train(): device, process group, Trainer (setup -> resume -> warm-up -> epochs -> results)
+    restart.py      where a run starts (its own checkpoint after a restart, or resume=), whether a checkpoint fits
+    warmup.py       the warm-up: compile and CUDA-graph capture on the real shapes; the graph and compile choices
+    epoch_end.py    an epoch's end: queued on the device, read a few steps into the next epoch, its Verdict
+    saving.py       the checkpoints a run writes as it trains, and the best ones
+    threads.py      set-up work on threads beside the training thread; the profiler
     data.py         the epoch's order, each rank's shard, data on the GPU or streamed from the host
     prefetch.py     host -> device copies on a side CUDA stream
     step.py         one training step; CUDA-graph capture; flat gradients with a bucketed all-reduce

@@ -300,7 +300,7 @@ def _sharded_folder(path: Path) -> str | None:
 
 def load_restart(path: Path, map_location: Any = "cpu") -> tuple[Path, dict[str, Any]]:
     """This run's own checkpoint, read for a restart (max_restarts, a requeue) and checked against its seal
-    (a sharded checkpoint's shard files too: one rank calls this, loop.Trainer._own_checkpoint). Damaged or
+    (a sharded checkpoint's shard files too: one rank calls this, restart._own_checkpoint). Damaged or
     unreadable: the one before it (previous.pt), said in the log, where that one is whole; else a
     LaunchError naming the file and what is wrong (exit 2: a restart would find it so again)."""
     state, broken = _read_checked(path, map_location)

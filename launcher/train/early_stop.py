@@ -1,8 +1,8 @@
 """Early stopping (`early_stop.metric=test_loss early_stop.patience=3`) and the figure a run is judged by.
 
 The decision is a function of the epochs' history alone (each row's figures are sums over every rank,
-read alike by all: launcher/train/loop.py `_conclude`), so every rank stops after the same epoch, and a
-restarted or resumed run, which carries its history, decides as the uninterrupted one would have.
+read alike by all: launcher/train/epoch_end.py `EpochEnds.conclude`), so every rank stops after the same
+epoch, and a restarted or resumed run, which carries its history, decides as the uninterrupted one would.
 """
 
 from __future__ import annotations

@@ -1,34 +1,27 @@
 """The training loop every recipe shares: what one worker process does, top to bottom.
 
-    train(spec, world, timeline)     the worker's device, its strategy's process group, one Trainer, teardown
+    train(spec, world, timeline)   the worker's device, its strategy's process group, one Trainer, teardown
     Trainer.run()
-      setup     the data where it trains (Data), the model as the strategy wraps it (Nets), the
-                optimizers, the step (TrainStep)
-      resume    from this run's own checkpoint after a restart or requeue, else from `resume`
-      warm up   torch.compile and/or the CUDA-graph capture on the real shapes, then everything put back
-      epochs    train; queue the epoch's end (average buffers, evaluate, copy the sums and the
-                checkpoint's tensors to host memory); a few steps into the next epoch (DeferredEnd),
-                read it: stop on a NaN loss, save (and the best: best.py), report to the trackers
-                (trackers.py), stop early (early_stop.py) or for preemption
-      results   rank 0's results.json (results.py)
+      setup     the data where it trains (Data), the model as the strategy wraps it (Nets), the optimizers,
+                the step (TrainStep)
+      resume    from this run's own checkpoint after a restart or requeue, else from `resume` (restart.py)
+      warm up   torch.compile and/or the CUDA-graph capture on the real shapes, then all put back (warmup.py)
+      epochs    each epoch's steps; its end queued on the device and read a few steps into the next epoch
+                (epoch_end.py), its verdict acted on: go on, stop (a NaN loss, a preemption, early
+                stopping) or compile now; checkpoints written off the training thread (saving.py)
+      results   results.json from the run's record, then the end's other files (results.py)
+    Trainer.evaluate()   `launch eval`: the same setup, a checkpoint's weights, one evaluation (evaluation.py)
 
-Beside it: evaluation.py (the held-out figures, queued on the device), results.py (the epoch line and
-results.json), stops.py (the NaN and out-of-memory messages).
-
-Per epoch: this rank's shard of the epoch's order (launcher/train/data.py) streams through the data
-path (`data.placement`), augmentation and normalization run on the training device, and nothing syncs
-the host inside an epoch: losses and accuracies are summed on the device and read once per epoch,
-while the next epoch's first steps keep the device busy (`Trainer._epochs`).
-Training and evaluation are timed on the device's own clock (CUDA events), along with the share of
-each epoch the compute stream spent waiting for input (launcher/train/stall.py). The strategy
-(launcher/strategies) does everything that depends on how devices share the work; this module never
-asks which one it is.
+Per epoch, this rank's shard of the epoch's order (data.py) streams through the data path, augmentation and
+normalization run on the training device, and nothing syncs the host: losses and figures are summed on the
+device and read once per epoch, timed on the device's own clock (CUDA events) with the share of the epoch
+spent waiting for input (stall.py). The strategy (launcher/strategies) does everything that depends on how
+devices share the work; this module never asks which one it is.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import time
@@ -37,33 +30,15 @@ from typing import Any
 
 import torch
 
-from launcher.config import (
-    Config,
-    Precision,
-    model_name,
-    to_plain,
-)
+from launcher.config import Config, Precision, model_name, to_plain
 from launcher.errors import ConfigError
 from launcher.figures import NamedFigures
-from launcher.files import CURVES, RESULTS, last_checkpoint
+from launcher.files import last_checkpoint
 from launcher.models import configured, from_config, lazy_modules, materialize_lazy
 from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
-from launcher.train import (
-    checkpoint,
-    compiling,
-    misfit,
-    nodes,
-    optim,
-    progress,
-    reporting,
-    restart,
-    results,
-    stops,
-    trackers,
-    warmup,
-)
+from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, restart, results, warmup
 from launcher.train.data import Data, rank_order
 from launcher.train.epoch_end import DeferredEnd, EpochEnds, Next, QueuedEpoch, Reporters, Verdict
 from launcher.train.evaluation import Evaluation
@@ -71,14 +46,16 @@ from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog
 from launcher.train.optim import Stepper
 from launcher.train.preemption import PreemptionWatch
+from launcher.train.reporting import TensorBoardLog
 from launcher.train.restart import Start
 from launcher.train.results import RankFacts, RunRecord, Timings
 from launcher.train.saving import Saves
 from launcher.train.stall import StepClock, StepPace
-from launcher.train.step import TrainStep
-from launcher.train.stops import OutOfMemory
+from launcher.train.step import TrainStep, autocast_for
+from launcher.train.stops import OutOfMemory, oom_message
 from launcher.train.threads import Asides, profiled
 from launcher.train.timeline import StartupTimeline
+from launcher.train.trackers import Trackers
 from launcher.train.warmup import WarmUp, tries_graph
 from launcher.world import WorldInfo
 
@@ -112,7 +89,7 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     except torch.OutOfMemoryError as exc:
         nets = getattr(trainer, "nets", None)
         params = list(nets.module.parameters()) if nets is not None else []
-        raise OutOfMemory(stops.oom_message(cfg, strategy, device, params)) from exc
+        raise OutOfMemory(oom_message(cfg, strategy, device, params)) from exc
     # On failure nothing is torn down (see DDP.teardown); here every rank finished.
     strategy.teardown()
     return outcome
@@ -128,7 +105,6 @@ class Trainer:
     step: TrainStep  # one training step and the epoch's sums on the device
     saves: Saves  # the checkpoints it writes, off the training thread
     preemption: PreemptionWatch  # SIGUSR2 under SLURM
-    tensorboard: reporting.TensorBoardLog
     bar: progress.EpochBar
     ends: EpochEnds  # what each epoch's end does, and the finished epochs' rows
 
@@ -147,13 +123,8 @@ class Trainer:
         self.recipe.step_pace = StepPace()  # (the training steps' own times, for the recipe: stall.py)
         self.timings = Timings()
         self.faults = Faults(self.cfg.fault, world, device, last_checkpoint(self.run_dir))
-        precision = self.cfg.perf.precision
-        self.bf16 = precision is Precision.bf16 or (precision is Precision.auto and device.type == "cuda")
-        self.fp16 = precision is Precision.fp16
-        # (bf16 autocast on GPUs with perf.precision=auto; a function that holds no reference to the trainer,
-        # so that nothing the trainer holds refers back to it: `trainer = None` in train() frees its captured
-        # graph at once, before the process group is torn down)
-        self.autocast = functools.partial(autocast, device.type, self.bf16, self.fp16)
+        self.fp16 = self.cfg.perf.precision is Precision.fp16  # (its losses scaled: GradScaler)
+        self.autocast = autocast_for(self.cfg.perf.precision, device.type)
         self.evaluation = Evaluation(self.cfg, self.recipe, self.strategy, device, self.autocast, self.timings)
         # (perf.cuda_graph=auto: the warm-up captures the step and keeps the graph where it measures faster)
         self.warm_up = WarmUp(self.cfg, self.strategy, device, self.timings, timeline, self.evaluation,
@@ -165,10 +136,14 @@ class Trainer:
         self.asides = Asides()  # set-up work on threads, waited for at the first epoch's end
         # early_stop.metric, checkpoint.metric, sweep.objective: checked at the first row that can have each
         self.named_figures = NamedFigures(self.cfg, type(self.recipe).figures, self.cfg.recipe.name)
-        self.trackers = trackers.Trackers(self.cfg, self.run_dir, self.is_main)  # log=[mlflow,csv,wandb]
+        self.trackers = Trackers(self.cfg, self.run_dir, self.is_main)  # log=[mlflow,csv,wandb]
+        board = self.cfg.log.tensorboard  # (its writer opened on a thread: `run`)
+        self.tensorboard = TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard and board is not None,
+                                          board.folder if board else None)
 
     # ---- the run, top to bottom --------------------------------------------------------------------
     def run(self) -> dict[str, Any] | None:
+        """Setup, resume, warm-up, epochs, results: the run; what results.json holds returned on rank 0."""
         t_start = time.perf_counter()
         self.data = self._load_data()
         self.timeline.mark("data_loaded")
@@ -181,39 +156,31 @@ class Trainer:
         self.faults.check_reach(self.cfg.epochs * self.steps_per_epoch, start.epoch * self.steps_per_epoch + start.step)
         self.timeline.mark("model_built")
         try:
-            return self._run(start, t_start)
-        finally:
-            if getattr(self, "tensorboard", None) is not None:
-                with contextlib.suppress(Exception):  # (a run that failed: its own error is what is said)
-                    self.tensorboard.close()
+            self.trackers.start(start.history, restarted=start.own)
+            with contextlib.ExitStack() as stack:
+                writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter(self.world)))
+                self.saves = Saves(self.cfg, self.strategy, self.device, self.run_dir, writer, self.step)
+                self.preemption = stack.enter_context(contextlib.closing(PreemptionWatch(self.spec.requeue)))
+                # (TensorBoard's writer opened beside the warm-up; the first epoch's end waits for it, and so
+                # does the exit, before the checkpoint writer is closed)
+                if self.tensorboard.enabled:
+                    self.asides.start(None, self.tensorboard.open)
+                stack.callback(self.asides.wait, quiet=True)
+                self.bar = progress.EpochBar(progress.wanted(str(self.cfg.progress), self.is_main), self.device,
+                                             self.cfg.epochs, self.data.unit)
+                self._warm_up()
+                self.trackers.wait_started()
+                history = self._epochs(start)
+                self.data.close()  # (its DataLoader workers, if any: nothing reads from them any more)
+            # (the writer is closed: the last checkpoint is on disk before the run reports itself done)
+            record = self._record(RankFacts.gather(self.strategy, self.nets, self.device), start.source,
+                                  time.perf_counter() - t_start)
+            return results.finish(self.run_dir, record, history, self.recipe, self.nets, self.strategy, self.device,
+                                  self.tensorboard, self.trackers, self.named_figures)
+        finally:  # (TensorBoard's last events are written after results.json; a failed run's own error is said)
+            with contextlib.suppress(Exception):
+                self.tensorboard.close()
             self.trackers.close()  # (what they were sent goes first; FAILED where the run did not end well)
-
-    def _run(self, start: Start, t_start: float) -> dict[str, Any] | None:
-        self.trackers.start(start.history, restarted=start.own)
-        # (TensorBoard's writer is closed, its last events written, after results.json: `_end`; on the way out
-        # of a failed run, by run())
-        self.tensorboard = reporting.TensorBoardLog(self.run_dir, self.is_main and self.cfg.tensorboard
-                                                    and self.cfg.log.tensorboard is not None,
-                                                    self.cfg.log.tensorboard.folder if self.cfg.log.tensorboard
-                                                    else None)
-        with contextlib.ExitStack() as stack:
-            writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter(self.world)))
-            self.saves = Saves(self.cfg, self.strategy, self.device, self.run_dir, writer, self.step)
-            self.preemption = stack.enter_context(contextlib.closing(PreemptionWatch(self.spec.requeue)))
-            # (the writer opened beside the warm-up; the first epoch's end waits for it, and so does
-            # the exit, before the writer is closed)
-            if self.tensorboard.enabled:
-                self.asides.start(None, self.tensorboard.open)
-            stack.callback(self.asides.wait, quiet=True)
-            self.bar = progress.EpochBar(progress.wanted(str(self.cfg.progress), self.is_main), self.device,
-                                         self.cfg.epochs, self.data.unit)
-            self._warm_up()
-            self.trackers.wait_started()
-            history = self._epochs(start)
-            self.data.close()  # (its DataLoader workers, if any: nothing reads from them any more)
-        # (the writer is closed: the last checkpoint is on disk before the run reports itself done)
-        ranks = RankFacts.gather(self.strategy, self.nets, self.device)
-        return self._end(history, self._record(ranks, start.source, time.perf_counter() - t_start))
 
     def _record(self, ranks: RankFacts, source: str | None, worker_s: float) -> RunRecord:
         """What results.json says of this run beside its epochs' rows (results.py)."""
@@ -228,36 +195,6 @@ class Trainer:
             timings=self.timings, started_unix=self.spec.started_at, startup=self.timeline.as_dict(),
             resumed_from=source, restarts=self.world.restart_count, worker_s=worker_s)
 
-    def _end(self, history: list[dict[str, Any]], record: RunRecord) -> dict[str, Any] | None:
-        """The run's files at its end, the figures first: results.json (rank 0; small, atomic), then the
-        recipe's finish (a sample; its facts join results.json), TensorBoard's last events, curves.png and the
-        trackers, each attempted on its own (results.EndWrites): a file that cannot be written (a full disk)
-        is named, leaves no partial file, and ends the run with exit 1, the figures kept."""
-        ending = results.EndWrites(self.run_dir)
-        outcome = results.write(self.run_dir, record, history) if self.is_main else None
-        # (a sharded model's forward takes every rank, so all of them run the recipe's finish)
-        if self.is_main or self.strategy.sharded:
-            with ending.attempt(f"what recipe={self.cfg.recipe.name}'s finish writes in {self.run_dir}"):
-                finished = self.recipe.finish(self.nets.module, self.run_dir, self.device, self.is_main)
-                if outcome is not None and finished:
-                    results.add_facts(self.run_dir, outcome, finished)
-        # (the trained weights for MLflow or W&B to keep; gathered from every rank's shards under fsdp)
-        state = self.strategy.state_dict(self.nets) if self.trackers.want_weights or (
-            self.strategy.sharded and (self.cfg.log.mlflow or self.cfg.log.wandb)) else None
-        if outcome is None:
-            return None
-        with ending.attempt(self.tensorboard.folder):
-            self.tensorboard.close()
-        with ending.attempt(self.run_dir / CURVES):
-            reporting.plot_curves(history, self.run_dir / CURVES)
-        if self.trackers.active:
-            weights = trackers.weights_file(state) if state else None
-            self.trackers.finish(outcome, [self.run_dir / CURVES, self.run_dir / RESULTS], weights)
-            self.trackers.ok = True
-        ending.check()
-        self.named_figures.check_results(outcome)  # (a sweep.objective that is no figure: a value of results.json)
-        return outcome
-
     def evaluate(self, source: str) -> dict[str, Any] | None:
         """`launch eval`: the saved weights of `source` on the test split (the recipe's predict, so its
         test-time augmentation too), on every rank's shard; accuracy per class and the confusion matrix."""
@@ -265,13 +202,7 @@ class Trainer:
         self.data = self._load_data()
         self.timeline.mark("data_loaded")
         self.nets = self._build_model()
-        read = self.spec.evaluate_read or source  # (launch eval's hard links to it: held still for every rank)
-        state = checkpoint.load(read, map_location=self.device)
-        with restart.fitting(self.spec, source, state):
-            if "sharded" in state:
-                checkpoint.load_sharded_weights(state, Path(read), self.nets)
-            else:
-                self.strategy.load_state_dict(self.nets, state["net_state_dict"])
+        state = restart.load_weights(self.spec, source, self.strategy, self.nets, self.device)
         self.strategy.barrier()
         row = self.evaluation.read_now(self.nets, self.data, self.compiled.compile or self.captures,
                                        confusion=self._classifies)
@@ -527,9 +458,9 @@ class Trainer:
         return rank_order(len(self.data.train), self.cfg.batch_size, self.cfg.seed, epoch, self.strategy.world_size,
                           self.strategy.rank, drawn=self.data.drawn_per_epoch)
 
-    def _train_epoch(self, epoch: int, ends: DeferredEnd, first: int = 0) -> QueuedEpoch | Verdict:
+    def _train_epoch(self, epoch: int, deferred: DeferredEnd, first: int = 0) -> QueuedEpoch | Verdict:
         """Queue one epoch's steps from step `first` (a resume in the middle of the epoch), reading the end of
-        the epoch before (`ends`, where it is held) a few steps in, and queue this epoch's end; or stop where
+        the epoch before (`deferred`, where it is held) a few steps in, and queue this epoch's end; or stop where
         that end's verdict stops the run (returned: nothing of this epoch is saved)."""
         strategy, sums = self.strategy, self.step.sums
         started = time.perf_counter()
@@ -544,12 +475,12 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         steps = len(order)
-        ends.place(steps, self.ends.step_s, self.device.type == "cuda")  # (where the epoch before is read)
-        if (verdict := ends.read_if_due(0, started)) is not None and verdict.stops:
+        deferred.place(steps, self.ends.step_s, self.device.type == "cuda")  # (where the epoch before is read)
+        if (verdict := deferred.read_if_due(0, started)) is not None and verdict.stops:
             return verdict
         # A bounded wait at the epoch's end when collectives run inside a graph (no NCCL watchdog there).
         clock = StepClock(self.device, strategy.collective_timeout(), self.recipe.step_pace)
-        if not ends.held:
+        if not deferred.held:
             # Start every rank's clock when all have arrived: rank 0's work before this epoch (the
             # start-up timeline's log, a compile) would otherwise count as the other ranks' training
             # time. After an overlapped epoch end there is nothing to wait for: the devices kept running.
@@ -561,7 +492,7 @@ class Trainer:
         every = self.cfg.checkpoint_every_steps if self.cfg.saves else 0
         with contextlib.closing(batches):
             for step, (batch, idx) in enumerate(batches):
-                if (verdict := ends.read_if_due(step, started)) is not None and verdict.stops:
+                if (verdict := deferred.read_if_due(step, started)) is not None and verdict.stops:
                     return verdict
                 clock.batch_ready()
                 done = first + step  # steps of this epoch before this one, on every rank
@@ -571,7 +502,7 @@ class Trainer:
                 clock.step_end()
                 if self.timings.first_step_s is None:
                     self._first_step_done()
-                if every and (done + 1) % every == 0 and done + 1 < self.steps_per_epoch and not ends.held:
+                if every and (done + 1) % every == 0 and done + 1 < self.steps_per_epoch and not deferred.held:
                     self.saves.within_epoch(epoch, done + 1, self.generator, self.ends.history)
         # How long the host took to issue the epoch. Close to the device's span: the host is what limits
         # the speed (Python, launches), and CUDA graphs or a larger batch would help more than kernels.
@@ -580,26 +511,14 @@ class Trainer:
                                self.compiled, self.compiled.compile or self.captures)
 
     def _first_step_done(self) -> None:
-        self._sync()
+        """The first step's time, from the command's start; and what the epochs' ends use, set up now rather
+        than at the first one, whose GPU would idle meanwhile (BENCHMARKS.md): the host-side reduction's group
+        (a collective: every rank is here), and page-locked memory for the checkpoints, on a thread."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         self.timings.first_step_s = time.time() - self.spec.started_at
         self.timeline.mark("first_step")
         if self.is_main:
             log.info(self.timeline.describe())
-        # What the epochs' ends use, set up now rather than at the first ones: the host-side reduction's
-        # group (a collective: every rank is here), and pinned memory for the checkpoints in flight (the
-        # one being copied and those the writer holds), allocated on a thread (cudaHostAlloc: ~65 ms for
-        # ResNet-18's state). Done here on this thread, with TensorBoard's import and writer, that work
-        # left recipe=cifar10_fast's first epoch GPU idle 0.1 s, 0.4 s on a fresh machine (BENCHMARKS.md).
         self.strategy.prepare_reduce_host()
         self.saves.warm_pinned_memory(self.asides)
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-
-def autocast(device_type: str, bf16: bool, fp16: bool) -> torch.autocast:
-    """The autocast a step runs under: float16 (perf.precision=fp16), else bf16 where `bf16`, else none."""
-    if fp16:
-        return torch.autocast(device_type, dtype=torch.float16)
-    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16)

@@ -10,7 +10,7 @@ dir and every rank look for it at the same path:
                  failure there as well as in its own node's dir, so every node's launch names the
                  root cause
     not shared   the other nodes keep to their own dirs (their logs and failure records); on a restart
-                 rank 0 reads the checkpoint and sends it to every rank (`Trainer._resume`); sharded
+                 rank 0 reads the checkpoint and sends it to every rank (`restart.resume`); sharded
                  checkpoints, which every rank writes into one folder, are refused in one line
 
 The first rank of every other node writes files.NODE into its own run dir: its ranks, rank 0's run

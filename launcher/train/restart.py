@@ -1,4 +1,4 @@
-"""Where training starts, and whether a checkpoint fits the network this config builds.
+"""Where training starts, and whether a checkpoint fits the network this config builds (`launch eval`'s too).
 
 After a restart (max_restarts) or a SLURM requeue, a run goes on from its own run dir's last checkpoint:
 rank 0 checks it against its seal and chooses it or, damaged, the one before (checkpoint.load_restart),
@@ -26,7 +26,7 @@ from launcher.train import checkpoint, nodes, optim
 
 if TYPE_CHECKING:
     from launcher.spec import WorkerSpec
-    from launcher.strategies import Strategy
+    from launcher.strategies import Nets, Strategy
     from launcher.train.step import TrainStep
     from launcher.world import WorldInfo
 
@@ -108,6 +108,19 @@ def _own_checkpoint(own: Path, world: WorldInfo, is_main: bool, device: torch.de
     if not is_main:
         state = checkpoint.load(picked, map_location=device)
     return picked, state
+
+
+def load_weights(spec: WorkerSpec, source: str, strategy: Strategy, nets: Nets, device: torch.device) -> dict[str, Any]:
+    """`launch eval`: the weights of the checkpoint `source` loaded into `nets` (one line where they do not
+    fit), read from launch eval's hard link to it (held still for every rank); the checkpoint returned."""
+    read = spec.evaluate_read or source
+    state = checkpoint.load(read, map_location=device)
+    with fitting(spec, source, state):
+        if "sharded" in state:
+            checkpoint.load_sharded_weights(state, Path(read), nets)
+        else:
+            strategy.load_state_dict(nets, state["net_state_dict"])
+    return state
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""What a run reports: each epoch's line in the log, and results.json at the end (rank 0), before the
-end's other files (`EndWrites`)."""
+"""What a run reports: each epoch's line in the log, and at its end (`finish`) results.json (rank 0), written
+from the run's record (`RunRecord`) before the end's other files (`EndWrites`)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,14 @@ import torch
 
 from launcher.config import DEFAULT_OBJECTIVE, Config, minimized, model_name
 from launcher.errors import ExplainedStop
-from launcher.files import RESULTS, DiskFull, disk_full, free_bytes
+from launcher.files import CURVES, RESULTS, DiskFull, disk_full, free_bytes
+from launcher.train import reporting, trackers
 from launcher.train.early_stop import default_figure
 from launcher.train.metrics import write_results
 
 if TYPE_CHECKING:
+    from launcher.figures import NamedFigures
+    from launcher.recipes import Recipe
     from launcher.strategies import Nets, Strategy
 
 log = logging.getLogger("launcher.train")
@@ -179,6 +182,41 @@ def write(run_dir: Path, record: RunRecord, history: list[dict[str, Any]]) -> di
     }
     write_results(run_dir, results)
     return results
+
+
+def finish(run_dir: Path, record: RunRecord, history: list[dict[str, Any]], recipe: Recipe, nets: Nets,
+           strategy: Strategy, device: torch.device, tensorboard: reporting.TensorBoardLog, tracked: trackers.Trackers,
+           named_figures: NamedFigures) -> dict[str, Any] | None:
+    """The run's files at its end, the figures first: results.json (rank 0; small, atomic), then the
+    recipe's finish (a sample; its facts join results.json), TensorBoard's last events, curves.png and the
+    trackers, each attempted on its own (EndWrites): a file that cannot be written (a full disk) is named,
+    leaves no partial file, and ends the run with exit 1, the figures kept. Returns results.json's contents
+    on rank 0, None elsewhere."""
+    cfg, is_main = record.cfg, strategy.is_main
+    ending = EndWrites(run_dir)
+    outcome = write(run_dir, record, history) if is_main else None
+    # (a sharded model's forward takes every rank, so all of them run the recipe's finish)
+    if is_main or strategy.sharded:
+        with ending.attempt(f"what recipe={cfg.recipe.name}'s finish writes in {run_dir}"):
+            finished = recipe.finish(nets.module, run_dir, device, is_main)
+            if outcome is not None and finished:
+                add_facts(run_dir, outcome, finished)
+    # (the trained weights for MLflow or W&B to keep; gathered from every rank's shards under fsdp)
+    state = strategy.state_dict(nets) if tracked.want_weights or (
+        strategy.sharded and (cfg.log.mlflow or cfg.log.wandb)) else None
+    if outcome is None:
+        return None
+    with ending.attempt(tensorboard.folder):
+        tensorboard.close()
+    with ending.attempt(run_dir / CURVES):
+        reporting.plot_curves(history, run_dir / CURVES)
+    if tracked.active:
+        weights = trackers.weights_file(state) if state else None
+        tracked.finish(outcome, [run_dir / CURVES, run_dir / RESULTS], weights)
+        tracked.ok = True
+    ending.check()
+    named_figures.check_results(outcome)  # (a sweep.objective that is no figure: a value of results.json)
+    return outcome
 
 
 def add_facts(run_dir: Path, results: dict[str, Any], facts: dict[str, Any]) -> None:

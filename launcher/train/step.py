@@ -28,12 +28,14 @@ the inputs are copied into static buffers before each replay.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
+from launcher.config import Precision
 from launcher.figures import check_step_names
 from launcher.train.optim import capturable
 from launcher.train.prefetch import batch_len
@@ -198,6 +200,20 @@ def eval_figures(out: Any) -> dict[str, torch.Tensor]:
         raise TypeError(f"eval_step returned {type(out).__name__}; return {{name: tensor}}: each a 0-dim batch "
                         "mean or one value per sample, kept on the device (e.g. {'mse': ((pred - y) ** 2).mean(1)})")
     return out
+
+
+def autocast_for(precision: Precision, device_type: str) -> Callable[[], torch.autocast]:
+    """What a step runs under (perf.precision): float16 autocast with fp16, bf16 with bf16 (and auto on GPUs),
+    else none. A function that holds no reference to the trainer, so that nothing the trainer holds refers
+    back to it: `trainer = None` in loop.train() frees its captured graph at once, before teardown."""
+    bf16 = precision is Precision.bf16 or (precision is Precision.auto and device_type == "cuda")
+    return functools.partial(_autocast, device_type, bf16, precision is Precision.fp16)
+
+
+def _autocast(device_type: str, bf16: bool, fp16: bool) -> torch.autocast:
+    if fp16:
+        return torch.autocast(device_type, dtype=torch.float16)
+    return torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16)
 
 
 def micro_batches(batch: Any, parts: int) -> list[Any]:

@@ -29,8 +29,8 @@ MUTANTS = [
            ("tests/unit/test_nodes.py",
             "tests/multinode/test_two_nodes.py::test_nodes_launched_with_different_settings_refuse_in_one_line_on_"
             "every_node")),
-    Mutant("launch eval's workers read a live run's checkpoint in place", "launcher/train/loop.py",
-           "read = self.spec.evaluate_read or source", "read = source",
+    Mutant("launch eval's workers read a live run's checkpoint in place", "launcher/train/restart.py",
+           "read = spec.evaluate_read or source", "read = source",
            ("tests/distributed/test_fsdp.py::test_eval_of_a_live_sharded_run_reads_the_checkpoint_it_checked_on_"
             "every_rank",)),
     Mutant("compile auto compiles before the first step", "launcher/train/compiling.py",
@@ -253,6 +253,13 @@ MUTANTS = [
     Mutant("per-class accuracy over the largest class", "launcher/train/evaluation.py",
            "per_class = [confusion[i][i] / counts[i] if counts[i] else None", "per_class = [confusion[i][i] / max(counts) if counts[i] else None",
            ("tests/distributed/test_eval.py",)),
+    Mutant("a NaN loss's verdict does not stop the run", "launcher/train/loop.py",
+           "        if verdict.next in (Next.NAN, Next.PREEMPTED):", "        if verdict.next is Next.PREEMPTED:",
+           ("tests/distributed/test_reporting.py::test_a_nan_loss_stops_every_rank_and_names_the_step_and_the_last_"
+            "good_checkpoint",)),
+    Mutant("a restart inside an epoch trains the epoch from its start", "launcher/train/loop.py",
+           "            first = start.step if epoch == start.epoch else 0", "            first = 0",
+           ("tests/distributed/test_own_data.py::test_a_restart_inside_an_epoch_continues_the_global_order",)),
     Mutant("the first step's time not the command's", "launcher/train/loop.py",
            "self.timings.first_step_s = time.time() - self.spec.started_at", "self.timings.first_step_s = time.perf_counter() - self.spec.started_at",
            ("tests/distributed/test_ddp_digits.py::test_two_rank_ddp_reaches_95_percent_with_identical_weights",)),

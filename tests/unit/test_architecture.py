@@ -209,3 +209,11 @@ def test_no_strategy_name_is_compared_outside_the_strategies():
             if literals & names:
                 found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found
+
+
+def test_the_loop_reads_in_one_sitting():
+    """launcher/train/loop.py wires the parts, top to bottom (setup -> resume -> warm-up -> epochs -> results);
+    each responsibility lives in a module named for it (docs/ARCHITECTURE.md). A loop past this length has
+    taken one back in: move it out to its module instead."""
+    lines = (PACKAGE / "train" / "loop.py").read_text().count("\n")
+    assert lines < 550, f"launcher/train/loop.py has {lines} lines; move a responsibility out to its own module"
