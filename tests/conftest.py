@@ -111,15 +111,48 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="session")
+def warm_launcher():
+    """One warm launcher per pytest process (tests/warm.py), started on its first launch."""
+    from tests.warm import WarmLauncher
+
+    warm = WarmLauncher()
+    yield warm
+    warm.close()
+
+
+def _cold(cwd: Path, overrides: tuple[str, ...], timeout: float, env: dict[str, str] | None) -> Launch:
+    start = time.monotonic()
+    proc = subprocess.run(launch_command(*overrides), cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=env or clean_env())
+    return Launch(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start, cwd, time.time())
+
+
 @pytest.fixture
-def launch(tmp_path):
-    """launch(*overrides, timeout=...) -> Launch, run in a fresh directory like a user's project."""
+def launch(tmp_path, warm_launcher):
+    """launch(*overrides, timeout=...) -> Launch, run in a fresh directory like a user's project.
+
+    A fork of the warm launcher (tests/warm.py: the same command without a fresh interpreter's imports),
+    except where the test passes its own environment, or LAUNCH_TESTS_COLD=1 asks for fresh interpreters
+    throughout; `cold_launch` always starts `python -m launcher`."""
 
     def run(*overrides: str, timeout: float = 240, env: dict[str, str] | None = None) -> Launch:
+        if env is not None or os.environ.get("LAUNCH_TESTS_COLD") == "1":
+            return _cold(tmp_path, overrides, timeout, env)
         start = time.monotonic()
-        proc = subprocess.run(launch_command(*overrides), cwd=tmp_path, capture_output=True, text=True,
-                              timeout=timeout, env=env or clean_env())
-        return Launch(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start, tmp_path, time.time())
+        code, out, err = warm_launcher.run(list(overrides), tmp_path, clean_env(), timeout)
+        return Launch(code, out, err, time.monotonic() - start, tmp_path, time.time())
+
+    return run
+
+
+@pytest.fixture
+def cold_launch(tmp_path):
+    """launch(*overrides, timeout=..., env=...) -> Launch as a fresh `python -m launcher` process: for what a
+    fork of a warm process cannot show (the forkserver, start-up, a first import)."""
+
+    def run(*overrides: str, timeout: float = 240, env: dict[str, str] | None = None) -> Launch:
+        return _cold(tmp_path, overrides, timeout, env)
 
     return run
 

@@ -101,9 +101,12 @@ def _quiet_elastic() -> None:
 
 
 def start_method() -> str:
-    """How workers start: `forkserver` (default) or `spawn`, from LAUNCH_START_METHOD."""
+    """How workers start, from LAUNCH_START_METHOD: `forkserver` (default), `spawn` (each a fresh interpreter),
+    or `fork` (each a fork of this launch process: only for a launch that is itself a fork of a process that
+    has imported torch and the training modules and run no torch operation, as the tests' warm launcher is;
+    torchrun offers the same start method)."""
     method = os.environ.get("LAUNCH_START_METHOD", "forkserver")
-    return method if method in ("forkserver", "spawn") else "forkserver"
+    return method if method in ("forkserver", "spawn", "fork") else "forkserver"
 
 
 def prestart_worker_interpreter() -> None:

@@ -75,10 +75,24 @@ def _requeue_after_failure(spec: WorkerSpec, run_dir: Path, rank: int) -> None:
           f"{allowed}, from the last checkpoint", file=sys.stderr, flush=True)
 
 
+def _signals_as_a_fresh_process() -> None:
+    """A worker forked from the launch process itself (LAUNCH_START_METHOD=fork) inherits the handlers elastic's
+    agent installed there, which turn SIGTERM into an exception of the agent's: put Python's own back, as a
+    forkserver's or a fresh interpreter's worker has them."""
+    import signal
+
+    if os.environ.get("LAUNCH_START_METHOD") != "fork":
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
     # The mask and thread counts go in before anything can start CUDA in this process.
     os.environ.update(spec.env)
     _let_forkserver_end_with_the_launcher()
+    _signals_as_a_fresh_process()
     die_with_parent()  # SIGKILL, not torch's SIGINT: a background job's workers ignore SIGINT
     from launcher import failures, logs
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import clean_env, launch_command
+from tests.conftest import clean_env
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
@@ -109,8 +109,14 @@ def project(tmp_path_factory) -> tuple[Path, Path]:
     return here, images
 
 
+def _run(warm_launcher, command: list[str], here: Path) -> subprocess.CompletedProcess:
+    """`launch *command` in `here` as a fork of the warm launcher (tests/warm.py)."""
+    code, out, err = warm_launcher.run(command, here, clean_env(), timeout=180)
+    return subprocess.CompletedProcess(["launch", *command], code, out, err)
+
+
 @pytest.fixture(scope="module")
-def ran(project) -> dict[str, tuple[list[str], Future]]:
+def ran(project, warm_launcher) -> dict[str, tuple[list[str], Future]]:
     """Every command that runs here, started two at a time as the module begins (each is a process that is
     mostly one core's work: composing, checking, importing its recipe), so that the tests below mostly find
     theirs done; a command shown twice runs once. `page:line` -> (the command as run, its CompletedProcess
@@ -122,9 +128,7 @@ def ran(project) -> dict[str, tuple[list[str], Future]]:
         if left_out(argv) is None:
             command = as_run_here(argv, images)
             if tuple(command) not in by_command:
-                by_command[tuple(command)] = pool.submit(
-                    subprocess.run, launch_command(*command), cwd=here, capture_output=True, text=True,
-                    timeout=180, env=clean_env())
+                by_command[tuple(command)] = pool.submit(_run, warm_launcher, command, here)
             started[where] = (command, by_command[tuple(command)])
     yield started
     pool.shutdown(cancel_futures=True)
