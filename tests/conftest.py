@@ -29,17 +29,14 @@ for _variable, _prefix in (("LAUNCH_CACHE_DIR", "launch-test-cache-"), ("LAUNCH_
         atexit.register(shutil.rmtree, os.environ[_variable], ignore_errors=True)
 
 
-# `python -m pytest -n 2` (pytest-xdist; the README's test command) on CI's 2 cores: the tests under
-# tests/distributed (each starts two gloo ranks: both cores) on one worker, one test at a time; the rest
-# (unit and CLI tests, one process each; SLURM and two-node tests, which mostly wait on schedulers,
-# requeues, rendezvous and collective timeouts) on the other, one at a time. A scheduler of xdist's
-# by-scope kind whose scopes are these two groups (xdist's own `loadgroup` renames the node ids, which
-# pytest 9.2 no longer reads: under it every test was spread over both workers, and the SLURM cluster
-# was started on both). CI's wall time, one run each: 28m49s in one process, 26m26s with only tests/slurm
-# and tests/multinode beside the rest, 23m52s with this split. At 7011741 (24m57s) tests/distributed took
-# 1,352 s on its worker and the rest 749 s on the other; sending two of tests/distributed's files to the
-# worker that ran out first (6f7f449, reverted) gave 24m22s and doubled a test beside another two-rank one.
-MAIN = ("tests/distributed/",)
+# `python -m pytest -q -n 3` (pytest-xdist; the README's test command) on CI's 2 cores: three groups, each on
+# a worker of its own, one test at a time: tests/distributed (each test starts two gloo ranks: both cores),
+# the unit and CLI tests (one process each), and the SLURM and two-node tests, which mostly wait on the
+# scheduler, requeues, rendezvous and collective timeouts, so that their waiting overlaps the other two's
+# work. A scheduler of xdist's by-scope kind whose scopes are these groups (xdist's own `loadgroup` renames
+# the node ids, which pytest 9.2 no longer reads). With fewer workers, a worker that finishes its group
+# takes the next one.
+GROUPS = (("tests/distributed/", "distributed"), ("tests/slurm/", "waiting"), ("tests/multinode/", "waiting"))
 
 try:
     from xdist.scheduler import LoadScopeScheduling
@@ -48,7 +45,7 @@ except ImportError:  # (without pytest-xdist: one process, nothing to schedule)
 else:
     class SideBySide(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "main" if nodeid.startswith(MAIN) else "side"
+            return next((group for prefix, group in GROUPS if nodeid.startswith(prefix)), "side")
 
     def pytest_xdist_make_scheduler(config, log):
         return SideBySide(config, log)
