@@ -70,8 +70,8 @@ def main() -> None:
     import torch.distributed as dist
     import torch.nn.functional as F
 
+    from launcher.data.token_shards import padded_vocab
     from launcher.recipes.text import GPT, peak_flops
-    from launcher.recipes.token_shards import padded_vocab
 
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -227,7 +227,7 @@ def shards_on(pattern: str, context: int, device):
     import numpy as np
     import torch
 
-    from launcher.recipes.token_shards import is_held_out, read_shard
+    from launcher.data.token_shards import is_held_out, read_shard
 
     shards = [read_shard(Path(p)) for p in sorted(glob.glob(pattern)) if not is_held_out(Path(p))]
     shards = [s for s in shards if s.tokens > context]

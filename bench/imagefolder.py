@@ -166,7 +166,7 @@ def to_device(batch, device: torch.device):
 
 
 def fed(loader, transfer, device: torch.device, depth: int = 2):
-    """Batches copied and transformed on a side stream, `depth` ahead of their use (as launcher/train/prefetch.py)."""
+    """Batches copied and transformed on a side stream, `depth` ahead of their use (as launcher/data/prefetch.py)."""
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
     queue: list = []
     it = iter(loader)
@@ -203,7 +203,7 @@ def measure_loader(what: str, loader, transfer, step: Step | None, args, device:
                    launchers: bool = False) -> dict:
     """img/s of `step` fed by `loader`; `launchers`: through the launcher's own CudaPrefetcher, which issues
     the copies and `transfer` (the recipe's on_after_batch_transfer) from a thread of its own, as a run does."""
-    from launcher.train.prefetch import CudaPrefetcher
+    from launcher.data.prefetch import CudaPrefetcher
 
     skip = max(2 * args.workers, args.warmup)
     done, images, start = 0, 0, None

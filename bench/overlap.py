@@ -7,7 +7,7 @@ CIFAR-shaped data (50,000 x 3x32x32):
   resident     the whole set on the GPU, a batch is one gather there (launcher's data.placement=gpu)
   pageable     batch in ordinary host memory, `.cuda()` (the copy blocks the host)
   pinned       batch in pinned memory, `.cuda(non_blocking=True)` on the compute stream
-  prefetcher   pinned batches through launcher.train.prefetch.CudaPrefetcher (side stream, 2 ahead)
+  prefetcher   pinned batches through launcher.data.prefetch.CudaPrefetcher (side stream, 2 ahead)
   host_loader  launcher's whole data.placement=host path: a thread gathers rows into pinned memory,
                the prefetcher copies them
 The pageable/pinned/prefetcher paths cycle through a pool of pre-gathered host batches, so they
@@ -27,10 +27,10 @@ import time
 
 import torch
 
+from launcher.data.placement import HostData, rank_order
+from launcher.data.prefetch import CudaPrefetcher
 from launcher.recipes.cifar10 import MEAN, STD, synthetic_splits
 from launcher.recipes.vision_models import MODELS
-from launcher.train.data import HostData, rank_order
-from launcher.train.prefetch import CudaPrefetcher
 from launcher.train.stall import StepClock
 
 BATCH = {"airbench": 1024, "resnet18": 512}

@@ -137,7 +137,7 @@ class Recipe:
     def load(self) -> Splits | TokenSplits | tuple[Any, Any]:
         """In every worker: the whole dataset as uint8/int64 CPU tensors (Splits), a token stream
         (TokenSplits), or `(train, eval)`: any two torch Datasets (map-style, or IterableDataset), whose
-        samples are tensors, tuples, dicts or any nesting of them (launcher/train/loader.py batches them)."""
+        samples are tensors, tuples, dicts or any nesting of them (launcher/data/loader.py batches them)."""
         raise NotImplementedError
 
     # ---- the step: what a batch is trained and scored on (Lightning's names) ------------------------

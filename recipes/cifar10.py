@@ -4,7 +4,7 @@ Data is looked for under `data.root`: an extracted `cifar-10-batches-py/`, else 
 `cifar-10-python.tar.gz` (checked against its published MD5, then extracted), else it is downloaded
 when `data.download=true` and the network allows. Offline, one line says where to put the archive.
 `data.synthetic=true` generates learnable CIFAR-shaped data for timing runs; it is never used unless asked.
-Either is decoded (or generated) once and then read from launch's data cache (launcher/datacache.py).
+Either is decoded (or generated) once and then read from launch's data cache (launcher/data/cache.py).
 Hyper-parameters: Cifar10Config in launcher/config.py; values: conf/recipe/cifar10.yaml and
 conf/recipe/cifar10_fast.yaml (the record-speed configuration of the same recipe).
 """
@@ -23,12 +23,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from launcher import datacache
 from launcher.config import Cifar10Config
+from launcher.data import cache
+from launcher.data.augment import image_augmentation, tta_logits
 from launcher.errors import LaunchError
 from launcher.recipes import Augment, Recipe, Splits
 from launcher.recipes.vision_models import MODELS
-from launcher.train.augment import image_augmentation, tta_logits
 
 URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
 ARCHIVE = "cifar-10-python.tar.gz"
@@ -194,14 +194,14 @@ class Cifar10(Recipe):
             ensure_extracted(data_root(self.cfg), download=self.cfg.data.download)
 
     def load(self) -> Splits:
-        """The splits, decoded (or generated) once and then read from launch's data cache (launcher/datacache.py)."""
+        """The splits, decoded (or generated) once and then read from launch's data cache (launcher/data/cache.py)."""
         if self.cfg.data.synthetic:
-            key = datacache.key_for("cifar10-synthetic", sizes=SYNTHETIC_SIZES, seed=0)
-            arrays = datacache.cached(key, lambda: _arrays(synthetic_splits(*SYNTHETIC_SIZES, seed=0)))
+            key = cache.key_for("cifar10-synthetic", sizes=SYNTHETIC_SIZES, seed=0)
+            arrays = cache.cached(key, lambda: _arrays(synthetic_splits(*SYNTHETIC_SIZES, seed=0)))
             return _splits(arrays, synthetic=True)
         folder = ensure_extracted(data_root(self.cfg), download=False)
-        key = datacache.key_for("cifar10", [folder / name for name in [*TRAIN_FILES, TEST_FILE]])
-        return _splits(datacache.cached(key, lambda: _arrays(load_official(data_root(self.cfg)))))
+        key = cache.key_for("cifar10", [folder / name for name in [*TRAIN_FILES, TEST_FILE]])
+        return _splits(cache.cached(key, lambda: _arrays(load_official(data_root(self.cfg)))))
 
     def augmentation(self) -> Augment | None:
         # flips and shifts on the device, as recipe.flip / recipe.translate say

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from launcher.config import DigitsConfig
+from launcher.data.augment import image_augmentation
 from launcher.recipes import Augment, Recipe, Splits
-from launcher.train.augment import image_augmentation
 
 TEST_FRACTION = 0.2
 SPLIT_SEED = 1998  # fixed, so the test set is the same for every run whatever `seed` is

@@ -29,7 +29,7 @@ workers call them. Where the images are decoded is `data.decode`:
         JPEG without its end marker) are decoded by the worker as for cpu; the batch carries both kinds.
         On CUDA (where image_kernels runs) the worker does not resize what it decodes: it hands over the
         pixels around the crop box (at draft's reduced size) as a Region, the batch's Regions one after
-        another in one buffer (a PinnedSlots slot for training batches: launcher/train/slots.py), and the
+        another in one buffer (a PinnedSlots slot for training batches: launcher/data/slots.py), and the
         same kernel resizes them on the GPU. The resize was a third of a sample's host time (0.6 of 1.8 ms).
   auto  on CUDA, measured in the run (DecodeTrial): the first training batches of the second epoch (the
         first one's pace is not the run's: compiling, the warm-up, the workers starting) are decoded by the
@@ -45,7 +45,7 @@ workers call them. Where the images are decoded is `data.decode`:
 Augmentation is drawn per sample from (seed, epoch, sample index), so a resumed run repeats it: the
 launcher tells the dataset the epoch with `set_epoch(epoch)` in the process that reads a batch, before its
 first batch of that epoch (the epoch travels with the batch's indices, so workers may read the next
-epoch's first batches while this one's last ones train: launcher/train/loader.py). Until it is told, the
+epoch's first batches while this one's last ones train: launcher/data/loader.py). Until it is told, the
 draw mixes in the DataLoader's per-epoch base seed instead of the epoch (new crops every epoch, repeated on
 resume only as far as that seed is).
 
@@ -79,9 +79,9 @@ from PIL import Image
 from torch import nn
 
 from launcher.config import ImageFolderConfig
+from launcher.data.slots import PinnedSlots
 from launcher.errors import ConfigError, LaunchError
 from launcher.recipes import Recipe
-from launcher.train.slots import PinnedSlots
 
 log = logging.getLogger("launcher.train")
 
@@ -744,7 +744,7 @@ def collate(samples: list[tuple[Any, int]]) -> tuple[Any, ...]:
         total, slots = sum(sizes), regions[0][1].slots
         slot = slots.claim(total) if slots is not None else None
         flat = [r.pixels.reshape(-1) for _, r in regions]
-        if slot is not None:  # (written where the training process copies it to the GPU from: launcher/train/slots.py)
+        if slot is not None:  # (written where the training process copies it to the GPU from: launcher/data/slots.py)
             torch.cat(flat, out=slots.view(slot, total))
             pixels = torch.empty(0, dtype=torch.uint8)
         else:
@@ -956,7 +956,7 @@ class Normalizer:
 def resize_regions(pixels: torch.Tensor, regions: Regions, out: torch.Tensor, normalize: Normalizer) -> None:
     """The workers' Regions (in `pixels`, on out's device) resized, flipped and normalized into their rows of
     `out`: one kernel (image_kernels) where it runs, else crop_resize and torch ops on views of the buffer."""
-    from launcher.recipes import image_kernels
+    from launcher.data import image_kernels
 
     if not len(regions):
         return
@@ -976,7 +976,7 @@ def gpu_batch(batch: tuple[Any, ...], size: int, skip_bad: bool, normalize: Norm
     """A mixed batch (see `collate`) as one normalized float NCHW batch on the labels' device, and its labels.
     The decoded JPEGs are cropped, resized, flipped and normalized by one kernel (image_kernels) where it
     runs, else by `crop_resize` and torch ops."""
-    from launcher.recipes import image_kernels
+    from launcher.data import image_kernels
 
     pixels, labels, pixel_rows, work = batch
     jpegs = work.jpegs
@@ -1086,7 +1086,7 @@ class DecodeTrial:
 
     def batch(self, samples: int, gpu_samples: int, held_s: float = 0.0) -> None:
         """A training batch of `samples` went through the prefetch thread (one thread:
-        launcher/train/prefetch.py), which on_after_batch_transfer held for `held_s`; `gpu_samples` of them
+        launcher/data/prefetch.py), which on_after_batch_transfer held for `held_s`; `gpu_samples` of them
         were for the GPU decoder."""
         if self.done:
             return
@@ -1177,11 +1177,11 @@ class DecodeTrial:
 
 def default_workers(cfg) -> int:
     """This rank's DataLoader workers: data.workers, or as the launcher counts them when null
-    (launcher/train/loader.py): the cores this process may use, shared by the ranks on this machine
+    (launcher/data/loader.py): the cores this process may use, shared by the ranks on this machine
     (LOCAL_WORLD_SIZE), less one."""
     if cfg.data.workers is not None:
         return int(cfg.data.workers)
-    from launcher.train.loader import default_workers as launchers
+    from launcher.data.loader import default_workers as launchers
 
     return launchers(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
 
@@ -1242,7 +1242,7 @@ class ImageFolder(Recipe):
     SLOT_MEMORY = 0.25  # of the host's memory, at most, for the ranks' PinnedSlots together
 
     def batch_slots(self) -> PinnedSlots | None:
-        """Shared, page-locked buffers for the training batches of Regions (launcher/train/slots.py): each
+        """Shared, page-locked buffers for the training batches of Regions (launcher/data/slots.py): each
         worker gets its prefetch's worth plus two, each slot twice a batch of decoded crops (a batch of
         Regions averaged 0.9x that on the generated ImageNet-like folder), within SLOT_MEMORY of the host's
         memory and half of /dev/shm's free space; None without workers, or where that memory cannot be had."""
@@ -1272,7 +1272,7 @@ class ImageFolder(Recipe):
     def resizes_on_gpu() -> bool:
         """Whether the crops the workers decode (under data.decode=gpu/auto) are resized on the GPU: where
         image_kernels' one kernel runs there (CUDA with Triton), which leaves the workers decoding alone."""
-        from launcher.recipes import image_kernels
+        from launcher.data import image_kernels
 
         return torch.cuda.is_available() and image_kernels.usable(torch.device("cuda", torch.cuda.current_device()))
 

@@ -13,7 +13,7 @@ The corpus (`recipe.corpus`):
 - token shards, told by their suffixes (.bin, .npy; a mixture with other files is one line): one file, a
   folder or a glob of nanoGPT's raw uint16 .bin, llm.c's .bin (a 256-int32 header: magic 20240520,
   version 1 uint16 or 2 uint32, the count, checked against the file's size) or 1-D uint16/uint32 .npy
-  (recipes/token_shards.py). They are memory-mapped read-only and never copied or concatenated on the
+  (launcher/data/token_shards.py). They are memory-mapped read-only and never copied or concatenated on the
   host; nothing is written beside them. Held out: the shards whose names say `val` (val.bin,
   *_val_*.bin), else the last 1/20 of the last shard. A shard shorter than context + 1 tokens is left
   out with a warning; windows never cross from one shard into the next. `recipe.vocab_size` must be
@@ -23,7 +23,7 @@ The corpus (`recipe.corpus`):
 For text, bytes are the tokens (vocabulary 256): no tokenizer, nothing to download. The streams are built once
 into `<data.root>/text/<corpus key>/{train,val}.bin` (uint8, written under a temporary name and renamed)
 and then memory-mapped, so a corpus larger than host memory is read only where windows are sampled
-(launcher/train/data.py `TokenWindows`). `data.synthetic=true` generates a stream from a fixed random
+(launcher/data/placement.py `TokenWindows`). `data.synthetic=true` generates a stream from a fixed random
 Markov chain instead (timing only).
 
 Models (`recipe.model`), sized by recipe.layers / width / heads / context:
@@ -64,11 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from launcher.config import TextConfig
-from launcher.errors import ConfigError, LaunchError
-from launcher.figures import LauncherFigures
-from launcher.files import write_text_atomic
-from launcher.recipes import Recipe, TokenSplits
-from launcher.recipes.token_shards import (
+from launcher.data.token_shards import (
     TokenCorpus,
     check_token_ids,
     is_glob,
@@ -76,6 +72,10 @@ from launcher.recipes.token_shards import (
     padded_vocab,
     token_unigram_loss,
 )
+from launcher.errors import ConfigError, LaunchError
+from launcher.figures import LauncherFigures
+from launcher.files import write_text_atomic
+from launcher.recipes import Recipe, TokenSplits
 
 log = logging.getLogger("launcher.train")
 

@@ -17,7 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # Decoded datasets and compiled kernels go to a cache of this test session, not the user's ~/.cache
-# (launcher/datacache.py; launches started by the tests inherit it); this user's seal key
+# (launcher/data/cache.py; launches started by the tests inherit it); this user's seal key
 # (launcher/integrity.py) likewise to a config folder of this session, not ~/.config/launcher.
 for _variable, _prefix in (("LAUNCH_CACHE_DIR", "launch-test-cache-"), ("LAUNCH_CONFIG_DIR", "launch-test-config-")):
     if _variable not in os.environ:

@@ -147,7 +147,7 @@ def _refuse_impossible_sweeps(argv: list[str]) -> None:
     that torch cannot use would fail every run. Refused before anything starts."""
     if not {"-m", "--multirun"} & set(argv):
         return  # without -m no hydra/launcher runs anything
-    from launcher.datacache import prepare_inductor_dir
+    from launcher.data.cache import prepare_inductor_dir
 
     prepare_inductor_dir()  # (every run would refuse it one by one)
     values: dict[str, str] = {}

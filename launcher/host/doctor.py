@@ -51,7 +51,7 @@ def caches() -> list[dict[str, Any]]:
     """The launcher's caches: each can be removed at any time, and launch rebuilds what it needs (at the
     cost of decoding a dataset, compiling or byte-compiling again)."""
     from launcher import bytecode
-    from launcher.datacache import cache_root, inductor_dir, why_unusable
+    from launcher.data.cache import cache_root, inductor_dir, why_unusable
 
     found = []
     for what, folder in (("decoded datasets", cache_root() / "decoded"), ("inductor kernels", inductor_dir()),

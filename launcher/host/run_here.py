@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from launcher import logs
 from launcher.config import Config, Toggle, derive
-from launcher.datacache import prepare_inductor_dir
+from launcher.data.cache import prepare_inductor_dir
 from launcher.errors import LaunchError
 from launcher.failures import span
 from launcher.files import (

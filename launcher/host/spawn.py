@@ -118,7 +118,7 @@ def prestart_worker_interpreter() -> None:
     threads and never touches CUDA, so the forks are safe; it exits when the launcher does, and
     workers still die with it (torch's PR_SET_PDEATHSIG), so nothing is orphaned.
     """
-    from launcher.datacache import prepare_inductor_dir
+    from launcher.data.cache import prepare_inductor_dir
 
     try:
         prepare_inductor_dir()  # (before any process imports torch)

@@ -7,8 +7,6 @@
     epoch_end.py    an epoch's end: queued on the device, read a few steps into the next epoch, its Verdict
     saving.py       the checkpoints a run writes as it trains, and the best ones
     threads.py      set-up work on threads beside the training thread; the profiler
-    data.py         the epoch's order, each rank's shard, data on the GPU or streamed from the host
-    prefetch.py     host -> device copies on a side CUDA stream
     step.py         one training step; CUDA-graph capture; flat gradients with a bucketed all-reduce
     optim.py        optimizers and schedules (the `optim` group)
     checkpoint.py   capture/restore of the training state, atomic checkpoints, background writes
@@ -16,6 +14,8 @@
     metrics.py, reporting.py, progress.py, timeline.py   what a run reports while and after it trains
     preemption.py   SIGUSR2 under SLURM: checkpoint, requeue, resume
     faults.py       fault.*: deliberate failures
-    augment.py      batched augmentation on the training device
     preload.py      what the forkserver imports before any worker exists
+
+What feeds the step (the epoch's order, placement, loaders, prefetch, augmentation, decoding) is the data
+wing, launcher/data/.
 """

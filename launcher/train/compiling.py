@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from launcher.config import Toggle
-from launcher.datacache import inductor_dir, prepare_inductor_dir
+from launcher.data.cache import inductor_dir, prepare_inductor_dir
 
 cache_dir = inductor_dir  # where inductor's caches go: TORCHINDUCTOR_CACHE_DIR, else ~/.cache/launcher/inductor
 

@@ -40,11 +40,11 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from launcher.config import Config
+    from launcher.data.placement import Data
     from launcher.figures import NamedFigures
     from launcher.recipes import Recipe
     from launcher.strategies import Strategy
     from launcher.train.compiling import Decision
-    from launcher.train.data import Data
     from launcher.train.evaluation import Evaluation, QueuedEvaluation
     from launcher.train.metrics import MetricsLog
     from launcher.train.preemption import PreemptionWatch

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from launcher.config import Config
+from launcher.data.placement import Data, eval_chunks, warm_up_chunks
+from launcher.data.prefetch import batch_len
 from launcher.figures import LauncherFigures, check_step_names
 from launcher.files import CONFUSION, EVAL, write_json
 from launcher.train import reporting
-from launcher.train.data import Data, eval_chunks, warm_up_chunks
-from launcher.train.prefetch import batch_len
 from launcher.train.stall import StepClock
 from launcher.train.step import Figures, eval_figures
 

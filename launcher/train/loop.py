@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from launcher.config import Config, Precision, model_name, to_plain
+from launcher.data.placement import Data, rank_order
 from launcher.errors import ConfigError
 from launcher.figures import NamedFigures
 from launcher.files import last_checkpoint
@@ -39,7 +40,6 @@ from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
 from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, restart, results, warmup
-from launcher.train.data import Data, rank_order
 from launcher.train.epoch_end import DeferredEnd, EpochEnds, Next, QueuedEpoch, Reporters, Verdict
 from launcher.train.evaluation import Evaluation
 from launcher.train.faults import Faults
@@ -256,8 +256,8 @@ class Trainer:
         return data
 
     def _place_datasets(self, train: Any, test: Any) -> Data:
-        """A recipe's own (train, eval) Datasets, each streamed through a DataLoader (launcher/train/loader.py)."""
-        from launcher.train.loader import DatasetSplit, check_datasets
+        """A recipe's own (train, eval) Datasets, each streamed through a DataLoader (launcher/data/loader.py)."""
+        from launcher.data.loader import DatasetSplit, check_datasets
 
         cfg, s = self.cfg, self.strategy
         if test is None:

@@ -36,9 +36,9 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_unflatten
 
 from launcher.config import Precision
+from launcher.data.prefetch import batch_len
 from launcher.figures import check_step_names
 from launcher.train.optim import capturable
-from launcher.train.prefetch import batch_len
 
 if TYPE_CHECKING:
     from launcher.strategies import Nets
@@ -278,7 +278,7 @@ class TrainStep:
         the batch become one or two: airbench94's step at batch 2000 went from 6.48 to 6.14 ms of GPU
         time on an H100, bench/probe/fast_parts.py). Eval mode runs the eager forward: evaluation would
         otherwise compile again for eval-mode BatchNorm and each batch shape."""
-        from launcher.train.augment import ImageAugmentation
+        from launcher.data.augment import ImageAugmentation
         from launcher.train.compiling import compile_for_training, compiled
 
         compile_for_training(self.nets.module, mode)

@@ -1,6 +1,6 @@
 """recipe=imagefolder end to end: a small ImageNet-layout folder (tests/imagefolders.py) trained by `launch` on the
 CPU, on one rank and on two gloo ranks, through the launcher's Dataset path (DataLoader workers, collate,
-on_after_batch_transfer). Skipped until that path (launcher/train/loader.py) lands."""
+on_after_batch_transfer). Skipped until that path (launcher/data/loader.py) lands."""
 
 import pytest
 

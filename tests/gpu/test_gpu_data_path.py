@@ -6,7 +6,7 @@
 import pytest
 import torch
 
-from launcher.train.prefetch import CudaPrefetcher
+from launcher.data.prefetch import CudaPrefetcher
 
 two_gpus = pytest.mark.two_gpus
 

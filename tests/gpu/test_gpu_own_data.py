@@ -119,7 +119,7 @@ def test_the_step_pace_is_each_steps_own_time_on_the_gpus_clock_without_the_wait
 
 def by_torch_ops(batch, size: int) -> torch.Tensor:
     """recipe=imagefolder's GPU batch made by the torch ops image_kernels' one kernel replaced (the reference)."""
-    from launcher.recipes import image_kernels
+    from launcher.data import image_kernels
     from launcher.recipes.imagefolder import Normalizer, gpu_batch
 
     usable = image_kernels.usable

@@ -146,9 +146,9 @@ def test_compiled_augmentation_and_normalization_give_the_eager_batch(flip):
     gives the network must be the eager one (same random draws from the same generator state)."""
     import torch
 
+    from launcher.data.augment import ImageAugmentation
     from launcher.recipes.vision_models import AirbenchNet
     from launcher.strategies.base import Nets
-    from launcher.train.augment import ImageAugmentation
     from launcher.train.step import TrainStep
 
     device = torch.device("cuda")

@@ -2,9 +2,9 @@
 
 Each mutant is a one-line change of the kind "a user gets a wrong result silently" (a wrong figure, a wrong
 file kept or removed, a wrong exit code); it is *caught* when the tests it names fail with it in place. Every
-module of launcher/train, launcher/host, launcher/strategies and recipes/ has at least two (tests/unit/
-test_mutants.py checks that, and that every mutant's line is still in its file exactly once), except the few
-in EXEMPT, which hold no statement that computes anything.
+module of launcher/train, launcher/data, launcher/host, launcher/strategies and recipes/ has at least two
+(tests/unit/test_mutants.py checks that, and that every mutant's line is still in its file exactly once),
+except the few in EXEMPT, which hold no statement that computes anything.
 
     python -m tests.mutants                     # every mutant: one JSON line each, then a summary line
     python -m tests.mutants atomic idle         # only the mutants whose name or file contains one of these words
@@ -32,13 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SCOPE = ("launcher/train", "launcher/host", "launcher/strategies", "recipes")
+SCOPE = ("launcher/train", "launcher/data", "launcher/host", "launcher/strategies", "recipes")
 MIN_PER_MODULE = 2
 TIMEOUT_S = 900
 
 # Modules in SCOPE that compute nothing a mutant could change: why, in one line each.
 EXEMPT = {
     "launcher/train/__init__.py": "a docstring only (the wing's module list)",
+    "launcher/data/__init__.py": "a docstring only (the wing's module list)",
     "launcher/host/__init__.py": "a docstring only (the wing's module list)",
     "launcher/host/backends/base.py": "an abstract interface: three abstract methods and no bodies",
     "launcher/host/hydra_plugins/launcher_sweep/__init__.py":

@@ -22,7 +22,7 @@ MUTANTS = [
     Mutant("a changed shard file passes its seal", "launcher/integrity.py",
            "            if file_digest(file) != digest:", "            if False:",
            ("tests/distributed/test_fsdp.py::test_a_damaged_sharded_checkpoint_is_one_line_before_any_worker",)),
-    Mutant("the data cache ignores a changed source", "launcher/datacache.py",
+    Mutant("the data cache ignores a changed source", "launcher/data/cache.py",
            'digest.update(f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}".encode())',
            'digest.update(f"{path.resolve()}".encode())', (UNIT_COMPILE,)),
     # --- h1 ---
@@ -118,7 +118,7 @@ MUTANTS = [
            "return self.restart_count > 0", "return self.restart_count >= 0",
            ("tests/unit/test_run_here.py::test_a_slurm_jobs_first_run_is_refused_a_finished_dir_and_only_its_"
             "requeued_run_continues_it",)),
-    # ---- world, files, failures, logs, lifetime, bytecode, datacache, models ----------------------------
+    # ---- world, files, failures, logs, lifetime, bytecode, models; data/cache.py ----------------------------
     Mutant("a shell's stale variables joined without LAUNCH_JOIN=1", "launcher/world.py",
            '    return env.get(JOIN) == "1" and all(k in env for k in WORLD_VARS)',
            '    return all(k in env for k in WORLD_VARS)',
@@ -160,16 +160,16 @@ MUTANTS = [
     Mutant("a package installed with bytecode is said to lack it", "launcher/bytecode.py",
            "    if Path(importlib.util.cache_from_source(spec.origin)).exists():\n        return False",
            "    if False:\n        return False", ("tests/unit/test_bytecode.py",)),
-    Mutant("a dataset decoded at another size is read back from the cache", "launcher/datacache.py",
+    Mutant("a dataset decoded at another size is read back from the cache", "launcher/data/cache.py",
            'digest = hashlib.sha256(f"v{VERSION} {name} {sorted(params.items())}".encode())',
            'digest = hashlib.sha256(f"v{VERSION} {name}".encode())',
            ("tests/unit/test_compile_and_cache.py::test_a_cache_key_changes_with_what_was_decoded_and_from_which_files",)),
-    Mutant("LAUNCH_CACHE_DIR is ignored", "launcher/datacache.py",
+    Mutant("LAUNCH_CACHE_DIR is ignored", "launcher/data/cache.py",
            '    if env.get("LAUNCH_CACHE_DIR"):\n        return Path(env["LAUNCH_CACHE_DIR"])',
            '    if False:\n        return Path(env["LAUNCH_CACHE_DIR"])',
            ("tests/unit/test_compile_and_cache.py::test_caches_live_under_launch_cache_dir_unless_inductor_is_told_"
             "otherwise",)),
-    Mutant("a TORCHINDUCTOR_CACHE_DIR that cannot be used is passed over", "launcher/datacache.py",
+    Mutant("a TORCHINDUCTOR_CACHE_DIR that cannot be used is passed over", "launcher/data/cache.py",
            "    elif user:\n        raise LaunchError", "    elif False:\n        raise LaunchError",
            ("tests/unit/test_compile_and_cache.py::test_the_inductor_cache_is_settled_before_torch_is_imported_and_a_"
             "users_unusable_one_refused",)),

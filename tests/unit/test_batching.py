@@ -2,7 +2,7 @@
 
 import torch
 
-from launcher.train.data import eval_chunks, rank_order, warm_up_chunks
+from launcher.data.placement import eval_chunks, rank_order, warm_up_chunks
 from launcher.train.optim import linear_decay, triangular_schedule
 
 

@@ -96,7 +96,7 @@ def test_synthetic_is_only_used_when_asked(tmp_path):
 
 def test_evaluation_averages_the_test_time_augmentation_asked_for(tmp_path):
     """recipe.tta=2: the logits are the weighted mean over the mirror and the shifted views, not one forward."""
-    from launcher.train.augment import tta_logits
+    from launcher.data.augment import tta_logits
 
     def by_position(v):  # a network that reads pixels by position: every view gives other logits
         return v[:, 0, 0, :4]

@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from launcher import datacache
 from launcher.config import Toggle
+from launcher.data import cache
 from launcher.errors import ConfigError
 from launcher.recipes import cifar10
 from launcher.recipes.cifar10 import FOLDER, synthetic_splits, write_official_format
@@ -59,18 +59,18 @@ def test_caches_live_under_launch_cache_dir_unless_inductor_is_told_otherwise(tm
     env = {"LAUNCH_CACHE_DIR": str(tmp_path)}
     assert compiling.cache_dir(env) == tmp_path / "inductor"
     assert compiling.cache_dir({**env, "TORCHINDUCTOR_CACHE_DIR": "/x"}).as_posix() == "/x"
-    assert datacache.cache_root({"HOME": "/home/u"}).as_posix() == "/home/u/.cache/launcher"
+    assert cache.cache_root({"HOME": "/home/u"}).as_posix() == "/home/u/.cache/launcher"
 
 
 def test_a_cache_key_changes_with_what_was_decoded_and_from_which_files(tmp_path):
     source = tmp_path / "batch"
     source.write_bytes(b"x")
-    key = datacache.key_for("synthetic", [source], train=500, test=100)
-    assert key == datacache.key_for("synthetic", [source], test=100, train=500)
-    assert key != datacache.key_for("synthetic", [source], train=600, test=100)  # (another size: other arrays)
-    assert key != datacache.key_for("cifar10", [source], train=500, test=100)
+    key = cache.key_for("synthetic", [source], train=500, test=100)
+    assert key == cache.key_for("synthetic", [source], test=100, train=500)
+    assert key != cache.key_for("synthetic", [source], train=600, test=100)  # (another size: other arrays)
+    assert key != cache.key_for("cifar10", [source], train=500, test=100)
     source.write_bytes(b"xy")
-    assert key != datacache.key_for("synthetic", [source], train=500, test=100)
+    assert key != cache.key_for("synthetic", [source], train=500, test=100)
 
 
 def test_a_dataset_is_decoded_once_and_read_back(tmp_path):
@@ -80,19 +80,19 @@ def test_a_dataset_is_decoded_once_and_read_back(tmp_path):
         calls.append(1)
         return {"x": np.arange(12, dtype=np.uint8).reshape(3, 4), "y": np.array([1, 2, 3])}
 
-    first = datacache.cached("k", build, root=tmp_path)
-    second = datacache.cached("k", build, root=tmp_path)
+    first = cache.cached("k", build, root=tmp_path)
+    second = cache.cached("k", build, root=tmp_path)
     assert len(calls) == 1 and np.array_equal(first["x"], second["x"]) and np.array_equal(first["y"], second["y"])
     assert not list(tmp_path.rglob("*.tmp*"))  # nothing half-written left behind
     (tmp_path / "k" / "x.npy").write_bytes(b"damaged")
-    assert np.array_equal(datacache.cached("k", build, root=tmp_path)["x"], first["x"]) and len(calls) == 2
+    assert np.array_equal(cache.cached("k", build, root=tmp_path)["x"], first["x"]) and len(calls) == 2
 
 
 def test_the_inductor_cache_is_settled_before_torch_is_imported_and_a_users_unusable_one_refused(tmp_path):
     from launcher.errors import LaunchError
 
     env = {"LAUNCH_CACHE_DIR": str(tmp_path / "cache")}
-    datacache.prepare_inductor_dir(env)  # the launcher's default: made, and named for the workers
+    cache.prepare_inductor_dir(env)  # the launcher's default: made, and named for the workers
     assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "inductor")
     assert (tmp_path / "cache" / "inductor").is_dir()
     (tmp_path / "a-file").write_text("x")
@@ -100,18 +100,18 @@ def test_the_inductor_cache_is_settled_before_torch_is_imported_and_a_users_unus
                           (tmp_path / "a-file" / "below", "Not a directory")):
         env = {"TORCHINDUCTOR_CACHE_DIR": str(unusable)}
         with pytest.raises(LaunchError, match=f"TORCHINDUCTOR_CACHE_DIR={unusable} cannot hold .*{why}"):
-            datacache.prepare_inductor_dir(env)
-    assert datacache.why_unusable(tmp_path / "a-file" / "x" / "y") == f"{tmp_path / 'a-file'} is a file, not a folder"
-    assert datacache.why_unusable(tmp_path / "new" / "folder") is None and not (tmp_path / "new").exists()
+            cache.prepare_inductor_dir(env)
+    assert cache.why_unusable(tmp_path / "a-file" / "x" / "y") == f"{tmp_path / 'a-file'} is a file, not a folder"
+    assert cache.why_unusable(tmp_path / "new" / "folder") is None and not (tmp_path / "new").exists()
     env = {"LAUNCH_CACHE_DIR": str(tmp_path / "a-file")}  # the default cannot be made (a read-only home):
-    datacache.prepare_inductor_dir(env)  # left to torch's own default, the run goes on
+    cache.prepare_inductor_dir(env)  # left to torch's own default, the run goes on
     assert "TORCHINDUCTOR_CACHE_DIR" not in env
 
 
 def test_a_cache_that_cannot_be_written_costs_only_the_cache(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
-    arrays = datacache.cached("k", lambda: {"x": np.ones(3)}, root=blocked)
+    arrays = cache.cached("k", lambda: {"x": np.ones(3)}, root=blocked)
     assert arrays["x"].sum() == 3
 
 

@@ -5,8 +5,8 @@ import time
 import pytest
 import torch
 
-from launcher.train.data import HostData, ResidentData, choose_placement, make_data, rank_order
-from launcher.train.prefetch import CudaPrefetcher, batch_len
+from launcher.data.placement import HostData, ResidentData, choose_placement, make_data, rank_order
+from launcher.data.prefetch import CudaPrefetcher, batch_len
 from launcher.train.stall import INPUT_BOUND, StepClock, input_advice
 
 CPU = torch.device("cpu")
@@ -158,8 +158,8 @@ def test_a_batchs_sample_count_is_the_leading_size_of_its_first_tensor():
 
 def test_images_reach_the_network_as_their_distance_from_the_mean_in_standard_deviations():
     from launcher.config import DataConfig
+    from launcher.data.placement import Data
     from launcher.recipes import Splits
-    from launcher.train.data import Data
 
     x, y = torch.zeros(4, 1, 2, 2, dtype=torch.uint8), torch.zeros(4, dtype=torch.long)
     data = Data.place(Splits(x, y, x, y, 2, (4.0,), (2.0,)), DataConfig(), torch.device("cpu"), False)

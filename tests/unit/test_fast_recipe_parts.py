@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from launcher.config import MuonConfig
+from launcher.data.augment import alternating_flip, tta_logits, tta_views
 from launcher.recipes.vision_models import Airbench94
 from launcher.train import optim
-from launcher.train.augment import alternating_flip, tta_logits, tta_views
 from launcher.train.checkpoint import optimizer_states
 
 
@@ -200,7 +200,7 @@ def test_tta_of_level_one_is_the_mean_of_the_image_and_its_mirror():
 
 
 def test_random_flips_mirror_about_half_of_the_images_and_nothing_else():
-    from launcher.train.augment import ImageAugmentation
+    from launcher.data.augment import ImageAugmentation
 
     x = torch.arange(400 * 4, dtype=torch.float32).view(400, 1, 1, 4)
     out = ImageAugmentation("random", 0, seed=0)(x, torch.Generator().manual_seed(0), indices=torch.arange(400),

@@ -9,10 +9,10 @@ from torch import nn
 
 from launcher import strategies
 from launcher.config import CompileMode, DDPConfig, FSDPConfig, PerfConfig, Toggle
+from launcher.data.placement import eval_chunks
 from launcher.errors import ConfigError
 from launcher.strategies import FSDP, Devices
 from launcher.strategies.fsdp import describe_units, shard_groups, shard_units
-from launcher.train.data import eval_chunks
 from launcher.train.step import TrainStep
 from tests.conftest import config_of
 

@@ -456,7 +456,7 @@ def test_batches_of_regions_written_into_shared_slots_by_workers_train_as_the_sa
     """A worker collates its batch of Regions into one of the split's PinnedSlots; the batch then carries the
     slot, not the bytes, and the training process reads them from there: the same images as a batch
     collated in the training process itself. A slot is free again once read."""
-    from launcher.train.slots import PinnedSlots
+    from launcher.data.slots import PinnedSlots
 
     ds = split(folder, regions=True)
     ds.slots = PinnedSlots(workers=1, per_worker=2, nbytes=8 << 20)
@@ -472,7 +472,7 @@ def test_batches_of_regions_written_into_shared_slots_by_workers_train_as_the_sa
 
 KERNEL_CHECK = """
 import sys, torch
-from launcher.recipes import image_kernels
+from launcher.data import image_kernels
 from launcher.recipes.imagefolder import Normalizer, collate, gpu_batch
 from tests.unit.test_imagefolder import split
 from pathlib import Path
@@ -745,8 +745,8 @@ def test_the_model_is_torchvisions_untrained(folder):
 def test_decode_auto_splits_the_batch_for_the_workers_this_rank_gets(folder, monkeypatch, caplog):
     """data.workers unset: the CPU's share of each batch follows the workers the launcher gives each rank (the
     cores shared by the ranks on the machine), not every core (2 ranks on 32 cores: 15 each, not 31)."""
+    from launcher.data import loader
     from launcher.recipes.imagefolder import default_workers
-    from launcher.train import loader
 
     cfg = config_of("recipe=imagefolder", f"data.root={folder}")
     for local in ("1", "2", "4"):

@@ -1,4 +1,4 @@
-"""A recipe's own Datasets. An IterableDataset through the launcher's DataLoader (launcher/train/loader.py):
+"""A recipe's own Datasets. An IterableDataset through the launcher's DataLoader (launcher/data/loader.py):
 each rank takes every world_size-th sample of the stream, split again among its DataLoader workers. Both
 ranks' shares are built here in one process (the split needs no process group), with real DataLoader
 workers: every step's batch is the one expected, full, the ranks' and the workers' shares disjoint and
@@ -14,11 +14,11 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from launcher.config import DataConfig
+from launcher.data.loader import DatasetSplit
+from launcher.data.placement import Data, rank_order
 from launcher.recipes import Recipe
 from launcher.strategies.base import Nets
-from launcher.train.data import Data, rank_order
 from launcher.train.evaluation import Evaluation
-from launcher.train.loader import DatasetSplit
 from tests.conftest import config_of
 
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""A recipe's Datasets through the launcher's DataLoader (launcher/train/loader.py): one pass runs through the
+"""A recipe's Datasets through the launcher's DataLoader (launcher/data/loader.py): one pass runs through the
 epochs, so the workers read the next epoch's first batches before the loop asks for them, each batch read with
 its own epoch told to the Dataset; rows other than the planned ones start a pass of their own."""
 
@@ -11,10 +11,10 @@ import torch
 from torch.utils.data import Dataset, IterableDataset
 
 from launcher.config import DataConfig
+from launcher.data.loader import DatasetSplit, check_datasets
+from launcher.data.placement import rank_order
 from launcher.errors import ConfigError
 from launcher.recipes import Recipe
-from launcher.train.data import rank_order
-from launcher.train.loader import DatasetSplit, check_datasets
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""launcher/train/slots.py: DataLoader workers write batches into shared slots the training process copies from."""
+"""launcher/data/slots.py: DataLoader workers write batches into shared slots the training process copies from."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from launcher.train.slots import PinnedSlots
+from launcher.data.slots import PinnedSlots
 
 
 class Filler(torch.utils.data.Dataset):

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from launcher.config import DataConfig, Placement
+from launcher.data.placement import Data, rank_order
 from launcher.errors import ConfigError, LaunchError
 from launcher.recipes import TokenSplits
 from launcher.recipes.text import GPT, Corpus, Recurrent, Text, generate, stdlib_files, stdlib_root, unigram_loss
-from launcher.train.data import Data, rank_order
 from tests.conftest import config_of
 
 

@@ -9,10 +9,8 @@ import pytest
 import torch
 
 from launcher.config import DataConfig, Placement
-from launcher.errors import ConfigError, LaunchError
-from launcher.recipes import TokenSplits
-from launcher.recipes.text import Corpus, Text
-from launcher.recipes.token_shards import (
+from launcher.data.placement import Data, TokenWindows
+from launcher.data.token_shards import (
     LLMC_MAGIC,
     TokenCorpus,
     check_token_ids,
@@ -22,7 +20,9 @@ from launcher.recipes.token_shards import (
     read_shard,
     token_unigram_loss,
 )
-from launcher.train.data import Data, TokenWindows
+from launcher.errors import ConfigError, LaunchError
+from launcher.recipes import TokenSplits
+from launcher.recipes.text import Corpus, Text
 from tests.conftest import config_of
 
 
@@ -131,7 +131,7 @@ def test_shards_shorter_than_a_window_are_left_out_and_if_none_fits_one_line(tmp
 
 
 def test_a_token_id_outside_the_vocabulary_names_the_shard_and_the_largest_id(tmp_path, monkeypatch):
-    from launcher.recipes import token_shards
+    from launcher.data import token_shards
 
     monkeypatch.setattr(token_shards, "SCAN_TOKENS", 100)  # many chunks: a shard is never read whole
     tokens = np.arange(1000) % 300
@@ -200,7 +200,7 @@ def test_a_token_id_equal_to_the_vocabulary_size_is_refused_and_one_below_is_not
                                                                                  largest_in):
     """The boundary, in every layout and token type: ids 0..vocab-1 fit the embedding, id == vocab does not
     (on the GPU an out-of-range index is a device-side assert, or with the padded vocabulary a silent row)."""
-    from launcher.recipes import token_shards
+    from launcher.data import token_shards
 
     monkeypatch.setattr(token_shards, "SCAN_TOKENS", 300)  # the largest id sits in a last, partial chunk
     kind, dtype = layout.split("-")

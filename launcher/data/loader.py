@@ -1,7 +1,7 @@
 """A recipe's own Datasets as a data path: the launcher's order, torch's DataLoader, the side-stream copy.
 
 A recipe whose `load` returns `(train, eval)` Datasets gets the same seam as the in-memory splits
-(launcher/train/data.py): the loop asks a split for its length and for `batches(rows)`, where `rows`
+(launcher/data/placement.py): the loop asks a split for its length and for `batches(rows)`, where `rows`
 is this rank's share of the epoch's global order (`rank_order`: one permutation per (seed, epoch),
 the same for any number of ranks, so a resume on another world size, or in the middle of an epoch,
 continues it). Here those rows become a DataLoader's batch sampler:
@@ -43,8 +43,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from launcher.config import DataConfig
+from launcher.data.prefetch import CudaPrefetcher, batch_len
 from launcher.errors import ConfigError
-from launcher.train.prefetch import CudaPrefetcher, batch_len
 
 if TYPE_CHECKING:
     from launcher.recipes import Recipe

@@ -33,12 +33,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from launcher.config import DataConfig, Placement
+from launcher.data.prefetch import CudaPrefetcher
 from launcher.strategies import check_batch_splits
-from launcher.train.prefetch import CudaPrefetcher
 
 if TYPE_CHECKING:
+    from launcher.data.loader import DatasetSplit
     from launcher.recipes import Splits, TokenSplits
-    from launcher.train.loader import DatasetSplit
 
 AUTO_GPU_SHARE = 0.25  # `auto` keeps data on the GPU when it needs at most this share of free memory
 
@@ -342,7 +342,7 @@ class Data:
     unit: str = "img"  # what throughput counts: img (samples) or tokens
     drawn_per_epoch: int | None = None  # samples drawn at random per epoch (windows), else a permutation of all
     # Splits and token streams: batch[0] goes through `normalize` (and the recipe's augmentation) in the
-    # step; a recipe's Datasets (launcher/train/loader.py) arrive as their collate and
+    # step; a recipe's Datasets (launcher/data/loader.py) arrive as their collate and
     # on_after_batch_transfer made them
     in_memory: bool = True
 
