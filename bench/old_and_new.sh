@@ -10,6 +10,9 @@
 #                                      and graph+compile settings, beside the DDP + compile(reduce-overhead) script
 #   bash bench/old_and_new.sh gpt      GPT-2 124M on generated uint16 shards, one GPU, beside the nanoGPT-style script
 #   bash bench/old_and_new.sh jpeg     recipe=imagefolder (ResNet-50 @224, 20,000 generated JPEGs), one GPU
+#   bash bench/old_and_new.sh side     on a machine with two GPUs: the older tree on GPU 0 and this one on GPU 1 at
+#                                      the same time (the same host load on both), benchmark by benchmark:
+#                                      cifar10_fast, GPT-2 124M on shards, the JPEG folder (launch only)
 set -uo pipefail
 source bench/device_env.sh
 base=$(cat .bench-base/.commit 2>/dev/null || echo base)
@@ -56,8 +59,25 @@ make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
     both "$out" timeout 200 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch \
         --epochs 4
     ;;
+side)
+    out="$OUT/old-and-new-side-$commit.jsonl"
+    python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
+        >/dev/null || exit 1
+    (cd bench && python3 -c "from pathlib import Path; from imagefolder import make_folder
+make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
+    pair() {  # LIMIT COMMAND...: the older tree on GPU 0 and this one on GPU 1, at once
+        local limit=$1
+        shift
+        CUDA_VISIBLE_DEVICES=0 PYTHONPATH=/tmp/base:$PYTHONPATH timeout "$limit" "$@" 2>&1 | tagged "$base" "$out" &
+        CUDA_VISIBLE_DEVICES=1 timeout "$limit" "$@" 2>&1 | tagged "$commit" "$out"
+        wait
+    }
+    pair 120 python3 bench/fast_recipe.py --runs 2
+    pair 150 python3 bench/gpt.py compare --gpus 1 --no-script --shards '/tmp/shards/*.bin' --epochs 3 --steps 40
+    pair 200 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch --epochs 3
+    ;;
 *)
-    echo "usage: bash bench/old_and_new.sh cifar|gpt|jpeg" >&2
+    echo "usage: bash bench/old_and_new.sh cifar|gpt|jpeg|side" >&2
     exit 2
     ;;
 esac
