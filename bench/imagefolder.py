@@ -241,7 +241,7 @@ def baseline(args, device: torch.device):
     from torchvision import datasets
     from torchvision.transforms import v2
 
-    from launcher.recipes.imagefolder import MEAN, STD
+    from launcher.data.images import MEAN, STD
 
     tf = v2.Compose([v2.RandomResizedCrop(args.size, antialias=True), v2.RandomHorizontalFlip(), v2.ToImage(),
                      v2.ToDtype(torch.float32, scale=True),
@@ -260,22 +260,24 @@ def recipe_path(args, mode: str, device: torch.device):
     mode gpu/auto: the GPU decoder the recipe picks (nvImageCodec's hardware decoder where installed);
     gpu-nvjpeg/auto-nvjpeg: torchvision's nvJPEG whatever is installed. On the CPU (--device cpu) gpu and auto
     still run the GPU path's code (nvJPEG's place taken by the CPU decoder)."""
+    from launcher.data import gpu_decode
+    from launcher.data.folders import scan
+    from launcher.data.images import ImageFolderSplit
     from launcher.host.compose import config_for
-    from launcher.recipes import imagefolder
-    from launcher.recipes.imagefolder import ImageFolder, ImageFolderSplit, scan
+    from launcher.recipes.imagefolder import ImageFolder
 
     decode, _, decoder = mode.partition("-")
-    imagefolder._hardware.clear()
+    gpu_decode._hardware.clear()
     if decoder == "nvjpeg":
-        imagefolder._hardware[device] = None
-    hardware = imagefolder.hardware_decoder(device) is not None
+        gpu_decode._hardware[device] = None
+    hardware = gpu_decode.hardware_decoder(device) is not None
     cfg = config_for("recipe=imagefolder", f"data.root={args.root}", f"recipe.model={args.model}",
                      f"recipe.image_size={args.size}", f"data.decode={decode}", f"data.workers={args.workers}",
                      f"perf.channels_last={device.type == 'cuda'}")
     recipe = ImageFolder(cfg)
     share = {"cpu": 0.0, "gpu": 1.0, "auto": args.gpu_share}[decode]
     folders = scan(Path(args.root))
-    regions = decode != "cpu" and device.type == "cuda" and ImageFolder.resizes_on_gpu()  # (as the recipe's load)
+    regions = decode != "cpu" and device.type == "cuda" and gpu_decode.resizes_on_gpu()  # (as the recipe's load)
     ds = ImageFolderSplit(folders["train"], train=True, image_size=args.size, eval_resize=cfg.recipe.eval_side,
                           min_scale=cfg.recipe.min_scale, gpu_share=share, regions=regions)
     if regions:  # the workers' crops resized on the GPU, their batches through the recipe's shared slots

@@ -84,7 +84,7 @@ def baseline(a: argparse.Namespace) -> None:
     from torchvision import datasets
     from torchvision.transforms import v2
 
-    from launcher.recipes.imagefolder import MEAN, STD
+    from launcher.data.images import MEAN, STD
 
     cuda = a.device == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo")

@@ -38,12 +38,12 @@ import dataclasses
 import importlib
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from launcher.config import Config as LaunchConfig
 from launcher.config import RecipeConfig
+from launcher.data.hooks import DataHooks, Splits, TokenSplits  # (what `load` returns: there for users)
 from launcher.errors import ConfigError, LaunchError
 from launcher.figures import LauncherFigures, named_settings, side, unknown
 from launcher.lifetime import sigint_deferred
@@ -51,43 +51,12 @@ from launcher.lifetime import sigint_deferred
 if TYPE_CHECKING:
     import torch
 
-    from launcher.train.stall import StepPace
-
 BUILTIN = {"digits": "launcher.recipes.digits", "cifar10": "launcher.recipes.cifar10", "text": "launcher.recipes.text",
            "imagefolder": "launcher.recipes.imagefolder"}
 
 # augment(x, generator, *, indices, epoch) -> x: a batch's augmentation on its own device; `indices` are
 # the batch's rows in the training set (same device), `epoch` a Python int or a 0-dim tensor.
 Augment = Callable[..., "torch.Tensor"]
-
-
-@dataclass
-class Splits:
-    """A dataset held in memory: images (N, C, H, W) uint8 and labels (N,) int64, with per-channel stats."""
-
-    train_x: torch.Tensor
-    train_y: torch.Tensor
-    test_x: torch.Tensor
-    test_y: torch.Tensor
-    num_classes: int
-    mean: tuple[float, ...]  # per channel, in the stored pixel units
-    std: tuple[float, ...]
-    synthetic: bool = False
-
-
-@dataclass
-class TokenSplits:
-    """A token stream for next-token prediction: 1-D integer arrays (memory-mapped files, say, so a corpus
-    larger than host memory is read only where sampled), or a list of them (shards: token files read in
-    place; no window crosses from one into the next). A training sample is a window of `context`
-    tokens starting anywhere in `train`, its targets the same window one token on; the held-out windows
-    of `test` do not overlap."""
-
-    train: Any  # numpy array (or np.memmap) of token ids, or a list of them (shards)
-    test: Any
-    vocab_size: int
-    context: int
-    synthetic: bool = False
 
 
 def _pair(batch: Any, recipe: Recipe, hook: str) -> tuple[Any, Any]:
@@ -103,8 +72,9 @@ def _pair(batch: Any, recipe: Recipe, hook: str) -> tuple[Any, Any]:
                       "\"The recipe interface\")")
 
 
-class Recipe:
-    """The interface the training loop calls. Override `load` and `build_model`; the rest is optional."""
+class Recipe(DataHooks):
+    """The interface the training loop calls. Override `load` and `build_model`; the rest is optional
+    (`collate` and `on_after_batch_transfer`, for a recipe's own Datasets: launcher/data/hooks.py)."""
 
     Config: ClassVar[type[RecipeConfig]] = RecipeConfig
     models: ClassVar[tuple[str, ...]] = ()  # a user recipe's model names (built-ins type recipe.model instead)
@@ -119,10 +89,6 @@ class Recipe:
     # before any worker starts. None: known up front only where the default steps make them (and `report`
     # is not overridden); otherwise a named figure is checked at the first epoch that can have it.
     figures: ClassVar[tuple[str, ...] | None] = None
-    # Set by the training loop: the last training steps' own times on the device (launcher/train/stall.py
-    # StepPace: `step_pace.median_s(n)`), for a recipe that tunes its input to the step's pace while it
-    # trains (recipe=imagefolder's data.decode=auto). None outside the loop.
-    step_pace: StepPace | None = None
 
     def __init__(self, cfg: LaunchConfig):
         self.cfg = cfg  # the whole (frozen) config: data.root, seed, ...
@@ -170,21 +136,6 @@ class Recipe:
         logits = self.predict(model, x)
         logits, y = logits.flatten(0, -2), y.flatten()  # (a window's tokens count as its samples)
         return LauncherFigures(loss=F.cross_entropy(logits.float(), y, reduction="none"), acc=logits.argmax(-1) == y)
-
-    def collate(self, samples: list[Any]) -> Any:
-        """A batch of a Dataset's samples (torch's default_collate unless overridden). A sample that
-        is None (the Dataset skipped it: a bad file, say) never gets here: the launcher leaves it out
-        and counts it."""
-        from torch.utils.data import default_collate
-
-        return default_collate(samples)
-
-    def on_after_batch_transfer(self, batch: Any, training: bool) -> Any:
-        """A Dataset's batch once it is on the device, before the step: GPU work on the batch (decoding,
-        cropping, normalizing) that should run off the compute stream. It runs on the side stream that
-        copied the batch, a few batches ahead of the step that uses it. `training`: a training batch,
-        else an evaluation one."""
-        return batch
 
     def num_classes(self, train: Any) -> int | None:
         """What a classifier's head needs (passed to `build_model` and to a config model that takes

@@ -30,6 +30,10 @@ counted (`skipped`, on the host: no device sync). An IterableDataset has no indi
 rank takes every world_size-th sample of the stream (its workers read that share a whole batch each in
 turn: `_RankShard`), and a training stream must say its length (`__len__`: samples per epoch) so every
 rank runs the same number of steps; a resumed epoch's rest reads past the batches trained before.
+
+A training Dataset whose decoding is on trial (its `trial`: data.decode=auto's DecodeTrial) is fed here,
+whatever its data kind: the recipe's on_after_batch_transfer is timed on the prefetch thread for it, and
+it reads the training steps' own times from the split's `pace`, which the loop's StepClock fills.
 """
 
 from __future__ import annotations
@@ -37,17 +41,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from launcher.config import DataConfig
+from launcher.data.hooks import DataHooks, transfers
+from launcher.data.pace import StepPace
 from launcher.data.prefetch import CudaPrefetcher, batch_len
 from launcher.errors import ConfigError
-
-if TYPE_CHECKING:
-    from launcher.recipes import Recipe
 
 
 def default_workers(local_ranks: int) -> int:
@@ -58,6 +61,14 @@ def default_workers(local_ranks: int) -> int:
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     return max(0, cores // max(1, local_ranks) - 1)
+
+
+def rank_workers(options: DataConfig) -> int:
+    """This rank's DataLoader workers, known before its loaders exist (a recipe's load sizes its decoding by
+    them): data.workers, or when null `default_workers` over the ranks on this machine (LOCAL_WORLD_SIZE)."""
+    if options.workers is not None:
+        return int(options.workers)
+    return default_workers(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
 
 
 def _tied_to_rank(worker_id: int) -> None:
@@ -195,7 +206,7 @@ class DatasetSplit:
 
     placement = "workers"
 
-    def __init__(self, dataset: Any, recipe: Recipe, options: DataConfig, device: torch.device, training: bool,
+    def __init__(self, dataset: Any, recipe: DataHooks, options: DataConfig, device: torch.device, training: bool,
                  world_size: int, rank: int, local_ranks: int, per_rank_batch: int,
                  upcoming: Callable[[int], torch.Tensor | None] | None = None):
         """`upcoming(epoch)`: this rank's rows of that epoch (None past the last one), for a training
@@ -218,6 +229,12 @@ class DatasetSplit:
                           worker_init_fn=_tied_to_rank)
         self.upcoming = upcoming if training and self.workers > 0 else None
         self._pass: _Pass | None = None  # the training pass that reads ahead into the next epoch
+        # A training Dataset whose decoding is on trial (data.decode=auto: decode_trial.py) has its batches
+        # timed here, against the training steps' own times: the loop's StepClock writes them to `pace`.
+        self.trial = getattr(dataset, "trial", None) if training else None
+        self.pace = StepPace() if self.trial is not None else None
+        if self.trial is not None:
+            self.trial.pace = self.pace.median_s
         if self.iterable:
             self.length = _length(dataset)
             self.world_size = world_size
@@ -263,9 +280,12 @@ class DatasetSplit:
         else:
             source = zip(self._counted(self._read(rows, whole, epoch)), rows, strict=False)
         after = None
-        if type(self.recipe).on_after_batch_transfer is not _base_after():
+        if transfers(self.recipe):
             def after(item: tuple[Any, Any]) -> tuple[Any, Any]:
                 return self.recipe.on_after_batch_transfer(item[0], self.training), item[1]
+
+            if self.trial is not None:
+                after = self.trial.timed(after)
         # (a recipe's GPU work on its batches, decoding say, is issued from a thread of its own: see prefetch.py)
         for batch, idx in CudaPrefetcher(((b, torch.as_tensor(i)) for b, i in source), self.device,
                                          depth=self.depth, after=after, threaded=after is not None):
@@ -323,12 +343,6 @@ class DatasetSplit:
 
 def _same(a: torch.Tensor, b: torch.Tensor | None) -> bool:
     return b is not None and a.shape == b.shape and torch.equal(a, b)
-
-
-def _base_after() -> Callable:
-    from launcher.recipes import Recipe
-
-    return Recipe.on_after_batch_transfer
 
 
 def _length(dataset: Any) -> int | None:

@@ -37,8 +37,9 @@ from launcher.data.prefetch import CudaPrefetcher
 from launcher.strategies import check_batch_splits
 
 if TYPE_CHECKING:
+    from launcher.data.hooks import Splits, TokenSplits
     from launcher.data.loader import DatasetSplit
-    from launcher.recipes import Splits, TokenSplits
+    from launcher.data.pace import StepPace
 
 AUTO_GPU_SHARE = 0.25  # `auto` keeps data on the GPU when it needs at most this share of free memory
 
@@ -390,6 +391,12 @@ class Data:
                    torch.tensor(splits.mean, device=device).view(1, -1, 1, 1),
                    torch.tensor(splits.std, device=device).view(1, -1, 1, 1),
                    channels_last and device.type == "cuda" and splits.train_x.dim() == 4, splits.train_x)
+
+    @property
+    def pace(self) -> StepPace | None:
+        """Where the loop's StepClock puts the training steps' own times, for a data path that tunes its
+        input to them (a Dataset's DecodeTrial: loader.py); None where none does."""
+        return getattr(self.train, "pace", None)
 
     @property
     def skipped(self) -> int:

@@ -134,3 +134,32 @@ class PinnedSlots:
             except Exception:  # noqa: BLE001 - at exit, CUDA may be gone already
                 return
 
+
+
+SLOT_MEMORY = 0.25  # of the host's memory, at most, for the ranks' PinnedSlots together
+
+
+def batch_slots(workers: int, worker_prefetch: int, nbytes: int) -> PinnedSlots | None:
+    """Shared, page-locked buffers for a rank's training batches of `nbytes` at most: each of its `workers`
+    gets its prefetch's worth plus two, within SLOT_MEMORY of the host's memory and half of /dev/shm's free
+    space, shared by the ranks on this machine (LOCAL_WORLD_SIZE); None without workers, or where that
+    memory cannot be had."""
+    if workers < 1:
+        return None
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    room = int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * SLOT_MEMORY) // ranks
+    try:  # (and half of what /dev/shm has free, shared with the batches that find no slot: a container's
+        shm = os.statvfs("/dev/shm")  # /dev/shm may be small, and a write past it kills the worker)
+        room = min(room, shm.f_bavail * shm.f_frsize // 2 // ranks)
+    except OSError:
+        pass
+    per_worker = min(int(worker_prefetch) + 2, room // (workers * nbytes))
+    if per_worker < 1:
+        log.info("data: no shared batch slots (%d workers x %d MB do not fit in %d MB); batches of crops go "
+                 "through the DataLoader's pinning", workers, nbytes >> 20, room >> 20)
+        return None
+    try:
+        return PinnedSlots(workers, per_worker, nbytes)
+    except RuntimeError as exc:  # (shared memory too small: a container's /dev/shm)
+        log.warning("data: no shared batch slots (%s); batches of crops go through the DataLoader's pinning", exc)
+        return None

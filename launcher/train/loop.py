@@ -50,7 +50,7 @@ from launcher.train.reporting import TensorBoardLog
 from launcher.train.restart import Start
 from launcher.train.results import RankFacts, RunRecord, Timings
 from launcher.train.saving import Saves
-from launcher.train.stall import StepClock, StepPace
+from launcher.train.stall import StepClock
 from launcher.train.step import TrainStep, autocast_for
 from launcher.train.stops import OutOfMemory, oom_message
 from launcher.train.threads import Asides, profiled
@@ -120,7 +120,6 @@ class Trainer:
         # The run's dir: rank 0's, where every rank sees it; else (another machine) this node's own
         self.run_dir = self.dirs.main if self.dirs.shared else self.dirs.own
         self.recipe: Recipe = recipe_class(self.cfg.recipe.name)(self.cfg)
-        self.recipe.step_pace = StepPace()  # (the training steps' own times, for the recipe: stall.py)
         self.timings = Timings()
         self.faults = Faults(self.cfg.fault, world, device, last_checkpoint(self.run_dir))
         self.fp16 = self.cfg.perf.precision is Precision.fp16  # (its losses scaled: GradScaler)
@@ -479,7 +478,7 @@ class Trainer:
         if (verdict := deferred.read_if_due(0, started)) is not None and verdict.stops:
             return verdict
         # A bounded wait at the epoch's end when collectives run inside a graph (no NCCL watchdog there).
-        clock = StepClock(self.device, strategy.collective_timeout(), self.recipe.step_pace)
+        clock = StepClock(self.device, strategy.collective_timeout(), self.data.pace)
         if not deferred.held:
             # Start every rank's clock when all have arrived: rank 0's work before this epoch (the
             # start-up timeline's log, a compile) would otherwise count as the other ranks' training

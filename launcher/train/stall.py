@@ -8,8 +8,8 @@ work). Summed over the epoch and divided by the epoch's span, that is the input-
 On a CPU device the same marks are taken with the host clock.
 
 The same two marks give each training step's own time (its "ready" to its end: the step's work, input
-waits left out), which `StepPace` keeps for the last steps, for what tunes the input to the step's pace
-while training runs (recipe=imagefolder's data.decode=auto).
+waits left out), which go to the data's `StepPace` (launcher/data/pace.py) where the data path reads
+them (a Dataset's DecodeTrial: data.decode=auto).
 
 What held an epoch up is said once per run, with the setting that would help: its input (`input_advice`),
 or on the CPU, a machine busier than its cores while each process ran several threads (`thread_advice`).
@@ -17,14 +17,12 @@ or on the CPU, a machine busier than its cores while each process ran several th
 
 from __future__ import annotations
 
-import statistics
-import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 
 import torch
 
+from launcher.data.pace import StepPace
 from launcher.errors import ExplainedStop
 
 INPUT_BOUND = 0.10  # above this fraction of the epoch, the log calls the run input-bound
@@ -64,32 +62,6 @@ def wait_for(event, timeout_s: float | None, what: str) -> None:
                                 "is probably stuck or gone")
         time.sleep(pause)
         pause = min(pause * 2, 0.01)
-
-
-class StepPace:
-    """The last training steps' own times, each from its "ready" mark to its end on the device's clock
-    (StepClock's events: the step's kernels, its collectives and the host's issuing of them, without the
-    wait for its batch), read from any thread without waiting for the device: only steps the device has
-    finished count. Under ddp a step's own time includes waiting at its all-reduce for a slower rank."""
-
-    def __init__(self, keep: int = 64):
-        self._steps: deque[tuple[object, object]] = deque(maxlen=keep)
-        self._lock = threading.Lock()
-
-    def add(self, ready: object, end: object) -> None:
-        with self._lock:
-            self._steps.append((ready, end))
-
-    def median_s(self, n: int) -> float | None:
-        """The median own time of the last `n` finished steps, in seconds; None while fewer have finished."""
-        with self._lock:
-            steps = list(self._steps)
-        done = [(ready, end) for ready, end in steps
-                if not isinstance(end, torch.cuda.Event) or end.query()]
-        if len(done) < n or n < 1:
-            return None
-        return statistics.median(ready.elapsed_time(end) / 1000.0 if isinstance(end, torch.cuda.Event)
-                                 else end - ready for ready, end in done[-n:])
 
 
 class StepClock:

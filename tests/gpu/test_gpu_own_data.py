@@ -86,11 +86,12 @@ def test_imagefolder_decode_auto_times_the_workers_then_a_split_if_they_fall_beh
 
 
 def test_the_step_pace_is_each_steps_own_time_on_the_gpus_clock_without_the_wait_for_its_batch():
-    """What data.decode=auto times the steps by (launcher/train/stall.py StepPace): 20 ms of GPU work a step
+    """What data.decode=auto times the steps by (launcher/data/pace.py StepPace): 20 ms of GPU work a step
     after the host waited 30 ms for each batch reads as the GPU's 20 ms, not as the 50 ms between batches."""
     import time
 
-    from launcher.train.stall import StepClock, StepPace
+    from launcher.data.pace import StepPace
+    from launcher.train.stall import StepClock
 
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
@@ -120,7 +121,7 @@ def test_the_step_pace_is_each_steps_own_time_on_the_gpus_clock_without_the_wait
 def by_torch_ops(batch, size: int) -> torch.Tensor:
     """recipe=imagefolder's GPU batch made by the torch ops image_kernels' one kernel replaced (the reference)."""
     from launcher.data import image_kernels
-    from launcher.recipes.imagefolder import Normalizer, gpu_batch
+    from launcher.data.gpu_decode import Normalizer, gpu_batch
 
     usable = image_kernels.usable
     image_kernels.usable = lambda device: False
@@ -134,8 +135,10 @@ def test_imagefolders_one_kernel_on_cuda_matches_the_torch_ops_for_each_decoder(
     """The batch's crops, flips and normalization by image_kernels' Triton kernel on CUDA against the torch ops
     it replaced, on the same decoded images; and nvImageCodec's decoder (the batch split between its two
     decoders: 64 JPEGs), where installed, against torchvision's nvJPEG."""
-    from launcher.recipes import imagefolder
-    from launcher.recipes.imagefolder import ImageFolderSplit, Normalizer, collate, gpu_batch, scan
+    from launcher.data import gpu_decode
+    from launcher.data.folders import scan
+    from launcher.data.gpu_decode import Normalizer, gpu_batch
+    from launcher.data.images import ImageFolderSplit, collate
 
     root = write_image_folder(tmp_path / "imagenet", train_per_class=22, odd_files=True)
     device = torch.device("cuda", 0)
@@ -146,10 +149,10 @@ def test_imagefolders_one_kernel_on_cuda_matches_the_torch_ops_for_each_decoder(
     batch = (pixels.to(device), labels.to(device), rows.to(device), work)
     outputs = {}
     for decoder in ("hardware", "nvjpeg"):
-        imagefolder._hardware.clear()
+        gpu_decode._hardware.clear()
         if decoder == "nvjpeg":
-            imagefolder._hardware[device] = None
-        elif imagefolder.hardware_decoder(device) is None:
+            gpu_decode._hardware[device] = None
+        elif gpu_decode.hardware_decoder(device) is None:
             continue
         x, y = gpu_batch(batch, 48, skip_bad=False, normalize=Normalizer(True))
         assert x.is_cuda and x.is_contiguous(memory_format=torch.channels_last) and torch.equal(y, batch[1])
@@ -157,7 +160,7 @@ def test_imagefolders_one_kernel_on_cuda_matches_the_torch_ops_for_each_decoder(
         # (the same arithmetic in another order: within a few thousandths of a unit of the normalized pixels)
         assert float((x - ref).abs().max()) < 0.01, decoder
         outputs[decoder] = x
-    imagefolder._hardware.clear()
+    gpu_decode._hardware.clear()
     if "hardware" in outputs:  # two JPEG decoders: the same images up to their rounding
         assert float((outputs["hardware"] - outputs["nvjpeg"]).abs().mean()) < 0.05
 
@@ -166,18 +169,11 @@ def test_imagefolders_workers_crops_resized_on_cuda_match_the_cpu_path(tmp_path)
     """data.decode=gpu/auto on CUDA: the workers' crops, decoded but not resized (Regions in one buffer),
     resized by the kernel on the GPU: as the torch ops resize them, and as the CPU path's crops (up to the
     two resizes' rounding); beside JPEGs decoded on the GPU in the same batch."""
-    from launcher.recipes.imagefolder import (
-        MEAN,
-        STD,
-        ImageFolder,
-        ImageFolderSplit,
-        Normalizer,
-        collate,
-        gpu_batch,
-        scan,
-    )
+    from launcher.data.folders import scan
+    from launcher.data.gpu_decode import Normalizer, gpu_batch, resizes_on_gpu
+    from launcher.data.images import MEAN, STD, ImageFolderSplit, collate
 
-    assert ImageFolder.resizes_on_gpu()
+    assert resizes_on_gpu()
     root = write_image_folder(tmp_path / "imagenet", train_per_class=22, odd_files=True)
     device = torch.device("cuda", 0)
     for train in (True, False):

@@ -108,7 +108,7 @@ def test_the_step_pace_keeps_each_steps_own_time_without_its_wait_for_input():
     """StepPace (what recipe=imagefolder's data.decode=auto times the steps by): each training step from its
     batch being ready to its end, the waits for input left out; the median of the last n, None while fewer
     steps have run; an end without a batch ready is no step."""
-    from launcher.train.stall import StepPace
+    from launcher.data.pace import StepPace
 
     pace = StepPace(keep=4)
     clock = StepClock(CPU, pace=pace)
@@ -183,7 +183,7 @@ def test_the_input_wait_counts_each_gap_from_a_step_end_to_the_next_batch_once(m
 
 
 def test_the_step_pace_is_the_median_of_the_latest_steps():
-    from launcher.train.stall import StepPace
+    from launcher.data.pace import StepPace
 
     pace = StepPace(keep=64)
     for own in range(1, 11):  # steps slowing down: 1 s ... 10 s

@@ -14,23 +14,22 @@ pytest.importorskip("torchvision", reason="recipe=imagefolder needs torchvision 
 import torch
 from PIL import Image
 
-from launcher.errors import LaunchError
-from launcher.recipes.imagefolder import (
+from launcher.data.folders import scan
+from launcher.data.gpu_decode import Normalizer, gpu_batch
+from launcher.data.images import (
     MEAN,
     STD,
     BadImageError,
     GpuWork,
-    ImageFolder,
     ImageFolderSplit,
-    Normalizer,
     collate,
     decode_eval_crop,
     eval_geometry,
-    gpu_batch,
     random_resized_crop_box,
-    scan,
     to_rgb,
 )
+from launcher.errors import LaunchError
+from launcher.recipes.imagefolder import ImageFolder
 from tests.conftest import config_of
 from tests.imagefolders import CLASSES, write_image_folder
 
@@ -242,7 +241,7 @@ def test_every_image_mode_becomes_an_rgb_uint8_crop(folder):
 
 
 def test_transparent_pixels_become_the_mean_colour_which_normalizes_to_zero():
-    from launcher.recipes.imagefolder import GREY_BACKGROUND
+    from launcher.data.images import GREY_BACKGROUND
 
     clear = Image.new("RGBA", (4, 4), (255, 0, 0, 0))  # red, fully transparent
     rgb = torch.from_numpy(np.array(to_rgb(clear)))
@@ -377,20 +376,20 @@ def test_the_gpu_path_names_a_jpeg_nvjpeg_cannot_decode(broken, tmp_path):
 def test_a_jpeg_the_gpu_cannot_decode_is_left_out_of_its_batch_with_its_label(folder, monkeypatch):
     """data.on_bad_file=skip: the batch the GPU finishes lacks that sample's row and its label, and the other
     rows are the ones a batch without it holds."""
-    from launcher.recipes import imagefolder
+    from launcher.data import gpu_decode
 
     ds = split(folder, train=False, gpu_share=1.0)
     batch = collate([ds[i] for i in range(len(ds))])
     jpegs = batch[3].jpegs
     whole, labels = gpu_batch(batch, 32, skip_bad=False, normalize=Normalizer(False))
-    real = imagefolder.decode_jpegs
+    real = gpu_decode.decode_jpegs
     lost = 2  # (the third JPEG: the decoder gives no image for it)
 
     def one_lost(jpegs, device, skip_bad):
         images, bad = real(jpegs, device, skip_bad)
         return images[:lost] + images[lost + 1:], [*bad, lost]
 
-    monkeypatch.setattr(imagefolder, "decode_jpegs", one_lost)
+    monkeypatch.setattr(gpu_decode, "decode_jpegs", one_lost)
     x, y = gpu_batch(batch, 32, skip_bad=True, normalize=Normalizer(False))
     kept = torch.ones(len(labels), dtype=torch.bool)
     kept[jpegs.rows[lost]] = False
@@ -473,7 +472,8 @@ def test_batches_of_regions_written_into_shared_slots_by_workers_train_as_the_sa
 KERNEL_CHECK = """
 import sys, torch
 from launcher.data import image_kernels
-from launcher.recipes.imagefolder import Normalizer, collate, gpu_batch
+from launcher.data.gpu_decode import Normalizer, gpu_batch
+from launcher.data.images import collate
 from tests.unit.test_imagefolder import split
 from pathlib import Path
 assert image_kernels.usable(torch.device("cpu"))
@@ -555,10 +555,10 @@ class Timeline:
     is held `held` seconds a batch, and the 15 workers make samples at `rate` img/s in all (busy all the time)."""
 
     def __init__(self, splits, monkeypatch):
-        from launcher.recipes import imagefolder
+        from launcher.data import decode_trial
 
         self.trial, self.splits, self.now, self.step = None, splits, [0.0], None
-        monkeypatch.setattr(imagefolder.time, "perf_counter", lambda: self.now[0])
+        monkeypatch.setattr(decode_trial.time, "perf_counter", lambda: self.now[0])
 
     def pace(self, n: int) -> float | None:
         return self.step
@@ -575,7 +575,7 @@ class Timeline:
                   held: float = 0.0) -> None:
         """One candidate's turn: `stale` batches made under the candidate before (not counted), its first
         SETTLE (not timed), then MEASURE + 1 (timed)."""
-        from launcher.recipes.imagefolder import DecodeTrial
+        from launcher.data.decode_trial import DecodeTrial
 
         self.batches(stale, 5.0, 0 if gpu else 190)
         self.batches(DecodeTrial.SETTLE, 9.0, gpu)
@@ -583,7 +583,7 @@ class Timeline:
 
 
 def trial_of(folder, monkeypatch, paced: bool = True, **kw):
-    from launcher.recipes.imagefolder import DecodeTrial
+    from launcher.data.decode_trial import DecodeTrial
 
     splits = (split(folder, gpu_share=0.3), split(folder, train=False, gpu_share=0.3))
     timeline = Timeline(splits, monkeypatch)
@@ -645,7 +645,7 @@ def test_decode_auto_times_the_steps_on_the_gpus_clock_not_by_the_gaps_between_b
 def test_decode_auto_without_the_loops_step_pace_times_the_steps_by_their_median_gap(folder, monkeypatch):
     """Driven by hand (no StepPace from the loop), the steps are the median gap between batches: a compile
     among them (a few gaps of seconds among 40 ms steps) does not count."""
-    from launcher.recipes.imagefolder import DecodeTrial
+    from launcher.data.decode_trial import DecodeTrial
 
     trial, splits, time_ = trial_of(folder, monkeypatch, paced=False)
     time_.batches(DecodeTrial.SETTLE, 9.0, 0)
@@ -694,7 +694,7 @@ def test_decode_auto_balances_the_workers_against_a_gpu_decoder_that_holds_the_p
 def test_decode_auto_keeps_the_workers_where_no_batch_comes_for_the_gpu(folder, monkeypatch, caplog):
     """A folder the GPU decoder cannot take (PNGs): no batch is ever made under the split; after GIVE_UP
     batches the trial ends with the workers alone."""
-    from launcher.recipes.imagefolder import DecodeTrial
+    from launcher.data.decode_trial import DecodeTrial
 
     trial, splits, time_ = trial_of(folder, monkeypatch)
     time_.candidate(0.040, 0, 256 / 0.060)
@@ -717,6 +717,43 @@ def test_decode_auto_times_the_second_epochs_batches_not_the_first_ones(folder, 
             recipe.decode_plan(cuda=True)
         assert ("the first training batches of the second epoch (the first one's pace is not the run's" in
                 caplog.text) == said
+
+
+def test_the_loader_feeds_a_training_datasets_trial_however_the_recipe_nests_its_batches(folder):
+    """data.decode=auto's trial is fed by the data path, not by the recipe: the loader times the recipe's
+    on_after_batch_transfer for each training batch, finds the samples a batch leaves to the GPU wherever the
+    recipe's collate puts them, and hands the trial the split's step pace (which the loop's StepClock fills);
+    an evaluation split feeds nothing."""
+    from launcher.config import DataConfig
+    from launcher.data.decode_trial import DecodeTrial
+    from launcher.data.loader import DatasetSplit
+    from launcher.data.placement import rank_order
+    from launcher.recipes import Recipe
+
+    class Nested(Recipe):  # (a user's recipe: its batches a dict around the image folder's)
+        def __init__(self):
+            pass
+
+        def collate(self, samples):
+            return {"images": collate(samples), "count": torch.tensor(len(samples))}
+
+        def on_after_batch_transfer(self, batch, training):
+            return batch
+
+    train, val = split(folder, gpu_share=1.0), split(folder, train=False)
+    trial = DecodeTrial((train, val))  # (the workers alone first: the share set back to 0)
+    options = DataConfig(workers=0)
+    training = DatasetSplit(train, Nested(), options, torch.device("cpu"), True, 1, 0, 1, 4)
+    assert trial.pace == training.pace.median_s and trial.pace(1) is None
+    rows = rank_order(len(train), 4, seed=0, epoch=0)
+    assert len(list(training.batches(rows[:3], 0))) == 3
+    assert (trial.seen, trial.made, trial.waited) == (3, 3, 0)  # made under the workers alone
+    train.gpu_share = 1.0  # (JPEGs left to the GPU: batches of another share than the trial's candidate)
+    batches = list(training.batches(rows[3:5], 0))
+    assert all(len(b["images"][3].jpegs) > 0 for b, _ in batches)
+    assert (trial.seen, trial.made, trial.waited) == (5, 3, 2)
+    evaluation = DatasetSplit(val, Nested(), options, torch.device("cpu"), False, 1, 0, 1, 4)
+    assert evaluation.trial is None and evaluation.pace is None
 
 
 def test_a_share_set_in_the_launchers_process_reaches_the_running_workers(folder):
@@ -746,16 +783,15 @@ def test_decode_auto_splits_the_batch_for_the_workers_this_rank_gets(folder, mon
     """data.workers unset: the CPU's share of each batch follows the workers the launcher gives each rank (the
     cores shared by the ranks on the machine), not every core (2 ranks on 32 cores: 15 each, not 31)."""
     from launcher.data import loader
-    from launcher.recipes.imagefolder import default_workers
 
     cfg = config_of("recipe=imagefolder", f"data.root={folder}")
     for local in ("1", "2", "4"):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
-        assert default_workers(cfg) == loader.default_workers(int(local))
+        assert loader.rank_workers(cfg.data) == loader.default_workers(int(local))
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(32)), raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     recipe = ImageFolder(cfg)
-    assert default_workers(cfg) == 15
+    assert loader.rank_workers(cfg.data) == 15
     with caplog.at_level("INFO", logger="launcher.train"):
         assert recipe.decode_plan(cuda=True) == ("auto", 0.0)
     assert "decoded by the 15 DataLoader workers alone" in caplog.text

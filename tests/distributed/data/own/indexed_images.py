@@ -7,7 +7,8 @@ import os
 
 import torch
 
-from launcher.recipes.imagefolder import ImageFolder, collate
+from launcher.data.images import collate
+from launcher.recipes.imagefolder import ImageFolder
 
 
 class WithIndex(torch.utils.data.Dataset):
