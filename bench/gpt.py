@@ -37,7 +37,7 @@ from launch_run import run_launch  # noqa: E402
 
 
 def corpus(root: Path) -> Path:
-    from launcher.recipes.text import Corpus
+    from launcher.data.corpus import Corpus
 
     return Corpus("stdlib", root, synthetic=False).ensure() / "train.bin"
 

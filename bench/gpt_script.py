@@ -71,7 +71,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     from launcher.data.token_shards import padded_vocab
-    from launcher.recipes.text import GPT, peak_flops
+    from launcher.recipes.text_models import GPT, peak_flops
 
     rank, local_rank = int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))

@@ -17,6 +17,7 @@
     gpu_decode.py   JPEGs decoded on the GPU (nvImageCodec, nvJPEG), the batch cropped, resized, normalized
     image_kernels.py one Triton kernel: a batch's crops resized, flipped and normalized on the GPU
     decode_trial.py workers or GPU, per sample (SharedDecode), and data.decode=auto's measured choice (DecodeTrial)
+    corpus.py       a text corpus as two byte streams, built once and memory-mapped (numpy only)
     token_shards.py nanoGPT / llm.c token shards, read in place (numpy only)
 
 Imports nothing from launcher.train, launcher.host or launcher.recipes (tests/unit/test_architecture.py).

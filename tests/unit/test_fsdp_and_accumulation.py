@@ -57,7 +57,7 @@ def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, recompute,
     from torch._dynamo.utils import counters
     from torch.distributed.fsdp import FSDPModule
 
-    from launcher.recipes.text import GPT
+    from launcher.recipes.text_models import GPT
     from launcher.strategies.base import Nets
 
     traced, graphs = [], []
@@ -269,7 +269,7 @@ def test_clipping_fsdp_shards_matches_torchs_clipping_of_the_dtensors(tmp_path, 
     on GPT-2 124M against 2.9), and scales them as torch's clip_grad_norm_ does on the DTensors."""
     import torch.distributed as dist
 
-    from launcher.recipes.text import GPT
+    from launcher.recipes.text_models import GPT
     from launcher.train import step as steps
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from launcher.config import DataConfig, Placement
+from launcher.data.corpus import Corpus, byte_streams, stdlib_files, stdlib_root, unigram_loss
 from launcher.data.placement import Data, rank_order
 from launcher.errors import ConfigError, LaunchError
 from launcher.recipes import TokenSplits
-from launcher.recipes.text import GPT, Corpus, Recurrent, Text, generate, stdlib_files, stdlib_root, unigram_loss
+from launcher.recipes.text import Text
+from launcher.recipes.text_models import GPT, Recurrent, generate
 from tests.conftest import config_of
 
 
@@ -47,9 +49,9 @@ def test_a_users_text_file_holds_out_its_end_and_a_missing_one_is_one_line(tmp_p
 def test_a_folder_streams_its_regular_files_in_chunks_and_skips_what_is_not_text(tmp_path, monkeypatch):
     import os
 
-    from launcher.recipes import text
+    from launcher.data import corpus as corpus_module
 
-    monkeypatch.setattr(text, "CHUNK", 7)  # many chunks per file: nothing is read whole
+    monkeypatch.setattr(corpus_module, "CHUNK", 7)  # many chunks per file: nothing is read whole
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
     (src / ".git").mkdir()
@@ -112,7 +114,7 @@ def test_a_glob_reads_each_file_once_and_never_follows_a_linked_folder(tmp_path)
 
 
 def test_an_interrupted_build_leaves_no_stream_that_looks_complete(tmp_path, monkeypatch):
-    from launcher.recipes import text
+    from launcher.data import corpus as corpus_module
 
     src = tmp_path / "src"
     src.mkdir()
@@ -126,7 +128,7 @@ def test_an_interrupted_build_leaves_no_stream_that_looks_complete(tmp_path, mon
             raise KeyboardInterrupt
         out.write(path.read_bytes())
 
-    monkeypatch.setattr(text, "_append", interrupted)
+    monkeypatch.setattr(corpus_module, "_append", interrupted)
     corpus = Corpus(str(src), tmp_path / "data", synthetic=False)
     with pytest.raises(KeyboardInterrupt):
         corpus.ensure()
@@ -136,7 +138,7 @@ def test_an_interrupted_build_leaves_no_stream_that_looks_complete(tmp_path, mon
 
 
 def test_a_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
-    from launcher.recipes import text
+    from launcher.data import corpus as corpus_module
 
     src = tmp_path / "src"
     src.mkdir()
@@ -150,7 +152,7 @@ def test_a_file_that_cannot_be_read_is_named(tmp_path, monkeypatch):
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(text, "open", failing_open, raising=False)
+    monkeypatch.setattr(corpus_module, "open", failing_open, raising=False)
     with pytest.raises(LaunchError, match=r"cannot read .*b\.txt \(Permission denied\).*recipe.corpus=stdlib"):
         corpus.ensure()
     assert not (corpus.folder / "meta.json").exists() and not list(corpus.folder.glob("*.bin"))
@@ -261,7 +263,7 @@ def test_max_bytes_is_the_whole_budget_of_both_streams(tmp_path):
     folder.mkdir()
     (folder / "train.bin").write_bytes(bytes(range(256)) * 40)
     (folder / "val.bin").write_bytes(bytes(range(256)) * 4)
-    train, val = _text(tmp_path, "recipe.max_bytes=2000")._streams(folder)
+    train, val = byte_streams(folder, _text(tmp_path, "recipe.max_bytes=2000").hp.max_bytes)
     assert (len(train), len(val)) == (1900, 100) and len(train) + len(val) == 2000
 
 
@@ -295,7 +297,7 @@ def test_the_epoch_row_reports_bits_per_byte_and_mfu_over_every_gpu(tmp_path, mo
 
 def test_a_sample_of_token_ids_never_holds_the_padding_beyond_the_vocabulary():
     """The model's vocabulary is padded to a multiple of 64: those outputs are never tokens, however likely."""
-    from launcher.recipes.text import generate_ids
+    from launcher.recipes.text_models import generate_ids
 
     class PaddingLover(torch.nn.Module):
         def forward(self, ids):

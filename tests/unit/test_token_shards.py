@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from launcher.config import DataConfig, Placement
+from launcher.data.corpus import Corpus
 from launcher.data.placement import Data, TokenWindows
 from launcher.data.token_shards import (
     LLMC_MAGIC,
@@ -22,7 +23,7 @@ from launcher.data.token_shards import (
 )
 from launcher.errors import ConfigError, LaunchError
 from launcher.recipes import TokenSplits
-from launcher.recipes.text import Corpus, Text
+from launcher.recipes.text import Text
 from tests.conftest import config_of
 
 
