@@ -6,6 +6,9 @@
 - the strategies import nothing from the training wing;
 - the wings meet only where the map says: the host starts the training wing through its entry point
   (launcher.train.worker), the training wing never imports the host wing;
+- the data wing (launcher/data) imports nothing from the training wing, the host wing or the recipes (the
+  loop, the recipes and the host use it, never the other way); the host reaches into it only for the parts
+  it needs before any worker (the cache's folders), and what of it the launcher imports imports no torch;
 - no strategy-name comparisons outside launcher/strategies: the loop and the host ask the strategy;
 - a true | false | auto key (perf.compile, ...) is read against Toggle's members, never as a truth value
   (Toggle.false is truthy) nor compared with a string or a bool;
@@ -29,6 +32,14 @@ SHARED = ["launcher", "launcher.config", "launcher.errors", "launcher.figures", 
 # Where the host wing may reach into the training wing: the workers' entry point, run in-process when
 # launch joins a world torchrun or srun started, or handed to torch.distributed.elastic.
 HOST_TO_TRAIN = {("launcher.host.spawn", "launcher.train.worker"), ("launcher.host.run_here", "launcher.train.worker")}
+# What of the data wing the host imports: where the caches go (`launch doctor`, the inductor cache set up
+# before any process imports torch).
+HOST_TO_DATA = {"launcher.data", "launcher.data.cache"}
+# The data wing's modules the launcher imports before any worker, itself or through the recipes' base and
+# a recipe's `prepare` (the cache, the recipe interface's types, the checks of a folder, a corpus, token
+# shards): no torch when imported.
+DATA_WITHOUT_TORCH = ["launcher.data", "launcher.data.cache", "launcher.data.hooks", "launcher.data.folders",
+                      "launcher.data.corpus", "launcher.data.token_shards"]
 
 
 def _module_files() -> dict[str, Path]:
@@ -52,13 +63,14 @@ def host_modules() -> list[str]:
 
 
 def test_importing_the_host_wing_imports_no_torch():
-    names = [*SHARED, *host_modules(), "hydra_plugins.launcher_sweep"]
+    names = [*SHARED, *host_modules(), *DATA_WITHOUT_TORCH, "hydra_plugins.launcher_sweep"]
     code = ("import importlib, json, sys\n"
             f"for name in {names!r}:\n    importlib.import_module(name)\n"
             "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [], "a host or shared module imports torch at import time"
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [], \
+        "a host, shared or torch-free data module imports torch at import time"
     assert len(names) > 25  # the walk found the wing
 
 
@@ -161,6 +173,22 @@ def test_the_wings_meet_only_at_the_workers_entry_point():
     assert host_to_train <= HOST_TO_TRAIN, f"undeclared crossings: {host_to_train - HOST_TO_TRAIN}"
     shared_to_wings = [(m, i) for m in SHARED for i in GRAPH[m] if i.startswith("launcher.host")]
     assert not shared_to_wings, shared_to_wings
+
+
+def test_the_data_wing_imports_nothing_from_the_training_wing_the_host_or_the_recipes():
+    """launcher/data is what feeds a step for any recipe: the loop, the recipes and the host use it. A data
+    module reaching back (a recipe's constant, the loop's timer) would tie a new data kind to one recipe."""
+    back = sorted((m, i) for m, deps in GRAPH.items() if m.startswith("launcher.data") for i in deps
+                  if i.startswith(("launcher.train", "launcher.host", "launcher.recipes")))
+    assert not back, f"the data wing importing the training wing, the host or the recipes: {back}"
+    assert "launcher.data.loader" in GRAPH and "launcher.data.placement" in GRAPH  # (the walk found the wing)
+
+
+def test_the_host_imports_of_the_data_wing_only_what_it_needs_before_any_worker():
+    reached = {i for m, deps in GRAPH.items() if m.startswith("launcher.host") for i in deps
+               if i.startswith("launcher.data")}
+    assert reached <= HOST_TO_DATA, f"the host imports more of the data wing: {sorted(reached - HOST_TO_DATA)}"
+    assert set(HOST_TO_DATA) <= set(DATA_WITHOUT_TORCH)
 
 
 def test_true_false_auto_keys_are_compared_with_toggles_only():
