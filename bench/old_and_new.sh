@@ -73,8 +73,8 @@ make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
         wait
     }
     pair 120 python3 bench/fast_recipe.py --runs 2
+    pair 170 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch --epochs 3
     pair 150 python3 bench/gpt.py compare --gpus 1 --no-script --shards '/tmp/shards/*.bin' --epochs 3 --steps 40
-    pair 200 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch --epochs 3
     ;;
 *)
     echo "usage: bash bench/old_and_new.sh cifar|gpt|jpeg|side" >&2
