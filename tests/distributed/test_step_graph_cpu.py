@@ -93,12 +93,12 @@ def test_captured_ddp_whose_step_cannot_be_tried_wraps_with_ddps_own_reducer():
     """perf.cuda_graph=auto under ddp picks CapturedDDP on the host; a worker that finds a recipe's own
     training_step turns static gradients off, and the model must then get DDP's reducer, not flat
     buckets nobody fills from a graph (and DDP's watchdog, not the graph's bounded wait)."""
-    from launcher.config import DDPConfig, PerfConfig
+    from launcher.config import DDPConfig, PerfConfig, Toggle
     from launcher.strategies import CapturedDDP, Devices, choose
 
     chosen = choose(DDPConfig(), Devices((0, 1)), nprocs=None, global_batch=8, perf=PerfConfig(), gpus_text="[0,1]")
     strategy = chosen.strategy
-    assert type(strategy) is CapturedDDP and strategy.static_gradients and chosen.perf.cuda_graph == "auto"
+    assert type(strategy) is CapturedDDP and strategy.static_gradients and chosen.perf.cuda_graph is Toggle.auto
     assert strategy.gradient_sync == "flat all-reduce" and strategy.collective_timeout() is not None
     strategy.static_gradients = False  # (what the worker does for a recipe's own training_step)
     assert strategy.gradient_sync == "DDP" and strategy.collective_timeout() is None
