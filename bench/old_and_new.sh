@@ -8,6 +8,9 @@
 #   bash bench/old_and_new.sh side     on a machine with two GPUs: the older tree on GPU 0 and this one on GPU 1 at
 #                                      the same time (the same host load on both), benchmark by benchmark:
 #                                      cifar10_fast, the JPEG folder, GPT-2 124M on shards (launch only)
+#   bash bench/old_and_new.sh peers    on a machine with four GPUs: CIFAR ResNet-18, launch against the plain DDP
+#                                      script (bench/peers.py, 1 and 2 GPUs), the older tree on GPUs 0-1 and this
+#                                      one on GPUs 2-3 at the same time
 set -uo pipefail
 source bench/device_env.sh
 base=$(cat .bench-base/.commit 2>/dev/null || echo base)
@@ -43,8 +46,15 @@ make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
     pair 170 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch --epochs 3
     pair 150 python3 bench/gpt.py compare --gpus 1 --no-script --shards '/tmp/shards/*.bin' --epochs 3 --steps 40
     ;;
+peers)
+    out="$OUT/old-and-new-peers-$commit.jsonl"
+    CUDA_VISIBLE_DEVICES=0,1 PYTHONPATH=/tmp/base:$PYTHONPATH timeout 560 python3 bench/peers.py --models resnet18 \
+        --epochs 5 2>&1 | tagged "$base" "$out" &
+    CUDA_VISIBLE_DEVICES=2,3 timeout 560 python3 bench/peers.py --models resnet18 --epochs 5 2>&1 | tagged "$commit" "$out"
+    wait
+    ;;
 *)
-    echo "usage: bash bench/old_and_new.sh side" >&2
+    echo "usage: bash bench/old_and_new.sh side|peers" >&2
     exit 2
     ;;
 esac
