@@ -1,6 +1,6 @@
 """`python -m launcher ...` is the `launch` command."""
 
-from launcher.host.cli import main
+from launcher.host.cli import entry
 
 if __name__ == "__main__":
-    main()
+    entry()

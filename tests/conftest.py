@@ -33,10 +33,18 @@ for _variable, _prefix in (("LAUNCH_CACHE_DIR", "launch-test-cache-"), ("LAUNCH_
 # a worker of its own, one test at a time: tests/distributed (each test starts two gloo ranks: both cores),
 # the unit and CLI tests (one process each), and the SLURM and two-node tests, which mostly wait on the
 # scheduler, requeues, rendezvous and collective timeouts, so that their waiting overlaps the other two's
-# work. A scheduler of xdist's by-scope kind whose scopes are these groups (xdist's own `loadgroup` renames
-# the node ids, which pytest 9.2 no longer reads). With fewer workers, a worker that finishes its group
-# takes the next one.
-GROUPS = (("tests/distributed/", "distributed"), ("tests/slurm/", "waiting"), ("tests/multinode/", "waiting"))
+# work. More groups side by side were slower on 2 cores, not faster (seven: 39 min against 32, with more
+# CPU time in all and timing tests failing under the load). A scheduler of xdist's by-scope kind whose
+# scopes are these groups (xdist's own `loadgroup` renames the node ids, which pytest 9.2 no longer
+# reads). With fewer workers, a worker that finishes its group takes the next one.
+def xdist_group_of(nodeid: str) -> str:
+    """The xdist group a test runs in (see above)."""
+    if nodeid.startswith("tests/distributed/"):
+        return "distributed"
+    if nodeid.startswith(("tests/slurm/", "tests/multinode/")):
+        return "waiting"
+    return "side"
+
 
 try:
     from xdist.scheduler import LoadScopeScheduling
@@ -45,7 +53,7 @@ except ImportError:  # (without pytest-xdist: one process, nothing to schedule)
 else:
     class SideBySide(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return next((group for prefix, group in GROUPS if nodeid.startswith(prefix)), "side")
+            return xdist_group_of(nodeid)
 
     def pytest_xdist_make_scheduler(config, log):
         return SideBySide(config, log)

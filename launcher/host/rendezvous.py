@@ -252,7 +252,23 @@ class _NodeRanks:
 
 def register() -> None:
     """Make `launch-loopback` and `launch-nodes` known to elastic (once per process)."""
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous, rendezvous_handler_registry
 
     rendezvous_handler_registry.register(BACKEND, _create_handler)
     rendezvous_handler_registry.register(NODES_BACKEND, _create_nodes_handler)
+    dynamic_rendezvous.get_method_name = _caller_name
+
+
+def _caller_name(depth: int = 2) -> str:
+    """elastic's dynamic_rendezvous.get_method_name, the same name without `inspect.stack()`.
+
+    The handler names each event it records after the method that recorded it, and finds that name with
+    `inspect.stack()`, twice, which reads the source lines of every frame on the stack (Hydra's and the
+    launcher's included) from disk, even where no event handler is set. A launch records about twenty events
+    between its rendezvous and its shutdown; this looks up the same frame's name directly."""
+    import sys
+
+    try:
+        return sys._getframe(depth).f_code.co_name  # 0: here, 1: the handler's _record, 2: its caller
+    except ValueError:  # (a stack shallower than that, as get_method_name answers it)
+        return "no_method_name"

@@ -23,18 +23,17 @@ def text_root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory, text_root):
-    """Two epochs of the same GPT under fsdp on 2 ranks, ddp on 2 ranks, and one process."""
-    import subprocess
-
-    from tests.conftest import clean_env, launch_command
+def fsdp_run(tmp_path_factory, text_root, warm_launcher):
+    """Two epochs of the same GPT under fsdp on 2 ranks, ddp on 2 ranks, and one process (launched as the
+    `launch` fixture launches: forks of the warm launcher, tests/warm.py)."""
+    from tests.conftest import clean_env
 
     cwd = tmp_path_factory.mktemp("fsdp-runs")
     for name, how in (("fsdp", ("strategy=fsdp", "nprocs=2")), ("ddp", ("strategy=ddp", "nprocs=2")),
                       ("single", ("strategy=single",))):
-        proc = subprocess.run(launch_command(*TOY, f"data.root={text_root}", *how, "epochs=2", f"hydra.run.dir={name}"),
-                              cwd=cwd, capture_output=True, text=True, timeout=300, env=clean_env())
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        argv = [*TOY, f"data.root={text_root}", *how, "epochs=2", f"hydra.run.dir={name}"]
+        code, out, err = warm_launcher.run(argv, cwd, clean_env(), 300)
+        assert code == 0, out + err
     return cwd
 
 

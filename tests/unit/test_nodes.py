@@ -144,3 +144,37 @@ def test_nodes_may_differ_in_their_own_keys_and_agree_without_a_word():
     a = flat_keys(to_plain(config_of(*CPU, "data.root=/data/a", "data.workers=2")))
     b = flat_keys(to_plain(config_of(*CPU, "data.root=/mnt/b", "data.workers=4")))
     assert a != b and differences([(0, True, "a", 2, a, ("data.root",)), (2, True, "b", 2, b, ("data.root",))]) is None
+
+
+def test_the_rendezvous_records_its_events_without_reading_the_stacks_source(monkeypatch):
+    """elastic's handler names each event after the method that recorded it with `inspect.stack()`, which reads
+    the source of every frame from disk, twice an event (seconds of a launch's start and end on 2 cores). A
+    one-node rendezvous and its shutdown, in process: no inspect.stack(), and the names are torch's."""
+    import inspect
+    import uuid
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
+
+    from launcher.host import rendezvous
+
+    torchs_own = dynamic_rendezvous.get_method_name
+    rendezvous.register()
+    ours = dynamic_rendezvous.get_method_name
+
+    def recorded_here(how):
+        return how(1)  # (1: the function that called it, as the handler's _record asks with 2 for its caller)
+
+    assert recorded_here(ours) == recorded_here(torchs_own) == "recorded_here"
+    named, stack_calls = [], []
+    real_stack = inspect.stack
+    monkeypatch.setattr(inspect, "stack", lambda *a, **k: stack_calls.append(1) or real_stack(*a, **k))
+    monkeypatch.setattr(dynamic_rendezvous, "get_method_name",
+                        lambda depth=2: named.append(ours(depth + 1)) or named[-1])
+    params = RendezvousParameters(backend=rendezvous.BACKEND, endpoint=f"{rendezvous.LOOPBACK}:0",
+                                  run_id=f"test-{uuid.uuid4().hex[:8]}", min_nodes=1, max_nodes=1,
+                                  local_addr=rendezvous.LOOPBACK)
+    handler = registry.create_handler(params)
+    handler.next_rendezvous()
+    handler.shutdown()
+    assert named and "next_rendezvous" in named and not stack_calls, (named, len(stack_calls))
