@@ -200,6 +200,9 @@ def entry() -> None:
     else:  # (SystemExit("text"): said on stderr, exit 1, as Python does)
         print(code, file=sys.stderr)
         status = 1
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the launch has ended: a Ctrl-C now changes nothing, says nothing)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # (a console already closed: `launch ... | head`)
