@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterator
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> None:
@@ -34,6 +35,15 @@ def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum))
     if os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(128 + int(signum))
+
+
+def name_this_process(name: str) -> None:
+    """The name `ps -o comm`, top and /proc/<pid>/comm show for this process (at most 15 bytes): a process
+    forked from a worker otherwise shows the worker's (python), and could not be told from it."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
 
 
 class _CtrlCHold:

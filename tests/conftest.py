@@ -29,6 +29,16 @@ for _variable, _prefix in (("LAUNCH_CACHE_DIR", "launch-test-cache-"), ("LAUNCH_
         atexit.register(shutil.rmtree, os.environ[_variable], ignore_errors=True)
 
 
+# Under xdist (the README's command), one thread per process (torch's default is one per core): the workers
+# run many processes side by side on few cores (each launch with its ranks), and there a single-process CPU
+# run with torch's default took 13 times as long as on an idle machine, its OpenMP threads waiting on each
+# other for cores that other processes held (as the launcher's own advice on a slow CPU epoch says:
+# launcher/train/stall.py). Set before torch is imported; every launch a test starts inherits it. A value the
+# user set stays; a run without -n (the GPU tests on the device) keeps torch's default.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 # `python -m pytest -q -n 3` (pytest-xdist; the README's test command) on CI's 2 cores: three groups, each on
 # a worker of its own, one test at a time: tests/distributed (each test starts two gloo ranks: both cores),
 # the unit and CLI tests (one process each), and the SLURM and two-node tests, which mostly wait on the
@@ -194,6 +204,18 @@ def running(pids, marker: bytes) -> list[int]:
     for pid in pids:
         try:
             if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def named(pids, name: str) -> list[int]:
+    """Those of `pids` whose process name (/proc/<pid>/comm: what ps and top show) is `name`."""
+    found = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
                 found.append(pid)
         except OSError:
             continue

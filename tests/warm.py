@@ -23,6 +23,7 @@ pool) and ends with the pytest process that started it.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import select
@@ -109,6 +110,7 @@ def serve(path: str) -> None:
 
     die_with_parent(signal.SIGKILL)
     _import_everything()
+    gc.freeze()  # as the forkserver does after its imports (launcher/train/preload.py)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(8)

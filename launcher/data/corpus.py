@@ -60,7 +60,11 @@ def stdlib_root() -> Path:
 def stdlib_files(root: Path) -> list[Path]:
     """The standard library's own sources: *.py outside test suites and installed packages, sorted."""
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
-    return sorted(p for p in root.rglob("*.py") if p.is_file() and not skip.intersection(p.relative_to(root).parts))
+    found = []
+    for folder, dirs, names in os.walk(root):  # (skipped folders are not entered: site-packages can be large)
+        dirs[:] = [d for d in dirs if d not in skip]
+        found += [Path(folder, name) for name in names if name.endswith(".py")]
+    return sorted(p for p in found if p.is_file())
 
 
 def held_out(relative: str) -> bool:

@@ -120,13 +120,16 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def release_heap() -> None:
-    """At the run's end, before teardown: undo settle_heap's freeze (and the loader's) and collect. The trainer
-    sits in reference cycles (its step's closures, a recipe's loader), so `trainer = None` alone frees it only
-    when a collection reaches it, and none reaches frozen objects: a compiled, captured ddp run on 2x H200
-    kept its CUDA graph, with NCCL's all-reduce in it, alive into destroy_process_group and blocked there
-    forever after its last epoch. One full collection here (a fraction of a second) frees it first."""
+def release_heap(frozen_before: int) -> None:
+    """At the run's end, before teardown: collect the run's garbage, after undoing what settle_heap (and the
+    loader) froze during the run, if they did (`frozen_before`: gc.get_freeze_count() when the run began).
+    The trainer sits in reference cycles (its step's closures, a recipe's loader), so `trainer = None` alone
+    frees it only when a collection reaches it, and none reaches frozen objects: a compiled, captured ddp run
+    on 2x H200 kept its CUDA graph, with NCCL's all-reduce in it, alive into destroy_process_group and blocked
+    there forever after its last epoch. What the forkserver froze before the fork (train/preload.py) holds
+    no part of the run and stays frozen, so that the collection walks only the run's own objects."""
     import gc
 
-    gc.unfreeze()
+    if gc.get_freeze_count() > frozen_before:
+        gc.unfreeze()
     gc.collect()

@@ -22,6 +22,7 @@ devices share the work; this module never asks which one it is.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import time
@@ -39,7 +40,7 @@ from launcher.models import configured, from_config, lazy_modules, materialize_l
 from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy
-from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, restart, results, warmup
+from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, restart, results, shard_writer, warmup
 from launcher.train.epoch_end import DeferredEnd, EpochEnds, Next, QueuedEpoch, Reporters, Verdict
 from launcher.train.evaluation import Evaluation
 from launcher.train.faults import Faults
@@ -65,6 +66,8 @@ log = logging.getLogger("launcher.train")
 def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict[str, Any] | None:
     """Train one worker's part of the run. Returns the results on rank 0, None elsewhere."""
     cfg, strategy = spec.config, spec.strategy
+    if strategy.sharded and cfg.saves and not spec.evaluate:  # (first: before any thread or CUDA)
+        shard_writer.start_early(world, getattr(strategy.options, "timeout_s", 600))
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         # torch may have been imported before the worker env was applied (a joined world): apply it now.
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -76,6 +79,7 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     if strategy.distributed:
         timeline.mark("process_group")
     trainer = None
+    frozen_before = gc.get_freeze_count()
     try:
         # (a world over several machines: rank 0's run dir, and whether every rank sees it)
         dirs = nodes.meet(world, Path(spec.run_dir), strategy.sharded, cfg.saves and not spec.evaluate,
@@ -85,7 +89,7 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
         # Let go of the nets and a captured step before teardown: destroying NCCL's communicator while
         # a CUDA graph that captured its all-reduce is alive blocks forever (seen on 2x H200).
         trainer = None
-        compiling.release_heap()
+        compiling.release_heap(frozen_before)
     except torch.OutOfMemoryError as exc:
         nets = getattr(trainer, "nets", None)
         params = list(nets.module.parameters()) if nets is not None else []

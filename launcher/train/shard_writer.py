@@ -15,9 +15,9 @@ writer still a thread, 666k-700k; the writer a process, 744k-772k, as fast as no
                                       memory: nothing is copied again) and waits for its answer
     (the process, `_serve`)           dcp.save over a gloo group of the writer processes of every rank,
                                       met on the workers' own store under a prefix of this attempt
-                                      (nothing new listens anywhere); it dies with its rank (parent-death
-                                      signal, armed before it imports torch), and ends when the writer
-                                      closes
+                                      (nothing new listens anywhere); forked at the rank's start
+                                      (`start_early`), shown by ps as launch-shards; it dies with its rank
+                                      (parent-death signal), and ends when the writer closes
 
 One save at a time: the next waits for the last (checkpoint.BackgroundWriter.wait_sharded), so the
 host copy is never overwritten while it is read. Where /dev/shm cannot hold the host copy (a container's
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("launcher.train")
 
 READY = "ready"
+PROCESS_NAME = "launch-shards"  # what ps and top show for a writer process
 
 
 class ShardWriter:
@@ -81,29 +82,21 @@ class ShardWriter:
         copied = torch.cuda.current_stream(self.device).record_event() if gpu else None
         if self._process is None:
             self._start()  # (here, on the training thread, which lives as long as the rank: the process's
-            # parent-death signal follows the thread that started it)
+            # parent-death signal follows the thread that started it; start_early's was the same thread)
         return self._pool.submit(self._write, staged, copied, folder)
 
     def _start(self) -> None:
-        import torch.multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        self._conn, theirs = ctx.Pipe()
+        """The process: the one start_early forked for this rank, else one spawned now (a fresh interpreter:
+        a fork of a rank that has threads and may have touched CUDA is not safe)."""
+        global _early
         w = self.world
-        self._process = ctx.Process(
-            target=_serve, name=f"launcher-shard-writer-{w.rank}", daemon=True,
-            args=(theirs, os.getpid(), w.rank, w.world_size, w.master_addr, w.master_port,
-                  f"launcher/attempt{w.restart_count}/shard-writer", self.timeout_s))
-        # Started with SIGINT ignored, which it keeps: a Ctrl-C at a terminal reaches its whole process group,
-        # and the rank's own ending ends the writer (the parent-death signal), without a traceback from it
-        main = threading.current_thread() is threading.main_thread()
-        before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-        try:
-            self._process.start()
-        finally:
-            if main:
-                signal.signal(signal.SIGINT, before)
-        theirs.close()  # (the process's end: a recv here then fails when the process dies)
+        args = (w.rank, w.world_size, w.master_addr, w.master_port,
+                f"launcher/attempt{w.restart_count}/shard-writer", self.timeout_s)
+        if _early is not None and _early[2] == args:
+            self._process, self._conn, _ = _early
+            _early = None
+        else:
+            self._process, self._conn = _start_process("spawn", args)
         self._started = self._pool.submit(self._answer)
 
     def _answer(self) -> None:
@@ -148,6 +141,43 @@ class ShardWriter:
         self._process = None
 
 
+_early: tuple[Any, Any, tuple] | None = None  # (process, its pipe, its arguments): start_early's, not yet taken
+
+
+def start_early(world: WorldInfo, timeout_s: float) -> None:
+    """Fork this rank's writer process now, at the worker's start, where the worker has no other thread and
+    has not touched CUDA (train/loop.py calls this first): a fork shares the modules the worker already
+    imported, where a process spawned at the first save imported torch anew, seconds of CPU beside the
+    training steps. The first save takes it (ShardWriter._start); a run that never saves leaves it waiting,
+    and it ends with the rank."""
+    global _early
+    args = (world.rank, world.world_size, world.master_addr, world.master_port,
+            f"launcher/attempt{world.restart_count}/shard-writer", timeout_s)
+    process, conn = _start_process("fork", args)
+    _early = (process, conn, args)
+
+
+def _start_process(method: str, args: tuple) -> tuple[Any, Any]:
+    """A writer process started by `method` (fork or spawn) with `_serve`'s `args`, and the rank's end of its pipe."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context(method)
+    ours, theirs = ctx.Pipe()
+    process = ctx.Process(target=_serve, name=f"launcher-shard-writer-{args[0]}", daemon=True,
+                          args=(theirs, os.getpid(), *args))
+    # Started with SIGINT ignored, which it keeps: a Ctrl-C at a terminal reaches its whole process group,
+    # and the rank's own ending ends the writer (the parent-death signal), without a traceback from it
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        process.start()
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, before)
+    theirs.close()  # (the process's end: a recv here then fails when the process dies)
+    return process, ours
+
+
 def _short_of_shared_memory(state: dict[str, Any]) -> str:
     """What is said once where /dev/shm cannot hold this rank's host copy (a container's default is 64 MB)."""
     import shutil
@@ -168,9 +198,10 @@ def _short_of_shared_memory(state: dict[str, Any]) -> str:
 def _serve(conn: Any, parent: int, rank: int, world_size: int, addr: str, port: int, prefix: str,
            timeout_s: float) -> None:
     """The writer process: meet the other ranks' writers, then write each state it is sent."""
-    from launcher.lifetime import die_with_parent
+    from launcher.lifetime import die_with_parent, name_this_process
 
     die_with_parent(signal.SIGKILL, parent)
+    name_this_process(PROCESS_NAME)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (as it was started, where that was the training thread)
     logging.getLogger("torch.distributed").setLevel(logging.ERROR)  # (a DeviceMesh unpickled here warns
     # that its process groups are not in this process: they are not needed to write its shards)
