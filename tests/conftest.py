@@ -43,10 +43,12 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 # a worker of its own, one test at a time: tests/distributed (each test starts two gloo ranks: both cores),
 # the unit and CLI tests (one process each), and the SLURM and two-node tests, which mostly wait on the
 # scheduler, requeues, rendezvous and collective timeouts, so that their waiting overlaps the other two's
-# work. More groups side by side were slower on 2 cores, not faster (seven: 39 min against 32, with more
-# CPU time in all and timing tests failing under the load). A scheduler of xdist's by-scope kind whose
-# scopes are these groups (xdist's own `loadgroup` renames the node ids, which pytest 9.2 no longer
-# reads). With fewer workers, a worker that finishes its group takes the next one.
+# work. The suite is bound by the CPU time of its launches, not by how they are packed: tests/distributed
+# split in two halves (four groups, -n 4) took 21:49 against 23:37, each half nearly as long as the whole
+# had been, and seven groups were slower (39 min against 32), with timing tests failing under the load.
+# A scheduler of xdist's by-scope kind whose scopes are these groups (xdist's own `loadgroup` renames the
+# node ids, which pytest 9.2 no longer reads). With fewer workers, a worker that finishes its group takes
+# the next one.
 def xdist_group_of(nodeid: str) -> str:
     """The xdist group a test runs in (see above)."""
     if nodeid.startswith("tests/distributed/"):

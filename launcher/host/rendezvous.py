@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import socket
 import time
+import weakref
 from datetime import timedelta
 
 from launcher.errors import LaunchError
@@ -62,6 +63,19 @@ class RendezvousError(LaunchError):
     """The nodes could not meet (unreachable, timed out, node ranks given twice): one line, exit 2."""
 
 
+_HANDLERS: weakref.WeakSet = weakref.WeakSet()  # the rendezvous handlers this process made (stop_heartbeats)
+
+
+def stop_heartbeats() -> None:
+    """Stop the keep-alive thread of each rendezvous handler this process made, from this thread. Elastic
+    leaves it running where the agent ended by a signal (it keeps the rendezvous open for other nodes), and
+    the handler, dropped in a reference cycle, was then collected by whichever thread ran the garbage
+    collector: on the keep-alive thread itself, its finalizer's join failed and printed a traceback after
+    launch's "stopped by SIGINT" line."""
+    for handler in list(_HANDLERS):
+        handler._stop_heartbeats()
+
+
 def _create_handler(params):
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
@@ -73,6 +87,7 @@ def _create_handler(params):
             return BACKEND
 
     handler = create_handler(store, LoopbackBackend(store, params.run_id), params)
+    _HANDLERS.add(handler)
     # The store elastic shares with the workers (MASTER_PORT) would be a second server on every
     # interface; hand it this one (multi-tenant; elastic prefixes the workers' keys per attempt).
     handler._create_tcp_store_server = lambda addr, port: store
@@ -105,6 +120,7 @@ def _create_nodes_handler(params):
             return NODES_BACKEND
 
     handler = create_handler(store, NodesBackend(store, params.run_id), params)
+    _HANDLERS.add(handler)
     listens = params.get_as_bool("listen", False)
     local_addr = params.local_addr
     # The workers' store: the rendezvous store where this node serves it, else one on this node's address.

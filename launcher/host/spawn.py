@@ -282,6 +282,7 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
                                "Fix what it names (often the Python environment: PYTHONPATH, a broken package); "
                                "LAUNCH_START_METHOD=spawn starts each worker without it")
             except SignalException as sig:
+                rendezvous.stop_heartbeats()
                 clear_console_line()
                 name = signal.Signals(sig.sigval).name
                 from launcher.host.resume import what_a_resume_finds

@@ -41,7 +41,7 @@ for _ in $(seq 100); do [ -S /run/mysqld/mysqld.sock ] && mariadb -e "select 1" 
 mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'slurm-test';
             GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;"
 
-CPUS=$(nproc)
+CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # (GNU nproc reports OMP_NUM_THREADS where it is set)
 MEM=$(( $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) / 2 ))
 CTLD_HOST=$HOST
 NODE_LINES="NodeName=$HOST CPUs=$CPUS RealMemory=$MEM State=UNKNOWN"

@@ -252,7 +252,7 @@ def test_a_rendezvous_that_accepts_and_never_answers_ends_within_rdzv_timeout_s(
     def accept() -> None:
         while True:
             try:
-                taken.append(mute.accept()[0])
+                taken.append((mute.accept()[0], time.time()))
             except OSError:
                 return
 
@@ -262,12 +262,13 @@ def test_a_rendezvous_that_accepts_and_never_answers_ends_within_rdzv_timeout_s(
                         "rdzv_timeout_s=15", "epochs=1", timeout=120)
     finally:
         mute.close()
-        for conn in taken:
+        for conn, _ in taken:
             conn.close()
     lines = [x for x in result.stderr.splitlines() if x.strip()]
     assert result.returncode == 2 and len(lines) == 1, result.output
     assert "did not answer as one (it accepted the connection but did not answer within rdzv_timeout_s" in lines[0]
-    assert taken and result.seconds < 15 + 25, result.seconds  # (launch's own start-up: a few seconds)
+    # timed from its first connection (the launch's own start-up, seconds under the suite's load, is not the wait)
+    assert taken and result.finished_at - taken[0][1] < 15 + 10, (result.finished_at - taken[0][1], result.seconds)
 
 
 def test_a_node_rank_given_twice_stops_every_node_in_one_line(hosts, tmp_path):

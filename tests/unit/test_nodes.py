@@ -183,3 +183,53 @@ def test_the_rendezvous_records_its_events_without_reading_the_stacks_source(mon
     handler.next_rendezvous()
     handler.shutdown()
     assert named and "next_rendezvous" in named and not stack_calls, (named, len(stack_calls))
+
+
+@pytest.mark.parametrize("stopped", [True, False], ids=["stop_heartbeats", "as_elastic_leaves_it"])
+def test_a_launch_ended_by_a_signal_stops_the_keep_alive_thread_before_its_handler_is_collected(stopped, monkeypatch):
+    """Elastic keeps the rendezvous alive where its agent ended by a signal; the handler, dropped in a reference
+    cycle, was then collected by whichever thread ran the garbage collector, and on its own keep-alive thread
+    the finalizer's join failed ("cannot join current thread", a traceback after "stopped by SIGINT"). Here the
+    keep-alive thread itself collects: after rendezvous.stop_heartbeats (what launch does on a signal) nothing
+    fails; without it, that error is what happens."""
+    import dataclasses
+    import gc
+    import sys
+    import threading
+    import time
+    import uuid
+    from datetime import timedelta
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters, dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
+
+    from launcher.host import rendezvous
+
+    rendezvous.register()
+    params = RendezvousParameters(backend=rendezvous.BACKEND, endpoint=f"{rendezvous.LOOPBACK}:0",
+                                  run_id=f"test-{uuid.uuid4().hex[:8]}", min_nodes=1, max_nodes=1,
+                                  local_addr=rendezvous.LOOPBACK)
+    handler = registry.create_handler(params)
+    handler._settings = dataclasses.replace(handler._settings, keep_alive_interval=timedelta(seconds=0.05))
+    handler.next_rendezvous()  # (starts the keep-alive thread)
+    collected, errors = threading.Event(), []
+
+    def keep_alive(self):  # what the keep-alive thread runs at each interval: here, a garbage collection
+        gc.collect()
+        collected.set()
+
+    monkeypatch.setattr(dynamic_rendezvous.DynamicRendezvousHandler, "_keep_alive", keep_alive)
+    monkeypatch.setattr(sys, "unraisablehook", lambda raised: errors.append(raised.exc_value))
+    if stopped:
+        rendezvous.stop_heartbeats()
+    cycle = [handler]
+    cycle.append(cycle)  # dropped in a reference cycle, as the agent drops it: only a collection frees it
+    del handler, cycle
+    gc.disable()  # (this thread does not collect; the keep-alive thread's explicit collection still runs)
+    try:
+        collected.wait(5) if not stopped else time.sleep(0.3)
+    finally:
+        gc.enable()
+    gc.collect()
+    joins = [e for e in errors if isinstance(e, RuntimeError) and "cannot join current thread" in str(e)]
+    assert bool(joins) is not stopped, errors
