@@ -89,9 +89,7 @@ class ShardWriter:
         """The process: the one start_early forked for this rank, else one spawned now (a fresh interpreter:
         a fork of a rank that has threads and may have touched CUDA is not safe)."""
         global _early
-        w = self.world
-        args = (w.rank, w.world_size, w.master_addr, w.master_port,
-                f"launcher/attempt{w.restart_count}/shard-writer", self.timeout_s)
+        args = _serve_args(self.world, self.timeout_s)
         if _early is not None and _early[2] == args:
             self._process, self._conn, _ = _early
             _early = None
@@ -151,10 +149,15 @@ def start_early(world: WorldInfo, timeout_s: float) -> None:
     training steps. The first save takes it (ShardWriter._start); a run that never saves leaves it waiting,
     and it ends with the rank."""
     global _early
-    args = (world.rank, world.world_size, world.master_addr, world.master_port,
-            f"launcher/attempt{world.restart_count}/shard-writer", timeout_s)
+    args = _serve_args(world, timeout_s)
     process, conn = _start_process("fork", args)
     _early = (process, conn, args)
+
+
+def _serve_args(world: WorldInfo, timeout_s: float) -> tuple:
+    """`_serve`'s arguments after the pipe and the parent: the rank's place and its attempt's store prefix."""
+    return (world.rank, world.world_size, world.master_addr, world.master_port,
+            f"launcher/attempt{world.restart_count}/shard-writer", timeout_s)
 
 
 def _start_process(method: str, args: tuple) -> tuple[Any, Any]:

