@@ -25,6 +25,8 @@ TOY_TEXT = ("recipe=text", "gpus=[]", "recipe.layers=2", "recipe.width=32", "rec
 CASES = {
     "digits-ddp-1-epoch": ("recipe=digits", "gpus=[]", "strategy=ddp", "nprocs=2", "epochs=1"),
     "digits-single-1-epoch": ("recipe=digits", "gpus=[]", "epochs=1"),
+    "digits-single-3-epochs": ("recipe=digits", "gpus=[]", "epochs=3"),
+    "digits-dry-run": ("recipe=digits", "gpus=[]", "dry_run=true"),
     "text-ddp-1-epoch": (*TOY_TEXT, "strategy=ddp", "nprocs=2", "epochs=1"),
     "text-fsdp-2-epochs": (*TOY_TEXT, "strategy=fsdp", "nprocs=2", "epochs=2"),
 }

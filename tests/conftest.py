@@ -39,20 +39,28 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# `python -m pytest -q -n 3` (pytest-xdist; the README's test command) on CI's 2 cores: three groups, each on
-# a worker of its own, one test at a time: tests/distributed (each test starts two gloo ranks: both cores),
-# the unit and CLI tests (one process each), and the SLURM and two-node tests, which mostly wait on the
-# scheduler, requeues, rendezvous and collective timeouts, so that their waiting overlaps the other two's
-# work. The suite is bound by the CPU time of its launches, not by how they are packed: tests/distributed
-# split in two halves (four groups, -n 4) took 21:49 against 23:37, each half nearly as long as the whole
-# had been, and seven groups were slower (39 min against 32), with timing tests failing under the load.
-# A scheduler of xdist's by-scope kind whose scopes are these groups (xdist's own `loadgroup` renames the
-# node ids, which pytest 9.2 no longer reads). With fewer workers, a worker that finishes its group takes
-# the next one.
+# `python -m pytest -q -n 3` (pytest-xdist; the README's test command) on CI's 2 cores: the tests run in
+# groups, each group on one worker, one test at a time, and the three workers side by side:
+# - "distributed": tests/distributed (each test starts two gloo ranks: both cores);
+# - "side": the unit and CLI tests (one process each);
+# - "waiting": the SLURM and two-node tests, which mostly wait on the scheduler, requeues, rendezvous and
+#   collective timeouts, so that their waiting overlaps the other two's work;
+# - "distributed, later": a part of tests/distributed (LATER) that the first worker to finish its own group
+#   takes. Without it, "side" and "waiting" ended at about half time and "distributed" went on alone on one
+#   of the two cores (its ranks wait on each other and on its launcher) for the rest: 25:00 of which its
+#   last 12 minutes used one core. The later part holds no test that measures time.
+# The suite is bound by the CPU time of its launches more than by how they are packed: seven groups were
+# slower (39 min against 32), with timing tests failing under the load. A scheduler of xdist's by-scope
+# kind whose scopes are these groups (xdist's own `loadgroup` renames the node ids, which pytest 9.2 no
+# longer reads). With fewer workers, a worker that finishes its group takes the next one.
+LATER = ("test_hydra_plugins.py", "test_trackers.py", "test_own_data.py", "test_sweep_local.py", "test_script.py")
+GROUP_ORDER = ("distributed", "side", "waiting", "distributed, later")
+
+
 def xdist_group_of(nodeid: str) -> str:
     """The xdist group a test runs in (see above)."""
     if nodeid.startswith("tests/distributed/"):
-        return "distributed"
+        return "distributed, later" if nodeid.split("::")[0].rsplit("/", 1)[-1] in LATER else "distributed"
     if nodeid.startswith(("tests/slurm/", "tests/multinode/")):
         return "waiting"
     return "side"
@@ -66,6 +74,12 @@ else:
     class SideBySide(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return xdist_group_of(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            # the groups handed out in GROUP_ORDER, whatever order the tests were collected in
+            for scope in sorted(self.workqueue, key=GROUP_ORDER.index):
+                self.workqueue.move_to_end(scope)
+            super()._assign_work_unit(node)
 
     def pytest_xdist_make_scheduler(config, log):
         return SideBySide(config, log)

@@ -14,6 +14,7 @@ forkserver itself, start-up timings, signals sent to a launch, processes that mu
 test that passes its own environment (a variable read when a module is imported would be the warm process's).
 
     warm = WarmLauncher(); warm.run(argv, cwd, env, timeout) -> (returncode, stdout, stderr)
+    warm.start(argv, cwd, env) -> a WarmLaunch, used as a subprocess.Popen (pid, poll, wait, communicate, kill)
 
 The server (`python -m tests.warm`, one per pytest process, started on first use) reads one request per
 connection on a Unix socket: {"argv", "cwd", "env", "out", "err"}; it forks, answers the child's pid, and when
@@ -27,13 +28,13 @@ import gc
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 # What a launch imports before its first worker: the forkserver's list (launcher/train/preload.py, without
@@ -105,10 +106,10 @@ def _child(request: dict) -> None:
 
 
 def serve(path: str) -> None:
-    """The server's loop: one request per connection; fork; answer the pid, then the wait status."""
-    from launcher.lifetime import die_with_parent
-
-    die_with_parent(signal.SIGKILL)
+    """The server's loop: one request per connection; fork; answer the pid, then the wait status. It ends when
+    the process that started it has (polled, not a parent-death signal: that fires when the *thread* that
+    started the server ends, and a test may make its first launch from a thread of a pool it then closes)."""
+    parent = os.getppid()
     _import_everything()
     gc.freeze()  # as the forkserver does after its imports (launcher/train/preload.py)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -116,7 +117,7 @@ def serve(path: str) -> None:
     listener.listen(8)
     print("ready", flush=True)
     waiting: dict[int, socket.socket] = {}
-    while True:
+    while os.getppid() == parent:
         readable, _, _ = select.select([listener], [], [], 0.05)
         if readable:
             conn, _ = listener.accept()
@@ -131,24 +132,83 @@ def serve(path: str) -> None:
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             waiting[pid] = conn
         while waiting:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
             if pid == 0:
                 break
             conn = waiting.pop(pid, None)
             if conn is not None:
                 code = os.waitstatus_to_exitcode(status)
                 try:
-                    conn.sendall(json.dumps({"status": code}).encode() + b"\n")
+                    # (and the CPU seconds of the launch and all it reaped: tests/cpu_report.py)
+                    conn.sendall(json.dumps({"status": code, "cpu": usage.ru_utime + usage.ru_stime}).encode()
+                                 + b"\n")
                 except OSError:  # the client gave up on it (a timeout) and closed its end
                     pass
                 finally:
                     conn.close()
 
 
-class WarmLauncher:
-    """The client: starts the server on first use, and runs launches through it."""
+CPU_SPENT = 0.0  # the CPU seconds of every launch this process's warm launchers ran (tests/cpu_report.py)
 
-    def __init__(self) -> None:
+
+class WarmLaunch:
+    """A launch the warm server started, used as a subprocess.Popen is: `pid` (the launch process, the leader
+    of its own process group), `poll()`, `wait(timeout)`, `communicate(timeout)` -> (stdout, stderr),
+    `returncode`, `kill()` (its whole process group)."""
+
+    def __init__(self, conn: socket.socket, argv: list[str], scratch: str) -> None:
+        self.args = ["launch", *argv]
+        self.returncode: int | None = None
+        self._conn, self._reader, self._scratch = conn, conn.makefile(), scratch
+        self.pid = json.loads(self._reader.readline())["pid"]
+        self._ended = threading.Event()
+        threading.Thread(target=self._await_status, daemon=True).start()
+
+    def _await_status(self) -> None:
+        try:
+            line = self._reader.readline()
+        except OSError:
+            line = ""
+        global CPU_SPENT
+        answer = json.loads(line) if line else {}
+        CPU_SPENT += answer.get("cpu", 0.0)
+        # (a server that ended first, with the pytest process, leaves the launch killed with it)
+        self.returncode = answer.get("status", -signal.SIGKILL)
+        self._reader.close()
+        self._conn.close()
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode if self._ended.is_set() else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout, *self._output())
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        output = self._output()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+        return output
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _output(self) -> tuple[str, str]:
+        return tuple(Path(self._scratch, name).read_text(errors="replace") if Path(self._scratch, name).exists()
+                     else "" for name in ("out", "err"))
+
+
+class WarmLauncher:
+    """The client: starts the server on first use, and runs launches through it. `prefix`: a command the
+    server runs under (`ip netns exec NAME`: a warm launcher of another "machine", tests/multinode)."""
+
+    def __init__(self, prefix: tuple[str, ...] = ()) -> None:
+        self._prefix = list(prefix)
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()  # (two threads may start launches at once: one server)
         self._dir = tempfile.mkdtemp(prefix="launch-warm-")
@@ -165,47 +225,39 @@ class WarmLauncher:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
             if os.path.exists(self._path):
                 os.unlink(self._path)
-            self._proc = subprocess.Popen([sys.executable, "-m", "tests.warm", self._path], env=env,
+            self._proc = subprocess.Popen([*self._prefix, sys.executable, "-m", "tests.warm", self._path], env=env,
                                           stdout=subprocess.PIPE, text=True)
             line = self._proc.stdout.readline()
             if line.strip() != "ready":
                 raise RuntimeError(f"the warm launcher did not start: {line!r}")
         return self._path
 
+    def start(self, argv: list[str], cwd: Path, env: dict[str, str]) -> WarmLaunch:
+        """`launch *argv` started in `cwd` with exactly `env`, not waited for."""
+        path = self._server()
+        scratch = tempfile.mkdtemp(prefix="launch-warm-run-")
+        out, err = os.path.join(scratch, "out"), os.path.join(scratch, "err")
+        for f in (out, err):
+            Path(f).touch()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(path)
+        conn.sendall(json.dumps({"argv": list(argv), "cwd": str(cwd), "env": dict(env), "out": out,
+                                 "err": err}).encode() + b"\n")
+        return WarmLaunch(conn, list(argv), scratch)
+
     def run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str, str]:
         """(returncode, stdout, stderr) of `launch *argv` run in `cwd` with exactly `env`; a launch still running
         after `timeout` seconds is killed with its process group and subprocess.TimeoutExpired raised, as
         subprocess.run would."""
-        path = self._server()
-        with tempfile.TemporaryDirectory(prefix="launch-warm-run-") as scratch:
-            out, err = os.path.join(scratch, "out"), os.path.join(scratch, "err")
-            for f in (out, err):
-                Path(f).touch()
-            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            conn.connect(path)
-            reader = conn.makefile()
-            try:
-                conn.sendall(json.dumps({"argv": list(argv), "cwd": str(cwd), "env": dict(env), "out": out,
-                                         "err": err}).encode() + b"\n")
-                pid = json.loads(reader.readline())["pid"]
-                conn.settimeout(timeout)
-                try:
-                    line = reader.readline()
-                except TimeoutError:
-                    line = ""
-                if not line:
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    time.sleep(0.2)
-                    raise subprocess.TimeoutExpired(["launch", *argv], timeout, Path(out).read_text(),
-                                                    Path(err).read_text())
-                code = json.loads(line)["status"]
-            finally:
-                reader.close()
-                conn.close()
-            return code, Path(out).read_text(errors="replace"), Path(err).read_text(errors="replace")
+        launch = self.start(argv, cwd, env)
+        try:
+            out, err = launch.communicate(timeout)
+        except subprocess.TimeoutExpired:
+            launch.kill()
+            launch.wait(10)
+            out, err = launch.communicate()
+            raise subprocess.TimeoutExpired(launch.args, timeout, out, err) from None
+        return launch.returncode, out, err
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

@@ -84,10 +84,9 @@ def _start(loader: DataLoader) -> Iterator[Any]:
     ("CUDA error: initialization error": seen in a DataLoader worker of an imagefolder run resumed on one
     H200 with data.decode=gpu, its garbage collector running during an import)."""
     if loader.num_workers > 0 and getattr(loader, "_iterator", None) is None:
-        import gc
+        from launcher import heap
 
-        gc.collect()
-        gc.freeze()
+        heap.freeze()
     return iter(loader)
 
 

@@ -150,7 +150,7 @@ class DDP(Strategy):
 
     def teardown(self) -> None:
         # DDP's reducer holds the process group and sits in reference cycles: the trainer's caller has
-        # freed it already (loop.train: compiling.release_heap's full collection, just before), while
+        # freed it already (loop.train: heap.release's full collection, just before), while
         # the interpreter is whole, or gloo's threads may be torn down at exit ("terminate called"). On
         # failure nothing is torn down: destroying an NCCL communicator while peers are still inside a
         # collective blocks forever (seen on 2x H200); the worker exits at once instead.

@@ -108,28 +108,12 @@ def compiled_mode(value: str) -> str | None:
 
 
 def settle_heap() -> None:
-    """After compiling: collect the garbage once, then freeze what lives (gc.freeze), so that no full
+    """After compiling: collect the garbage once, then freeze what lives (launcher/heap.py), so that no full
     collection walks the compiled code's objects again. Compiling leaves hundreds of thousands of them
     (a compiled ResNet-18: ~640,000, walked in 0.1-0.4 s); without this a full collection, let loose by
     those new objects, can fall inside an early epoch and hold up a step the host is issuing, where the
     host sets the pace (a small network's compiled step). Reference counting frees frozen objects as
-    ever; only cyclic garbage among them stays, until release_heap at the run's end."""
-    import gc
+    ever; only cyclic garbage among them stays, until heap.release at the run's end."""
+    from launcher import heap
 
-    gc.collect()
-    gc.freeze()
-
-
-def release_heap(frozen_before: int) -> None:
-    """At the run's end, before teardown: collect the run's garbage, after undoing what settle_heap (and the
-    loader) froze during the run, if they did (`frozen_before`: gc.get_freeze_count() when the run began).
-    The trainer sits in reference cycles (its step's closures, a recipe's loader), so `trainer = None` alone
-    frees it only when a collection reaches it, and none reaches frozen objects: a compiled, captured ddp run
-    on 2x H200 kept its CUDA graph, with NCCL's all-reduce in it, alive into destroy_process_group and blocked
-    there forever after its last epoch. What the forkserver froze before the fork (train/preload.py) holds
-    no part of the run and stays frozen, so that the collection walks only the run's own objects."""
-    import gc
-
-    if gc.get_freeze_count() > frozen_before:
-        gc.unfreeze()
-    gc.collect()
+    heap.freeze()

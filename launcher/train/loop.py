@@ -22,7 +22,6 @@ devices share the work; this module never asks which one it is.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import os
 import time
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from launcher import heap
 from launcher.config import Config, Precision, model_name, to_plain
 from launcher.data.placement import Data, rank_order
 from launcher.errors import ConfigError
@@ -79,7 +79,6 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
     if strategy.distributed:
         timeline.mark("process_group")
     trainer = None
-    frozen_before = gc.get_freeze_count()
     try:
         # (a world over several machines: rank 0's run dir, and whether every rank sees it)
         dirs = nodes.meet(world, Path(spec.run_dir), strategy.sharded, cfg.saves and not spec.evaluate,
@@ -89,7 +88,7 @@ def train(spec: WorkerSpec, world: WorldInfo, timeline: StartupTimeline) -> dict
         # Let go of the nets and a captured step before teardown: destroying NCCL's communicator while
         # a CUDA graph that captured its all-reduce is alive blocks forever (seen on 2x H200).
         trainer = None
-        compiling.release_heap(frozen_before)
+        heap.release()
     except torch.OutOfMemoryError as exc:
         nets = getattr(trainer, "nets", None)
         params = list(nets.module.parameters()) if nets is not None else []

@@ -55,6 +55,6 @@ signal.signal(signal.SIGINT, _SIGINT)
 
 # What was imported above is frozen (gc.freeze): no collection in a worker walks these few hundred thousand
 # objects again (a full one took ~0.2 s of each rank's start and end on 2 CPU cores), and a collection does
-# not write into the pages the workers share with this process. train/compiling.py's release_heap leaves it
+# not write into the pages the workers share with this process. launcher/heap.py's release leaves it
 # frozen.
 gc.freeze()

@@ -206,11 +206,11 @@ def test_resnet18_trains_under_fsdp_as_under_ddp(launch, tmp_path_factory):
     from launcher.recipes.cifar10 import FOLDER, synthetic_splits, write_official_format
 
     root = tmp_path_factory.mktemp("cifar-fsdp")
-    write_official_format(root / FOLDER, synthetic_splits(100, 20, seed=3))
+    write_official_format(root / FOLDER, synthetic_splits(32, 8, seed=3))  # (2 steps of 8 a rank)
     losses = {}
     for strategy in ("ddp", "fsdp"):
         result = launch("recipe=cifar10", "recipe.model=resnet18", f"data.root={root}", "gpus=[]",
-                        f"strategy={strategy}", "nprocs=2", "epochs=1", "batch_size=50", "lr=0.05", "checkpoint=false",
+                        f"strategy={strategy}", "nprocs=2", "epochs=1", "batch_size=16", "lr=0.05", "checkpoint=false",
                         f"hydra.run.dir={strategy}")
         assert result.returncode == 0, result.output
         losses[strategy] = _rows(result.cwd / strategy)[0]["loss"]
@@ -415,7 +415,7 @@ main()
 """
 
 
-def test_eval_of_a_live_sharded_run_reads_the_checkpoint_it_checked_on_every_rank(fsdp_run, tmp_path):
+def test_eval_of_a_live_sharded_run_reads_the_checkpoint_it_checked_on_every_rank(fsdp_run, tmp_path, launch):
     """A live run replaces last.pt and removes its older shard folder while `launch eval` reads it (issue
     34): the workers read hard links taken before they started, so both ranks evaluate the checkpoint that
     was checked, whole, and nothing of them is left afterwards; the run's own files are not touched."""
@@ -426,12 +426,16 @@ def test_eval_of_a_live_sharded_run_reads_the_checkpoint_it_checked_on_every_ran
     from tests.conftest import clean_env
 
     def evaluate(run, *more):
-        proc = subprocess.run([sys.executable, "-c", _ROTATED_WHILE_EVALUATED, *more, "eval", str(run), "gpus=[]",
-                               "strategy=fsdp", "nprocs=2"] if more else
-                              [sys.executable, "-m", "launcher", "eval", str(run), "gpus=[]", "strategy=fsdp",
-                               "nprocs=2"], cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                              env=clean_env())
-        assert proc.returncode == 0, proc.stdout + proc.stderr
+        """`launch eval` of the run (with `more`: rotating `more`'s checkpoint in while it reads, a fresh
+        interpreter that patches run_here first; without: a fork of the warm launcher)."""
+        args = ("eval", str(run), "gpus=[]", "strategy=fsdp", "nprocs=2")
+        if more:
+            proc = subprocess.run([sys.executable, "-c", _ROTATED_WHILE_EVALUATED, *more, *args], cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=240, env=clean_env())
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+        else:
+            done = launch(*args, timeout=240)
+            assert done.returncode == 0, done.output
         found = sorted(tmp_path.glob("outputs/**/eval.json"), key=lambda p: p.stat().st_mtime)[-1]
         return json.loads(found.read_text()), found.parent
 

@@ -2,9 +2,11 @@
 the test session itself (root only) and deleted afterwards. Addresses come from 198.18.0.0/15, the
 benchmarking range (RFC 2544), which is never routed anywhere; traffic stays on the veth pair.
 
-`hosts.run(i, *overrides, cwd=...)` starts `launch` inside namespace i as a user would on that machine
-(a subprocess; `ip netns exec`), optionally in a mount namespace of its own where given folders are
-hidden (a node that does not share rank 0's file system)."""
+`hosts.start(i, *overrides, cwd=...)` starts `launch` inside namespace i as a user would on that machine:
+a fork of that namespace's warm launcher (tests/warm.py, started under `ip netns exec`), or a fresh
+`python -m launcher` under `ip netns exec` where the test needs one: in a mount namespace of its own where
+given folders are hidden (a node that does not share rank 0's file system), or tagged in its environment
+(a fork's /proc/PID/environ is its server's) so that the test can find every process it left."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import clean_env, launch_command
+from tests.warm import WarmLauncher
 
 SUBNET = "198.18.0"
 
@@ -27,6 +30,7 @@ class Hosts:
     names: list[str]
     addresses: list[str]
     devices: list[str]
+    warm: list[WarmLauncher]
 
     def command(self, i: int, *overrides: str, hide: tuple[Path, ...] = ()) -> list[str]:
         """`launch overrides...` inside namespace i; `hide`: folders this host does not see (each covered
@@ -39,7 +43,10 @@ class Hosts:
         return ["ip", "netns", "exec", self.names[i], *inner]
 
     def start(self, i: int, *overrides: str, cwd: Path, tag: str = "", hide: tuple[Path, ...] = ()):
+        """The launch on host i, as a subprocess.Popen (or a WarmLaunch, used the same way)."""
         env = clean_env(**({"LAUNCH_TEST_TAG": tag} if tag else {}))
+        if not tag and not hide:
+            return self.warm[i].start(list(overrides), cwd, env)
         return subprocess.Popen(self.command(i, *overrides, hide=hide), cwd=cwd, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
 
@@ -83,9 +90,12 @@ def hosts():
     for folder in etc:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "hosts").write_text(table)
+    warm = [WarmLauncher(prefix=("ip", "netns", "exec", name)) for name in names]
     try:
-        yield Hosts(names, addresses, devices)
+        yield Hosts(names, addresses, devices, warm)
     finally:
+        for launcher in warm:
+            launcher.close()
         for name in names:  # (deleting a namespace deletes its end of the veth pair, and so the pair)
             subprocess.run(["ip", "netns", "delete", name], capture_output=True, timeout=30)
         for folder in etc:

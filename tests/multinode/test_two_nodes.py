@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import descendants, launch_command, listening_sockets, stop_tree
+from tests.conftest import descendants, listening_sockets, stop_tree
 from tests.distributed.test_lifetime_and_binding import tagged, wait_for
 
 pytestmark = pytest.mark.multinode
@@ -61,7 +61,7 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_nodes_of_two_ranks_train_the_weights_of_one_node_of_four(hosts, tmp_path):
+def test_two_nodes_of_two_ranks_train_the_weights_of_one_node_of_four(hosts, tmp_path, launch):
     a, b = tmp_path / "a", tmp_path / "b"
     common = (*DDP, "epochs=2")
     node0 = hosts.start(0, *common, *node_args(hosts, 0), "hydra.run.dir=" + str(a), cwd=tmp_path)
@@ -87,10 +87,9 @@ def test_two_nodes_of_two_ranks_train_the_weights_of_one_node_of_four(hosts, tmp
     assert seen_listening and all(s.startswith(hosts.addresses[0] + ":") or s.startswith("127.0.0.1:")
                                   for s in seen_listening), seen_listening
     # the same training as 4 ranks on one machine, to the bit
-    single = subprocess.run(launch_command("gpus=[]", "strategy=ddp", "nprocs=4", "epochs=2",
-                                           f"hydra.run.dir={tmp_path / 'one'}"),
-                            cwd=tmp_path, capture_output=True, text=True, timeout=180)
-    assert single.returncode == 0, single.stderr
+    single = launch("gpus=[]", "strategy=ddp", "nprocs=4", "epochs=2", f"hydra.run.dir={tmp_path / 'one'}",
+                    timeout=180)
+    assert single.returncode == 0, single.output
     one = json.loads((tmp_path / "one" / "results.json").read_text())
     two = json.loads((a / "results.json").read_text())
     assert two["ranks_agree"] and len(two["weights_sha256"]) == 4

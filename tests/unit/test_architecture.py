@@ -26,7 +26,7 @@ import launcher
 PACKAGE = Path(launcher.__file__).parent
 RECIPES = PACKAGE.parent / "recipes"  # installed as launcher.recipes
 SHARED = ["launcher", "launcher.config", "launcher.errors", "launcher.figures", "launcher.files", "launcher.integrity",
-          "launcher.world", "launcher.spec", "launcher.logs", "launcher.failures", "launcher.bytecode",
+          "launcher.world", "launcher.spec", "launcher.logs", "launcher.failures", "launcher.bytecode", "launcher.heap",
           "launcher.strategies", "launcher.strategies.base", "launcher.strategies.single", "launcher.strategies.dp",
           "launcher.strategies.ddp"]
 # Where the host wing may reach into the training wing: the workers' entry point, run in-process when

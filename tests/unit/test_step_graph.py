@@ -113,6 +113,27 @@ def test_the_trainer_is_freed_before_teardown_though_compiling_froze_the_heap(mo
     assert seen_at_teardown == [False]
 
 
+def test_the_runs_end_leaves_what_the_forkserver_froze_frozen_unless_the_run_froze_too():
+    """The forkserver freezes its imports (train/preload.py) so that no collection in a worker walks them:
+    heap.release at a run's end keeps them frozen where the run froze nothing, and unfreezes (every freeze
+    at once, as gc can) where it did, so that the run's own cycles are freed."""
+    import gc
+
+    from launcher import heap
+
+    gc.freeze()  # as the forkserver, before the fork
+    try:
+        before = gc.get_freeze_count()
+        assert before > 0
+        heap.release()
+        assert gc.get_freeze_count() == before
+        heap.freeze()  # as after compiling, or before a DataLoader forks its workers
+        heap.release()
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+
+
 def test_cuda_graph_auto_keeps_a_replay_five_percent_shorter_or_a_tie_where_dataloader_workers_run():
     """Alone on the host the step's launches are not held up: the graph must gain 5%. Beside DataLoader workers
     (busy on the host's cores once training runs, resting while the warm-up times both ways) a replayed step,
