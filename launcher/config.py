@@ -281,8 +281,15 @@ class DigitsConfig(ImageRecipeConfig):
     """This recipe."""
     model: DigitsModel = DigitsModel.cnn
     """The network."""
+    width: int = 16
+    """The first convolution's channels; the next two have twice and four times as many (runs before
+    2026-11-29 had 32: resume one of them with recipe.width=32)."""
     image_side: ClassVar[int | None] = 8
     """8x8 images."""
+
+    def check(self, at: str) -> None:
+        super().check(at)
+        check_int(f"{at}.width", self.width, 1, f"{at}.width=16", high=1024)
 
 
 class Cifar10Model(Choice):

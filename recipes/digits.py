@@ -57,8 +57,9 @@ class Digits(Recipe):
         return nn.CrossEntropyLoss(label_smoothing=self.hp.label_smoothing)
 
     def build_model(self, num_classes: int) -> nn.Module:
+        w = self.hp.width
         return nn.Sequential(
-            _conv_bn(1, 32), _conv_bn(32, 64), nn.MaxPool2d(2),  # 8x8 -> 4x4
-            _conv_bn(64, 128), nn.MaxPool2d(2),  # -> 2x2
-            nn.Flatten(), nn.Dropout(0.1), nn.Linear(128 * 4, num_classes),
+            _conv_bn(1, w), _conv_bn(w, 2 * w), nn.MaxPool2d(2),  # 8x8 -> 4x4
+            _conv_bn(2 * w, 4 * w), nn.MaxPool2d(2),  # -> 2x2
+            nn.Flatten(), nn.Dropout(0.1), nn.Linear(4 * w * 4, num_classes),
         )

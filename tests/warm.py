@@ -44,7 +44,7 @@ WARM_IMPORTS = (
     "torch.distributed.elastic.multiprocessing", "torch.distributed.checkpoint", "torch.utils.tensorboard",
     "hydra", "omegaconf", "launcher.host.cli", "launcher.host.compose", "launcher.host.run_here",
     "launcher.host.spawn", "launcher.host.plan", "launcher.train.loop", "launcher.train.worker",
-    "matplotlib", "matplotlib.pyplot",
+    "matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg",
 )
 
 

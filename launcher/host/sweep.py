@@ -153,10 +153,7 @@ def _cell(key: str, value: Any) -> str:
 def _plot(rows: list[dict[str, Any]], keys: list[str], path: Path, rate: str = "img_per_s",
           objective: str = "test_acc") -> None:
     """The swept key against throughput and the objective (the test accuracy, or a recipe's own figure)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # (not pyplot: no process-wide figure registry, no backend to pick)
 
     def label(row: dict[str, Any]) -> str:
         pairs = dict(o.partition("=")[::2] for o in row["overrides"].split())
@@ -165,7 +162,8 @@ def _plot(rows: list[dict[str, Any]], keys: list[str], path: Path, rate: str = "
     x_values = [label(r) for r in rows]
     numeric = len(keys) == 1 and all(_number(x.split("=", 1)[1]) is not None for x in x_values)
     xs = [_number(x.split("=", 1)[1]) for x in x_values] if numeric else list(range(len(rows)))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    ax1, ax2 = fig.subplots(1, 2)
     unit = "tokens/s" if rate == "tokens_per_s" else "img/s"
     scored = ("test_acc", "test accuracy") if objective == "test_acc" else ("objective_value", objective)
     for ax, key, title in ((ax1, rate, f"throughput ({unit})"), (ax2, *scored)):
@@ -181,7 +179,6 @@ def _plot(rows: list[dict[str, Any]], keys: list[str], path: Path, rate: str = "
             ax.set_xticks(xs, x_values, rotation=30, ha="right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def _number(text: str) -> float | None:

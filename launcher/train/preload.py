@@ -45,6 +45,12 @@ from launcher.recipes import BUILTIN  # noqa: E402
 for _module in BUILTIN.values():  # the built-in recipes and their models
     importlib.import_module(_module)
 
+try:  # rank 0's curves.png at the run's end (train/reporting.py): matplotlib's import and its font list, here
+    import matplotlib.backends.backend_agg  # noqa: E402, F401
+    import matplotlib.figure  # noqa: E402, F401
+except ImportError:
+    pass
+
 try:  # rank 0's TensorBoard writer (train/reporting.py): its import (its files read from disk on a fresh
     # machine) paid here, beside the launcher's own start, rather than beside a run's warm-up
     import torch.utils.tensorboard  # noqa: E402, F401

@@ -75,13 +75,9 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path | None:
     atomically: a write that fails (a full disk) leaves no partial or empty file."""
     if not history:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     epochs = [r["epoch"] for r in history]
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = _figure((10, 4))
+    ax_loss, ax_acc = fig.subplots(1, 2)
     ax_loss.plot(epochs, [r["loss"] for r in history], "o-", label="train")
     tested = [r for r in history if "test_loss" in r]
     if tested:
@@ -105,24 +101,26 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path | None:
             ax.legend()
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.92, wspace=0.2)  # (fixed: tight_layout's
     # measuring of every label took as long as drawing them)
-    try:
-        write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
-    finally:
-        plt.close(fig)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
     return path
+
+
+def _figure(size: tuple[float, float]):
+    """A matplotlib Figure drawn by the Agg renderer, without pyplot: no process-wide figure registry to
+    close, nothing shared between the threads that plot, and pyplot's own import and backend selection
+    are not paid at a run's end."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=size)
 
 
 def plot_confusion(confusion: list[list[int]], names: list[str], path: Path) -> Path:
     """The confusion matrix (rows: true class, columns: predicted), each row as fractions of that class."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     n = len(confusion)
     fractions = [[v / max(1, sum(row)) for v in row] for row in confusion]
     size = max(4.0, 0.45 * n + 2)
-    fig, ax = plt.subplots(figsize=(size, size * 0.9))
+    fig = _figure((size, size * 0.9))
+    ax = fig.subplots()
     image = ax.imshow(fractions, cmap="Blues", vmin=0, vmax=1)
     ax.set_xticks(range(n), names, rotation=45, ha="right")
     ax.set_yticks(range(n), names)
@@ -140,5 +138,4 @@ def plot_confusion(confusion: list[list[int]], names: list[str], path: Path) -> 
     ax.set_title(f"accuracy {100 * correct / max(1, total):.2f}% on {total} test images")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path

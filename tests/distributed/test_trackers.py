@@ -92,7 +92,7 @@ def test_a_run_logs_its_config_metrics_and_artifacts_to_an_mlflow_server(launch,
     listed = rest(mlflow_server, "artifacts/list", run_id=run_id)["files"]
     assert {f["path"] for f in listed} == {"curves.png", "results.json", "model"}
     [weights] = rest(mlflow_server, "artifacts/list", run_id=run_id, path="model")["files"]
-    assert weights["path"] == "model/model.pt" and weights["file_size"] > 300_000  # digits' CNN, a state_dict
+    assert weights["path"] == "model/model.pt" and weights["file_size"] > 100_000  # digits' CNN, a state_dict
     # the run's own files, as without trackers; metrics.csv holds what metrics.jsonl holds
     assert (run_dir / "tensorboard").is_dir() and (run_dir / "checkpoints" / "last.pt").is_file()
     import csv
