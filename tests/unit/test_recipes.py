@@ -80,6 +80,29 @@ def test_digits_trains_with_the_label_smoothing_asked_for():
     assert Digits(config_of()).loss().label_smoothing == 0.0
 
 
+def test_digits_network_has_the_width_asked_for_and_a_resumed_old_run_can_ask_for_its_own():
+    """recipe.width: the convolutions' channels (w, 2w, 4w); 16 by default. Runs from before had 32: a checkpoint
+    of theirs loads into the network recipe.width=32 builds."""
+    from launcher.recipes.digits import Digits
+
+    def channels(net):
+        return [m.out_channels for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+
+    assert channels(Digits(config_of()).build_model(10)) == [16, 32, 64]
+    wide = Digits(config_of("recipe.width=32")).build_model(10)
+    assert channels(wide) == [32, 64, 128]
+    def block(c_in, c_out):
+        nn = torch.nn
+        return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU())
+
+    old = torch.nn.Sequential(  # the network of runs before recipe.width existed
+        block(1, 32), block(32, 64), torch.nn.MaxPool2d(2), block(64, 128), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Dropout(0.1), torch.nn.Linear(512, 10))
+    wide.load_state_dict(old.state_dict())  # (strict: every name and shape the same)
+    with pytest.raises(ConfigError, match="recipe.width=0 is not valid: must be an integer from 1 to 1024"):
+        config_of("recipe.width=0")
+
+
 def test_resnet18_is_the_cifar_variant_down_to_4x4_before_its_pool():
     """He et al.'s CIFAR ResNet-18: a 3x3 stem, no max-pool, three stages halving 32x32 to 4x4; 11.2M parameters."""
     from launcher.recipes.vision_models import ResNet18
