@@ -241,6 +241,9 @@ class RecipeConfig(Schema):
     """The recipe: a built-in one (digits, cifar10, text, imagefolder) or a user's module path (my_pkg.my_recipe)."""
     model: str = MISSING
     """The network: one of the recipe's models."""
+    before_keys: ClassVar[dict[str, Any]] = {}
+    """Keys added to the recipe after runs were saved without them, with the value such a run had: its resume
+    and `launch eval` build the network it trained (recipe_as_saved)."""
 
 
 @dataclass
@@ -282,10 +285,11 @@ class DigitsConfig(ImageRecipeConfig):
     model: DigitsModel = DigitsModel.cnn
     """The network."""
     width: int = 16
-    """The first convolution's channels; the next two have twice and four times as many (runs before
-    2026-11-29 had 32: resume one of them with recipe.width=32)."""
+    """The first convolution's channels; the next two have twice and four times as many."""
     image_side: ClassVar[int | None] = 8
     """8x8 images."""
+    before_keys: ClassVar[dict[str, Any]] = {"width": 32}
+    """Runs saved before recipe.width existed had 32."""
 
     def check(self, at: str) -> None:
         super().check(at)
@@ -1223,6 +1227,14 @@ SCHEMAS: dict[tuple[str, str], type[Schema]] = {
 }
 
 S = TypeVar("S", bound=Schema)
+
+
+def recipe_as_saved(recipe: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's recipe values (its config's `recipe` section) with the value it had for each key its
+    recipe gained since (RecipeConfig.before_keys), so that its resume or evaluation builds its network."""
+    schema = SCHEMAS.get(("recipe", str(recipe.get("name"))))
+    added = getattr(schema, "before_keys", {})
+    return {**{k: v for k, v in added.items() if k not in recipe}, **recipe}
 
 
 def freeze(obj: S) -> S:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import integrity
-from launcher.config import Config, choices, saved_choices
+from launcher.config import Config, choices, recipe_as_saved, saved_choices
 from launcher.errors import LaunchError
 from launcher.files import CONFUSION, EVAL, identity
 from launcher.host import consent
@@ -92,6 +92,7 @@ def command_line(argv: list[str]) -> list[str]:
     if not recipe.get("name"):
         raise LaunchError(f"launch eval {where}: the checkpoint does not say which recipe trained it (written by an "
                           "older launch); evaluate it with launch eval.checkpoint=PATH recipe=NAME")
+    recipe = recipe_as_saved(recipe)
     mine = [f"eval.checkpoint={_hydra_value(str(path.resolve()))}", f"recipe={recipe['name']}"]
     given = {o.partition("=")[0].lstrip("+~") for o in overrides}
     asked = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+~") == "recipe"]

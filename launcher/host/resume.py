@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import integrity
-from launcher.config import Config, choices, flat_keys, saved_choices, to_plain
+from launcher.config import Config, choices, flat_keys, recipe_as_saved, saved_choices, to_plain
 from launcher.errors import LaunchError
 from launcher.files import (
     BEST_CHECKPOINT,
@@ -487,6 +487,8 @@ def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
     if value is None or not _single_value(str(value)):
         return cfg
     config = saved_config(str(value), overrides)
+    if isinstance(config.get("recipe"), dict):
+        config = {**config, "recipe": recipe_as_saved(config["recipe"])}
     saved = flat_keys(config)
     typed = typed_keys(overrides)
     absent = object()

@@ -254,3 +254,23 @@ def test_an_fp16_resume_keeps_the_gradient_scalers_scale(launch, tmp_path):
     # the scale went on from the checkpoint's (afresh it would be back at 65536: an overflow is the only way down)
     again = torch.load(tmp_path / "fp16-resumed" / "checkpoints" / "last.pt", map_location="cpu", weights_only=False)
     assert float(again["grad_scaler"]["scale"]) == 32768.0
+
+
+def test_a_run_saved_before_a_recipe_key_existed_resumes_and_evaluates_the_network_it_trained(launch, tmp_path):
+    """recipe=digits gained recipe.width (16) after runs were saved with 32 channels and no such key: their resume
+    and `launch eval` build the 32-channel network (RecipeConfig.before_keys), with nothing typed."""
+    first = launch("gpus=[]", "epochs=1", "recipe.width=32", "hydra.run.dir=old")
+    assert first.returncode == 0, first.output
+    last = tmp_path / "old" / "checkpoints" / "last.pt"
+    state = torch.load(last, map_location="cpu", weights_only=False)
+    del state["config"]["recipe"]["width"]  # (as a run saved before the key existed; sealed again, as saved)
+    from launcher.train.checkpoint import save_atomic
+
+    save_atomic(state, last)
+    resumed = launch("gpus=[]", "epochs=2", f"resume={tmp_path / 'old'}", "hydra.run.dir=resumed")
+    assert resumed.returncode == 0, resumed.output
+    assert [r["epoch"] for r in rows(tmp_path / "resumed")] == [1, 2]
+    assert "  width: 32\n" in (tmp_path / "resumed" / "config.yaml").read_text()  # (what it ran with, recorded)
+    evaluated = launch("eval", str(tmp_path / "old"), "gpus=[]")
+    assert evaluated.returncode == 0, evaluated.output
+    assert "test accuracy" in evaluated.stdout
