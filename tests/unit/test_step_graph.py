@@ -126,7 +126,9 @@ def test_the_runs_end_leaves_what_the_forkserver_froze_frozen_unless_the_run_fro
         before = gc.get_freeze_count()
         assert before > 0
         heap.release()
-        assert gc.get_freeze_count() == before
+        # still frozen: an unfreeze empties the permanent generation (a few of its objects may meanwhile be freed
+        # by their reference counts, another thread's among them: CI saw 708,663 become 708,659)
+        assert gc.get_freeze_count() > before // 2
         heap.freeze()  # as after compiling, or before a DataLoader forks its workers
         heap.release()
         assert gc.get_freeze_count() == 0
