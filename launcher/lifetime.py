@@ -62,15 +62,19 @@ class _CtrlCHold:
         self.pressed = False
         self.active = False
 
-    def hold(self) -> bool:
-        """Start holding; False where there is nothing to hold (held already, or not Python's handler)."""
+    def hold(self, taking_over: object = None, pressed: list | None = None) -> bool:
+        """Start holding; False where there is nothing to hold (held already, or not Python's handler).
+        `taking_over`: a handler that held it until now (launcher/__main__.py's first lines), standing for
+        Python's; `pressed`: what that handler noted (non-empty: Ctrl-C was pressed meanwhile)."""
         import threading
 
+        current = signal.getsignal(signal.SIGINT)
         if (self.active or threading.current_thread() is not threading.main_thread()
-                or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+                or (current is not signal.default_int_handler and (taking_over is None or current is not taking_over))):
             return False
         signal.signal(signal.SIGINT, self._note)
         self.active = True
+        self.pressed = self.pressed or bool(pressed)
         return True
 
     def _note(self, signum: int, frame: object) -> None:
@@ -88,10 +92,10 @@ class _CtrlCHold:
 _hold = _CtrlCHold()
 
 
-def hold_ctrl_c() -> None:
+def hold_ctrl_c(taking_over: object = None, pressed: list | None = None) -> None:
     """From now on a Ctrl-C is noted, not raised, until `let_ctrl_c_through()` (`launch` holds it from
-    its first line until its own code takes over: see _CtrlCHold)."""
-    _hold.hold()
+    its first line until its own code takes over: see _CtrlCHold and launcher/__main__.py)."""
+    _hold.hold(taking_over, pressed)
 
 
 def let_ctrl_c_through(*imports_first: str) -> None:
@@ -121,6 +125,34 @@ def sigint_deferred() -> Iterator[None]:
         _hold.let_through()
         raise
     _hold.let_through()
+
+
+def never_lose_ctrl_c() -> None:
+    """A Ctrl-C that Python could not raise where it landed is raised again a moment later.
+
+    Python runs the SIGINT handler at the main thread's next check, and that may be inside a weakref
+    callback or a `__del__` (a thread's entry leaving threading's WeakSet, an object freed by the
+    collector), where an exception cannot propagate: the KeyboardInterrupt was printed as "Exception
+    ignored in: ... KeyboardInterrupt" with a traceback, and lost (a worker went on training until the
+    launcher's grace ran out; seen in CI under a joblib sweep). Here such a KeyboardInterrupt is said
+    nowhere and SIGINT is sent again; its handler runs in the code that is running by then."""
+    import threading
+
+    previous = sys.unraisablehook
+    if getattr(previous, "never_lose_ctrl_c", False):
+        return
+
+    def hook(unraisable) -> None:
+        if unraisable.exc_type is KeyboardInterrupt:
+            # (from another thread, a moment later: raised from here, it would be lost in this hook too)
+            again = threading.Timer(0.005, os.kill, (os.getpid(), signal.SIGINT))
+            again.daemon = True
+            again.start()
+            return
+        previous(unraisable)
+
+    hook.never_lose_ctrl_c = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def exec_tied_to_parent(argv: list[str]) -> None:

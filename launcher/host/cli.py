@@ -45,6 +45,14 @@ class Invocation:
     def run_job(self, cfg: Any) -> float | None:
         """Hydra's task function: one run. Returns its `sweep.objective`; in a sweep a failed run raises
         RunFailed, so that Hydra (and its sweeper) see the failure."""
+        from launcher.lifetime import hold_ctrl_c, let_ctrl_c_through, never_lose_ctrl_c
+
+        if os.getpid() != self.pid:
+            # A run in another Hydra launcher's process (joblib's loky worker), where nothing held Ctrl-C:
+            # a terminal's Ctrl-C reaches it too, and raised inside the imports below (torch's above all) it
+            # printed "Exception ignored ... KeyboardInterrupt" tracebacks. Held until torch is imported.
+            hold_ctrl_c()
+            never_lose_ctrl_c()
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
@@ -53,7 +61,6 @@ class Invocation:
         from launcher.host.outcome import LaunchContext, Outcome, RunFailed, SweepPlanned, SweepStopped
         from launcher.host.resume import carry_settings
         from launcher.host.rundir import release
-        from launcher.lifetime import let_ctrl_c_through
 
         hydra_cfg = HydraConfig.get()
         run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -74,6 +81,7 @@ class Invocation:
             let_ctrl_c_through()  # (a Ctrl-C pressed meanwhile wins over the error)
             outcome = Outcome(err.exit_code, error=str(err))
         except Exception as exc:  # noqa: BLE001 - a failure of launch itself: exit 1, said in one line
+            let_ctrl_c_through()  # (as above)
             if os.environ.get("LAUNCH_DEBUG"):
                 raise
             first = (str(exc).strip().splitlines() or [""])[0]
@@ -214,9 +222,10 @@ def main(argv: list[str] | None = None) -> None:
     """`launch`. Ctrl-C is held back from here until launch's own code takes over from Hydra's (see
     launcher.lifetime._CtrlCHold), then acted on: one line, exit code 130, never a traceback or a run
     that goes on as if no key had been pressed."""
-    from launcher.lifetime import hold_ctrl_c, let_ctrl_c_through
+    from launcher.lifetime import hold_ctrl_c, let_ctrl_c_through, never_lose_ctrl_c
 
     hold_ctrl_c()
+    never_lose_ctrl_c()
     try:
         try:
             _main(argv)

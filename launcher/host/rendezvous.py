@@ -23,6 +23,7 @@ node_rank, the ranks follow it instead (`_NodeRanks`): every node checks that th
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import weakref
@@ -64,6 +65,8 @@ class RendezvousError(LaunchError):
 
 
 _HANDLERS: weakref.WeakSet = weakref.WeakSet()  # the rendezvous handlers this process made (stop_heartbeats)
+_SERVED: dict[str, object] = {}  # run_id -> the rendezvous store this node serves to the others, until release()
+CLOSED = "launch/closed/"  # + run_id: how many of the other nodes have closed the rendezvous
 
 
 def stop_heartbeats() -> None:
@@ -122,13 +125,37 @@ def _create_nodes_handler(params):
     handler = create_handler(store, NodesBackend(store, params.run_id), params)
     _HANDLERS.add(handler)
     listens = params.get_as_bool("listen", False)
+    if listens:
+        _SERVED[params.run_id] = store
     local_addr = params.local_addr
     # The workers' store: the rendezvous store where this node serves it, else one on this node's address.
     handler._create_tcp_store_server = lambda addr, port: store if listens else _bound_store(local_addr, 0, read_s)
     node_rank = params.get_as_int("node_rank", -1)
     _NodeRanks(handler, -1 if node_rank is None else node_rank, timeout_s).install()
-    _StoreGuard(handler, read_s, params.endpoint).install()
+    # A node that joined adds itself to CLOSED once it has closed the rendezvous: it makes no call on
+    # node 0's store after that (the shutdown stopped and joined its keep-alive thread). See release().
+    said_closed = None if listens else (lambda: store.add(CLOSED + params.run_id, 1))
+    _StoreGuard(handler, read_s, params.endpoint, on_closed=said_closed).install()
     return handler
+
+
+def release(run_id: str | None, others: int, limit_s: float = 10.0) -> None:
+    """Stop serving the rendezvous `run_id` (node 0, after its run ended): first wait, up to `limit_s`, until
+    `others` nodes have closed it. Every node leaves the exit barrier at once, and the others still ask the
+    store (their keep-alive thread, their shutdown); node 0 exiting under them printed torch's C++ warning
+    "recvValueWithTimeout failed ... Connection reset by peer" at the end of a run that succeeded.
+    `others=0` (this node's run failed or was stopped: the others may be gone) does not wait; `run_id=None`
+    releases every rendezvous this process serves."""
+    if run_id is None:
+        _SERVED.clear()
+        return
+    store = _SERVED.pop(run_id, None)
+    if store is None or others <= 0:
+        return
+    deadline = time.monotonic() + limit_s
+    with contextlib.suppress(Exception):
+        while store.add(CLOSED + run_id, 0) < others and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 class NodeLost(RuntimeError):
@@ -139,18 +166,18 @@ class _StoreGuard:
     """Bounds the calls elastic's agent makes on the rendezvous store while the workers run.
 
     The agent asks the store every monitor interval (`num_nodes_waiting`) and once at the end
-    (`shutdown`). A TCPStore client call on a connection whose far end vanished without closing it (a
-    network partition, a machine that lost power) blocks in C++ past the store's timeout (seen: over
-    two minutes with a 30 s timeout, until TCP itself gives up after ~15 min). These calls run on one
-    helper thread instead and give up after `limit_s`: `num_nodes_waiting` with NodeLost (the agent
-    then stops this node's workers), `shutdown` quietly. Once a call gave up the store is taken for
-    gone: later calls answer at once.
+    (`shutdown`, then `on_closed` where given). A TCPStore client call on a connection whose far end
+    vanished without closing it (a network partition, a machine that lost power) blocks in C++ past the
+    store's timeout (seen: over two minutes with a 30 s timeout, until TCP itself gives up after ~15
+    min). These calls run on one helper thread instead and give up after `limit_s`:
+    `num_nodes_waiting` with NodeLost (the agent then stops this node's workers), `shutdown` quietly.
+    Once a call gave up the store is taken for gone: later calls answer at once.
     """
 
-    def __init__(self, handler, limit_s: float, endpoint: str):
+    def __init__(self, handler, limit_s: float, endpoint: str, on_closed=None):
         import queue
 
-        self.handler, self.limit_s, self.endpoint = handler, limit_s, endpoint
+        self.handler, self.limit_s, self.endpoint, self.on_closed = handler, limit_s, endpoint, on_closed
         self.calls: queue.SimpleQueue = queue.SimpleQueue()
         self.stuck = False
         self.thread = None  # started at the first call
@@ -158,7 +185,20 @@ class _StoreGuard:
     def install(self) -> None:
         for name in ("num_nodes_waiting", "shutdown"):
             original = getattr(self.handler, name)
+            if name == "shutdown" and self.on_closed is not None:
+                original = self._then(original, self.on_closed)
             setattr(self.handler, name, lambda original=original, name=name: self._call(name, original))
+
+    @staticmethod
+    def _then(shutdown, on_closed):
+        """`shutdown`, then `on_closed()` where it closed the rendezvous (both on the helper thread, bounded)."""
+        def shutdown_then() -> bool:
+            closed = shutdown()
+            if closed:
+                with contextlib.suppress(Exception):  # (node 0 gone meanwhile: nothing left to tell)
+                    on_closed()
+            return closed
+        return shutdown_then
 
     def _serve(self) -> None:
         while True:

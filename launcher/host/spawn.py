@@ -260,6 +260,8 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
             config = launch_config(nprocs, max_restarts, scratch, nodes=nodes)
             try:
                 returns = elastic_launch(config, worker_main)(spec)
+                if nodes is not None:  # (node 0: serve the rendezvous until the others closed it)
+                    rendezvous.release(config.run_id, others=nodes.count - 1)
             except ChildFailedError as err:
                 clear_console_line()
                 return describe_failure(run_dir, err, nprocs, max_restarts, nodes)
@@ -295,6 +297,7 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
             return Outcome(0, results=None, node_ranks=sorted(returns))
         return Outcome(0, results=returns.get(0))
     finally:
+        rendezvous.release(None, others=0)  # (a run that failed or was stopped: no waiting for the others)
         shutil.rmtree(scratch, ignore_errors=True)
         remove_stale_temporaries(run_dir)  # a worker stopped in the middle of a write
 

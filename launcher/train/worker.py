@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import ExplainedStop, LaunchError
-from launcher.lifetime import die_with_parent
+from launcher.lifetime import die_with_parent, never_lose_ctrl_c
 from launcher.spec import PREEMPTED_EXIT, WorkerSpec
 
 
@@ -93,6 +93,7 @@ def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
     os.environ.update(spec.env)
     _let_forkserver_end_with_the_launcher()
     _signals_as_a_fresh_process()
+    never_lose_ctrl_c()  # (Ctrl-C reaches every worker: one landing in a weakref callback ends it too)
     die_with_parent()  # SIGKILL, not torch's SIGINT: a background job's workers ignore SIGINT
     from launcher import failures, logs
 

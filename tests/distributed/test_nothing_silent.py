@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -179,39 +180,55 @@ def test_ctrl_c_on_a_sweep_says_what_finished(tmp_path):
     assert (next(tmp_path.glob("multirun/*/*")) / "summary.md").exists()
 
 
-@pytest.mark.parametrize("after_s", [0.1, 0.2])
+@pytest.mark.parametrize("after_s", [0.0, 0.1])
 def test_ctrl_c_while_launch_is_still_importing_is_one_line_and_130(tmp_path, after_s):
     """Before launch's handlers are in place (Python importing Hydra and OmegaConf) a Ctrl-C printed a
-    KeyboardInterrupt traceback and ended the process by SIGINT."""
-    code, err = ctrl_c_after(launch_command("gpus=[]", "epochs=1", "dry_run=true"), tmp_path, after_s)
-    assert code == 130, (code, err[-2000:])
+    KeyboardInterrupt traceback and ended the process by SIGINT. Pressed once launch is importing them
+    (OmegaConf's YAML extension is loaded; a fixed time from the start could land while Python itself
+    starts, before any of launch's code, on a busy machine), then `after_s` later."""
+    proc = start_as_terminal_job(launch_command("gpus=[]", "epochs=1", "dry_run=true"), tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while "_yaml" not in Path(f"/proc/{proc.pid}/maps").read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.005)
+        time.sleep(after_s)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        stop_tree(proc.pid)
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("launch: interrupted (Ctrl-C)")
 
 
-_CTRL_C_WHILE_CLI_IMPORTS = """
+_CTRL_C_WHILE_IMPORTING = """
 import os, runpy, signal, sys
 
 
-class CtrlCOnImport:  # a Ctrl-C that lands while `launch` imports its command (launcher.host.cli)
+class CtrlCOnImport:  # a Ctrl-C that lands while `launch` imports the module named first
+    module = sys.argv[1]
+
     def find_spec(self, name, path=None, target=None):
-        if name == "launcher.host.cli":
+        if name == self.module:
             os.kill(os.getpid(), signal.SIGINT)
         return None
 
 
 sys.meta_path.insert(0, CtrlCOnImport())
-sys.argv = ["launch", *sys.argv[1:]]
+sys.argv = ["launch", *sys.argv[2:]]
 runpy.run_module("launcher", run_name="__main__", alter_sys=True)
 """
 
 
-def test_ctrl_c_while_launch_imports_its_command_is_one_line_and_130(tmp_path):
-    """The timed test above, made exact: CI's run saw a Ctrl-C 0.1 s after the start land in `python -m
-    launcher`'s import of launcher.host.cli, before main() held it: a KeyboardInterrupt traceback and an end
-    by SIGINT. launcher/__main__.py (also the console script's module) holds it from its first line."""
-    proc = subprocess.run([sys.executable, "-c", _CTRL_C_WHILE_CLI_IMPORTS, "gpus=[]", "dry_run=true"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, env=clean_env())
+@pytest.mark.parametrize("module", ["launcher.lifetime", "launcher.host.cli"])
+def test_ctrl_c_while_launch_imports_its_command_is_one_line_and_130(tmp_path, module):
+    """The timed test above, made exact: CI's runs saw a Ctrl-C 0.1 s after the start land in `python -m
+    launcher`'s import of launcher.host.cli, and later of launcher.lifetime (which held it): a KeyboardInterrupt
+    traceback and an end by SIGINT. launcher/__main__.py (also the console script's module) holds it from its
+    first line, with nothing imported but `signal`."""
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_WHILE_IMPORTING, module, "gpus=[]", "dry_run=true"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120, env=clean_env())
     assert proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("launch: interrupted (Ctrl-C)")
@@ -247,6 +264,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from hydra._internal.hydra import Hydra
 

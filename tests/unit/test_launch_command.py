@@ -160,3 +160,46 @@ def test_every_file_named_for_the_later_test_group_exists():
     folder = REPO / "tests" / "distributed"
     assert [name for name in LATER if not (folder / name).is_file()] == []
     assert {xdist_group_of(f"tests/distributed/{name}::test_x") for name in LATER} == {"distributed, later"}
+
+
+_CTRL_C_AS_A_FOREIGN_PROCESS_STARTS_A_RUN = """
+import os, signal, sys, traceback, types
+
+import hydra.core.hydra_config
+import launcher.host.resume
+from launcher.host.cli import Invocation
+from tests.conftest import composed
+
+cfg = composed("gpus=[]", "dry_run=true")
+hydra.core.hydra_config.HydraConfig.get = staticmethod(lambda: types.SimpleNamespace(
+    runtime=types.SimpleNamespace(output_dir=sys.argv[1]), overrides=types.SimpleNamespace(task=[])))
+
+
+def carry_settings(config, overrides):  # the run's first step: a terminal's Ctrl-C lands here
+    os.kill(os.getpid(), signal.SIGINT)
+    return config
+
+
+launcher.host.resume.carry_settings = carry_settings
+run = Invocation(started=0.0)
+run.pid = -1  # (the process that composed: another one, as under joblib)
+try:
+    run.run_job(cfg)
+except KeyboardInterrupt as ctrl_c:
+    print("raised in", traceback.extract_tb(ctrl_c.__traceback__)[-1].name, "torch imported:", "torch" in sys.modules)
+"""
+
+
+def test_a_run_in_another_hydra_launchers_process_holds_ctrl_c_until_torch_is_imported(tmp_path):
+    """CI's timed joblib test saw a loky worker print "Exception ignored in: ... _get_module_lock ...
+    KeyboardInterrupt": launch held Ctrl-C in its own process only, and a run in joblib's worker took it
+    inside its imports (torch's takes seconds; a KeyboardInterrupt inside torch's import of numpy is
+    swallowed, leaving a torch without numpy). Such a run holds it too, and raises it once torch is in."""
+    import subprocess
+
+    from tests.conftest import clean_env
+
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_AS_A_FOREIGN_PROCESS_STARTS_A_RUN, str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120, env=clean_env(),
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.stdout.strip() == "raised in let_through torch imported: True", proc.stdout + proc.stderr[-3000:]

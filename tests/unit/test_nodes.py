@@ -235,3 +235,42 @@ def test_a_launch_ended_by_a_signal_stops_the_keep_alive_thread_before_its_handl
     if not stopped and not joins:  # (this test's own check that it reproduces the failure, not a claim on torch)
         pytest.skip("this torch no longer fails where its keep-alive thread collects its own handler")
     assert bool(joins) is not stopped, errors
+
+
+def test_node_0_serves_the_rendezvous_until_the_other_node_has_closed_it():
+    """Every node leaves elastic's exit barrier at once; node 1 still asks node 0's store (its keep-alive
+    thread, its shutdown). Node 0 exiting under it printed torch's C++ warning "recvValueWithTimeout failed
+    ... Connection reset by peer" after a run that succeeded (seen in CI). In process, two nodes' handlers
+    on loopback: node 0's release waits until node 1 has closed the rendezvous, and no longer."""
+    import threading
+    import uuid
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as registry
+
+    from launcher.host import rendezvous
+
+    rendezvous.register()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    run_id = f"test-{uuid.uuid4().hex[:8]}"
+
+    def handler(listen: bool):
+        params = RendezvousParameters(backend=rendezvous.NODES_BACKEND, endpoint=f"127.0.0.1:{port}", run_id=run_id,
+                                      min_nodes=2, max_nodes=2, local_addr="127.0.0.1", join_timeout=20,
+                                      read_timeout=10, listen=listen, node_rank=-1)
+        return registry.create_handler(params)
+
+    node0 = handler(True)
+    node1 = handler(False)
+    released = threading.Event()
+    try:
+        assert node0.shutdown() is True
+        waiting = threading.Thread(target=lambda: (rendezvous.release(run_id, others=1), released.set()), daemon=True)
+        waiting.start()
+        assert not released.wait(0.5), "node 0 stopped serving while node 1 had not closed the rendezvous"
+        assert node1.shutdown() is True
+        assert released.wait(5), "node 0 still waited after node 1 closed the rendezvous"
+    finally:
+        rendezvous.release(None, others=0)

@@ -66,3 +66,66 @@ def test_a_line_meant_for_the_file_only_stays_off_the_console(tmp_path, capsys):
         assert "every rank's detail" in (tmp_path / "train.log").read_text()
     finally:
         logs._reset_root()
+
+
+_CTRL_C_IN_A_WEAKREF_CALLBACK = """
+import os, signal, sys, time, weakref
+
+from launcher.train.worker import worker_main  # (imported as a worker's process has it)
+
+if sys.argv[1] == "worker":
+    from launcher.lifetime import never_lose_ctrl_c
+
+    never_lose_ctrl_c()  # what worker_main and launch's own processes call first
+
+
+class Thing:
+    pass
+
+
+def freed(ref):  # a Ctrl-C that Python runs the handler for inside a weakref callback
+    os.kill(os.getpid(), signal.SIGINT)
+    sum(range(1000))
+
+
+thing = Thing()
+ref = weakref.ref(thing, freed)
+try:
+    del thing
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # (a worker's training)
+        pass
+    print("went on")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_a_ctrl_c_landing_in_a_weakref_callback_is_neither_printed_nor_lost():
+    """CI's joblib sweep stopped by Ctrl-C printed "Exception ignored in: <function WeakSet.__init__.<locals>
+    ._remove> ... KeyboardInterrupt": Python had run the SIGINT handler inside a weakref callback, where the
+    exception cannot propagate, and the process went on as if no key had been pressed. As plain Python does
+    that (checked here too, so that this test reproduces it); with never_lose_ctrl_c the Ctrl-C is raised."""
+    import sys
+
+    def run(mode: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _CTRL_C_IN_A_WEAKREF_CALLBACK, mode], capture_output=True,
+                              text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+
+    plain = run("plain")
+    assert plain.stdout.strip() == "went on" and "Exception ignored" in plain.stderr, plain.stdout + plain.stderr
+    held = run("worker")
+    assert held.stdout.strip() == "interrupted" and held.stderr == "", held.stdout + held.stderr
+
+
+def test_every_process_of_a_launch_that_takes_ctrl_c_keeps_it_from_being_lost():
+    """never_lose_ctrl_c where a terminal's Ctrl-C lands: launch itself, a run in another Hydra launcher's
+    process, and every training worker (read from the code that starts each: their hooks are process-wide)."""
+    import inspect
+
+    from launcher.host import cli
+    from launcher.train import worker
+
+    assert "never_lose_ctrl_c()" in inspect.getsource(worker.worker_main)
+    assert "never_lose_ctrl_c()" in inspect.getsource(cli.main)
+    assert "never_lose_ctrl_c()" in inspect.getsource(cli.Invocation.run_job)
