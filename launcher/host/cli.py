@@ -285,7 +285,7 @@ def _main(argv: list[str] | None) -> None:
     _refuse_stale_world(argv)
 
     from launcher.bytecode import enable as keep_bytecode
-    from launcher.host.compose import allow_imports_from_cwd, register
+    from launcher.host.compose import allow_imports_from_cwd, one_compose_per_run, register
 
     note = keep_bytecode()  # before any heavy import here or in the processes started below
     if note:
@@ -323,7 +323,8 @@ def _main(argv: list[str] | None) -> None:
     try:
         _refuse_impossible_sweeps(argv)
         register(argv)
-        entry()
+        with one_compose_per_run(argv):
+            entry()
     except Refused as refused:
         print(said(refused.error), file=sys.stderr)
         raise SystemExit(refused.error.exit_code) from None

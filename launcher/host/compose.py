@@ -166,6 +166,40 @@ def schema_from_source(module_path: str) -> tuple[type, tuple[str, ...]]:
     return schema, models
 
 
+@contextlib.contextmanager
+def one_compose_per_run(argv: list[str]):
+    """Hydra composes a command's config twice: once to read `hydra.mode` (Hydra.get_mode, which answers
+    None when no config sets it, and on any error), then for the run. launch's configs never set it (a test
+    reads every YAML under conf/), so where nothing else can (the configs come from launch's conf/, Hydra's
+    own and the ConfigStore alone, and no override names hydra.mode or hydra.searchpath) the first compose
+    is answered None without composing: what it would have answered. Elsewhere Hydra asks as it always did."""
+    try:
+        from hydra._internal.hydra import Hydra
+    except ImportError:  # (another Hydra: it composes twice)
+        yield
+        return
+    asks = getattr(Hydra, "get_mode", None)
+    if asks is None:
+        yield
+        return
+    touched = any(("hydra.mode" in a or "hydra.searchpath" in a or a.startswith(("-cd", "--config-dir")))
+                  for a in argv)
+
+    def get_mode(self, config_name, overrides):
+        paths = self.config_loader.get_sources() if hasattr(self.config_loader, "get_sources") else None
+        ours = paths is not None and all((s.provider, s.path) in _OWN_SOURCES for s in paths)
+        return None if ours and not touched else asks(self, config_name, overrides)
+
+    Hydra.get_mode = get_mode
+    try:
+        yield
+    finally:
+        Hydra.get_mode = asks
+
+
+_OWN_SOURCES = {("hydra", "hydra.conf"), ("main", "launcher.conf"), ("schema", "")}
+
+
 def typed(cfg: DictConfig) -> Config:
     """The composed config (without its `hydra` part) as frozen dataclasses, or a LaunchError."""
     from launcher.host.hydra_errors import describe_hydra_error

@@ -51,3 +51,76 @@ def test_doctor_in_words(launch):
     assert result.returncode == 0
     assert "torch CUDA" in result.stdout and "CUDA_VISIBLE_DEVICES" in result.stdout and "SLURM" in result.stdout
     assert "caches" in result.stdout and "decoded datasets" in result.stdout
+
+
+_COMPOSES = """
+import sys
+
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+composed = []
+load = ConfigLoaderImpl.load_configuration
+ConfigLoaderImpl.load_configuration = lambda self, *a, **k: composed.append(1) or load(self, *a, **k)
+sys.argv = ["launch", *sys.argv[1:]]
+from launcher.host.cli import main
+
+try:
+    main()
+finally:
+    print("composed", len(composed), file=sys.stderr)
+"""
+
+
+def test_a_launch_composes_its_config_once_unless_a_config_of_the_users_may_set_hydra_mode(tmp_path):
+    """Hydra composed every command's config twice, the first time only to read hydra.mode, which none of
+    launch's configs set (~0.2 CPU-s of a launch); a config from the user's own search path still may."""
+    import subprocess
+    import sys
+
+    def composes(*overrides: str) -> int:
+        proc = subprocess.run([sys.executable, "-c", _COMPOSES, "gpus=[]", "dry_run=true", *overrides],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120, env=clean_env())
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return int(proc.stderr.split("composed ")[-1])
+
+    assert composes() == 1
+    assert composes("recipe=cifar10", "strategy=ddp", "nprocs=2") == 1
+    assert composes(f"hydra.searchpath=[file://{tmp_path}]") == 2
+
+
+def test_a_users_config_that_sets_hydra_mode_still_makes_a_sweep(launch, tmp_path):
+    """lightning-hydra-template's hparams_search configs set `hydra.mode: MULTIRUN`: selected from the user's
+    search path, `launch` sweeps without -m."""
+    (tmp_path / "mine" / "experiment").mkdir(parents=True)
+    (tmp_path / "mine" / "experiment" / "sweep.yaml").write_text(
+        "# @package _global_\nhydra:\n  mode: MULTIRUN\n  sweeper:\n    params:\n      seed: 1,2\n")
+    result = launch("gpus=[]", "dry_run=true", f"hydra.searchpath=[file://{tmp_path / 'mine'}]", "+experiment=sweep",
+                    timeout=60)
+    assert result.returncode == 0, result.output
+    assert result.stdout.count("dry run: nothing started.") == 2 and "/multirun/" in result.stdout, result.stdout
+
+
+def test_none_of_launchs_configs_sets_hydra_mode():
+    """What lets a launch compose once (launcher.host.compose.one_compose_per_run): no YAML launch ships
+    sets hydra.mode, at the top of the primary config or from a group option's global package."""
+    from pathlib import Path
+
+    import yaml
+
+    import launcher
+
+    conf = Path(launcher.__file__).parent / "conf"
+    if not conf.is_dir():  # (an editable install: conf/ at the top of the repository)
+        conf = Path(launcher.__file__).parents[1] / "conf"
+    files = sorted(conf.rglob("*.yaml"))
+    assert len(files) > 10
+    for path in files:
+        text = path.read_text()
+        data = yaml.safe_load(text) or {}
+        group = path.parent.relative_to(conf).as_posix()
+        package = next((line.split()[2] for line in text.splitlines() if line.startswith("# @package ")),
+                       "_global_" if group == "." else group.replace("/", "."))
+        if package == "_global_":
+            assert "mode" not in (data.get("hydra") or {}), path
+        else:
+            assert not package.startswith("hydra") or "mode" not in data, path
