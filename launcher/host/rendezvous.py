@@ -140,10 +140,12 @@ def _create_nodes_handler(params):
 
 
 def release(run_id: str | None, others: int, limit_s: float = 10.0) -> None:
-    """Stop serving the rendezvous `run_id` (node 0, after its run ended): first wait, up to `limit_s`, until
-    `others` nodes have closed it. Every node leaves the exit barrier at once, and the others still ask the
-    store (their keep-alive thread, their shutdown); node 0 exiting under them printed torch's C++ warning
-    "recvValueWithTimeout failed ... Connection reset by peer" at the end of a run that succeeded.
+    """Stop serving the rendezvous `run_id` (node 0, after its run ended or every node refused alike): first
+    wait, up to `limit_s`, until `others` nodes have closed it. Every node leaves the exit barrier (or reads
+    the node ranks given) at once, and the others still ask the store (their keep-alive thread, their
+    shutdown); node 0 exiting under them printed torch's C++ warning "recvValueWithTimeout failed ...
+    Connection reset by peer" at the end of a run that succeeded, and ended a node still reading the node
+    ranks with "launch itself failed: DistNetworkError" instead of the refusal's line.
     `others=0` (this node's run failed or was stopped: the others may be gone) does not wait; `run_id=None`
     releases every rendezvous this process serves."""
     if run_id is None:

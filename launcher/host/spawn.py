@@ -266,6 +266,8 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
                 clear_console_line()
                 return describe_failure(run_dir, err, nprocs, max_restarts, nodes)
             except LaunchError as err:  # the nodes could not meet (rendezvous.py): nothing started
+                if nodes is not None:  # (node 0: every node refuses alike; serve it until they have closed)
+                    rendezvous.release(config.run_id, others=nodes.count - 1)
                 return Outcome(err.exit_code, error=str(err))
             except rendezvous.NodeLost as lost:  # (several machines) the workers here were stopped
                 clear_console_line()
