@@ -291,14 +291,20 @@ class _NodeRanks:
         self.handler.next_rendezvous = self.next_rendezvous
 
     def next_rendezvous(self):
+        from torch.distributed import DistError
         from torch.distributed.elastic.rendezvous.api import RendezvousInfo
 
         info = self.elastic_next()
         store = info.store  # (elastic's store for this round: keys of earlier rounds do not show)
-        store.set(f"{self.PREFIX}{info.rank}", str(self.node_rank))
         keys = [f"{self.PREFIX}{r}" for r in range(info.world_size)]
-        store.wait(keys, timedelta(seconds=self.timeout_s))
-        given = [int(v) for v in store.multi_get(keys)]
+        try:
+            store.set(f"{self.PREFIX}{info.rank}", str(self.node_rank))
+            store.wait(keys, timedelta(seconds=self.timeout_s))
+            given = [int(v) for v in store.multi_get(keys)]
+        except DistError as err:  # (node 0 ended meanwhile: its own line says why)
+            why = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
+            raise RendezvousError(f"the rendezvous ended while the nodes compared their node_rank ({why}): node 0's "
+                                  "output says why; start the same launch on every node again") from None
         if all(g < 0 for g in given):
             return info
         if sorted(given) != list(range(info.world_size)):

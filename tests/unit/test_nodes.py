@@ -274,3 +274,27 @@ def test_node_0_serves_the_rendezvous_until_the_other_node_has_closed_it():
         assert released.wait(5), "node 0 still waited after node 1 closed the rendezvous"
     finally:
         rendezvous.release(None, others=0)
+
+
+def test_a_rendezvous_that_ends_while_the_nodes_compare_node_ranks_is_one_line():
+    """CI's three-node refusal: node 0 exited while node 1 still read the node ranks, and node 1 said "launch
+    itself failed: DistNetworkError: Connection reset by peer". Now it is the rendezvous's own line (exit 2)."""
+    import types
+
+    from torch.distributed import DistNetworkError
+
+    from launcher.host import rendezvous
+
+    class Gone:  # node 0's store, as its process exits
+        def set(self, key, value):
+            pass
+
+        def wait(self, keys, timeout):
+            raise DistNetworkError("Connection reset by peer")
+
+    handler = types.SimpleNamespace(next_rendezvous=lambda: types.SimpleNamespace(store=Gone(), rank=1, world_size=3))
+    rendezvous._NodeRanks(handler, 1, 5.0).install()
+    with pytest.raises(rendezvous.RendezvousError) as err:
+        handler.next_rendezvous()
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
+    assert str(err.value).startswith("the rendezvous ended while the nodes compared their node_rank (Connection reset")
