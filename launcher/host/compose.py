@@ -182,8 +182,9 @@ def one_compose_per_run(argv: list[str]):
     if asks is None:
         yield
         return
-    touched = any(("hydra.mode" in a or "hydra.searchpath" in a or a.startswith(("-cd", "--config-dir")))
-                  for a in argv)
+    # (a search path given with -cd/--config-dir, or a primary config with -cp, shows in the sources below;
+    # one given as an override does not yet when Hydra asks)
+    touched = any("hydra.mode" in a or "hydra.searchpath" in a for a in argv)
 
     def get_mode(self, config_name, overrides):
         paths = self.config_loader.get_sources() if hasattr(self.config_loader, "get_sources") else None

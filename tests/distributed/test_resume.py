@@ -242,7 +242,7 @@ def test_an_fp16_resume_keeps_the_gradient_scalers_scale(launch, tmp_path):
     """perf.precision=fp16: the scale the scaler found (its first step overflowed at 65536 and was skipped) is
     in the checkpoint, so the resumed epoch does not skip steps to find it again."""
     # (batch_size=8: digits' first fp16 step overflows at 65536 with batches this small, not at 64; and with
-    # the default width it costs a third of the CPU of the 32-channel network at batch 64 that also overflows)
+    # the default width it costs about 40% of the CPU of the 32-channel network at batch 64 that also does)
     fp16 = ("gpus=[]", "perf.precision=fp16", "batch_size=8")
     first = launch(*fp16, "epochs=1", "hydra.run.dir=fp16-first")
     assert first.returncode == 0, first.output
