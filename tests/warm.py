@@ -172,6 +172,10 @@ class WarmLaunch:
         global CPU_SPENT
         answer = json.loads(line) if line else {}
         CPU_SPENT += answer.get("cpu", 0.0)
+        if os.environ.get("LAUNCH_WARM_LOG"):  # one line a launch: what it ran, its CPU seconds (finding costs)
+            with open(os.environ["LAUNCH_WARM_LOG"], "a") as log:
+                log.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "argv": self.args[1:],
+                                      "cpu": answer.get("cpu", 0.0)}) + "\n")
         # (a server that ended first, with the pytest process, leaves the launch killed with it)
         self.returncode = answer.get("status", -signal.SIGKILL)
         self._reader.close()

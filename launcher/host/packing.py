@@ -3,17 +3,25 @@
 Hydra's basic launcher runs a sweep's runs one after another, and submitit's local executor hands
 every run the same first GPUs. Here each run starts as its own process (launcher/host/sweep_job.py, which
 runs it through Hydra's run_job like any launcher) once the GPUs it needs are free, with `gpus` set
-to those GPUs: on a 2-GPU host two 1-GPU runs train at once. What a run needs comes from the one
-reading of `gpus` (launcher/host/gpus.py): named GPUs wait for exactly those; a count or `all`/`auto`
-take any free ones; CPU runs go one at a time unless `sweep.parallel` allows more. Every run's needs
-are checked against this host before the first starts, so a run that cannot fit fails the sweep at
-once (exit 2) instead of waiting forever.
+to those GPUs: on a 2-GPU host two 1-GPU runs train at once.
+
+Each run's process is a fork of one run server that the sweep starts with its first run: multiprocessing's
+forkserver, which has imported torch, Hydra, the launch command and the training modules once and run no
+torch operation. A run then starts at once, instead of importing all of that again and starting a
+forkserver of its own for its workers; its workers are forks of the run, which has everything imported.
+With LAUNCH_START_METHOD=spawn each run is a fresh `python -m launcher.host.sweep_job` instead.
+
+What a run needs comes from the one reading of `gpus` (launcher/host/gpus.py): named GPUs wait for exactly
+those; a count or `all`/`auto` take any free ones; CPU runs go one at a time unless `sweep.parallel` allows
+more. Every run's needs are checked against this host before the first starts, so a run that cannot fit
+fails the sweep at once (exit 2) instead of waiting forever.
 
 Each run's output goes to `launch.out` in its run dir; one line per run start and end is printed here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -91,10 +99,42 @@ def _die_with_parent() -> None:
     die_with_parent(signal.SIGTERM)
 
 
+class _ForkedRun:
+    """A run forked by the sweep's run server, used as a subprocess.Popen is here: poll, send_signal, wait,
+    kill. Its exit status comes from the server (its parent); a run killed by a signal reads -N, as Popen's."""
+
+    def __init__(self, process) -> None:
+        self.process = process
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self.process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, sig)
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"sweep run {self.process.pid}", timeout)
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _forked_runs() -> bool:
+    """Whether runs are forks of the run server (the default) or fresh interpreters (LAUNCH_START_METHOD=spawn)."""
+    from launcher.host.spawn import start_method
+
+    return start_method() != "spawn"
+
+
 @dataclass
 class _Running:
     job: SweepJob
-    process: subprocess.Popen
+    process: subprocess.Popen | _ForkedRun
     result: Path
     started: float
 
@@ -143,13 +183,33 @@ class SideBySide:
         result = self.scratch / f"job{job.num}.json"
         payload.write_bytes(cloudpickle.dumps((self.hydra_context, self.task_function, config)))
         job.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(job.run_dir / SWEEP_OUTPUT, "w") as out:  # the child keeps its own copy of the file
-            process = subprocess.Popen([sys.executable, "-m", "launcher.host.sweep_job", str(payload), str(result)],
-                                       stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       preexec_fn=_die_with_parent, env=self._child_env(gpus))
+        if _forked_runs():
+            process = self._fork(job, payload, result, self._child_env(gpus))
+        else:
+            with open(job.run_dir / SWEEP_OUTPUT, "w") as out:  # the child keeps its own copy of the file
+                process = subprocess.Popen([sys.executable, "-m", "launcher.host.sweep_job", str(payload),
+                                            str(result)], stdout=out, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                           env=self._child_env(gpus))
         self.running.append(_Running(job, process, result, time.monotonic()))
         where = f"GPU{'s' if len(gpus) > 1 else ''} {gpus}" if gpus else "CPU"
         print(f"sweep: job {job.num} started on {where}: {' '.join(job.overrides) or '(defaults)'}", flush=True)
+
+    @staticmethod
+    def _fork(job: SweepJob, payload: Path, result: Path, env: dict[str, str]) -> _ForkedRun:
+        """The run as a fork of the run server, started here with the first run (launcher/host/spawn.py's
+        forkserver, with sweep_job's imports beside the workers'); it ends with this process."""
+        import multiprocessing
+
+        from launcher.host import sweep_job
+        from launcher.host.spawn import start_forkserver
+
+        start_forkserver(also=sweep_job.PRELOAD)
+        process = multiprocessing.get_context("forkserver").Process(
+            target=sweep_job.forked, name=f"sweep job {job.num}",
+            args=(str(payload), str(result), str(job.run_dir / SWEEP_OUTPUT), env, f"launch job {job.num}"))
+        process.start()
+        return _ForkedRun(process)
 
     def _child_env(self, gpus: list[int]) -> dict[str, str]:
         """CPU runs side by side split the cores between them (each would otherwise size its threads

@@ -100,6 +100,9 @@ def _quiet_elastic() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+PRELOAD_ALSO = "LAUNCH_FORKSERVER_ALSO"  # modules the forkserver imports after the workers' (comma-separated)
+
+
 def start_method() -> str:
     """How workers start, from LAUNCH_START_METHOD: `forkserver` (default), `spawn` (each a fresh interpreter),
     or `fork` (each a fork of this launch process: only for a launch that is itself a fork of a process that
@@ -126,6 +129,13 @@ def prestart_worker_interpreter() -> None:
         return
     if start_method() != "forkserver":
         return
+    start_forkserver()
+
+
+def start_forkserver(also: tuple[str, ...] = ()) -> None:
+    """Start multiprocessing's forkserver with the workers' imports (launcher/train/preload.py) and the
+    modules in `also` (a local sweep's runs are forks of it too: launcher/host/packing.py). Idempotent.
+    It ends with this process; see prestart_worker_interpreter."""
     import atexit
     import multiprocessing
     from multiprocessing import forkserver, resource_tracker
@@ -147,10 +157,14 @@ def prestart_worker_interpreter() -> None:
     finally:
         sys.warnoptions.remove(quiet)
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    if also:
+        os.environ[PRELOAD_ALSO] = ",".join(also)  # (read by the preload; the forkserver's own environment)
     try:
         forkserver.ensure_running()
     finally:
+        os.environ.pop(PRELOAD_ALSO, None)
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    atexit.unregister(_stop_forkserver)  # (once, however often this is called)
     atexit.register(_stop_forkserver)
 
 

@@ -1,5 +1,6 @@
 """Modules the forkserver imports before any worker exists, so that no worker pays for them
-(the worker's entry point and trainer, torch's lazily imported parts, the built-in recipes, TensorBoard).
+(the worker's entry point and trainer, torch's lazily imported parts, the built-in recipes, TensorBoard),
+and those its starter names in LAUNCH_FORKSERVER_ALSO (a local sweep's runs: launcher/host/packing.py).
 
 torch imports some of its heaviest parts lazily, on first use inside a worker: the first optimizer
 call and DDP's constructor import torch._dynamo (and with it sympy and the inductor's modules),
@@ -56,6 +57,12 @@ try:  # rank 0's TensorBoard writer (train/reporting.py): its import (its files 
     import torch.utils.tensorboard  # noqa: E402, F401
 except ImportError:  # (a dependency, but an environment may lack it: the run then says so once)
     pass
+
+# What the process that started this one also needs in the processes it will fork from here: a local
+# sweep's runs are forks of this process (launcher/host/packing.py), which need the launch command's
+# own modules (Hydra, the CLI). Imported while Ctrl-C is still ignored here.
+for _module in filter(None, os.environ.get("LAUNCH_FORKSERVER_ALSO", "").split(",")):
+    importlib.import_module(_module)
 
 signal.signal(signal.SIGINT, _SIGINT)
 

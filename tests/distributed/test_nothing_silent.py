@@ -137,9 +137,17 @@ def test_temporaries_of_a_killed_writer_are_removed(tmp_path):
 
 
 def _sweep_job_pids(parent: int) -> list[int]:
-    from tests.conftest import descendants, running
+    """The processes of a sweep's runs (each names itself `launch job N`: launcher/host/sweep_job.py)."""
+    from tests.conftest import descendants
 
-    return running(descendants(parent), b"launcher.host.sweep_job")
+    found = []
+    for pid in descendants(parent):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().startswith("launch job "):
+                found.append(pid)
+        except OSError:
+            continue
+    return found
 
 
 def test_a_sweep_whose_run_is_killed_by_a_signal_exits_128_plus_n(tmp_path):

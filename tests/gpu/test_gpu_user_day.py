@@ -42,6 +42,25 @@ def test_a_two_run_sweep_runs_at_once_on_gpu_0_and_gpu_1(launch):
     assert result.stdout.index("sweep: job 1 started") < result.stdout.index("sweep: job 0 done")
 
 
+def test_a_sweeps_runs_forked_from_its_run_server_train_on_cuda(launch):
+    """A local sweep's runs are forks of one process that imported torch without touching CUDA, and their
+    workers forks of the run (launcher/host/packing.py): each still trains on the GPU (every results.json
+    says CUDA: tests/gpu/conftest.py)."""
+    result = launch("-m", "recipe=cifar10", "data.synthetic=true", "gpus=1", "epochs=2", "seed=0,1", timeout=600)
+    assert result.returncode == 0, result.output
+    assert len(list(result.cwd.glob("multirun/*/*/[01]/results.json"))) == 2
+
+
+@two_gpus
+def test_a_sweep_run_of_ddp_on_two_gpus_starts_its_workers_by_fork(launch):
+    """Each run of the sweep is DDP on both GPUs, its two workers forks of the run (NCCL after the fork)."""
+    result = launch("-m", "recipe=cifar10", "data.synthetic=true", "gpus=[0,1]", "epochs=2", "seed=0,1",
+                    timeout=600)
+    assert result.returncode == 0, result.output
+    for path in result.cwd.glob("multirun/*/*/[01]/results.json"):
+        assert json.loads(path.read_text())["world_size"] == 2
+
+
 @two_gpus
 def test_cuda_out_of_memory_names_the_rank_the_gpu_and_the_batch(launch):
     # Another job leaves ~10% of each GPU free: ResNet-18's activations for 8,192 images per rank do not fit.
