@@ -150,7 +150,16 @@ def _sweep_job_pids(parent: int) -> list[int]:
     return found
 
 
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def test_a_sweep_whose_run_is_killed_by_a_signal_exits_128_plus_n(tmp_path):
+    """Also, as it runs: the run is a fork of the sweep's run server (multiprocessing's forkserver, not launch
+    itself), and its worker a fork of the run, not of a forkserver of the run's own (launcher/host/packing.py):
+    no run imports torch and the launch command again."""
+    from tests.conftest import descendants
+
     proc = subprocess.Popen(launch_command("-m", "gpus=[]", "epochs=200,2"), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
     try:
@@ -159,10 +168,16 @@ def test_a_sweep_whose_run_is_killed_by_a_signal_exits_128_plus_n(tmp_path):
             time.sleep(0.3)
         [run] = _sweep_job_pids(proc.pid)[:1]
         time.sleep(3)
+        server, below = _ppid(run), {pid: _ppid(pid) for pid in descendants(run)}
+        server_command, command = (Path(f"/proc/{pid}/cmdline").read_bytes() for pid in (server, run))
+        # (a fork keeps its parent's command line; a fresh interpreter, a forkserver say, has its own)
+        below_commands = {Path(f"/proc/{pid}/cmdline").read_bytes() for pid in below}
         os.kill(run, signal.SIGKILL)  # the first run's own launch process; the second then runs to its end
         out, err = proc.communicate(timeout=120)
     finally:
         stop_tree(proc.pid)
+    assert server != proc.pid and b"multiprocessing.forkserver" in server_command, server_command
+    assert below and set(below.values()) == {run} and below_commands == {command}, (run, below, below_commands)
     assert proc.returncode == 137, (proc.returncode, out, err)
     assert "killed by SIGKILL" in err and "1 of 2 sweep runs failed" in err
     assert "| 0 | gpus=[] epochs=200 | 137 |" in out and "| 1 | gpus=[] epochs=2 | 0 |" in out

@@ -3,9 +3,6 @@ is tests/unit/test_sweep_packing.py, and on two GPUs tests/gpu/test_gpu.py)."""
 
 import csv
 import json
-import subprocess
-import time
-from pathlib import Path
 
 import pytest
 
@@ -41,60 +38,6 @@ def test_a_failing_run_does_not_stop_the_others_and_fails_the_sweep(launch):
     assert "rank 0 failed: RuntimeError: injected failure" in result.stderr  # the run's own reason
     assert "1 of 2 sweep runs failed" in result.stderr
     assert len(list(result.cwd.glob("multirun/**/results.json"))) == 1  # the healthy run finished
-
-
-def _ppid(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def _runs_seen(launch_pid: int) -> dict[str, tuple[int, int, bytes, dict[int, int]]]:
-    """The sweep runs alive below `launch_pid`, by name (`launch job N`; its workers, forks of it, show the
-    same name): (its pid, its parent's pid, its parent's command line, {pid: parent pid} of the run's own
-    descendants)."""
-    from tests.conftest import descendants
-
-    seen = {}
-    for pid in descendants(launch_pid):
-        try:
-            name = Path(f"/proc/{pid}/comm").read_text().strip()
-            parent = _ppid(pid)
-            if name.startswith("launch job ") and Path(f"/proc/{parent}/comm").read_text().strip() != name:
-                below = {p: _ppid(p) for p in descendants(pid)}
-                seen[name] = (pid, parent, Path(f"/proc/{parent}/cmdline").read_bytes(), below)
-        except (OSError, IndexError):
-            continue
-    return seen
-
-
-def test_a_sweeps_runs_are_forks_of_one_run_server_not_fresh_interpreters(tmp_path, request):
-    """Each run of a local sweep is a fork of one process that has imported torch, Hydra and the launch
-    command (launcher/host/packing.py), and its workers are forks of the run: no run imports them again or
-    starts a forkserver of its own (seconds of every run's start on a GPU host). A fresh `launch`, as a user
-    starts it (the warm launcher's forks already start their workers by fork)."""
-    from tests.conftest import clean_env, launch_command, stop_tree
-
-    proc = subprocess.Popen(launch_command("-m", "recipe=digits", "gpus=[]", "epochs=8", "lr=0.05,0.1"),
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
-    request.addfinalizer(lambda: stop_tree(proc.pid))
-    seen: dict[str, tuple[int, int, bytes, dict[int, int]]] = {}
-    deadline = time.monotonic() + 240
-    while proc.poll() is None and time.monotonic() < deadline:
-        for name, facts in _runs_seen(proc.pid).items():
-            if name not in seen or len(facts[3]) > len(seen[name][3]):
-                seen[name] = facts
-        time.sleep(0.02)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, out + err
-    assert sorted(seen) == ["launch job 0", "launch job 1"], seen
-    servers = {(parent, cmdline) for _, parent, cmdline, _ in seen.values()}
-    assert len(servers) == 1, servers  # one server for every run
-    [(server, cmdline)] = servers
-    assert server != proc.pid and b"multiprocessing.forkserver" in cmdline, cmdline
-    for name, (run, _, _, below) in seen.items():
-        assert below, f"{name}: no worker seen"
-        # every process below the run is its own child (a forkserver of the run's would stand between)
-        assert set(below.values()) == {run}, (name, run, below)
-    assert "sweep: job 1 done" in out
 
 
 def test_with_start_method_spawn_a_sweeps_run_is_a_fresh_interpreter(launch):

@@ -55,9 +55,8 @@ MUTANTS = [
            "return tta_logits(net, x, self.hp.tta)", "return net(x)",
            (CIFAR + "::test_evaluation_averages_the_test_time_augmentation_asked_for",)),
     # ---- vision_models.py ----
-    Mutant("fast net's global max back to torch.amax", "recipes/vision_models.py",
-           "x = x.flatten(2).max(dim=2).values", "x = torch.amax(x, dim=(2, 3))",
-           (UNIT_COMPILE + "::test_the_fast_net_compiled_by_inductor_under_bf16_keeps_finite_gradients",)),
+    # (The global max back to torch.amax is a GPU test's: torch 2.14's CPU inductor no longer turns it into NaN.
+    # tests/gpu/test_gpu.py's inductor test fails with it on an H200: bench/results/inductor-bf16-1xh200-f6cc1aa.txt)
     Mutant("the whitening stem's second half is not the negatives", "recipes/vision_models.py",
            "torch.cat([filters, -filters])", "torch.cat([filters, filters])",
            (FAST + "::test_whitening_stem_decorrelates_2x2_patches",)),
