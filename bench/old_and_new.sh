@@ -8,6 +8,10 @@
 #   bash bench/old_and_new.sh side     on a machine with two GPUs: the older tree on GPU 0 and this one on GPU 1 at
 #                                      the same time (the same host load on both), benchmark by benchmark:
 #                                      cifar10_fast, the JPEG folder, GPT-2 124M on shards (launch only)
+#   bash bench/old_and_new.sh one-gpu [fast] [jpeg] [gpt] [resnet18]
+#                                      on a machine with one GPU: the older tree, then this one, benchmark by
+#                                      benchmark (the ones named; all four without names); resnet18 is
+#                                      bench/peers.py on 1 GPU: launch graph+compile against the plain script
 #   bash bench/old_and_new.sh peers    on a machine with four GPUs: CIFAR ResNet-18, launch against the plain DDP
 #                                      script (bench/peers.py, 1 and 2 GPUs), the older tree on GPUs 0-1 and this
 #                                      one on GPUs 2-3 at the same time
@@ -46,6 +50,33 @@ make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
     pair 170 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch --epochs 3
     pair 150 python3 bench/gpt.py compare --gpus 1 --no-script --shards '/tmp/shards/*.bin' --epochs 3 --steps 40
     ;;
+one-gpu)
+    out="$OUT/old-and-new-one-gpu-$commit.jsonl"
+    shift
+    wanted=" ${*:-fast jpeg gpt resnet18} "
+    both() {  # LIMIT COMMAND...: the older tree, then this one, on the same GPU
+        local limit=$1
+        shift
+        PYTHONPATH=/tmp/base:$PYTHONPATH timeout "$limit" "$@" 2>&1 | tagged "$base" "$out"
+        timeout "$limit" "$@" 2>&1 | tagged "$commit" "$out"
+    }
+    if [[ $wanted == *" fast "* ]]; then
+        both 150 python3 bench/fast_recipe.py --runs 2
+    fi
+    if [[ $wanted == *" jpeg "* ]]; then
+        (cd bench && python3 -c "from pathlib import Path; from imagefolder import make_folder
+make_folder(Path('/tmp/imagenet-gen'), 20000, 100)") || exit 1
+        both 170 python3 bench/imagefolder_ddp.py compare --root /tmp/imagenet-gen --gpus 1 --only launch --epochs 3
+    fi
+    if [[ $wanted == *" gpt "* ]]; then
+        python3 bench/make_token_shards.py /tmp/shards --shards 4 --tokens-per-shard 655360 --val-tokens 65536 \
+            >/dev/null || exit 1
+        both 150 python3 bench/gpt.py compare --gpus 1 --no-script --shards '/tmp/shards/*.bin' --epochs 3 --steps 40
+    fi
+    if [[ $wanted == *" resnet18 "* ]]; then
+        both 200 python3 bench/peers.py --models resnet18 --epochs 5 --runs launch:graph+compile:1 script:reduce-overhead:1
+    fi
+    ;;
 peers)
     out="$OUT/old-and-new-peers-$commit.jsonl"
     CUDA_VISIBLE_DEVICES=0,1 PYTHONPATH=/tmp/base:$PYTHONPATH timeout 560 python3 bench/peers.py --models resnet18 \
@@ -54,7 +85,7 @@ peers)
     wait
     ;;
 *)
-    echo "usage: bash bench/old_and_new.sh side|peers" >&2
+    echo "usage: bash bench/old_and_new.sh side|one-gpu [fast] [jpeg] [gpt] [resnet18]|peers" >&2
     exit 2
     ;;
 esac
