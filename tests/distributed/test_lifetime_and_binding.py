@@ -82,6 +82,25 @@ def test_launcher_killed_in_a_background_job_of_a_script_leaves_no_worker(tmp_pa
         kill_tagged(tag)
 
 
+def test_a_sweep_killed_outright_leaves_no_run_server_run_or_worker(tmp_path):
+    """`launch -m`: each run is a fork of the sweep's run server, not a child of launch (launcher/host/packing.py);
+    a kill -9 of launch must still end the server, the run and the run's worker within seconds."""
+    tag = f"sweep-{os.getpid()}"
+    proc = subprocess.Popen(launch_command("-m", "gpus=[]", "epochs=500", "lr=0.05,0.1"), cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env(LAUNCH_TEST_TAG=tag))
+    try:
+        assert wait_for(lambda: any("loss" in out.read_text() for out in tmp_path.glob("multirun/*/*/0/launch.out")),
+                        90), list(tmp_path.glob("multirun/*/*/0/*"))
+        before = tagged(tag) - {proc.pid}
+        assert len(before) >= 3, before  # the run server, the run, its worker
+        proc.kill()
+        proc.wait(timeout=10)
+        assert wait_for(lambda: not tagged(tag), 15), f"left running: {tagged(tag)}"
+    finally:
+        stop_tree(proc.pid)
+        kill_tagged(tag)
+
+
 def test_script_ranks_die_with_a_launcher_killed_outright(tmp_path):
     """elastic starts a script's ranks in sessions of their own; a kill -9 of the launcher must end them."""
     (tmp_path / "train.py").write_text(
