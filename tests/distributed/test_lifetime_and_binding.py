@@ -48,6 +48,13 @@ def kill_tagged(tag: str) -> None:
             pass
 
 
+def kill_and_expect_nothing_left(proc: subprocess.Popen, tag: str, within: float) -> None:
+    """kill -9 the launch `proc`; every process carrying `tag` must be gone within `within` seconds."""
+    proc.kill()
+    proc.wait(timeout=10)
+    assert wait_for(lambda: not tagged(tag), within), f"left running: {tagged(tag)}"
+
+
 def wait_for_workers(tag: str, how_many: int, within: float = 60) -> set[int]:
     assert wait_for(lambda: len(tagged(tag)) >= how_many, within), f"only {tagged(tag)} started"
     time.sleep(1.0)  # the workers are past their start-up
@@ -93,9 +100,7 @@ def test_a_sweep_killed_outright_leaves_no_run_server_run_or_worker(tmp_path):
                         90), list(tmp_path.glob("multirun/*/*/0/*"))
         before = tagged(tag) - {proc.pid}
         assert len(before) >= 3, before  # the run server, the run, its worker
-        proc.kill()
-        proc.wait(timeout=10)
-        assert wait_for(lambda: not tagged(tag), 15), f"left running: {tagged(tag)}"
+        kill_and_expect_nothing_left(proc, tag, within=15)
     finally:
         stop_tree(proc.pid)
         kill_tagged(tag)
@@ -121,9 +126,7 @@ def test_script_ranks_die_with_a_launcher_killed_outright(tmp_path):
         assert ready == 2
         ranks = tagged(tag) - {proc.pid}
         assert len(ranks) >= 2, ranks
-        proc.kill()
-        proc.wait(timeout=10)
-        assert wait_for(lambda: not tagged(tag), 10), f"left running: {tagged(tag)}"
+        kill_and_expect_nothing_left(proc, tag, within=10)
     finally:
         stop_tree(proc.pid)
         kill_tagged(tag)
