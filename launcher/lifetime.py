@@ -17,6 +17,7 @@ import os
 import signal
 import stat
 import sys
+import threading
 from collections.abc import Iterator
 
 _PR_SET_PDEATHSIG = 1
@@ -35,6 +36,75 @@ def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> 
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signum))
     if os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(128 + int(signum))
+
+
+def end_with(ancestor: int, signum: int = signal.SIGTERM) -> threading.Event | None:
+    """Receive `signum` when process `ancestor` (this process's parent, or the parent's parent, ...) ends;
+    now if it already has. The event returned is set when it has ended. A parent-death signal covers the
+    parent only: a run that submitit_local starts is a child of submitit's controller, itself launch's
+    child, and trained on to its end after a kill -9 of launch. None, and nothing armed, where `ancestor`
+    is not an ancestor of this process (a job on a SLURM node, whose pids are another machine's)."""
+    if ancestor in _watching:
+        return _watching[ancestor]
+    try:
+        watched = os.pidfd_open(ancestor)  # (first: the pid cannot be another process's while this is open)
+    except ProcessLookupError:
+        watched = None
+    except (OSError, AttributeError):  # (a kernel before 5.3: no pidfd)
+        return None
+    if watched is not None and ancestor not in _ancestors():
+        os.close(watched)
+        return None
+    ended = _watching[ancestor] = threading.Event()
+
+    def wait() -> None:
+        import select
+
+        if watched is not None:
+            select.select([watched], [], [])  # readable once the process has ended
+        ended.set()
+        os.kill(os.getpid(), signum)
+
+    if watched is None:  # gone already, and this process is its orphan now
+        wait()
+    else:
+        threading.Thread(target=wait, name=f"end-with-{ancestor}", daemon=True).start()
+    return ended
+
+
+_watching: dict[int, threading.Event] = {}
+
+
+def _ancestors() -> list[int]:
+    found, pid = [], os.getpid()
+    while pid > 1 and len(found) < 64:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        found.append(pid)
+    return found
+
+
+def tie_joblib_workers() -> None:
+    """joblib's worker processes (Hydra's `hydra/launcher=joblib`), started from here from now on, get
+    SIGTERM when this process ends. The one running a run stops it (as at a `kill`); an idle one, which
+    nothing else tells, waited for work until loky's idle time-out (300 s) after a kill -9 of launch."""
+    import functools
+
+    from joblib import register_parallel_backend
+    from joblib._parallel_backends import LokyBackend
+
+    tie = functools.partial(die_with_parent, signal.SIGTERM, os.getpid())
+
+    class TiedLokyBackend(LokyBackend):
+        def configure(self, n_jobs=1, parallel=None, prefer=None, require=None, idle_worker_timeout=None,
+                      **kwargs):
+            kwargs.setdefault("initializer", tie)
+            return super().configure(n_jobs, parallel, prefer, require, idle_worker_timeout, **kwargs)
+
+    register_parallel_backend("loky", TiedLokyBackend)
 
 
 def name_this_process(name: str) -> None:
@@ -66,8 +136,6 @@ class _CtrlCHold:
         """Start holding; False where there is nothing to hold (held already, or not Python's handler).
         `taking_over`: a handler that held it until now (launcher/__main__.py's first lines), standing for
         Python's; `pressed`: what that handler noted (non-empty: Ctrl-C was pressed meanwhile)."""
-        import threading
-
         current = signal.getsignal(signal.SIGINT)
         if (self.active or threading.current_thread() is not threading.main_thread()
                 or (current is not signal.default_int_handler and (taking_over is None or current is not taking_over))):
@@ -136,8 +204,6 @@ def never_lose_ctrl_c() -> None:
     ignored in: ... KeyboardInterrupt" with a traceback, and lost (a worker went on training until the
     launcher's grace ran out; seen in CI under a joblib sweep). Here such a KeyboardInterrupt is said
     nowhere and SIGINT is sent again; its handler runs in the code that is running by then."""
-    import threading
-
     previous = sys.unraisablehook
     if getattr(previous, "never_lose_ctrl_c", False):
         return

@@ -22,9 +22,12 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import LaunchError, said
+
+if TYPE_CHECKING:
+    import threading
 
 
 class Invocation:
@@ -35,8 +38,11 @@ class Invocation:
     """
 
     def __init__(self, started: float):
+        import socket
+
         self.started = started
         self.pid = os.getpid()
+        self.host = socket.gethostname()
         self.codes: list[int] = []
 
     def record(self, exit_code: int) -> None:
@@ -47,12 +53,14 @@ class Invocation:
         RunFailed, so that Hydra (and its sweeper) see the failure."""
         from launcher.lifetime import hold_ctrl_c, let_ctrl_c_through, never_lose_ctrl_c
 
+        launch_ended = None
         if os.getpid() != self.pid:
             # A run in another Hydra launcher's process (joblib's loky worker), where nothing held Ctrl-C:
             # a terminal's Ctrl-C reaches it too, and raised inside the imports below (torch's above all) it
             # printed "Exception ignored ... KeyboardInterrupt" tracebacks. Held until torch is imported.
             hold_ctrl_c()
             never_lose_ctrl_c()
+            launch_ended = self._end_with_launch()
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
@@ -91,6 +99,8 @@ class Invocation:
         self.record(outcome.exit_code)
         if outcome.error:
             print(said(outcome.error), file=sys.stderr, flush=True)
+        if launch_ended is not None and launch_ended.is_set():
+            self._exit_orphan(outcome.exit_code)
         if outcome.stopped and hydra_cfg.mode == RunMode.MULTIRUN and os.getpid() == self.pid:
             raise SweepStopped(outcome.exit_code)  # (a run in this process: the basic launcher's)
         sweeper = str(hydra_cfg.sweeper.get("_target_", ""))
@@ -103,6 +113,30 @@ class Invocation:
 
     def exit_code(self) -> int:
         return max(self.codes, default=0)
+
+    def _end_with_launch(self) -> threading.Event | None:
+        """A run in a process that another Hydra launcher started below launch (joblib's loky worker,
+        submitit_local's job) gets SIGTERM when launch ends, however it ended: it then stops its workers as
+        at a `kill` and exits. Before, a `kill` or kill -9 of launch left such runs training to their end.
+        None in a process launch did not start (submitit's jobs on SLURM); else an event set once it ended."""
+        import socket
+
+        from launcher.lifetime import end_with
+
+        return end_with(self.pid) if socket.gethostname() == self.host else None
+
+    @staticmethod
+    def _exit_orphan(code: int) -> None:
+        """launch has ended while this run ran in its launcher's worker: nobody is left to take the result or
+        another run, and the worker would otherwise wait minutes for one (loky's idle time-out). Exit now,
+        after the exit handlers (the run's temporary folders)."""
+        import atexit
+
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code or 1)
 
 
 def _script_args_as_override(argv: list[str]) -> list[str]:

@@ -231,7 +231,9 @@ class SideBySide:
                     return
             time.sleep(0.2)
 
-    def _finished(self, entry: _Running, returncode: int) -> None:
+    def _finished(self, entry: _Running, returncode: int, said: bool = True) -> None:
+        """Record how the run ended: as it reported itself (its result file), else as its process ended.
+        `said`: print a line for it (not for the runs `stop` ends: launch says why it stopped them)."""
         job = entry.job
         seconds = time.monotonic() - entry.started
         reported = read_json(entry.result)
@@ -241,6 +243,8 @@ class SideBySide:
             code = signal_exit_code(returncode) or 1
             how = f"killed by {signal_name(code)}" if signal_name(code) else f"exited with code {code}"
             job.finished(code, f"the run {how} before reporting ({_last_words(job)})", seconds)
+        if not said:
+            return
         if job.exit_code:
             print(f"sweep: job {job.num} FAILED (exit {job.exit_code}) in {seconds:.1f}s: {job.error} "
                   f"(output: {job.run_dir / SWEEP_OUTPUT})", file=sys.stderr, flush=True)
@@ -248,14 +252,20 @@ class SideBySide:
         print(f"sweep: job {job.num} done in {seconds:.1f}s: {finished_line(job)}", flush=True)
 
     def stop(self) -> None:
+        """SIGTERM the running runs (a Ctrl-C or a SIGTERM of launch) and wait for them; each is recorded as
+        it reported itself, stopped by SIGTERM after so many seconds, as its outcome.json says. Before, the
+        summary gave such a run exit 130 and 0.0 s."""
         for entry in self.running:
             if entry.process.poll() is None:
                 entry.process.send_signal(signal.SIGTERM)
-        for entry in self.running:
+        for entry in list(self.running):
             try:
-                entry.process.wait(timeout=30)
+                code = entry.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 entry.process.kill()
+                code = entry.process.wait()
+            self.running.remove(entry)
+            self._finished(entry, code, said=False)
 
 
 def finished_line(job: SweepJob) -> str:

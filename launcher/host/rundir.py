@@ -122,7 +122,8 @@ def claim(path: Path, setting: str = "hydra.run.dir") -> Claim | None:
     try:
         path.mkdir(parents=True, exist_ok=True)
         record = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:]}
+                  "started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
+                  "setting": setting}  # (hydra.sweep.dir: a sweep's own dir, which `launch runs` does not list)
         fd = os.open(path / CLAIM, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         raise LaunchError(_why_taken(path, setting) or f"{setting}={path} was claimed by another launch") from None
@@ -184,12 +185,19 @@ class RunDirClaim(Callback):
         from omegaconf import OmegaConf
 
         from launcher.host.compose import SWEEP_LAUNCHER
-        from launcher.lifetime import let_ctrl_c_through
+        from launcher.lifetime import let_ctrl_c_through, tie_joblib_workers
 
-        if OmegaConf.select(config, "hydra.launcher._target_") != SWEEP_LAUNCHER:
+        target = str(OmegaConf.select(config, "hydra.launcher._target_"))
+        if target != SWEEP_LAUNCHER:
             # Another Hydra launcher (joblib, submitit) runs the sweep from here; `launch` held Ctrl-C
             # until now (cli.main) and its own sweep launcher hands it back itself, after composing.
             let_ctrl_c_through("torch")
+        if target.startswith("hydra_plugins.hydra_joblib_launcher."):
+            tie_joblib_workers()
+            # joblib's resource tracker outlives a launch ended by a signal by a moment, removes the shared-
+            # memory folders the launch left, and warned about them on the terminal after the prompt came back.
+            quiet = "ignore::UserWarning:joblib.externals.loky.backend.resource_tracker"
+            os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (os.environ.get("PYTHONWARNINGS"), quiet)))
 
     @staticmethod
     def _claim(config: Any, setting: str) -> None:

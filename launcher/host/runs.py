@@ -20,7 +20,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.files import CLAIM, CONFIG, EVAL, FAILURES, METRICS, OUTCOME, PLAN, PREEMPTED, RESULTS, read_json
+from launcher.files import (
+    CLAIM,
+    CONFIG,
+    EVAL,
+    FAILURES,
+    METRICS,
+    OUTCOME,
+    PLAN,
+    PREEMPTED,
+    RESULTS,
+    SWEEP_MARK,
+    read_json,
+)
 from launcher.host.resume import latest
 from launcher.host.rundir import pid_alive, read_claim
 
@@ -140,9 +152,16 @@ def find(root: Path) -> list[Path]:
             continue
         for marker in (CLAIM, PLAN):
             for path in base.glob(f"**/{marker}"):
-                if not (path.parent / "multirun.yaml").exists():  # a sweep's own dir: its runs are listed
+                if not _sweep_dir(path.parent):  # (its runs are listed, not it)
                     found.add(path.parent)
     return sorted(found)
+
+
+def _sweep_dir(folder: Path) -> bool:
+    """A sweep's own dir: Hydra's basic sweeper writes multirun.yaml there, launch's sweep launcher its mark,
+    and launch's claim says so. An Optuna sweep has no multirun.yaml, and was listed as a failed run."""
+    return ((folder / "multirun.yaml").exists() or (folder / SWEEP_MARK).exists()
+            or read_json(folder / CLAIM).get("setting") == "hydra.sweep.dir")
 
 
 def _best(run: dict[str, Any]) -> str:

@@ -70,7 +70,7 @@ COLUMNS = ("job", "overrides", "exit_code", "test_acc", "best_test_acc", "loss",
 
 def summary_row(job: SweepJob) -> dict[str, Any]:
     """The job's row. `seconds`: the run's wall time here, or (a SLURM run, timed elsewhere) its worker
-    time from results.json."""
+    time from results.json; none for a run not followed to its end."""
     results = job.results
     final = results.get("final") or {}
     seconds = job.seconds or results.get("worker_s") or 0.0
@@ -78,7 +78,9 @@ def summary_row(job: SweepJob) -> dict[str, Any]:
             "test_acc": results.get("test_acc"), "best_test_acc": results.get("best_test_acc"),
             "loss": final.get("loss"), "img_per_s": final.get("img_per_s"),
             "tokens_per_s": final.get("tokens_per_s"), "epochs": final.get("epoch"),
-            "seconds": round(seconds, 1), "run_dir": str(job.run_dir),
+            # (a run that never started, a Ctrl-C first, has neither: its folder was never made)
+            "seconds": round(seconds, 1) if job.exit_code is not None else None,
+            "run_dir": str(job.run_dir) if job.run_dir.exists() else None,
             "samples_per_s": final.get("samples_per_s"),
             "objective": effective_objective(results, job.cfg.sweep.objective),
             "objective_value": objective_of(results, job.cfg.sweep.objective)}

@@ -110,9 +110,9 @@ def test_runs_shows_damaged_runs_as_unreadable_escapes_names_and_fits_the_termin
 
 
 def test_each_runs_state_best_figure_and_order_read_from_its_files_in_process(tmp_path, capsys):
-    """runs.main, in this process: newest first, a sweep's own dir not listed as a run, the best epoch's
-    accuracy, a launch that ended well without results (a script) finished, --limit."""
-    from launcher.host import runs
+    """runs.main, in this process: newest first, a sweep's own dir (Hydra's basic sweeper's, Optuna's) not
+    listed, the best epoch's accuracy, a launch that ended well without results (a script) finished, --limit."""
+    from launcher.host import rundir, runs
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -126,6 +126,11 @@ def test_each_runs_state_best_figure_and_order_read_from_its_files_in_process(tm
     claim = {"pid": dead.pid, "host": "x", "started": "2026-11-01 12:00:00"}
     (sweep / ".launch-claim.json").write_text(json.dumps(claim))
     (sweep / "multirun.yaml").write_text("{}\n")
+    # an Optuna sweep's own dir holds no multirun.yaml: launch's claim there says it is a sweep's
+    optuna = tmp_path / "multirun" / "2026-11-01" / "12-30-00"
+    rundir.claim(optuna, "hydra.sweep.dir")  # (as RunDirClaim.on_multirun_start claims it)
+    rundir._claims.pop(optuna.absolute())
+    (optuna / "optimization_results.yaml").write_text("name: optuna\n")
     assert runs.main(["--json"], root=tmp_path) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [Path(r["dir"]).name for r in listed] == ["b-script", "a-best"]  # newest first; the sweep's dir is none

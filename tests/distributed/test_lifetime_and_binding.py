@@ -1,6 +1,8 @@
 """Nothing outlives a launch, however it was started or killed; a local launch listens on loopback only."""
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -101,6 +103,31 @@ def test_a_sweep_killed_outright_leaves_no_run_server_run_or_worker(tmp_path):
         before = tagged(tag) - {proc.pid}
         assert len(before) >= 3, before  # the run server, the run, its worker
         kill_and_expect_nothing_left(proc, tag, within=15)
+    finally:
+        stop_tree(proc.pid)
+        kill_tagged(tag)
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local"])
+def test_a_sweep_under_another_launcher_killed_outright_leaves_no_run_or_worker(tmp_path, launcher):
+    """joblib runs a run in a loky worker that launch started, submitit_local in a child of its controller
+    (launch's child): after a kill -9 of launch the run trained on to its end, and joblib's idle worker and
+    resource tracker waited minutes for more. Now the run stops as at a `kill` and nothing is left."""
+    tag = f"{launcher}-{os.getpid()}"
+    extra = ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []  # (one run: one worker stays idle)
+    proc = subprocess.Popen(launch_command("-m", f"hydra/launcher={launcher}", *extra, "gpus=[]", "epochs=500",
+                                           "lr=0.05"), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=clean_env(LAUNCH_TEST_TAG=tag))
+    try:
+        assert wait_for(lambda: list(tmp_path.glob("multirun/*/*/0/metrics.jsonl")), 90), \
+            list(tmp_path.glob("multirun/*/*/0/*"))
+        before = tagged(tag) - {proc.pid}
+        assert len(before) >= 3, before  # the run's process, its worker, the launcher's helper (tracker, controller)
+        kill_and_expect_nothing_left(proc, tag, within=15)
+        # (joblib's shared-memory folders, named after launch's pid, removed by its resource tracker on its way out)
+        assert not list(Path("/dev/shm").glob(f"joblib_memmapping_folder_{proc.pid}_*"))
+        outcome = json.loads(next(tmp_path.glob("multirun/*/*/0/outcome.json")).read_text())
+        assert outcome["exit_code"] == 128 + signal.SIGTERM, outcome  # stopped, as at a `kill`, and said so
     finally:
         stop_tree(proc.pid)
         kill_tagged(tag)

@@ -1,6 +1,8 @@
 """Nothing fails silently: a full disk is named, a run killed by a signal fails its sweep with 128+N,
 Ctrl-C on a sweep still says what finished, a closed console pipe does not stop or litter a run."""
 
+import csv
+import json
 import os
 import signal
 import subprocess
@@ -198,9 +200,17 @@ def test_ctrl_c_on_a_sweep_says_what_finished(tmp_path):
         stop_tree(proc.pid)
     assert proc.returncode == 130, err
     assert "| 0 | gpus=[] epochs=2 seed=1 | 0 |" in out  # the finished run, in the summary table
-    assert "| 1 | gpus=[] epochs=2 seed=2 | 130 |" in out
+    # the run launch stopped (with SIGTERM, at the Ctrl-C), as its own outcome.json says, with its time so far
+    # (the summary said 130 and 0.0 s); the run never started has no time and no folder
+    assert "| 1 | gpus=[] epochs=2 seed=2 | 143 |" in out
     assert "interrupted (Ctrl-C)" in err and "Traceback" not in err and "KeyboardInterrupt" not in err
-    assert (next(tmp_path.glob("multirun/*/*")) / "summary.md").exists()
+    sweep = next(tmp_path.glob("multirun/*/*"))
+    assert (sweep / "summary.md").exists()
+    outcome = sweep / "1" / "outcome.json"
+    assert not outcome.exists() or json.loads(outcome.read_text())["exit_code"] == 143
+    rows = list(csv.DictReader(open(sweep / "summary.csv")))
+    assert float(rows[1]["seconds"]) > 0.5, rows[1]
+    assert not (sweep / "2").exists() and rows[2]["run_dir"] == "" and rows[2]["seconds"] == "", rows[2]
 
 
 @pytest.mark.parametrize("after_s", [0.0, 0.1])

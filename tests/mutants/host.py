@@ -11,6 +11,8 @@ KEEPING = "tests/unit/test_run_keeping.py"
 RUNS = "tests/cli/test_runs_command.py::test_each_runs_state_best_figure_and_order_read_from_its_files_in_process"
 CKPT = "tests/unit/test_checkpoint_and_env.py"
 FAILED = "tests/unit/test_failures.py"
+KILLED_UNDER_ANOTHER = ("tests/distributed/test_lifetime_and_binding.py::"
+                        "test_a_sweep_under_another_launcher_killed_outright_leaves_no_run_or_worker")
 SLURM_WAIT = "tests/unit/test_slurm_submission.py::test_backend_wait_follows_the_job_and_its_failure_is_the_launchs"
 
 MUTANTS = [
@@ -176,6 +178,11 @@ MUTANTS = [
            "        release(run_dir)  # a dry run", "        pass  # a dry run",
            ("tests/cli/test_run_dirs.py::test_a_refused_launch_removes_only_what_it_created",
             "tests/cli/test_run_dirs.py::test_a_dry_run_sweep_leaves_no_run_folders")),
+    Mutant("a run under another Hydra launcher outlives launch", "launcher/host/cli.py",
+           "return end_with(self.pid) if socket.gethostname() == self.host else None", "return None",
+           (KILLED_UNDER_ANOTHER,)),
+    Mutant("an orphaned joblib worker waits for its next run", "launcher/host/cli.py",
+           "            self._exit_orphan(outcome.exit_code)", "            pass", (KILLED_UNDER_ANOTHER,)),
     Mutant("bad input a backend finds exits 1", "launcher/host/launch.py",
            "return Outcome(err.exit_code, error=str(err))", "return Outcome(1, error=str(err))", (COMMAND,)),
     Mutant("bad input a backend finds is not said", "launcher/host/launch.py",
@@ -347,7 +354,9 @@ MUTANTS = [
            'elif (results and ended.get("exit_code") in (None, 0)) or ended.get("exit_code") == 0:',
            'elif results and ended.get("exit_code") in (None, 0):', (RUNS,)),
     Mutant("a sweep's own dir is listed as a run", "launcher/host/runs.py",
-           'if not (path.parent / "multirun.yaml").exists():  # a sweep', "if True:  # a sweep", (RUNS,)),
+           "if not _sweep_dir(path.parent):  # (its runs", "if True:  # (its runs", (RUNS,)),
+    Mutant("an Optuna sweep's own dir is listed as a run", "launcher/host/runs.py",
+           'or read_json(folder / CLAIM).get("setting") == "hydra.sweep.dir")', ")", (RUNS,)),
     Mutant("launch runs --limit is ignored", "launcher/host/runs.py",
            "runs = runs[:limit] if limit else runs", "runs = runs", (RUNS,)),
     Mutant("a sweep run's dir that a run wrote into is removed", "launcher/host/rundir.py",

@@ -24,6 +24,24 @@ def test_a_zombie_is_not_alive_and_a_running_process_is():
     assert not lifetime.process_alive(child.pid)
 
 
+def test_a_run_ends_with_launch_only_where_launch_is_its_ancestor():
+    """end_with arms on an ancestor and on nothing else: a pid that is not one (launch's pid as seen by a job on
+    a SLURM node, where it names another machine's process or none) must not stop the run when it ends."""
+    script = ("import os, signal, subprocess, sys, time\n"
+              "from launcher import lifetime\n"
+              "signal.signal(signal.SIGTERM, lambda *a: (print('signalled', flush=True), os._exit(0)))\n"
+              "other = subprocess.Popen(['sleep', '0.5'])\n"
+              "print('other', lifetime.end_with(other.pid), flush=True)\n"
+              "other.wait(); time.sleep(0.5)\n"
+              "print('parent', lifetime.end_with(os.getppid()) is not None, flush=True)\n"
+              "time.sleep(30)\n")
+    parent = subprocess.Popen(["bash", "-c", f'python -c "{script}" & sleep 4'], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PATH": f"{os.path.dirname(os.sys.executable)}:{os.environ['PATH']}"})
+    out, _ = parent.communicate(timeout=60)
+    # (once bash, the parent, has ended after 4 s, the child is signalled: it prints and exits)
+    assert out.split() == ["other", "None", "parent", "True", "signalled"], out
+
+
 def test_a_launch_removes_the_private_temporary_folders_of_dead_launches_only(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", tempfile.tempdir)
