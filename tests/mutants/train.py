@@ -96,7 +96,7 @@ MUTANTS = [
     # evaluation.py
     Mutant("no evaluation after the last epoch", "launcher/train/evaluation.py",
            "return epoch + 1 == self.cfg.epochs or (every > 0", "return False or (every > 0",
-           ("tests/distributed/test_eval.py",)),
+           ("tests/unit/test_figures.py::test_a_run_evaluates_every_nth_epoch_and_always_after_its_last",)),
     Mutant("the confusion matrix transposed", "launcher/train/evaluation.py",
            "matrix += torch.bincount(y * classes + predicted, minlength", "matrix += torch.bincount(predicted * classes + y, minlength",
            ("tests/distributed/test_eval.py",)),
@@ -105,7 +105,7 @@ MUTANTS = [
            ("tests/distributed/test_own_data.py",)),
     Mutant("eval skips counted once per rank only on rank 0", "launcher/train/evaluation.py",
            "skipped = int(s.reduce_host([float(queued.skipped)])[0])", "skipped = int(queued.skipped)",
-           ("tests/distributed/test_imagefolder_launch.py",)),
+           ("tests/unit/test_figures.py::test_launch_eval_counts_the_samples_every_rank_skipped",)),
     # faults.py
     Mutant("a fault injected one step late", "launcher/train/faults.py",
            "        if global_step != self.step:\n            return", "        if global_step != self.step + 1:\n            return",

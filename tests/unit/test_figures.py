@@ -219,3 +219,39 @@ def test_a_sweep_objective_that_is_no_figure_is_checked_against_results_json():
     with pytest.raises(ConfigError, match=r"sweep.objective=worker_ss is not valid: .* \(e.g. launch "
                                           r"sweep.objective=worker_s\)"):
         typo.check_results({"worker_s": 3.0, "final": {"loss": 0.1}})
+
+
+@pytest.mark.parametrize("every, evaluated", [(2, [False, True, True]), (0, [False, False, True]),
+                                              (1, [True, True, True])])
+def test_a_run_evaluates_every_nth_epoch_and_always_after_its_last(every, evaluated):
+    """eval.every=2 over 3 epochs: after epoch 2, and after the last (3) though 3 is no multiple of 2."""
+    cfg = SimpleNamespace(epochs=3, eval=SimpleNamespace(every=every, batch_size=4))
+    evaluation = Evaluation(cfg, SimpleNamespace(), SimpleNamespace(), torch.device("cpu"), contextlib.nullcontext,
+                            SimpleNamespace(warmup_s=None))
+    assert [evaluation.after(epoch) for epoch in range(3)] == evaluated
+
+
+def test_launch_eval_counts_the_samples_every_rank_skipped():
+    """`launch eval` on two ranks (data.on_bad_file=skip): eval_skipped is the sum over the ranks, not rank 0's."""
+    x, y = torch.randn(8, 3), torch.randint(0, 2, (8,))
+
+    class Split:
+        skipped = 0
+
+        def __len__(self):
+            return 8
+
+        def batches(self, chunks):
+            self.skipped += 1  # (this rank left one bad file out)
+            for rows in chunks:
+                yield (x[rows], y[rows]), rows
+
+    other_rank_skipped = 2
+    strategy = SimpleNamespace(world_size=2, rank=0, lockstep_eval=False, all_reduce=lambda t: 2 * t,
+                               reduce_host=lambda values: [v + other_rank_skipped for v in values])
+    cfg = SimpleNamespace(eval=SimpleNamespace(batch_size=4))
+    evaluation = Evaluation(cfg, SimpleNamespace(eval_step=lambda model, batch: {"mse": _mse(model, batch)}),
+                            strategy, torch.device("cpu"), contextlib.nullcontext, SimpleNamespace(warmup_s=None))
+    data = SimpleNamespace(test=Split(), in_memory=False, num_classes=2)
+    row = evaluation.read_now(SimpleNamespace(eval=nn.Linear(3, 2)), data, warmed=True)
+    assert row["eval_skipped"] == 1 + other_rank_skipped
