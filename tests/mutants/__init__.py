@@ -122,6 +122,21 @@ def _baseline(sets: list[tuple[str, ...]]) -> dict[tuple[str, ...], subprocess.C
     return baseline
 
 
+def _imported_from_elsewhere() -> str | None:
+    """Why the tests would not import this checkout's code, if they would not: a mutant edits files here, and
+    one another checkout's editable install maps (recipes/ is `launcher.recipes` through the install's
+    package map, which PYTHONPATH does not change) was run unmutated: 24 mutants then seemed to survive."""
+    import importlib.util
+
+    for name in ("launcher", "launcher.recipes"):
+        spec = importlib.util.find_spec(name)
+        origin = Path(spec.origin).resolve() if spec and spec.origin else None
+        if origin is None or not origin.is_relative_to(REPO):
+            return (f"{name} is imported from {origin}, not from this checkout ({REPO}); install this checkout in "
+                    f"a venv of its own (python -m venv .venv && .venv/bin/pip install -e '.[dev]')")
+    return None
+
+
 def main(argv: list[str]) -> int:
     mutants = all_mutants()
     if "--list" in argv:
@@ -147,6 +162,14 @@ def main(argv: list[str]) -> int:
     if shard is not None:
         chosen = chosen[shard[0]::shard[1]]
     chosen = [m for m in chosen if m.name not in done]
+    if not chosen:
+        print(f"mutants: no mutant left to run whose name or file holds {' or '.join(words) or 'anything'} "
+              "(python -m tests.mutants --list shows them)", file=sys.stderr)
+        return 2
+    imported = _imported_from_elsewhere()
+    if imported:
+        print(f"mutants: {imported}", file=sys.stderr)
+        return 2
     dirty = subprocess.run(["git", "status", "--porcelain", "--", *sorted({m.path for m in chosen})], cwd=REPO,
                            capture_output=True, text=True).stdout.strip()
     if dirty:
