@@ -16,6 +16,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A suite started as a background job of a non-interactive shell (`nohup bash .ci/run &`) inherits SIGINT
+# ignored, and so does every process it starts: the tests of what a Ctrl-C does then saw nothing happen (four
+# failed so). Python's own handler here; the processes the tests start get the default at their exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 # Decoded datasets and compiled kernels go to a cache of this test session, not the user's ~/.cache
 # (launcher/data/cache.py; launches started by the tests inherit it); this user's seal key
 # (launcher/integrity.py) likewise to a config folder of this session, not ~/.config/launcher.
