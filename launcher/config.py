@@ -244,6 +244,9 @@ class RecipeConfig(Schema):
     before_keys: ClassVar[dict[str, Any]] = {}
     """Keys added to the recipe after runs were saved without them, with the value such a run had: its resume
     and `launch eval` build the network it trained (recipe_as_saved)."""
+    presets: ClassVar[dict[str, dict[str, dict[str, Any]]]] = {}
+    """Named values that set other keys: {key: {value: {other key: its value}}}. Where the key has such a value,
+    each other key takes the named one unless the command line sets it (launcher/host/compose.py: settled)."""
 
 
 @dataclass
@@ -393,7 +396,26 @@ class TextModel(Choice):
     """An LSTM."""
     gru = "gru"
     """A GRU."""
+    llama = "llama"
+    """Llama 3's decoder: RMSNorm, rotary positions, a SwiGLU MLP, grouped-query attention (kv_heads)."""
 
+
+TextSize = _choice("TextSize", "none debug 1b 3b 8b")
+TextSize.__doc__ = "recipe=text's named Llama 3 shapes (TextConfig.presets)."
+
+# Llama 3's shapes (Meta's published configurations: 3.2 1B and 3B tie the output layer to the embedding, 3.1
+# 8B does not); debug is a small one for a first run. The vocabulary stays the data's (recipe.vocab_size:
+# 128256 for Llama 3's tokenizer).
+LLAMA_SIZES: dict[str, dict[str, Any]] = {
+    "debug": {"model": "llama", "layers": 4, "width": 256, "heads": 8, "kv_heads": 4, "ffn": 768,
+              "tie_embeddings": True},
+    "1b": {"model": "llama", "layers": 16, "width": 2048, "heads": 32, "kv_heads": 8, "ffn": 8192,
+           "tie_embeddings": True},
+    "3b": {"model": "llama", "layers": 28, "width": 3072, "heads": 24, "kv_heads": 8, "ffn": 8192,
+           "tie_embeddings": True},
+    "8b": {"model": "llama", "layers": 32, "width": 4096, "heads": 32, "kv_heads": 8, "ffn": 14336,
+           "tie_embeddings": False},
+}
 
 MAX_VOCAB = 1 << 22  # recipe.vocab_size: beyond any tokenizer's (GPT-2 50257, Llama 3 128256, Gemma 262144)
 
@@ -407,6 +429,10 @@ class TextConfig(RecipeConfig):
     """This recipe."""
     model: TextModel = TextModel.gpt
     """The network."""
+    size: TextSize = TextSize.none  # type: ignore[attr-defined]
+    """A named Llama 3 shape (debug, 1b, 3b, 8b): sets model=llama and its layers, width, heads, kv_heads, ffn and
+    tie_embeddings, each unless given too (none: those keys as they are)."""
+    presets: ClassVar[dict[str, dict[str, dict[str, Any]]]] = {"size": LLAMA_SIZES}
     corpus: str = "stdlib"
     """stdlib (this Python's standard library sources), or a text file, folder or glob; or token shards (.bin, .npy)."""
     max_bytes: int = 0
@@ -420,7 +446,15 @@ class TextConfig(RecipeConfig):
     width: int = 384
     """The embedding (gpt) or hidden state (lstm, gru)."""
     heads: int = 6
-    """gpt's attention heads: width must divide by it."""
+    """Attention heads (gpt, llama): width must divide by it."""
+    kv_heads: int = 0
+    """llama's key/value heads, each shared by heads / kv_heads query heads (0: as many as heads)."""
+    ffn: int = 0
+    """llama's MLP hidden width (0: Llama's rule, 8/3 x width rounded up to a multiple of 256)."""
+    rope_theta: float = 500000.0
+    """llama's rotary base (Llama 3's 500000)."""
+    tie_embeddings: bool = True
+    """llama's output layer shares the token embedding's weights (Llama 3.2 1B/3B: tied; 3.1 8B: not)."""
     dropout: float = 0.0
     """Dropout probability in training."""
     sample_bytes: int = 300
@@ -446,10 +480,26 @@ class TextConfig(RecipeConfig):
         if not str(self.corpus).strip():
             raise ConfigError(f"{at}.corpus", self.corpus, "give stdlib or the path of a text file or folder",
                               f"{at}.corpus=stdlib")
-        if self.model is TextModel.gpt and self.width % self.heads:
+        if self.size.value != "none" and self.model is not TextModel.llama:
+            raise ConfigError(f"{at}.size", self.size.value, f"names a Llama 3 shape, for recipe.model=llama (not "
+                              f"{self.model.value})", f"{at}.model=llama")
+        if self.model in (TextModel.gpt, TextModel.llama) and self.width % self.heads:
             fits = max(h for h in range(1, self.heads + 1) if self.width % h == 0)
             raise ConfigError(f"{at}.heads", self.heads, f"the width ({self.width}) must divide evenly into heads",
                               f"{at}.heads={fits}")
+        check_int(f"{at}.kv_heads", self.kv_heads, 0, f"{at}.kv_heads=8", high=1024)
+        check_int(f"{at}.ffn", self.ffn, 0, f"{at}.ffn=14336", high=1 << 20)
+        check_float(f"{at}.rope_theta", self.rope_theta, f"{at}.rope_theta=500000", high=1e12)
+        if self.model is TextModel.llama:
+            if self.kv_heads and self.heads % self.kv_heads:
+                fits = max(h for h in range(1, self.kv_heads + 1) if self.heads % h == 0)
+                raise ConfigError(f"{at}.kv_heads", self.kv_heads, f"the {self.heads} query heads must divide evenly "
+                                  "into groups, one per key/value head", f"{at}.kv_heads={fits}")
+            if (self.width // self.heads) % 2:
+                even = [h for h in range(1, self.heads + 1) if self.width % h == 0 and (self.width // h) % 2 == 0]
+                raise ConfigError(f"{at}.heads", self.heads, f"a head's width ({self.width} / {self.heads} = "
+                                  f"{self.width // self.heads}) must be even for rotary positions",
+                                  f"{at}.heads={max(even)}" if even else f"{at}.width={self.width + 1}")
         if not self.sample_prompt:
             raise ConfigError(f"{at}.sample_prompt", "''", "the sample needs a prompt of at least one character",
                               f"{at}.sample_prompt='def '")

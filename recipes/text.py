@@ -2,9 +2,9 @@
 offline (the default), or a GPT on token shards that nanoGPT or llm.c wrote.
 
 What is trained (`recipe.model`, recipes/text_models.py): gpt, a decoder-only Transformer (GPT-2's
-initialization, the output layer tied to the token embedding), or lstm / gru; sized by recipe.layers /
-width / heads / context. Each window of `recipe.context` tokens predicts its next tokens (cross-entropy
-over every position).
+initialization, the output layer tied to the token embedding), llama (Llama 3's decoder: recipe.kv_heads,
+ffn, rope_theta, tie_embeddings besides), or lstm / gru; sized by recipe.layers / width / heads / context.
+Each window of `recipe.context` tokens predicts its next tokens (cross-entropy over every position).
 
 On what data (`recipe.corpus`, launcher/data/corpus.py): `stdlib` (the default: the Python standard
 library's own sources), a text file, a folder or a glob of them, built once into two byte streams (bytes are
@@ -45,7 +45,7 @@ from launcher.errors import ConfigError
 from launcher.figures import LauncherFigures
 from launcher.files import write_text_atomic
 from launcher.recipes import Recipe, TokenSplits
-from launcher.recipes.text_models import GPT, NextTokenLoss, Recurrent, generate, generate_ids, peak_flops
+from launcher.recipes.text_models import GPT, Llama, NextTokenLoss, Recurrent, generate, generate_ids, peak_flops
 
 log = logging.getLogger("launcher.train")
 
@@ -155,11 +155,14 @@ class Text(Recipe):
         hp = self.hp
         if hp.model.value == "gpt":
             model: nn.Module = GPT(num_classes, hp.context, hp.layers, hp.width, hp.heads, hp.dropout)
+        elif hp.model.value == "llama":
+            model = Llama(num_classes, hp.context, hp.layers, hp.width, hp.heads, hp.kv_heads, hp.ffn, hp.rope_theta,
+                          hp.tie_embeddings)
         else:
             model = Recurrent(hp.model.value, num_classes, hp.layers, hp.width, hp.dropout)
         self.parameter_count = sum(p.numel() for p in model.parameters())
         self.flops_per_token = model.flops_per_token()
-        self.loss_in_forward = isinstance(model, GPT)
+        self.loss_in_forward = isinstance(model, (GPT, Llama))
         return model
 
     def training_step(self, model: nn.Module, batch: Any) -> Any:

@@ -64,10 +64,9 @@ class Invocation:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
-        from launcher.host.compose import typed
+        from launcher.host.compose import settled, typed
         from launcher.host.launch import launch
         from launcher.host.outcome import LaunchContext, Outcome, RunFailed, SweepPlanned, SweepStopped
-        from launcher.host.resume import carry_settings
         from launcher.host.rundir import release
 
         hydra_cfg = HydraConfig.get()
@@ -79,7 +78,7 @@ class Invocation:
         try:
             # Hydra has composed and claimed. Bad values the typed config finds are said first, with
             # Ctrl-C still held: they need no torch, whose import takes seconds on some machines.
-            settings = typed(carry_settings(cfg, context.overrides))
+            settings = typed(settled(cfg, context.overrides))
             settings.check()
             # launch's own code from here: Ctrl-C acts at once (after torch's import, which cannot take
             # it; every run path imports torch)

@@ -251,18 +251,47 @@ def appended_unknown_key(cfg: DictConfig, at: str = "") -> str | None:
     return None
 
 
+def settled(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> DictConfig:
+    """The composed config as the run takes it: a checkpoint's settings where `resume=` names one
+    (launcher/host/resume.py: carry_settings), then the recipe's named presets (RecipeConfig.presets: a
+    `recipe.size=8b` sets the keys it names, each unless the command line sets it)."""
+    from launcher.host.resume import carry_settings, typed_keys
+
+    cfg = carry_settings(cfg, overrides)
+    recipe = cfg.get("recipe") if isinstance(cfg, DictConfig) else None
+    presets = getattr(OmegaConf.get_type(recipe), "presets", None) if isinstance(recipe, DictConfig) else None
+    if not presets:
+        return cfg
+    given = typed_keys(overrides)
+    named = {}
+    for key, values in presets.items():
+        named.update(values.get(str(OmegaConf.select(cfg, f"recipe.{key}")), {}))
+    if not named:
+        return cfg
+    import copy
+
+    from omegaconf import read_write
+
+    cfg = copy.deepcopy(cfg)
+    with read_write(cfg):
+        for key, value in named.items():
+            if f"recipe.{key}" not in given:  # (`recipe=text` chooses the recipe: it sets no key of it)
+                OmegaConf.update(cfg, f"recipe.{key}", value, merge=False)
+    return cfg
+
+
 def compose(overrides: list[str]) -> DictConfig:
     """The config `launch` composes for `overrides` (Hydra's compose API: nothing starts, no run dir),
     with a checkpoint's settings where `resume=` names one (launcher/host/resume.py)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
 
-    from launcher.host.resume import carry_settings, with_saved_choices
+    from launcher.host.resume import with_saved_choices
 
     overrides = with_saved_choices(overrides)
     register(overrides)
     with initialize_config_module(config_module="launcher.conf", version_base="1.3"):
-        return carry_settings(hydra_compose(config_name="config", overrides=overrides), overrides)
+        return settled(hydra_compose(config_name="config", overrides=overrides), overrides)
 
 
 def config_for(*overrides: str) -> Config:

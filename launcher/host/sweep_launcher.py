@@ -30,9 +30,8 @@ from omegaconf import OmegaConf, open_dict, read_write
 from launcher.errors import LaunchError
 from launcher.files import SWEEP_MARK, write_json
 from launcher.host import backends
-from launcher.host.compose import typed
+from launcher.host.compose import settled, typed
 from launcher.host.outcome import RunFailed
-from launcher.host.resume import carry_settings
 from launcher.host.run_here import refuse_finished_run_dir
 from launcher.host.sweep import SweepContext, SweepJob, report, run_sweep_job
 from launcher.lifetime import let_ctrl_c_through
@@ -112,7 +111,7 @@ class SweepLauncher(Launcher):
         run_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir"))) / str(OmegaConf.select(config,
                                                                                                 "hydra.sweep.subdir"))
         try:
-            cfg = typed(carry_settings(task, overrides))
+            cfg = typed(settled(task, overrides))
             cfg.check()
             backends.for_config(cfg.backend).check(cfg)
             refuse_finished_run_dir(run_dir.resolve(), "hydra.sweep.dir")  # (pointing at an earlier sweep)

@@ -453,3 +453,24 @@ def test_eval_of_a_live_sharded_run_reads_the_checkpoint_it_checked_on_every_ran
     assert got["evaluated"] == str(live / "checkpoints" / "last.pt")  # (the user's path, not the links)
     assert not (eval_dir / ".evaluated-checkpoint").exists()
     assert not (live / "checkpoints" / "epoch-2.dcp").exists()  # (what the "run" removed stays removed)
+
+
+LLAMA = ("recipe=text", "gpus=[]", "recipe.model=llama", "recipe.layers=2", "recipe.width=64", "recipe.heads=4",
+         "recipe.kv_heads=2", "recipe.context=32", f"recipe.max_bytes={MAX_BYTES}", "progress=lines",
+         "recipe.sample_bytes=20", "epochs=2", "checkpoint=false")
+
+
+def test_a_tiny_llama_sharded_on_two_ranks_with_its_blocks_recomputed_follows_one_process(launch, text_root):
+    """Llama 3's decoder (grouped-query attention: 4 heads, 2 key/value heads) under fsdp on 2 gloo ranks, each
+    block's activations recomputed in the backward: the same losses as one process keeping them."""
+    one = launch(*LLAMA, f"data.root={text_root}", "strategy=single")
+    assert one.returncode == 0, one.output
+    two = launch(*LLAMA, f"data.root={text_root}", "strategy=fsdp", "nprocs=2",
+                 "strategy.activation_checkpointing=true")
+    assert two.returncode == 0, two.output
+    rows = _rows(two.run_dir())
+    for a, b in zip(rows, _rows(one.run_dir()), strict=True):
+        for key in ("loss", "test_loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4), (key, a, b)
+    assert rows[-1]["loss"] < math.log(256) - 0.5 and two.results()["ranks_agree"]  # (it starts near ln 256)
+    assert two.results()["parameters"] == one.results()["parameters"]

@@ -12,7 +12,7 @@ from launcher.data.placement import Data, rank_order
 from launcher.errors import ConfigError, LaunchError
 from launcher.recipes import TokenSplits
 from launcher.recipes.text import Text
-from launcher.recipes.text_models import GPT, Recurrent, generate
+from launcher.recipes.text_models import GPT, Llama, Recurrent, generate, llama_ffn, rotary, rotate
 from tests.conftest import config_of
 
 
@@ -210,6 +210,80 @@ def test_gpt_is_causal_and_ties_its_output_to_the_embedding():
     assert model.flops_per_token() == 6 * n + 12 * 2 * 16 * 32
 
 
+@pytest.mark.parametrize("tie", [True, False])
+def test_llama_is_causal_and_counts_its_flops_tied_or_not(tie):
+    torch.manual_seed(0)
+    model = Llama(256, context=16, layers=2, width=64, heads=4, kv_heads=2, tie_embeddings=tie).eval()
+    a = torch.randint(0, 256, (1, 16))
+    b = a.clone()
+    b[0, 10:] = (b[0, 10:] + 1) % 256
+    assert torch.allclose(model(a)[0, :10], model(b)[0, :10], atol=1e-5)
+    assert not torch.allclose(model(a)[0, 10:], model(b)[0, 10:])
+    assert (model.head.weight is model.tokens.weight) == tie
+    n = sum(p.numel() for p in model.parameters()) - (0 if tie else 256 * 64)  # (an untied table multiplies nothing)
+    assert model.flops_per_token() == 6 * n + 12 * 2 * 16 * 64
+    loss, hits = model(a, b)
+    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(model(a)[0], b[0]).item(), rel=1e-5)
+
+
+def test_llama_31_8b_has_its_published_parameter_count_and_llama_2s_mlp_rule():
+    with torch.device("meta"):
+        model = Llama(128256, context=8192, layers=32, width=4096, heads=32, kv_heads=8, ffn=14336,
+                      tie_embeddings=False)
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248  # Llama 3.1 8B's
+    assert llama_ffn(4096) == 11008 and llama_ffn(64) == 256  # (Llama 2 7B's MLP; a small width's rounding)
+
+
+def test_grouped_query_attention_is_attention_with_each_key_value_head_repeated_for_its_group():
+    """kv_heads=2 of 4 heads: query heads 0-1 share key/value head 0, heads 2-3 head 1 (as Llama's repeat_kv);
+    the same as 4 key/value heads holding those copies."""
+    torch.manual_seed(0)
+    grouped = Llama(256, context=8, layers=1, width=32, heads=4, kv_heads=2).eval()
+    full = Llama(256, context=8, layers=1, width=32, heads=4, kv_heads=4).eval()
+    state = dict(grouped.state_dict())
+    kv = state["blocks.0.kv.weight"].view(2, 2, 8, 32)  # (k or v, kv head, its width, model width)
+    state["blocks.0.kv.weight"] = kv.repeat_interleave(2, dim=1).reshape(2 * 4 * 8, 32)
+    full.load_state_dict(state)
+    x = torch.randint(0, 256, (2, 8))
+    assert torch.allclose(grouped(x), full(x), atol=1e-5)
+
+
+def test_rotary_positions_turn_each_pair_by_its_angle_and_scores_depend_on_distance_only():
+    cos, sin = rotary(12, 8, 10000.0, torch.device("cpu"))
+    x = torch.randn(1, 1, 12, 8)
+    # against the complex form: pair (2i, 2i+1) times exp(1j * position * theta^(-2i/8))
+    angles = torch.outer(torch.arange(12.0), 10000.0 ** -(torch.arange(0, 8, 2) / 8))
+    expected = torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * torch.polar(
+        torch.ones_like(angles), angles)).flatten(-2)
+    assert torch.allclose(rotate(x, cos, sin), expected, atol=1e-5)
+    q, k = torch.randn(8), torch.randn(8)
+    turned = [rotate(v.expand(1, 1, 12, 8), cos, sin)[0, 0] for v in (q, k)]
+    assert (turned[0][7] @ turned[1][4]).item() == pytest.approx((turned[0][5] @ turned[1][2]).item(), rel=1e-4)
+
+
+def test_llama_built_on_the_meta_device_and_materialized_holds_its_initialization_in_every_parameter():
+    """strategy.meta_init=true: the model is built on the meta device, moved to its device empty (garbage) and
+    given init_weights(). Drawn from the same random state, every parameter must equal the plain build's: one
+    that init_weights left out would keep to_empty's garbage."""
+    from launcher.strategies.fsdp import initialize
+
+    def build():
+        return Llama(256, context=8, layers=2, width=32, heads=4, kv_heads=2, tie_embeddings=False)
+
+    plain = build()
+    torch.manual_seed(3)
+    plain.init_weights()
+    with torch.device("meta"):
+        meta = build()
+    meta.to_empty(device="cpu")
+    for tensor in meta.state_dict().values():
+        tensor.fill_(float("nan"))
+    torch.manual_seed(3)
+    initialize(meta)
+    for (name, a), (_, b) in zip(plain.state_dict().items(), meta.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_recurrent_models_predict_every_position(kind):
     model = Recurrent(kind, 256, layers=2, width=16, dropout=0.0)
@@ -230,6 +304,23 @@ def test_text_config_names_the_key_and_the_fix():
         config_of("recipe=text", "recipe.width=64", "recipe.heads=5")
     with pytest.raises(ConfigError, match=r"recipe.context"):
         config_of("recipe=text", "recipe.context=1")
+    with pytest.raises(ConfigError, match=r"recipe.kv_heads=3.*recipe.kv_heads=2"):
+        config_of("recipe=text", "recipe.model=llama", "recipe.width=64", "recipe.heads=4", "recipe.kv_heads=3")
+    with pytest.raises(ConfigError, match=r"recipe.heads=4 .*must be even.*recipe.heads=3"):
+        config_of("recipe=text", "recipe.model=llama", "recipe.width=12", "recipe.heads=4")
+
+
+
+def test_a_named_llama_size_sets_its_shape_and_every_key_given_beside_it_wins():
+    eight = config_of("recipe=text", "recipe.size=8b").recipe
+    assert (eight.model.value, eight.layers, eight.width, eight.heads, eight.kv_heads, eight.ffn,
+            eight.tie_embeddings) == ("llama", 32, 4096, 32, 8, 14336, False)
+    assert config_of("recipe=text", "recipe.size=1b").recipe.tie_embeddings  # (Llama 3.2 1B ties its output)
+    mine = config_of("recipe=text", "recipe.size=8b", "recipe.layers=2", "recipe.kv_heads=4").recipe
+    assert (mine.layers, mine.kv_heads, mine.width) == (2, 4, 4096)
+    assert config_of("recipe=text").recipe.model.value == "gpt"  # (no size: nothing set)
+    with pytest.raises(ConfigError, match=r"recipe.size=1b is not valid: names a Llama 3 shape.*recipe.model=llama"):
+        config_of("recipe=text", "recipe.size=1b", "recipe.model=gpt")
 
 
 def test_a_corpus_file_edited_in_place_builds_its_streams_again(tmp_path):
