@@ -119,3 +119,20 @@ def test_fsdp_meta_init_trains_and_its_checkpoint_resumes_on_one_gpu(launch, tmp
                    f"data.root={tmp_path / 'data'}", "hydra.run.dir=one", timeout=600)
     assert again.returncode == 0, again.output
     assert [r["epoch"] for r in _rows(tmp_path / "one")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("how", [("gpus=[0]",), pytest.param(
+    ("gpus=[0,1]", "strategy=fsdp", "strategy.meta_init=true", "strategy.activation_checkpointing=true"),
+    marks=two_gpus)], ids=["one-gpu", "fsdp-meta-init-recomputed"])
+def test_a_llama_trains_on_cuda_compiled_past_the_unigram_baseline(launch, tmp_path, how):
+    """recipe.model=llama (rotary positions, grouped-query attention: 4 heads, 2 key/value heads) compiled in bf16
+    on CUDA with the launcher's defaults otherwise; under fsdp, built on the meta device, each block recomputed."""
+    result = launch(*SMALL[:-1], "recipe.model=llama", "recipe.kv_heads=2", "perf.compile=true", *how,
+                    f"data.root={tmp_path / 'data'}", timeout=600)
+    assert result.returncode == 0, result.output
+    r = result.results()
+    final = r["final"]
+    assert r["device_type"] == "cuda" and r["compiled"] is True, r
+    assert final["tokens_per_s"] > 0 and 0 < final["mfu"] < 1, final
+    assert final["test_bpb"] < 0.8 * r["unigram_test_bpb"], (final, r["unigram_test_bpb"])
+    assert (result.run_dir() / "sample.txt").read_text().startswith("def ")
