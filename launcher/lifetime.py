@@ -109,9 +109,12 @@ def tie_joblib_workers() -> None:
 
 def name_this_process(name: str) -> None:
     """The name `ps -o comm`, top and /proc/<pid>/comm show for this process (at most 15 bytes): a process
-    forked from a worker otherwise shows the worker's (python), and could not be told from it."""
+    forked from a worker otherwise shows the worker's (python), and could not be told from it. Spaces become
+    dashes: tools that read /proc/<pid>/stat take the name for one word (SLURM's proctrack/linuxproc then
+    misread the parent, and `scancel --signal=USR2` never reached ranks named "launch rank 0": no requeue)."""
     import ctypes
 
+    name = "-".join(name.split())
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
 

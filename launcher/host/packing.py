@@ -207,7 +207,7 @@ class SideBySide:
         start_forkserver(also=sweep_job.PRELOAD)
         process = multiprocessing.get_context("forkserver").Process(
             target=sweep_job.forked, name=f"sweep job {job.num}",
-            args=(str(payload), str(result), str(job.run_dir / SWEEP_OUTPUT), env, f"launch job {job.num}"))
+            args=(str(payload), str(result), str(job.run_dir / SWEEP_OUTPUT), env, f"launch-job-{job.num}"))
         process.start()
         return _ForkedRun(process)
 

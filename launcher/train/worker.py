@@ -95,8 +95,8 @@ def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
     _signals_as_a_fresh_process()
     never_lose_ctrl_c()  # (Ctrl-C reaches every worker: one landing in a weakref callback ends it too)
     die_with_parent()  # SIGKILL, not torch's SIGINT: a background job's workers ignore SIGINT
-    # what ps and top show: a fork keeps its parent's name (a sweep's run is `launch job N`: its worker was too)
-    name_this_process(f"launch rank {os.environ.get('RANK', '0')}")
+    # what ps and top show: a fork keeps its parent's name (a sweep's run is launch-job-N: its worker was too)
+    name_this_process(f"launch-rank-{os.environ.get('RANK', '0')}")
     from launcher import failures, logs
 
     logs.survive_closed_console()

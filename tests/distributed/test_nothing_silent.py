@@ -139,13 +139,13 @@ def test_temporaries_of_a_killed_writer_are_removed(tmp_path):
 
 
 def _sweep_job_pids(parent: int) -> list[int]:
-    """The processes of a sweep's runs (each names itself `launch job N`: launcher/host/sweep_job.py)."""
+    """The processes of a sweep's runs (each names itself launch-job-N: launcher/host/sweep_job.py)."""
     from tests.conftest import descendants
 
     found = []
     for pid in descendants(parent):
         try:
-            if Path(f"/proc/{pid}/comm").read_text().startswith("launch job "):
+            if Path(f"/proc/{pid}/comm").read_text().startswith("launch-job-"):
                 found.append(pid)
         except OSError:
             continue

@@ -147,3 +147,15 @@ def test_every_process_of_a_launch_that_takes_ctrl_c_keeps_it_from_being_lost():
     assert "never_lose_ctrl_c()" in inspect.getsource(worker.worker_main)
     assert "never_lose_ctrl_c()" in inspect.getsource(cli.main)
     assert "never_lose_ctrl_c()" in inspect.getsource(cli.Invocation.run_job)
+
+
+def test_a_process_name_holds_no_space_for_tools_that_read_proc_stat_as_words():
+    """SLURM's proctrack/linuxproc reads /proc/<pid>/stat's name as one word: with ranks named "launch rank 0" it
+    misread their parents, and `scancel --signal=USR2` (a preemption) never reached them: nothing requeued."""
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", "from launcher import lifetime\n"
+                            "lifetime.name_this_process('launch rank 12')\n"
+                            "print(open('/proc/self/comm').read().strip(), open('/proc/self/stat').read().split()[1])"],
+                           capture_output=True, text=True, timeout=60)
+    assert child.stdout.split() == ["launch-rank-12", "(launch-rank-12)"], child.stdout + child.stderr
