@@ -105,6 +105,10 @@ def tie_joblib_workers() -> None:
             return super().configure(n_jobs, parallel, prefer, require, idle_worker_timeout, **kwargs)
 
     register_parallel_backend("loky", TiedLokyBackend)
+    # joblib's resource tracker outlives a launch ended by a signal by a moment, removes the shared-memory
+    # folders the launch left, and warned about them on the terminal after the prompt came back.
+    quiet = "ignore::UserWarning:joblib.externals.loky.backend.resource_tracker"
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (os.environ.get("PYTHONWARNINGS"), quiet)))
 
 
 def name_this_process(name: str) -> None:

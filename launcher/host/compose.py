@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import re
 import secrets
@@ -20,7 +21,7 @@ from datetime import datetime
 from importlib import resources
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from launcher.config import GROUPS, SCHEMAS, Config, Schema, freeze, to_plain
 from launcher.errors import LaunchError
@@ -268,10 +269,6 @@ def settled(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> DictConf
         named.update(values.get(str(OmegaConf.select(cfg, f"recipe.{key}")), {}))
     if not named:
         return cfg
-    import copy
-
-    from omegaconf import read_write
-
     cfg = copy.deepcopy(cfg)
     with read_write(cfg):
         for key, value in named.items():

@@ -194,10 +194,6 @@ class RunDirClaim(Callback):
             let_ctrl_c_through("torch")
         if target.startswith("hydra_plugins.hydra_joblib_launcher."):
             tie_joblib_workers()
-            # joblib's resource tracker outlives a launch ended by a signal by a moment, removes the shared-
-            # memory folders the launch left, and warned about them on the terminal after the prompt came back.
-            quiet = "ignore::UserWarning:joblib.externals.loky.backend.resource_tracker"
-            os.environ["PYTHONWARNINGS"] = ",".join(filter(None, (os.environ.get("PYTHONWARNINGS"), quiet)))
 
     @staticmethod
     def _claim(config: Any, setting: str) -> None:

@@ -91,15 +91,24 @@ def test_launcher_killed_in_a_background_job_of_a_script_leaves_no_worker(tmp_pa
         kill_tagged(tag)
 
 
+def _sweep_in_background(cwd: Path, tag: str, *args: str) -> subprocess.Popen:
+    """`launch -m gpus=[] epochs=500 ARGS`, its output discarded, every process it starts carrying `tag`."""
+    return subprocess.Popen(launch_command("-m", "gpus=[]", "epochs=500", *args), cwd=cwd, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=clean_env(LAUNCH_TEST_TAG=tag))
+
+
+def _wait_until_training(cwd: Path, trains) -> None:
+    assert wait_for(trains, 90), list(cwd.glob("multirun/*/*/0/*"))
+
+
 def test_a_sweep_killed_outright_leaves_no_run_server_run_or_worker(tmp_path):
     """`launch -m`: each run is a fork of the sweep's run server, not a child of launch (launcher/host/packing.py);
     a kill -9 of launch must still end the server, the run and the run's worker within seconds."""
     tag = f"sweep-{os.getpid()}"
-    proc = subprocess.Popen(launch_command("-m", "gpus=[]", "epochs=500", "lr=0.05,0.1"), cwd=tmp_path,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env(LAUNCH_TEST_TAG=tag))
+    proc = _sweep_in_background(tmp_path, tag, "lr=0.05,0.1")
     try:
-        assert wait_for(lambda: any("loss" in out.read_text() for out in tmp_path.glob("multirun/*/*/0/launch.out")),
-                        90), list(tmp_path.glob("multirun/*/*/0/*"))
+        _wait_until_training(tmp_path, lambda: any("loss" in out.read_text()
+                                                   for out in tmp_path.glob("multirun/*/*/0/launch.out")))
         before = tagged(tag) - {proc.pid}
         assert len(before) >= 3, before  # the run server, the run, its worker
         kill_and_expect_nothing_left(proc, tag, within=15)
@@ -115,12 +124,9 @@ def test_a_sweep_under_another_launcher_killed_outright_leaves_no_run_or_worker(
     resource tracker waited minutes for more. Now the run stops as at a `kill` and nothing is left."""
     tag = f"{launcher}-{os.getpid()}"
     extra = ["hydra.launcher.n_jobs=2"] if launcher == "joblib" else []  # (one run: one worker stays idle)
-    proc = subprocess.Popen(launch_command("-m", f"hydra/launcher={launcher}", *extra, "gpus=[]", "epochs=500",
-                                           "lr=0.05"), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=clean_env(LAUNCH_TEST_TAG=tag))
+    proc = _sweep_in_background(tmp_path, tag, f"hydra/launcher={launcher}", *extra, "lr=0.05")
     try:
-        assert wait_for(lambda: list(tmp_path.glob("multirun/*/*/0/metrics.jsonl")), 90), \
-            list(tmp_path.glob("multirun/*/*/0/*"))
+        _wait_until_training(tmp_path, lambda: list(tmp_path.glob("multirun/*/*/0/metrics.jsonl")))
         before = tagged(tag) - {proc.pid}
         assert len(before) >= 3, before  # the run's process, its worker, the launcher's helper (tracker, controller)
         kill_and_expect_nothing_left(proc, tag, within=15)
