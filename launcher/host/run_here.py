@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -51,6 +52,7 @@ from launcher.spec import WorkerSpec
 from launcher.world import existing_world
 
 if TYPE_CHECKING:
+    from launcher.host.spawn import StopSignals
     from launcher.recipes import Recipe
 
 log = logging.getLogger("launcher")
@@ -106,9 +108,39 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
     except LaunchError as err:
         return Outcome(err.exit_code, error=str(err))
 
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from launcher.host.spawn import StopSignals
+
     is_main = joined is None or joined.rank == 0
-    run_dir.mkdir(parents=True, exist_ok=True)
     debug = bool(os.environ.get("LAUNCH_DEBUG"))
+    with StopSignals() as stops:  # (from the run dir's first file on, a stop is recorded as one)
+        try:
+            outcome = _start(plan, cfg, run_dir, context, resume, resume_from, evaluate, checked, is_main, debug,
+                             stops)
+        except (SignalException, KeyboardInterrupt) as stop:  # before elastic's agent took the signals over
+            signum = signal.Signals(getattr(stop, "sigval", signal.SIGINT))
+            outcome = Outcome(128 + signum, error=f"stopped by {signum.name}: before the workers started; what "
+                              f"was written is in {run_dir}", stopped=True)
+        stops.hold()
+        if plan.joined is not None:  # this process was a worker too: back to the launcher's own logging
+            logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
+        if is_main:
+            _record_outcome(run_dir, outcome)
+    if stops.unacted is not None and not outcome.stopped:  # (it came while the outcome was written)
+        os.kill(os.getpid(), stops.unacted)
+    if outcome.exit_code == 0 and outcome.node_ranks:
+        summarize_other_node(outcome.node_ranks, run_dir, time.time() - context.started)
+    elif outcome.exit_code == 0 and is_main:
+        (summarize_evaluation if evaluate else summarize)(outcome.results, run_dir, time.time() - context.started)
+    return outcome
+
+
+def _start(plan: Plan, cfg: Config, run_dir: Path, context: LaunchContext, resume: Resume | None,
+           resume_from: str | None, evaluate: Path | None, checked, is_main: bool, debug: bool,
+           stops: StopSignals) -> Outcome:
+    """Write the run dir's files, then start (or, in a SLURM task, be) the workers and supervise them."""
+    run_dir.mkdir(parents=True, exist_ok=True)
     logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
     if is_main:
         _write_run_files(plan, run_dir, resume, context)
@@ -126,31 +158,21 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
                  others, plan.network.rdzv_address, plan.network.rdzv_port, plan.config.rdzv_timeout_s)
 
     pinned = None  # (launch eval: the checkpoint held still while the workers read it; not where each rank
-    if evaluate is not None and joined is None:  # is a process of its own, started by srun)
+    if evaluate is not None and plan.joined is None:  # is a process of its own, started by srun)
         try:
             pinned = pin(evaluate, checked, run_dir / PINNED, f"launch eval {cfg.eval.checkpoint}")
         except LaunchError as err:
-            outcome = Outcome(err.exit_code, error=str(err))
-            _record_outcome(run_dir, outcome)
-            return outcome
+            return Outcome(err.exit_code, error=str(err))
     spec = WorkerSpec(plan.config, plan.strategy, str(run_dir), plan.env, plan.device_index, resume_from,
                       evaluate=str(evaluate) if evaluate else None, evaluate_read=str(pinned) if pinned else None,
                       requeue=context.requeue, started_at=context.started,
                       spawned_s=round(time.time() - context.started, 3),
                       typed=tuple(sorted(typed_keys(context.overrides))))
     try:
-        outcome = _execute(spec, plan)
+        outcome = _execute(spec, plan, stops)
     finally:
         if pinned is not None:
             unpin(run_dir / PINNED)
-    if plan.joined is not None:  # this process was a worker too: back to the launcher's own logging
-        logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
-    if is_main:
-        _record_outcome(run_dir, outcome)
-    if outcome.exit_code == 0 and outcome.node_ranks:
-        summarize_other_node(outcome.node_ranks, run_dir, time.time() - context.started)
-    elif outcome.exit_code == 0 and is_main:
-        (summarize_evaluation if evaluate else summarize)(outcome.results, run_dir, time.time() - context.started)
     return outcome
 
 
@@ -166,14 +188,15 @@ def _record_outcome(run_dir: Path, outcome: Outcome) -> None:
                     getattr(exc, "strerror", None) or str(exc).split(";")[0], code)
 
 
-def _execute(spec: WorkerSpec, plan: Plan) -> Outcome:
+def _execute(spec: WorkerSpec, plan: Plan, stops: StopSignals) -> Outcome:
     if plan.joined is not None:
         from launcher.train.worker import worker_main  # this process is one rank: it trains here
 
+        stops.raising()
         return Outcome(0, results=worker_main(spec))  # worker_main exits the process on failure
     from launcher.host.spawn import launch_local
 
-    return launch_local(spec, plan.strategy.processes, plan.config.max_restarts, nodes_of(plan))
+    return launch_local(spec, plan.strategy.processes, plan.config.max_restarts, nodes_of(plan), stops)
 
 
 def nodes_of(plan: Plan):

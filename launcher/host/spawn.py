@@ -70,6 +70,75 @@ def restored_signal_handlers() -> Iterator[None]:
                 signal.signal(s, handler)
 
 
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # what elastic's agent stops the workers on
+
+
+class StopSignals:
+    """SIGTERM, SIGHUP and SIGQUIT while a run is set up and its workers start, before elastic's agent takes
+    them over: the run ends as a stopped run (elastic's SignalException, as the agent raises it later), its
+    outcome.json says the signal, `launch runs` shows it stopped, exit 128+N. Before, Python's default
+    action ended the process at once and the run read as failed (a joblib sweep's run, killed in that
+    moment with launch, left no outcome.json).
+
+    A signal is only noted while the run's files are written and while its outcome is (an exception
+    raised inside a write of the log was swallowed by logging and wrote the line twice); it is raised
+    from `raising()` on, at once for one noted before. One stop raises once: later signals are noted.
+    A signal that was ignored (`nohup`'s SIGHUP) stays ignored. Used as a context manager, in the main
+    thread; elsewhere it does nothing."""
+
+    def __init__(self) -> None:
+        self.noted: int | None = None
+        self._raising = False
+        self._raised = False
+        self._saved: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        with contextlib.suppress(ValueError):  # (not the main thread: its signals are not ours to take)
+            for s in STOPPING_SIGNALS:
+                if signal.getsignal(s) is signal.SIG_DFL:
+                    signal.signal(s, self._handle)
+                    self._saved[s] = signal.SIG_DFL
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._saved.items():
+            signal.signal(s, handler)
+
+    def raising(self) -> None:
+        """From here a stop signal raises SignalException; one noted before raises now."""
+        if self.noted is not None and not self._raised:
+            self._raise()
+        self._raising = True
+
+    def hold(self) -> None:
+        """From here a stop signal is only noted (see `unacted`)."""
+        self._raising = False
+
+    @property
+    def raised(self) -> bool:
+        """Whether a stop was raised from here (not by elastic's agent: no worker had started)."""
+        return self._raised
+
+    @property
+    def unacted(self) -> int | None:
+        """A signal noted and never raised (it came while the outcome was written): the caller sends it
+        again once the handlers are restored, so that it acts as it would have."""
+        return self.noted if not self._raised else None
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.noted is None:
+            self.noted = signum
+            if self._raising:
+                self._raise()
+
+    def _raise(self) -> None:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+
+        self._raising, self._raised = False, True
+        name = signal.Signals(self.noted).name
+        raise SignalException(f"stopped by {name}", sigval=signal.Signals(self.noted))
+
+
 @contextlib.contextmanager
 def our_start_method() -> Iterator[None]:
     """multiprocessing's process-wide start method set to ours while elastic starts the workers.
@@ -251,8 +320,11 @@ def launch_config(nprocs: int, max_restarts: int, log_dir: str, tee_output: bool
     return LaunchConfig(**options)
 
 
-def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = None) -> Outcome:
-    """Run `worker_main(spec)` in `nprocs` supervised processes on this host (this node's, with `nodes`)."""
+def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = None,
+                 stops: StopSignals | None = None) -> Outcome:
+    """Run `worker_main(spec)` in `nprocs` supervised processes on this host (this node's, with `nodes`).
+    stops: the run's StopSignals, raising from the moment its agent is made (elastic's own take over
+    when it starts the workers)."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
@@ -273,6 +345,8 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
         with patched_environ(env), restored_signal_handlers(), our_start_method():
             config = launch_config(nprocs, max_restarts, scratch, nodes=nodes)
             try:
+                if stops is not None:
+                    stops.raising()
                 returns = elastic_launch(config, worker_main)(spec)
                 if nodes is not None:  # (node 0: serve the rendezvous until the others closed it)
                     rendezvous.release(config.run_id, others=nodes.count - 1)
@@ -306,9 +380,10 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
                 from launcher.host.resume import what_a_resume_finds
 
                 go_on = what_a_resume_finds(Path(run_dir))
-                return Outcome(128 + int(sig.sigval), error=f"stopped by {name}: all {nprocs} worker"
-                               f"{'s' if nprocs > 1 else ''} ended; what was written is in {run_dir}"
-                               f"{'; ' + go_on if go_on else ''}", stopped=True)
+                ended = ("before the workers started" if stops is not None and stops.raised else
+                         f"all {nprocs} worker{'s' if nprocs > 1 else ''} ended")
+                return Outcome(128 + int(sig.sigval), error=f"stopped by {name}: {ended}; what was written is in "
+                               f"{run_dir}{'; ' + go_on if go_on else ''}", stopped=True)
         if 0 not in returns:  # another node holds rank 0: the run's results and files are there
             return Outcome(0, results=None, node_ranks=sorted(returns))
         return Outcome(0, results=returns.get(0))

@@ -62,3 +62,54 @@ def test_a_node_gives_up_on_a_silent_rendezvous_within_30_s_and_no_sooner_than_1
     assert run_here.nodes_of(make_plan(config_of(*node))).store_read_s == 30  # (strategy.timeout_s=600)
     assert run_here.nodes_of(make_plan(config_of(*node, "strategy.timeout_s=5"))).store_read_s == 10
     assert run_here.nodes_of(make_plan(config_of(*node, "strategy.timeout_s=20"))).store_read_s == 20
+
+
+STOPPED_WHILE_STARTING = """
+import json, os, signal, sys, time
+import torch.distributed.launcher.api as elastic
+from launcher.host import run_here
+from launcher.host.outcome import LaunchContext
+from tests.conftest import config_of
+
+def signalled(*args, **kwargs):  # before the agent started the workers, and installed its own handlers
+    os.kill(os.getpid(), signal.SIGHUP)  # ignored, as under nohup: changes nothing
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(20)
+
+write_run_files = run_here._write_run_files
+def signalled_while_writing(*args):
+    os.kill(os.getpid(), signal.SIGTERM)
+    write_run_files(*args)
+
+signal.signal(signal.SIGHUP, signal.SIG_IGN)
+elastic.elastic_launch = lambda config, entry: signalled
+for where in ("agent", "files"):
+    if where == "files":
+        run_here._write_run_files = signalled_while_writing
+    outcome = run_here.run_here(config_of("gpus=[]"), os.path.join(sys.argv[1], where), LaunchContext(started=0.0))
+    print(json.dumps([outcome.exit_code, outcome.stopped, outcome.error,
+                      signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.getsignal(signal.SIGHUP) is signal.SIG_IGN]))
+"""
+
+
+def test_a_run_stopped_while_its_workers_start_is_recorded_stopped_not_left_as_failed(tmp_path):
+    """A SIGTERM between the run dir's first files and elastic's agent taking the signals over (a joblib
+    sweep's run when launch was killed) ended the process by Python's default action: no outcome.json,
+    and `launch runs` listed the run as failed."""
+    import subprocess
+    import sys
+
+    from launcher.host.runs import describe
+    from tests.conftest import REPO, clean_env
+
+    done = subprocess.run([sys.executable, "-c", STOPPED_WHILE_STARTING, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120, cwd=REPO, env=clean_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    for where, line in zip(("agent", "files"), [x for x in done.stdout.splitlines() if x[:1] == "["],
+                           strict=True):
+        code, stopped, error, term_restored, nohup_kept = json.loads(line)
+        assert (code, stopped, term_restored, nohup_kept) == (143, True, True, True), line
+        assert error.startswith("stopped by SIGTERM: before the workers started; what was written is in"), error
+        assert json.loads((tmp_path / where / "outcome.json").read_text())["stopped_by"] == "SIGTERM"
+        assert describe(tmp_path / where)["state"] == "stopped (SIGTERM)"
+        assert (tmp_path / where / "train.log").read_text().count("run dir:") == 1  # (said once)
