@@ -46,30 +46,37 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 
 
 # `python -m pytest -q -n 3` (pytest-xdist; the README's test command) on CI's 2 cores: the tests run in
-# groups, each group on one worker, one test at a time, and the three workers side by side:
-# - "distributed": tests/distributed (each test starts two gloo ranks: both cores);
-# - "side": the unit and CLI tests (one process each);
+# units, each unit on one worker, one test at a time, a worker taking the next unit when it is nearly done:
 # - "waiting": the SLURM and two-node tests, which mostly wait on the scheduler, requeues, rendezvous and
-#   collective timeouts, so that their waiting overlaps the other two's work;
-# - "distributed, later": a part of tests/distributed (LATER) that the first worker to finish its own group
-#   takes. Without it, "side" and "waiting" ended at about half time and "distributed" went on alone on one
-#   of the two cores (its ranks wait on each other and on its launcher) for the rest: 25:00 of which its
-#   last 12 minutes used one core. The later part holds no test that measures time.
-# The suite is bound by the CPU time of its launches more than by how they are packed: seven groups were
-# slower (39 min against 32), with timing tests failing under the load. A scheduler of xdist's by-scope
-# kind whose scopes are these groups (xdist's own `loadgroup` renames the node ids, which pytest 9.2 no
-# longer reads). With fewer workers, a worker that finishes its group takes the next one.
-LATER = ("test_hydra_plugins.py", "test_trackers.py", "test_own_data.py", "test_sweep_local.py", "test_script.py")
-GROUP_ORDER = ("distributed", "side", "waiting", "distributed, later")
+#   collective timeouts (one unit: they share one test cluster and its network namespaces);
+# - the unit tests, the CLI tests (one process each), and each file of tests/distributed (each test starts
+#   two gloo ranks: both cores), a unit each, handed out heaviest first (HEAVY_FIRST) so that the suite
+#   does not end on one long unit while the other workers are idle.
+# Before (the distributed tests as two fixed units), the unit and CLI tests' worker finished at 389 s of
+# 696 and then stood idle while one worker went on through tests/distributed alone. The suite is bound by
+# the CPU time of its launches more than by how they are packed: seven workers were slower (39 min against
+# 32), with timing tests failing under the load. A scheduler of xdist's by-scope kind whose scopes are these
+# units (xdist's own `loadgroup` renames the node ids, which pytest 9.2 no longer reads).
+HEAVY_FIRST = ("waiting", "tests/unit", "tests/distributed/test_fsdp.py", "tests/cli",
+               "tests/distributed/test_hydra_plugins.py", "tests/distributed/test_lifetime_and_binding.py",
+               "tests/distributed/test_nothing_silent.py", "tests/distributed/test_imagefolder_launch.py",
+               "tests/distributed/test_trackers.py", "tests/distributed/test_runs.py",
+               "tests/distributed/test_own_data.py", "tests/distributed/test_resume.py",
+               "tests/distributed/test_supervision.py")  # (walls of a run at 38bbe3d: 394 s down to 40 s)
 
 
 def xdist_group_of(nodeid: str) -> str:
-    """The xdist group a test runs in (see above)."""
-    if nodeid.startswith("tests/distributed/"):
-        return "distributed, later" if nodeid.split("::")[0].rsplit("/", 1)[-1] in LATER else "distributed"
-    if nodeid.startswith(("tests/slurm/", "tests/multinode/")):
+    """The xdist unit a test runs in (see above)."""
+    path = nodeid.split("::")[0]
+    if path.startswith(("tests/slurm/", "tests/multinode/")):
         return "waiting"
-    return "side"
+    if path.startswith("tests/distributed/"):
+        return path
+    return "/".join(path.split("/")[:2])
+
+
+def _heaviness(unit: str) -> int:
+    return HEAVY_FIRST.index(unit) if unit in HEAVY_FIRST else len(HEAVY_FIRST)
 
 
 try:
@@ -82,8 +89,8 @@ else:
             return xdist_group_of(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            # the groups handed out in GROUP_ORDER, whatever order the tests were collected in
-            for scope in sorted(self.workqueue, key=GROUP_ORDER.index):
+            # the units handed out heaviest first, whatever order the tests were collected in
+            for scope in sorted(self.workqueue, key=_heaviness):
                 self.workqueue.move_to_end(scope)
             super()._assign_work_unit(node)
 

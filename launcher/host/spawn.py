@@ -384,6 +384,9 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
                          f"all {nprocs} worker{'s' if nprocs > 1 else ''} ended")
                 return Outcome(128 + int(sig.sigval), error=f"stopped by {name}: {ended}; what was written is in "
                                f"{run_dir}{'; ' + go_on if go_on else ''}", stopped=True)
+            finally:
+                if stops is not None:  # (elastic's handlers give way to the run's again as this block ends)
+                    stops.hold()
         if 0 not in returns:  # another node holds rank 0: the run's results and files are there
             return Outcome(0, results=None, node_ranks=sorted(returns))
         return Outcome(0, results=returns.get(0))

@@ -152,14 +152,16 @@ def test_doctor_lists_each_gpus_free_and_total_memory_from_nvml(monkeypatch):
                         "utilization_pct": 7}]
 
 
-def test_every_file_named_for_the_later_test_group_exists():
-    """tests/conftest.py hands "distributed, later" (files named in LATER) to the first free xdist worker: a
-    renamed or removed file would silently empty that group and put the suite's tail back on one core."""
-    from tests.conftest import LATER, REPO, xdist_group_of
+def test_every_unit_named_heaviest_first_exists():
+    """tests/conftest.py hands the xdist units out in HEAVY_FIRST's order: a renamed or removed file would
+    silently drop to the end of the queue and could put the suite's tail back on one core."""
+    from tests.conftest import HEAVY_FIRST, REPO, xdist_group_of
 
-    folder = REPO / "tests" / "distributed"
-    assert [name for name in LATER if not (folder / name).is_file()] == []
-    assert {xdist_group_of(f"tests/distributed/{name}::test_x") for name in LATER} == {"distributed, later"}
+    assert [unit for unit in HEAVY_FIRST if unit != "waiting" and not (REPO / unit).exists()] == []
+    files = [unit for unit in HEAVY_FIRST if unit.endswith(".py")]
+    assert [xdist_group_of(f"{unit}::test_x") for unit in files] == files
+    assert xdist_group_of("tests/unit/test_config.py::test_x") == "tests/unit"
+    assert {xdist_group_of(f"tests/{d}/test_x.py::test_x") for d in ("slurm", "multinode")} == {"waiting"}
 
 
 _CTRL_C_AS_A_FOREIGN_PROCESS_STARTS_A_RUN = """

@@ -88,7 +88,8 @@ for where in ("agent", "files"):
         run_here._write_run_files = signalled_while_writing
     outcome = run_here.run_here(config_of("gpus=[]"), os.path.join(sys.argv[1], where), LaunchContext(started=0.0))
     print(json.dumps([outcome.exit_code, outcome.stopped, outcome.error,
-                      signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, signal.getsignal(signal.SIGHUP) is signal.SIG_IGN]))
+                      signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+                      signal.getsignal(signal.SIGHUP) is signal.SIG_IGN]))
 """
 
 
