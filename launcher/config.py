@@ -108,6 +108,17 @@ class Flip(Choice):
     """Never."""
 
 
+class Recompute(Choice):
+    """Which activations the backward pass recomputes instead of keeping (launcher/strategies/recompute.py)."""
+
+    none = "none"
+    """Keep every activation the backward needs (the fastest, the most memory)."""
+    full = "full"
+    """Keep each block's input only; its forward runs again in the backward."""
+    selective = "selective"
+    """Keep each block's matmul, attention and convolution outputs; recompute the rest, op by op."""
+
+
 class Precision(Choice):
     """The dtype the forward and backward passes compute in (autocast)."""
 
@@ -657,7 +668,7 @@ class FSDPConfig(StrategyConfig):
     mixed_precision: bool = True
     """GPUs: bf16 weights in compute, gradients reduced in fp32."""
     activation_checkpointing: bool = False
-    """Recompute each block's activations in the backward pass (less memory, more compute)."""
+    """true: the same as perf.activation_checkpointing=full (the key fsdp had before that one)."""
     meta_init: bool = False
     """Build on the meta device and materialize only each rank's shard (false: whole on the device, as ddp)."""
 
@@ -830,6 +841,9 @@ class PerfConfig(Schema):
     """GPUs: replay each step (augment, forward, backward, all-reduce) as one CUDA graph: true, false or auto."""
     cudnn_benchmark: ToggleKey = Toggle.auto
     """GPUs: cuDNN times its algorithms per convolution shape: true, false or auto (when the run compiles)."""
+    activation_checkpointing: Recompute = Recompute.none
+    """Recompute each block's activations in the backward pass: none, full or selective (less memory, more
+    compute; any strategy)."""
 
     TOGGLES: ClassVar[dict[str, str]] = {
         "compile": "compile GPU runs long enough to earn the compile time back",

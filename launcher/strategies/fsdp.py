@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.config import CompileMode, FSDPConfig, PerfConfig, Toggle, derive
 from launcher.strategies.base import Nets
 from launcher.strategies.ddp import DDP
+from launcher.strategies.recompute import shard_units
 
 if TYPE_CHECKING:
     import torch
@@ -115,9 +116,6 @@ class FSDP(DDP):
         policy = MixedPrecisionPolicy()
         if device.type == "cuda" and o.mixed_precision:
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if o.activation_checkpointing:
-            for block in shard_units(model):
-                recompute_in_backward(block)
         groups = shard_groups(model, o.min_unit_params)
         for unit in groups:
             fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy,
@@ -164,20 +162,6 @@ class FSDP(DDP):
         shared = [weights_sha256(full) if self.is_main else None]
         dist.broadcast_object_list(shared, src=0)
         return str(shared[0])
-
-
-def shard_units(model: nn.Module) -> list[nn.Module]:
-    """The modules sharded one by one (before the root): the model's own list, its ModuleLists' members,
-    or its direct children that hold parameters."""
-    from torch import nn
-
-    own = getattr(model, "shard_units", None)
-    if callable(own):
-        return list(own())
-    listed = [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
-    if listed:
-        return listed
-    return [child for child in model.children() if any(True for _ in child.parameters())]
 
 
 def shard_groups(model: nn.Module, min_params: int) -> list[list[nn.Module]]:
@@ -233,16 +217,3 @@ def initialize(model: nn.Module) -> None:
         for module in model.modules():
             if callable(getattr(module, "reset_parameters", None)):
                 module.reset_parameters()
-
-
-def recompute_in_backward(module: nn.Module) -> None:
-    """The module's activations are not kept for the backward pass but recomputed there (its forward
-    runs under torch.utils.checkpoint); its parameters' names stay as they were."""
-    from torch.utils.checkpoint import checkpoint
-
-    module._recomputed_forward = module.forward  # (what FSDP.compile compiles)
-
-    def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(module._recomputed_forward, *args, use_reentrant=False, **kwargs)
-
-    module.forward = checkpointed

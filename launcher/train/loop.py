@@ -39,7 +39,7 @@ from launcher.files import last_checkpoint
 from launcher.models import configured, from_config, lazy_modules, materialize_lazy
 from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
-from launcher.strategies import Nets, Strategy
+from launcher.strategies import Nets, Strategy, recompute
 from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, restart, results, shard_writer, warmup
 from launcher.train.epoch_end import DeferredEnd, EpochEnds, Next, QueuedEpoch, Reporters, Verdict
 from launcher.train.evaluation import Evaluation
@@ -330,6 +330,9 @@ class Trainer:
                                              self.cfg.recipe.name)
             if surplus:
                 log.warning("%s", surplus)
+        recomputed = recompute.apply(model, recompute.mode_of(self.cfg))  # (before the strategy wraps it)
+        if self.is_main and recomputed:
+            log.info("%s", recomputed)
         nets = self.strategy.wrap(model, self.device)
         if self.is_main and self.strategy.layout:
             log.info("%s", self.strategy.layout)

@@ -17,6 +17,7 @@ import torch
 from launcher.config import DEFAULT_OBJECTIVE, Config, minimized, model_name
 from launcher.errors import ExplainedStop
 from launcher.files import CURVES, RESULTS, DiskFull, disk_full, free_bytes
+from launcher.strategies import recompute
 from launcher.train import reporting, trackers
 from launcher.train.early_stop import default_figure
 from launcher.train.metrics import write_results
@@ -153,6 +154,7 @@ def write(run_dir: Path, record: RunRecord, history: list[dict[str, Any]]) -> di
         "cudnn_benchmark": record.cudnn_benchmark,
         "gradient_sync": record.gradient_sync,
         "sharding": record.sharding,  # (fsdp's units; None under the other strategies)
+        "activation_checkpointing": recompute.mode_of(cfg).value,  # none, full or selective
         "final": final,
         "test_acc": final.get("test_acc"),
         "best_test_acc": max(scored, default=None),

@@ -82,8 +82,8 @@ def oom_message(cfg: Config, strategy: Strategy, device: torch.device, params: l
     per_rank = f" = {strategy.batch_per_process} per rank" if ranks > 1 else ""
     if strategy.batch_per_process <= 1:
         return (f"{head}, at batch_size={cfg.batch_size}{per_rank}: one sample's activations do not fit beside the "
-                f"model's state; shorter inputs, a smaller model, or strategy=fsdp "
-                f"strategy.activation_checkpointing=true; every rank was stopped")
+                f"model's state; shorter inputs, a smaller model, "
+                f"perf.activation_checkpointing=selective (or full), or strategy=fsdp; every rank was stopped")
     lower = max(1, cfg.batch_size // 2)
     lower -= lower % ranks if lower >= ranks else 0
     split = (f", or split it as it is (accumulate={cfg.accumulate * 2}: the same batch in smaller steps)"

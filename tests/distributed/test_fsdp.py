@@ -118,6 +118,7 @@ def test_meta_init_with_activation_checkpointing_trains(launch, text_root):
     assert result.returncode == 0, result.output
     rows = _rows(result.run_dir())
     assert rows[-1]["loss"] < math.log(256) - 0.5 and result.results()["ranks_agree"]  # (it starts near ln 256)
+    assert result.results()["activation_checkpointing"] == "full"  # (fsdp's older key: full)
 
 
 def test_gradient_accumulation_gives_the_same_steps(launch, fsdp_run, text_root):
@@ -462,11 +463,12 @@ LLAMA = ("recipe=text", "gpus=[]", "recipe.model=llama", "recipe.layers=2", "rec
 
 def test_a_tiny_llama_sharded_on_two_ranks_with_its_blocks_recomputed_follows_one_process(launch, text_root):
     """Llama 3's decoder (grouped-query attention: 4 heads, 2 key/value heads) under fsdp on 2 gloo ranks, each
-    block's activations recomputed in the backward: the same losses as one process keeping them."""
+    block's activations recomputed in the backward (perf.activation_checkpointing=selective): the same losses
+    as one process keeping them."""
     one = launch(*LLAMA, f"data.root={text_root}", "strategy=single")
     assert one.returncode == 0, one.output
     two = launch(*LLAMA, f"data.root={text_root}", "strategy=fsdp", "nprocs=2",
-                 "strategy.activation_checkpointing=true")
+                 "perf.activation_checkpointing=selective")
     assert two.returncode == 0, two.output
     rows = _rows(two.run_dir())
     for a, b in zip(rows, _rows(one.run_dir()), strict=True):
@@ -474,3 +476,6 @@ def test_a_tiny_llama_sharded_on_two_ranks_with_its_blocks_recomputed_follows_on
             assert a[key] == pytest.approx(b[key], rel=1e-4), (key, a, b)
     assert rows[-1]["loss"] < math.log(256) - 0.5 and two.results()["ranks_agree"]  # (it starts near ln 256)
     assert two.results()["parameters"] == one.results()["parameters"]
+    assert (two.results()["activation_checkpointing"], one.results()["activation_checkpointing"]) == \
+        ("selective", "none")
+    assert "activation checkpointing: selective, 2 blocks" in two.output

@@ -57,7 +57,9 @@ def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, recompute,
     from torch._dynamo.utils import counters
     from torch.distributed.fsdp import FSDPModule
 
+    from launcher.config import Recompute
     from launcher.recipes.text_models import GPT
+    from launcher.strategies import recompute as recomputed
     from launcher.strategies.base import Nets
 
     traced, graphs = [], []
@@ -75,11 +77,13 @@ def test_fsdp_compiles_each_block_in_place_around_its_hooks(tmp_path, recompute,
         nets = []
         for _ in range(2):
             torch.manual_seed(0)
-            options = FSDPConfig(activation_checkpointing=recompute)
+            options = FSDPConfig()
             if min_unit_params is not None:
                 options.min_unit_params = min_unit_params
             s = choose(gpus=0, nprocs=1, options=options).strategy
-            nets.append(s.wrap(GPT(256, 16, 2, 32, 2, 0.0), torch.device("cpu")))
+            model = GPT(256, 16, 2, 32, 2, 0.0)
+            recomputed.apply(model, Recompute.full if recompute else Recompute.none)  # (as the loop does)
+            nets.append(s.wrap(model, torch.device("cpu")))
         per_block = min_unit_params == 0
         assert all(isinstance(b, FSDPModule) == per_block for b in nets[1].module.blocks)
         # (what the worker logs and results.json keeps as `sharding`)
@@ -221,7 +225,7 @@ def test_out_of_memory_with_a_model_whose_training_state_fills_the_gpu_says_to_s
               for p in big]
     line = _oom_message(cfg, fsdp, on_a_gpu, shards)
     assert "its shard of the weights" not in line  # 62 GiB a rank: not the state, the activations
-    assert "one sample's activations do not fit" in line and "activation_checkpointing=true" in line, line
+    assert "one sample's activations do not fit" in line and "perf.activation_checkpointing=selective" in line, line
 
 
 def test_out_of_memory_at_a_larger_batch_offers_a_smaller_one_or_accumulation(on_a_gpu):

@@ -1,0 +1,82 @@
+"""perf.activation_checkpointing (launcher/strategies/recompute.py): what the backward pass runs again under each
+mode, on a tiny Llama in this process; the gradients never change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from launcher.config import Recompute
+from launcher.recipes.text_models import Llama
+from launcher.strategies import recompute
+
+MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+
+class Counting(TorchDispatchMode):
+    """How many times each aten op ran."""
+
+    def __init__(self):
+        super().__init__()
+        self.ran: dict = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ran[func] = self.ran.get(func, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+    def count(self, ops) -> int:
+        return sum(self.ran.get(op, 0) for op in ops)
+
+
+def _backward_of(mode: Recompute) -> tuple[Counting, Counting, list[torch.Tensor], str | None]:
+    torch.manual_seed(0)
+    model = Llama(vocab=64, context=16, layers=2, width=32, heads=4, kv_heads=2, ffn=48)
+    said = recompute.apply(model, mode)
+    x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    with Counting() as forward:
+        loss, _ = model(x, y)
+    with Counting() as backward:
+        loss.backward()
+    return forward, backward, [p.grad.clone() for p in model.parameters()], said
+
+
+@pytest.fixture(scope="module")
+def modes():
+    return {mode: _backward_of(mode) for mode in Recompute}
+
+
+def test_full_runs_each_block_again_in_the_backward_and_selective_only_its_cheap_ops(modes):
+    silu = {torch.ops.aten.silu.default}
+    _, kept, _, _ = modes[Recompute.none]
+    forward, full, _, _ = modes[Recompute.full]
+    _, selective, _, _ = modes[Recompute.selective]
+    assert kept.count(silu) == 0  # (none: the backward runs no forward op again)
+    # full: every block's forward again, its matmuls included (the output layer's, outside the blocks, not)
+    assert full.count(silu) == 2 and full.count(MATMULS) > kept.count(MATMULS)
+    # (q, kv, out, gate, up of each block; its last projection's output is needed by nothing in the backward:
+    # the recomputation stops before it)
+    block_matmuls = full.count(MATMULS) - kept.count(MATMULS)
+    assert block_matmuls >= 2 * 4, block_matmuls
+    # selective: the activations are recomputed, the matmuls' outputs are kept
+    assert selective.count(silu) == 2 and selective.count(MATMULS) == kept.count(MATMULS)
+    assert forward.count(MATMULS) >= block_matmuls
+
+
+def test_every_mode_gives_the_same_gradients_and_says_what_it_did(modes):
+    _, _, plain, said = modes[Recompute.none]
+    assert said is None
+    for mode in (Recompute.full, Recompute.selective):
+        _, _, grads, said = modes[mode]
+        assert said.startswith(f"activation checkpointing: {mode.value}, 2 blocks ("), said
+        for a, b in zip(grads, plain, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fsdps_older_key_still_asks_for_full(tmp_path):
+    from tests.conftest import config_of
+
+    assert recompute.mode_of(config_of("gpus=[]")) is Recompute.none
+    assert recompute.mode_of(config_of("gpus=[]", "perf.activation_checkpointing=selective")) is Recompute.selective
+    older = config_of("gpus=[]", "strategy=fsdp", "nprocs=2", "strategy.activation_checkpointing=true")
+    assert recompute.mode_of(older) is Recompute.full
