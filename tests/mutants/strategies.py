@@ -4,6 +4,7 @@ from tests.mutants import UNIT_PLAN, Mutant
 
 STRATEGY = "tests/unit/test_strategy.py"
 FSDP_UNIT = "tests/unit/test_fsdp_and_accumulation.py"
+RECOMPUTE = "tests/unit/test_recompute.py"
 GRAPH_UNIT = "tests/unit/test_step_graph.py"
 FLAT_CPU = "tests/distributed/test_step_graph_cpu.py"
 
@@ -82,16 +83,28 @@ MUTANTS = [
     Mutant("a captured step waits for a stuck peer forever", "launcher/strategies/ddp.py",
            "return float(self.options.timeout_s) if self.static_gradients else None", "return None",
            (FLAT_CPU + "::test_captured_ddp_whose_step_cannot_be_tried_wraps_with_ddps_own_reducer",)),
+    # ---- recompute.py ----
+    Mutant("a child without parameters is a unit", "launcher/strategies/recompute.py",
+           "return [child for child in model.children() if any(True for _ in child.parameters())]",
+           "return list(model.children())",
+           (FSDP_UNIT + "::test_blocks_are_sharded_in_units_of_at_least_min_unit_params",)),
+    Mutant("selective keeps no matmul output: it is full", "launcher/strategies/recompute.py",
+           "return CheckpointPolicy.MUST_SAVE if op in _costly_ops() else CheckpointPolicy.PREFER_RECOMPUTE",
+           "return CheckpointPolicy.PREFER_RECOMPUTE",
+           (RECOMPUTE + "::test_full_runs_each_block_again_in_the_backward_and_selective_only_its_cheap_ops",)),
+    Mutant("full recomputes selectively", "launcher/strategies/recompute.py",
+           "recompute_in_backward(block, selective=mode is Recompute.selective)",
+           "recompute_in_backward(block, selective=True)",
+           (RECOMPUTE + "::test_full_runs_each_block_again_in_the_backward_and_selective_only_its_cheap_ops",)),
+    Mutant("fsdp's older strategy.activation_checkpointing=true ignored", "launcher/strategies/recompute.py",
+           "        return Recompute.full\n", "        return mode\n",
+           (RECOMPUTE + "::test_fsdps_older_key_still_asks_for_full",)),
     # ---- fsdp.py ----
     Mutant("a unit closes one block late", "launcher/strategies/fsdp.py",
            "        if held >= min_params:", "        if held > min_params:",
            (FSDP_UNIT + "::test_blocks_are_sharded_in_units_of_at_least_min_unit_params",)),
     Mutant("fsdp's layout miscounts the blocks left over", "launcher/strategies/fsdp.py",
            "left = len(blocks) - sum(len(g) for g in groups)", "left = len(blocks) - len(groups)",
-           (FSDP_UNIT + "::test_blocks_are_sharded_in_units_of_at_least_min_unit_params",)),
-    Mutant("a child without parameters is a unit", "launcher/strategies/fsdp.py",
-           "return [child for child in model.children() if any(True for _ in child.parameters())]",
-           "return list(model.children())",
            (FSDP_UNIT + "::test_blocks_are_sharded_in_units_of_at_least_min_unit_params",)),
     Mutant("strategy.meta_init ignored", "launcher/strategies/fsdp.py",
            "        if self.options.meta_init:", "        if False:",
