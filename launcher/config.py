@@ -533,6 +533,12 @@ class OptimConfig(Schema):
     clip_grad_norm: float = 0.0
     """Scale gradients down to this global L2 norm (all parameters and ranks) when larger, each step; 0: never."""
 
+    @property
+    def state_copies(self) -> int:
+        """How many tensors of a parameter's size the optimizer keeps for it (AdamW: its two moments; 2 for
+        an optimizer this does not know)."""
+        return 2
+
     def check(self, at: str) -> None:
         check_float(f"{at}.weight_decay", self.weight_decay, f"{at}.weight_decay=5e-4", positive=False)
         check_float(f"{at}.warmup_epochs", self.warmup_epochs, f"{at}.warmup_epochs=1", positive=False)
@@ -547,6 +553,11 @@ class SGDConfig(OptimConfig):
     """SGD's momentum."""
     nesterov: bool = True
     """Nesterov momentum."""
+
+    @property
+    def state_copies(self) -> int:
+        """Its momentum buffer (none without momentum)."""
+        return 1 if self.momentum else 0
 
     def check(self, at: str) -> None:
         super().check(at)
@@ -569,6 +580,11 @@ class MuonConfig(OptimConfig):
 
     name: str = "muon"
     """This optimizer."""
+
+    @property
+    def state_copies(self) -> int:
+        """A momentum buffer (Muon's, or its SGD groups')."""
+        return 1
     weight_decay: float = 0.004
     """Weight decay per step at full rate, for the SGD groups only."""
     warmup_epochs: float = 0.0

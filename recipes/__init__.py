@@ -148,6 +148,12 @@ class Recipe(DataHooks):
         the vocabulary of a token stream."""
         raise NotImplementedError
 
+    def model_to_size(self) -> torch.nn.Module | None:
+        """In the launcher, before any worker: the network as the run will build it, on the meta device
+        (no memory), for the estimate of what a device must hold (launcher/host/memory.py); None (the
+        default) where it cannot be built before the data is read."""
+        return None
+
     def augmentation(self) -> Augment | None:
         """The training augmentation, called once; None for none."""
         return None

@@ -151,6 +151,11 @@ class Text(Recipe):
         self.baseline = unigram_loss(train, val)
         return TokenSplits(train, val, padded_vocab(VOCAB), self.hp.context, synthetic=self.cfg.data.synthetic)
 
+    def model_to_size(self) -> nn.Module:
+        """The model at its vocabulary (recipe.vocab_size, or bytes), padded as the run pads it, on the meta device."""
+        with torch.device("meta"):
+            return self.build_model(padded_vocab(self.hp.vocab_size or VOCAB))
+
     def build_model(self, num_classes: int) -> nn.Module:
         hp = self.hp
         if hp.model.value == "gpt":

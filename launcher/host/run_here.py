@@ -39,7 +39,7 @@ from launcher.files import (
     read_json,
     write_json,
 )
-from launcher.host import script, trackers
+from launcher.host import memory, script, trackers
 from launcher.host.compose import to_yaml
 from launcher.host.evaluate import checkpoint_to_evaluate, pin, unpin
 from launcher.host.evaluate import summarize as summarize_evaluation
@@ -91,6 +91,8 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
             return _run_user_script(plan, run_dir, context)
         recipe = check_runnable(cfg)
         evaluate, checked = checkpoint_to_evaluate(cfg) if cfg.eval.checkpoint else (None, None)
+        if recipe is not None and evaluate is None:  # (training: before its data is fetched and any worker starts)
+            memory.check_fits(recipe(plan.config), plan)
         if evaluate is None:  # (every tracker log=[...] picks works here, or goes with a warning)
             tracked, untracked = trackers.check(plan.config)
             plan = dataclasses.replace(plan, config=tracked, notes=(*plan.notes, *untracked))

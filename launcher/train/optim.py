@@ -357,8 +357,5 @@ BUILDERS: dict[type[OptimConfig], Callable[..., list[Stepper]]] = {
 
 
 def state_per_parameter(options: OptimConfig) -> int:
-    """How many tensors of a parameter's size the optimizer keeps for it: AdamW two moments, SGD its
-    momentum (none without), Muon (and its SGD groups) a momentum; 2 for an optimizer this does not know."""
-    if isinstance(options, SGDConfig):
-        return 1 if options.momentum else 0
-    return 1 if isinstance(options, MuonConfig) else 2
+    """How many tensors of a parameter's size the optimizer keeps for it (OptimConfig.state_copies)."""
+    return options.state_copies

@@ -6,6 +6,8 @@ SWEEP = "tests/unit/test_sweep_packing.py"
 COMMAND = "tests/unit/test_launch_command.py"
 CONFIG = "tests/unit/test_config.py"
 HERE = "tests/unit/test_run_here.py"
+FITS = ("tests/unit/test_plan.py::test_a_model_whose_training_state_outgrows_its_gpu_is_refused_before_any_worker_"
+        "with_a_setting_that_fits",)
 PLAN = UNIT_PLAN
 KEEPING = "tests/unit/test_run_keeping.py"
 RUNS = "tests/cli/test_runs_command.py::test_each_runs_state_best_figure_and_order_read_from_its_files_in_process"
@@ -16,6 +18,13 @@ KILLED_UNDER_ANOTHER = ("tests/distributed/test_lifetime_and_binding.py::"
 SLURM_WAIT = "tests/unit/test_slurm_submission.py::test_backend_wait_follows_the_job_and_its_failure_is_the_launchs"
 
 MUTANTS = [
+    # memory.py
+    Mutant("the optimizer's state left out of the estimate", "launcher/host/memory.py",
+           "    per_param = 4 * (2 + plan.config.optim.state_copies)", "    per_param = 4 * 2", FITS),
+    Mutant("a run whose state outgrows its GPU let through", "launcher/host/memory.py",
+           "    if need <= holds:", "    if True:", FITS),
+    Mutant("fsdp's shards counted whole", "launcher/host/memory.py",
+           "    ranks = plan.strategy.world_size if plan.strategy.sharded else 1", "    ranks = 1", FITS),
     Mutant("resume allows epochs already trained", "launcher/host/resume.py",
            "if cfg.epochs <= epoch:", "if cfg.epochs < epoch:",
            ("tests/distributed/test_resume.py::test_what_a_checkpoint_cannot_continue_under_is_refused",)),

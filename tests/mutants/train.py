@@ -222,8 +222,8 @@ MUTANTS = [
     Mutant("muon's shape scaling inverted", "launcher/train/optim.py",
            "    return math.sqrt(max(1.0, rows / cols))", "    return math.sqrt(max(1.0, cols / rows))",
            ("tests/unit/test_fast_recipe_parts.py",)),
-    Mutant("SGD without momentum counted one state tensor", "launcher/train/optim.py",
-           "        return 1 if options.momentum else 0", "        return 1", ("tests/unit/test_optim_groups.py",)),
+    Mutant("SGD without momentum counted one state tensor", "launcher/config.py",
+           "        return 1 if self.momentum else 0", "        return 1", ("tests/unit/test_optim_groups.py",)),
     # checkpoint.py
     Mutant("best checkpoints' shard folders removed", "launcher/train/checkpoint.py",
            "keep = {folder.name, before} | best.kept_folders(path.parent)", "keep = {folder.name, before}",

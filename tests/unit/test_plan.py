@@ -187,3 +187,35 @@ def test_a_gpu_with_little_free_memory_is_busy_even_when_idle_by_utilization():
     loads = [GpuLoad(0, "H200", 10.0, 140.0, 0), GpuLoad(1, "H200", 20.0, 140.0, 0)]
     chosen, why = least_busy(loads, 1)
     assert chosen == [1] and "passed over busy GPU 0" in why and "Some chosen GPUs are busy" in why
+
+
+def test_a_model_whose_training_state_outgrows_its_gpu_is_refused_before_any_worker_with_a_setting_that_fits(
+        monkeypatch):
+    """recipe.size=8b on one 80 GiB GPU: 8.03B parameters x 16 bytes (fp32 weights, gradients, AdamW's two
+    moments) is ~120 GiB before any activation; said in one line with the fsdp setting that fits, instead of
+    an out-of-memory error in the worker after its start-up. Sharded over 2 ranks it fits (~60 GiB each); at
+    64 layers (~240 GiB) 2 ranks do not."""
+    from launcher.errors import LaunchError
+    from launcher.host import gpus, memory
+    from launcher.host.plan import make_plan
+    from launcher.recipes import recipe_class
+
+    monkeypatch.setattr(gpus, "gpu_loads", lambda visible: [gpus.GpuLoad(i, "H100", 79.0, 80.0, 0)
+                                                          for i in range(len(visible))])
+    monkeypatch.setattr("launcher.host.plan.torch_has_cuda", lambda: True)
+    size = ("recipe=text", "recipe.size=8b", "recipe.vocab_size=128256", "recipe.corpus=/shards/*.npy")
+
+    def refusal(*overrides: str, count: int) -> str | None:
+        plan = make_plan(config_of(*size, *overrides), env={}, physical_count=count, loads=[])
+        try:
+            memory.check_fits(recipe_class("text")(plan.config), plan)
+        except LaunchError as err:
+            return str(err)
+        return None
+
+    line = refusal("gpus=[0]", count=1)
+    assert line is not None and "8.03B parameters need ~120 GiB a rank" in line, line
+    assert "GPU 0 (H100) holds 80 GiB: shard them: strategy=fsdp strategy.meta_init=true gpus=3" in line, line
+    assert refusal("gpus=2", "strategy=fsdp", count=2) is None
+    line = refusal("gpus=2", "strategy=fsdp", "recipe.layers=64", count=2)
+    assert line is not None and "divided over 2 ranks by fsdp" in line and "more GPUs" in line, line
