@@ -52,17 +52,16 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 # - the unit tests, the CLI tests (one process each), and each file of tests/distributed (each test starts
 #   two gloo ranks: both cores), a unit each, handed out heaviest first (HEAVY_FIRST) so that the suite
 #   does not end on one long unit while the other workers are idle.
-# Before (the distributed tests as two fixed units), the unit and CLI tests' worker finished at 389 s of
-# 696 and then stood idle while one worker went on through tests/distributed alone. The suite is bound by
-# the CPU time of its launches more than by how they are packed: seven workers were slower (39 min against
-# 32), with timing tests failing under the load. A scheduler of xdist's by-scope kind whose scopes are these
-# units (xdist's own `loadgroup` renames the node ids, which pytest 9.2 no longer reads).
+# With tests/distributed in two fixed units, the unit and CLI tests' worker stood idle for the suite's last
+# part while one worker went on alone; more workers were slower on 2 cores (BENCHMARKS.md §4). A scheduler
+# of xdist's by-scope kind whose scopes are these units (xdist's own `loadgroup` renames the node ids, which
+# pytest 9.2 no longer reads).
 HEAVY_FIRST = ("waiting", "tests/unit", "tests/distributed/test_fsdp.py", "tests/cli",
                "tests/distributed/test_hydra_plugins.py", "tests/distributed/test_lifetime_and_binding.py",
                "tests/distributed/test_nothing_silent.py", "tests/distributed/test_imagefolder_launch.py",
                "tests/distributed/test_trackers.py", "tests/distributed/test_runs.py",
                "tests/distributed/test_own_data.py", "tests/distributed/test_resume.py",
-               "tests/distributed/test_supervision.py")  # (walls of a run at 38bbe3d: 394 s down to 40 s)
+               "tests/distributed/test_supervision.py")  # (by wall time, as `-p tests.cpu_report` measured them)
 
 
 def xdist_group_of(nodeid: str) -> str:

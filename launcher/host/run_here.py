@@ -91,8 +91,8 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
             return _run_user_script(plan, run_dir, context)
         recipe = check_runnable(cfg)
         evaluate, checked = checkpoint_to_evaluate(cfg) if cfg.eval.checkpoint else (None, None)
-        if recipe is not None and evaluate is None:  # (training: before its data is fetched and any worker starts)
-            memory.check_fits(recipe(plan.config), plan)
+        if recipe is not None and evaluate is None and (joined is None or joined.local_rank == 0):
+            memory.check_fits(recipe(plan.config), plan)  # (training: once a host, before its data and workers)
         if evaluate is None:  # (every tracker log=[...] picks works here, or goes with a warning)
             tracked, untracked = trackers.check(plan.config)
             plan = dataclasses.replace(plan, config=tracked, notes=(*plan.notes, *untracked))

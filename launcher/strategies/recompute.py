@@ -14,6 +14,7 @@ strategy wraps the model; a block's parameters keep their names (checkpoints are
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -66,8 +67,6 @@ def recompute_in_backward(module: nn.Module, selective: bool = False) -> None:
     """The module's forward runs under torch.utils.checkpoint (non-reentrant): its activations are not kept
     for the backward pass but recomputed there, all of them, or (selective) all but the costly ops'
     outputs. `_recomputed_forward` is the forward itself, what fsdp compiles per block."""
-    import functools
-
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     module._recomputed_forward = module.forward
@@ -81,9 +80,6 @@ def recompute_in_backward(module: nn.Module, selective: bool = False) -> None:
     module.forward = checkpointed
 
 
-_COSTLY: set | None = None
-
-
 def _keep_costly(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     """The selective policy: an op whose output is costly to compute again (a matmul, attention, a
     convolution) has it kept; any other is recomputed."""
@@ -92,15 +88,12 @@ def _keep_costly(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     return CheckpointPolicy.MUST_SAVE if op in _costly_ops() else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _costly_ops() -> set:
-    global _COSTLY
-    if _COSTLY is None:
-        import torch
+@functools.cache
+def _costly_ops() -> frozenset:
+    import torch
 
-        aten = torch.ops.aten
-        names = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
-                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                 "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
-                 "_efficient_attention_forward")
-        _COSTLY = {getattr(aten, name).default for name in names if hasattr(aten, name)}
-    return _COSTLY
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+             "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward", "_efficient_attention_forward")
+    return frozenset(getattr(aten, name).default for name in names if hasattr(aten, name))
