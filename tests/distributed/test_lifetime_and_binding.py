@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,7 +69,10 @@ def test_launcher_killed_in_a_background_job_of_a_script_leaves_no_worker(tmp_pa
     cannot end the workers there. They must still die within seconds of a kill -9 of the launcher."""
     tag = f"bg-{os.getpid()}"
     command = " ".join(launch_command(*DDP_CPU, "epochs=500"))
-    env = clean_env(LAUNCH_TEST_TAG=tag)
+    # A /tmp of its own: any other test's launch starting after the kill would remove the killed launch's folder
+    # first (that is the behaviour under test, but it made the check below a race). Short: sockets live there.
+    tmp = tempfile.mkdtemp(prefix="lk", dir="/tmp")
+    env = clean_env(LAUNCH_TEST_TAG=tag, TMPDIR=tmp)
     started = subprocess.run(["bash", "-c", f"{command} > out.txt 2>&1 & echo $!"], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=30)
     launcher = int(started.stdout.strip())
@@ -77,18 +81,20 @@ def test_launcher_killed_in_a_background_job_of_a_script_leaves_no_worker(tmp_pa
             (tmp_path / "out.txt").read_text()
         before = tagged(tag)
         assert len(before - {launcher}) >= 2, before  # the workers (and the forkserver) are running
-        own = Path(tempfile.gettempdir()) / f"launch-{os.getuid()}" / str(launcher)
+        own = Path(tmp) / f"launch-{os.getuid()}" / str(launcher)
         assert list(own.glob("pymp-*")), list(own.iterdir())  # (multiprocessing's socket folder: in launch's own)
         os.kill(launcher, 9)
         assert wait_for(lambda: not tagged(tag), 10), f"left running: {tagged(tag)}"
         # what kill -9 left in /tmp is launch's folder, which the next launch removes (its pid is gone)
         assert own.is_dir()
         nxt = subprocess.run([sys.executable, "-c", "from launcher.lifetime import private_temp_dir as p; print(p())"],
-                             capture_output=True, text=True, timeout=60, env=clean_env())
+                             capture_output=True, text=True, timeout=60, env=clean_env(TMPDIR=tmp))
         assert nxt.returncode == 0 and nxt.stderr == "", nxt.stderr
+        assert nxt.stdout.startswith(tmp)
         assert not own.exists() and not Path(nxt.stdout.strip()).exists()  # (and its own, at its exit)
     finally:
         kill_tagged(tag)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _sweep_in_background(cwd: Path, tag: str, *args: str) -> subprocess.Popen:
