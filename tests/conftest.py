@@ -171,20 +171,26 @@ def _cold(cwd: Path, overrides: tuple[str, ...], timeout: float, env: dict[str, 
     return Launch(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - start, cwd, time.time())
 
 
+def warm_or_cold(warm_launcher, cwd: Path, overrides: tuple[str, ...], timeout: float = 240,
+                 env: dict[str, str] | None = None) -> Launch:
+    """`launch *overrides` in `cwd`: a fork of the warm launcher (tests/warm.py: the same command without a
+    fresh interpreter's imports), except where `env` is given, or LAUNCH_TESTS_COLD=1 asks for fresh
+    interpreters throughout."""
+    if env is not None or os.environ.get("LAUNCH_TESTS_COLD") == "1":
+        return _cold(cwd, overrides, timeout, env)
+    start = time.monotonic()
+    code, out, err = warm_launcher.run(list(overrides), cwd, clean_env(), timeout)
+    return Launch(code, out, err, time.monotonic() - start, cwd, time.time())
+
+
 @pytest.fixture
 def launch(tmp_path, warm_launcher):
-    """launch(*overrides, timeout=...) -> Launch, run in a fresh directory like a user's project.
+    """launch(*overrides, timeout=..., env=..., cwd=...) -> Launch, run in a fresh directory like a user's
+    project (or in `cwd`), as `warm_or_cold` starts it; `cold_launch` always starts `python -m launcher`."""
 
-    A fork of the warm launcher (tests/warm.py: the same command without a fresh interpreter's imports),
-    except where the test passes its own environment, or LAUNCH_TESTS_COLD=1 asks for fresh interpreters
-    throughout; `cold_launch` always starts `python -m launcher`."""
-
-    def run(*overrides: str, timeout: float = 240, env: dict[str, str] | None = None) -> Launch:
-        if env is not None or os.environ.get("LAUNCH_TESTS_COLD") == "1":
-            return _cold(tmp_path, overrides, timeout, env)
-        start = time.monotonic()
-        code, out, err = warm_launcher.run(list(overrides), tmp_path, clean_env(), timeout)
-        return Launch(code, out, err, time.monotonic() - start, tmp_path, time.time())
+    def run(*overrides: str, timeout: float = 240, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> Launch:
+        return warm_or_cold(warm_launcher, tmp_path if cwd is None else cwd, overrides, timeout, env)
 
     return run
 

@@ -69,18 +69,14 @@ def check_two_ranks_resumed_on_one(launch, cwd: Path, elsewhere: Path, root: Pat
     trains (`elsewhere`: its directory), step for step."""
     import re
     import shutil
-    import subprocess
 
     import torch
-
-    from tests.conftest import clean_env, launch_command
 
     for where in (cwd, elsewhere):
         shutil.copy(OWN_RECIPES / "indexed_images.py", where / "indexed_images.py")
     args = ("recipe=indexed_images", f"data.root={root}", "epochs=2", "batch_size=4", *common)
-    whole = subprocess.run(launch_command(*args, *one), cwd=elsewhere, capture_output=True, text=True, timeout=300,
-                           env=clean_env())
-    assert whole.returncode == 0, whole.stdout + whole.stderr
+    whole = launch(*args, *one, timeout=300, cwd=elsewhere)
+    assert whole.returncode == 0, whole.output
     uninterrupted = _indices(elsewhere, 1)
     per_epoch = len(uninterrupted) // 2
     assert per_epoch > 4 and len(set(sum(uninterrupted[:per_epoch], []))) == 4 * per_epoch

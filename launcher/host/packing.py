@@ -9,7 +9,8 @@ Each run's process is a fork of one run server that the sweep starts with its fi
 forkserver, which has imported torch, Hydra, the launch command and the training modules once and run no
 torch operation. A run then starts at once, instead of importing all of that again and starting a
 forkserver of its own for its workers; its workers are forks of the run, which has everything imported.
-With LAUNCH_START_METHOD=spawn each run is a fresh `python -m launcher.host.sweep_job` instead.
+With LAUNCH_START_METHOD=spawn each run is a fresh `python -m launcher.host.sweep_job` instead; with
+LAUNCH_START_METHOD=fork a fork of the sweep's own launch process (no run server).
 
 What a run needs comes from the one reading of `gpus` (launcher/host/gpus.py): named GPUs wait for exactly
 those; a count or `all`/`auto` take any free ones; CPU runs go one at a time unless `sweep.parallel` allows
@@ -198,14 +199,17 @@ class SideBySide:
     @staticmethod
     def _fork(job: SweepJob, payload: Path, result: Path, env: dict[str, str]) -> _ForkedRun:
         """The run as a fork of the run server, started here with the first run (launcher/host/spawn.py's
-        forkserver, with sweep_job's imports beside the workers'); it ends with this process."""
+        forkserver, with sweep_job's imports beside the workers'); it ends with this process. Under
+        LAUNCH_START_METHOD=fork, the start method a launch's workers then use too, a fork of this process."""
         import multiprocessing
 
         from launcher.host import sweep_job
-        from launcher.host.spawn import start_forkserver
+        from launcher.host.spawn import start_forkserver, start_method
 
-        start_forkserver(also=sweep_job.PRELOAD)
-        process = multiprocessing.get_context("forkserver").Process(
+        method = start_method()
+        if method == "forkserver":
+            start_forkserver(also=sweep_job.PRELOAD)
+        process = multiprocessing.get_context(method).Process(
             target=sweep_job.forked, name=f"sweep job {job.num}",
             args=(str(payload), str(result), str(job.run_dir / SWEEP_OUTPUT), env, f"launch-job-{job.num}"))
         process.start()

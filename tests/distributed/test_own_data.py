@@ -105,15 +105,10 @@ def test_a_restart_inside_an_epoch_continues_the_global_order(launch, project, t
     elsewhere = tmp_path_factory.mktemp("restarted")
     for f in [*EXAMPLES.glob("*.py"), *OWN.glob("*.py")]:
         shutil.copy(f, elsewhere / f.name)
-    import subprocess
-
-    from tests.conftest import launch_command
-
-    proc = subprocess.run(launch_command(*common, "checkpoint_every_steps=4", "fault.rank=1", "fault.step=17",
-                                         "max_restarts=1"), cwd=elsewhere, capture_output=True, text=True,
-                          timeout=240)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "resuming epoch 2 at step 5 of 12" in proc.stdout + proc.stderr
+    restarted = launch(*common, "checkpoint_every_steps=4", "fault.rank=1", "fault.step=17", "max_restarts=1",
+                       cwd=elsewhere)
+    assert restarted.returncode == 0, restarted.output
+    assert "resuming epoch 2 at step 5 of 12" in restarted.output
     # each rank's shares: before the failure steps 0-16 as in the uninterrupted run (rank 1 failed at step 17
     # before training it; rank 0 may have begun it), then after the restart steps 16-23 (the checkpoint was
     # 4 steps into epoch 2), again as in the uninterrupted run
@@ -142,13 +137,8 @@ def test_a_checkpoint_inside_an_epoch_resumes_on_one_rank_in_the_same_order(laun
     whole_dir = tmp_path_factory.mktemp("whole")
     for f in [*EXAMPLES.glob("*.py"), *OWN.glob("*.py")]:
         shutil.copy(f, whole_dir / f.name)
-    import subprocess
-
-    from tests.conftest import launch_command
-
-    proc = subprocess.run(launch_command("recipe=indexed", "gpus=[]", "epochs=2", "batch_size=8", "data.workers=0"),
-                          cwd=whole_dir, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr
+    whole = launch("recipe=indexed", "gpus=[]", "epochs=2", "batch_size=8", "data.workers=0", cwd=whole_dir)
+    assert whole.returncode == 0, whole.output
     uninterrupted = _steps(whole_dir, 1)
     assert before[:6] == uninterrupted[:6]
     assert after == uninterrupted[6:]

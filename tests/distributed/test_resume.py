@@ -28,16 +28,13 @@ def one_line(stderr: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
+def finished(tmp_path_factory, warm_launcher):
     """A 2-epoch digits run to resume from (copied per test, so tests never share a run dir)."""
-    import subprocess
-
-    from tests.conftest import clean_env, launch_command
+    from tests.conftest import warm_or_cold
 
     where = tmp_path_factory.mktemp("first")
-    proc = subprocess.run(launch_command("gpus=[]", "epochs=2", "hydra.run.dir=first"), cwd=where,
-                          capture_output=True, text=True, env=clean_env(), timeout=240)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    done = warm_or_cold(warm_launcher, where, ("gpus=[]", "epochs=2", "hydra.run.dir=first"))
+    assert done.returncode == 0, done.output
     return where / "first"
 
 

@@ -276,11 +276,11 @@ def test_keep_best_keeps_exactly_the_best_two_and_eval_best_gives_the_best_epoch
 
 def test_keep_best_with_sharded_checkpoints_keeps_their_shard_folders(launch, tmp_path):
     result = launch("recipe=text", f"data.root={tmp_path / 'text-data'}", "gpus=[]", "strategy=fsdp", "nprocs=2",
-                    "epochs=4", "recipe.layers=1",
-                    "recipe.width=32", "recipe.heads=2", "recipe.context=32", "recipe.max_bytes=60000",
+                    "epochs=3", "recipe.layers=1",
+                    "recipe.width=32", "recipe.heads=2", "recipe.context=32", "recipe.max_bytes=30000",
                     "recipe.sample_bytes=0", "batch_size=32", "checkpoint.keep_best=1", "checkpoint.metric=val/loss",
-                    # (the highest loss ranks first: the best is epoch 1, older than both folders last.pt and
-                    # previous.pt name, so only best.json keeps its shards)
+                    # (the highest loss ranks first: the best is epoch 1, older than both folders last.pt (3) and
+                    # previous.pt (2) name, so only best.json keeps its shards)
                     "checkpoint.mode=max", "hydra.run.dir=run",
                     timeout=300)
     assert result.returncode == 0, result.output
