@@ -7,9 +7,15 @@ The `model` section of the config, when it names a `_target_`, replaces the reci
 (`recipe.model`): Hydra's `instantiate` calls it with the section's other keys as arguments, in each
 worker (the launcher process never builds a network). Where the recipe knows its classes (or a token
 stream its vocabulary) and the callable takes `num_classes` (torchvision's and timm's constructors do),
-that is passed too, unless the section gives it. A Hugging Face model is built the same way from its
-class or a factory (`transformers.AutoModelForImageClassification.from_config` with a config object is
-beyond the command line: write a recipe for it).
+that is passed too, unless the section gives it. A Hugging Face model is built from its class and its
+config class, a section of its own that Hydra builds first:
+
+    launch recipe=text model._target_=transformers.LlamaForCausalLM +model.config._target_=transformers.LlamaConfig
+        +model.config.hidden_size=256 +model.config.num_hidden_layers=4 ...
+
+where the config section names no `vocab_size`, the recipe's vocabulary (as for `num_classes`) is given to
+it; the recipes score the `logits` of the ModelOutput such a model returns (recipes/__init__.py: logits_of),
+and fsdp shards it by its `_no_split_modules` (launcher/strategies/recompute.py: shard_units).
 
 `check(spec)` runs in the launcher before any worker starts: the target must import and be callable
 (one line otherwise). It imports the target's module, and so torch; this module itself imports neither.
@@ -113,6 +119,10 @@ def from_config(spec: dict[str, Any], num_classes: int | None) -> Any:
     extra: dict[str, Any] = {}
     if num_classes and "num_classes" not in spec and takes(fn, "num_classes"):
         extra["num_classes"] = num_classes
+    inner = spec.get("config")
+    if (num_classes and not extra and isinstance(inner, dict) and configured(inner) and "vocab_size" not in inner
+            and takes(locate(inner), "vocab_size")):  # (a Hugging Face config: the vocabulary the data has)
+        spec = {**spec, "config": {**inner, "vocab_size": num_classes}}
     try:
         model = instantiate(dict(spec), **extra)
     except Exception as exc:  # noqa: BLE001 - the constructor's own error, as one line
@@ -125,6 +135,12 @@ def from_config(spec: dict[str, Any], num_classes: int | None) -> Any:
     if not isinstance(model, torch.nn.Module):
         raise ConfigError("model._target_", spec["_target_"], f"returned a {type(model).__name__}, not a "
                           "torch.nn.Module", EXAMPLE)
+    settings = getattr(model, "config", None)
+    if getattr(settings, "use_cache", False):
+        # A Hugging Face causal LM keeps a key/value cache by default: built anew in every training forward for
+        # nothing, and one that a block recomputed in the backward pass (perf.activation_checkpointing) finds
+        # grown, which breaks the recompute. Its own gradient checkpointing turns the cache off the same way.
+        settings.use_cache = False
     return model
 
 

@@ -117,7 +117,7 @@ class Recipe(DataHooks):
         No host sync here (.item(), printing a tensor): the step may be captured as a CUDA graph.
         The default: cross-entropy of `model(inputs)` against the labels (`loss()`), and accuracy."""
         x, y = _pair(batch, self, "training_step")
-        logits = model(x)
+        logits = logits_of(model(x))
         loss = self._loss_fn(logits, y)
         return loss, LauncherFigures(acc=_correct(logits, y))
 
@@ -176,7 +176,7 @@ class Recipe(DataHooks):
 
     def predict(self, net: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The evaluation forward pass (e.g. with test-time augmentation)."""
-        return net(x)
+        return logits_of(net(x))
 
     def report(self, row: dict[str, Any], device: torch.device, world_size: int) -> None:
         """Add figures derived from an epoch's row (bits per byte, MFU, ...) to it, under names of their own
@@ -188,6 +188,13 @@ class Recipe(DataHooks):
         say; written where `main`). Returns facts for results.json. Called on rank 0, and on every rank
         when the model is sharded (its forward then takes all of them)."""
         return {}
+
+
+def logits_of(output: Any) -> Any:
+    """A network's output as the default hooks score it: the output itself, or where the network returns a
+    record of outputs (a Hugging Face model's ModelOutput: `.logits`, beside `.loss` and caches) its logits."""
+    logits = getattr(output, "logits", None)
+    return output if logits is None else logits
 
 
 def _correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

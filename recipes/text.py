@@ -70,6 +70,10 @@ class Text(Recipe):
     figures = ("loss", "train_acc", "bpb", "ppl", "test_loss", "test_acc", "test_bpb", "test_ppl")
     tokens = False  # set by load: token shards (loss and perplexity), not bytes (bits per byte)
     loss_in_forward = False  # set by build_model: the GPT returns its own loss (training_step)
+    # set by build_model; a network from config (model._target_: a Hugging Face causal LM, say) is counted in
+    # `finish`, and has no MFU (its FLOPs per token are its own)
+    parameter_count: int | None = None
+    flops_per_token: float | None = None
 
     def _corpus(self) -> Corpus:
         root = Path(os.path.expanduser(str(self.cfg.data.root)))
@@ -151,8 +155,11 @@ class Text(Recipe):
         self.baseline = unigram_loss(train, val)
         return TokenSplits(train, val, padded_vocab(VOCAB), self.hp.context, synthetic=self.cfg.data.synthetic)
 
-    def model_to_size(self) -> nn.Module:
-        """The model at its vocabulary (recipe.vocab_size, or bytes), padded as the run pads it, on the meta device."""
+    def model_to_size(self) -> nn.Module | None:
+        """The model at its vocabulary (recipe.vocab_size, or bytes), padded as the run pads it, on the meta
+        device; None for a network from config (the launcher builds none of those: launcher/models.py)."""
+        if self.cfg.model and self.cfg.model.get("_target_"):
+            return None
         with torch.device("meta"):
             return self.build_model(padded_vocab(self.hp.vocab_size or VOCAB))
 
@@ -192,14 +199,15 @@ class Text(Recipe):
             elif key in row:
                 row[bpb] = row[key] / math.log(2)
         peak = peak_flops(device)
-        if peak and "tokens_per_s" in row and self.cfg.perf.precision.value != "fp32":
+        if peak and self.flops_per_token and "tokens_per_s" in row and self.cfg.perf.precision.value != "fp32":
             row["mfu"] = row["tokens_per_s"] * self.flops_per_token / (peak * world_size)
 
     def finish(self, model: nn.Module, run_dir: Path, device: torch.device, main: bool) -> dict[str, Any]:
         """Facts for results.json, and a sample: text after recipe.sample_prompt for bytes; for token shards
         (no tokenizer offline) recipe.sample_bytes token ids after the held-out stream's first ones, written
         to sample.txt as space-separated ids (decode them with the shards' tokenizer)."""
-        facts: dict[str, Any] = {"parameters": self.parameter_count, "flops_per_token": self.flops_per_token,
+        count = self.parameter_count or sum(p.numel() for p in model.parameters())  # (a sharded one's too)
+        facts: dict[str, Any] = {"parameters": count, "flops_per_token": self.flops_per_token,
                                  "vocab_size": self.vocab, "padded_vocab_size": padded_vocab(self.vocab),
                                  "unigram_test_loss": self.baseline}
         if self.tokens:

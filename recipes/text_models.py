@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from launcher.data.corpus import VOCAB
+from launcher.recipes import logits_of
 
 # Dense bf16 peak FLOP/s per GPU, for MFU (vendor data sheets; SXM parts).
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "L4": 121e12}
@@ -251,7 +252,7 @@ def generate_ids(model: nn.Module, prompt: list[int], n: int, context: int, temp
     generator = torch.Generator(device=device).manual_seed(seed)
     ids = torch.tensor(prompt, dtype=torch.long, device=device)[None]
     for _ in range(n):
-        logits = model(ids[:, -context:])[:, -1, :vocab].float() / temperature
+        logits = logits_of(model(ids[:, -context:]))[:, -1, :vocab].float() / temperature
         ids = torch.cat([ids, torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)], dim=1)
     model.train(was_training)
     return ids[0].tolist()

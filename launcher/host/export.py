@@ -164,6 +164,8 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
         tmp.unlink(missing_ok=True)
     config = state.get("config") or {}
     recipe = config.get("recipe") or {}
+    target_class = (config.get("model") or {}).get("_target_")  # (a network from config: named by its class)
+    network = f"model._target_={target_class}" if target_class else f"recipe.model={recipe.get('model')}"
     # The values the file holds: a tied tensor once in a .pt (as in the network's parameters); safetensors,
     # which has no shared tensors, stores each name apart.
     apart = target.suffix == ".safetensors"
@@ -172,7 +174,7 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
     ties = "".join("; " + tie.format(name, first) for name, first in tied)
     reader = "safetensors.torch.load_file" if apart else "torch.load"
     print(f"launch: exported {len(model)} tensors ({values:,} values{ties}) of recipe={recipe.get('name')} "
-          f"recipe.model={recipe.get('model')} after epoch {state.get('epoch')} to {target}; "
+          f"{network} after epoch {state.get('epoch')} to {target}; "
           f"load it with model.load_state_dict({reader}('{target}')) (a plain state_dict)")
     return target
 

@@ -35,13 +35,19 @@ def mode_of(cfg: Config) -> Recompute:
 
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
-    """The model's blocks: its own `shard_units()`, its ModuleLists' members, or its direct children that
-    hold parameters (the units fsdp shards one by one, and those recomputed here)."""
+    """The model's blocks: its own `shard_units()`, the modules of the classes a Hugging Face model names in
+    `_no_split_modules` (its decoder layers), its ModuleLists' members, or its direct children that hold
+    parameters (the units fsdp shards one by one, and those recomputed here)."""
     from torch import nn
 
     own = getattr(model, "shard_units", None)
     if callable(own):
         return list(own())
+    whole = set(getattr(model, "_no_split_modules", None) or ())
+    named = [(name, m) for name, m in model.named_modules() if name and type(m).__name__ in whole]
+    outermost = [m for name, m in named if not any(name.startswith(f"{other}.") for other, _ in named)]
+    if outermost:
+        return outermost
     listed = [m for lst in model.modules() if isinstance(lst, nn.ModuleList) for m in lst]
     if listed:
         return listed

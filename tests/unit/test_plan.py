@@ -219,3 +219,6 @@ def test_a_model_whose_training_state_outgrows_its_gpu_is_refused_before_any_wor
     assert refusal("gpus=2", "strategy=fsdp", count=2) is None
     line = refusal("gpus=2", "strategy=fsdp", "recipe.layers=64", count=2)
     assert line is not None and "divided over 2 ranks by fsdp" in line and "more GPUs" in line, line
+    # a network from config (model._target_) is not the recipe's own, and the launcher builds none: not judged
+    assert refusal("gpus=[0]", "model._target_=torch.nn.Linear", "+model.in_features=2", "+model.out_features=2",
+                   count=1) is None

@@ -80,3 +80,31 @@ def test_fsdps_older_key_still_asks_for_full(tmp_path):
     assert recompute.mode_of(config_of("gpus=[]", "perf.activation_checkpointing=selective")) is Recompute.selective
     older = config_of("gpus=[]", "strategy=fsdp", "nprocs=2", "strategy.activation_checkpointing=true")
     assert recompute.mode_of(older) is Recompute.full
+
+
+def test_a_hugging_face_style_model_is_cut_at_the_outermost_modules_its_no_split_modules_name():
+    """`_no_split_modules` (what a transformers model says must stay whole) wins over the ModuleList rule, and a
+    named class inside another named one is not a unit of its own (it would be sharded and recomputed twice)."""
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn, self.mlp = Attention(), nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+
+    class Model(nn.Module):
+        _no_split_modules = {"Layer", "Attention"}
+
+        def __init__(self):
+            super().__init__()
+            self.embed, self.first, self.second, self.head = nn.Embedding(8, 4), Layer(), Layer(), nn.Linear(4, 8)
+
+    model = Model()
+    assert recompute.shard_units(model) == [model.first, model.second]
+    del Model._no_split_modules
+    assert len(recompute.shard_units(model)) == 4  # (the ModuleLists' members)
