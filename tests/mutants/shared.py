@@ -179,4 +179,8 @@ MUTANTS = [
     Mutant("a network taking **kwargs gets no class count", "launcher/models.py",
            "return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)",
            "return any(p.name == name for p in params)", ("tests/unit/test_models_from_config.py",)),
+    Mutant("a Hugging Face config keeps its own vocabulary, not the data's", "launcher/models.py",
+           'spec = {**spec, "config": {**inner, "vocab_size": num_classes}}', "pass", ("tests/distributed/test_hf_models.py::test_a_hugging_face_llama_from_its_config_trains_sharded_on_two_ranks_as_in_one_process",)),
+    Mutant("a Hugging Face causal LM trains with its key/value cache", "launcher/models.py",
+           "        settings.use_cache = False", "        pass", ("tests/distributed/test_hf_models.py::test_a_hugging_face_llama_from_its_config_trains_sharded_on_two_ranks_as_in_one_process",)),
 ]

@@ -84,6 +84,10 @@ MUTANTS = [
            "return float(self.options.timeout_s) if self.static_gradients else None", "return None",
            (FLAT_CPU + "::test_captured_ddp_whose_step_cannot_be_tried_wraps_with_ddps_own_reducer",)),
     # ---- recompute.py ----
+    Mutant("a class _no_split_modules names inside another is a unit too", "launcher/strategies/recompute.py",
+           'outermost = [m for name, m in named if not any(name.startswith(f"{other}.") for other, _ in named)]',
+           "outermost = [m for name, m in named]",
+           (RECOMPUTE + "::test_a_hugging_face_style_model_is_cut_at_the_outermost_modules_its_no_split_modules_name",)),
     Mutant("a child without parameters is a unit", "launcher/strategies/recompute.py",
            "return [child for child in model.children() if any(True for _ in child.parameters())]",
            "return list(model.children())",
