@@ -154,6 +154,12 @@ class Recipe(DataHooks):
         default) where it cannot be built before the data is read."""
         return None
 
+    def batch_to_size(self, size: int) -> Any:
+        """In the launcher, beside `model_to_size`: a training batch of `size` samples as `training_step` takes
+        it, on the meta device, for the estimate of the activations a rank keeps; None (the default) where the
+        recipe cannot say before its data."""
+        return None
+
     def augmentation(self) -> Augment | None:
         """The training augmentation, called once; None for none."""
         return None

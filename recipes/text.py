@@ -163,6 +163,14 @@ class Text(Recipe):
         with torch.device("meta"):
             return self.build_model(padded_vocab(self.hp.vocab_size or VOCAB))
 
+    def batch_to_size(self, size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(inputs, targets): `size` windows of recipe.context token ids, on the meta device."""
+        if self.cfg.model and self.cfg.model.get("_target_"):
+            return None
+        shape = (size, self.hp.context)
+        inputs = torch.zeros(shape, dtype=torch.long, device="meta")
+        return inputs, torch.zeros_like(inputs)
+
     def build_model(self, num_classes: int) -> nn.Module:
         hp = self.hp
         if hp.model.value == "gpt":

@@ -6,8 +6,12 @@ gradients and the optimizer's state (fp32: 4 bytes each, times 2 + the optimizer
 under a sharding strategy), before any activation. Where that alone is more than the device holds (a GPU's
 memory, as NVML reports it; on the CPU the memory available to the ranks together), the launch is refused in one
 line naming the estimate and a setting that fits, instead of an out-of-memory error in every worker after
-their start-up (and a compile). Activations come on top: an estimate that passes can still run out (the
-worker then says so: launcher/train/stops.py)."""
+their start-up (and a compile). Then the activations the backward pass keeps at the run's micro-batch, measured
+by one forward on the meta device (`Recipe.batch_to_size`; launcher/strategies/recompute.py: activation_bytes)
+under the run's perf.activation_checkpointing: where state and activations together outgrow the device, the
+line names the estimate and the checkpointing mode or the batch size that fits. Temporary buffers, the CUDA
+context and the allocator's slack come on top: an estimate that passes can still run out (the worker then says
+so: launcher/train/stops.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from launcher.errors import LaunchError
 if TYPE_CHECKING:
     from launcher.host.plan import Plan
     from launcher.recipes import Recipe
+    from launcher.strategies.recompute import Activations
 
 GIB = 2**30
 
@@ -66,6 +71,7 @@ def check_fits(recipe: Recipe, plan: Plan) -> None:
         return
     (count, need), (holds, where) = state, room
     if need <= holds:
+        check_activations(recipe, plan, need, holds, where)
         return
     cfg = plan.config
     what = f"{count / 1e9:.2f}B parameters" if count >= 1e8 else f"{count / 1e6:.0f}M parameters"
@@ -83,3 +89,59 @@ def check_fits(recipe: Recipe, plan: Plan) -> None:
         fix = "a smaller model (recipe.size=1b, or fewer recipe.layers / a smaller recipe.width), or GPUs"
     raise LaunchError(f"recipe={cfg.recipe.name}: the model's {what} need ~{need / GIB:.0f} GiB a rank for their "
                       f"{held}{shard}, before any activation; {where}: {fix}")
+
+
+def activations(recipe: Recipe, plan: Plan) -> tuple[Activations, int] | None:
+    """(the activations one rank keeps, under each checkpointing mode; the micro-batch they are for), measured
+    on the meta device in the dtype the run computes in; None where the recipe cannot say before its data, or
+    the forward cannot run on the meta device (the run is then not judged by it)."""
+    import torch
+
+    from launcher.config import Precision
+    from launcher.strategies.recompute import activation_bytes
+
+    cfg, strategy = plan.config, plan.strategy
+    micro = max(1, strategy.batch_per_process // max(1, strategy.accumulate))
+    try:
+        batch = recipe.batch_to_size(micro)
+        model = recipe.model_to_size() if batch is not None else None
+        if model is None:
+            return None
+        precision = cfg.perf.precision
+        if precision in (Precision.bf16, Precision.fp16) or (precision is Precision.auto and plan.gpu_ids):
+            model = model.to(torch.float16 if precision is Precision.fp16 else torch.bfloat16)
+        return activation_bytes(model, lambda: recipe.training_step(model, batch)), micro
+    except Exception:  # noqa: BLE001 - an estimate only: a model the meta device cannot run is not refused for it
+        return None
+
+
+def check_activations(recipe: Recipe, plan: Plan, state_bytes: int, holds: int, where: str) -> None:
+    """Refuse (exit 2, one line) a run whose training state and activations together outgrow its devices,
+    naming what fits: a checkpointing mode, else a smaller batch."""
+    from launcher.config import Recompute
+    from launcher.strategies.recompute import mode_of
+
+    measured = activations(recipe, plan)
+    if measured is None:
+        return
+    estimate, micro = measured
+    mode = mode_of(plan.config)
+    if state_bytes + estimate.under(mode) <= holds:
+        return
+    cfg, strategy = plan.config, plan.strategy
+    fixes = [f"perf.activation_checkpointing={m.value} (~{(state_bytes + estimate.under(m)) / GIB:.0f} GiB)"
+             for m in (Recompute.selective, Recompute.full)
+             if estimate.under(m) < estimate.under(mode) and state_bytes + estimate.under(m) <= holds][:1]
+    per_sample = estimate.under(mode) / micro
+    fitting = int((holds - state_bytes) // per_sample) if holds > state_bytes else 0
+    if fitting >= 1:
+        fixes.append(f"batch_size={fitting * strategy.world_size * strategy.accumulate} (a micro-batch of {fitting} "
+                     "a rank)")
+    if not fixes:
+        fixes.append("a shorter recipe.context, a smaller model" + (", or more GPUs under strategy=fsdp" if plan.gpu_ids
+                                                                   else ""))
+    ranks = f" a rank, batch_size={cfg.batch_size} over {strategy.world_size} ranks" if strategy.world_size > 1 else ""
+    raise LaunchError(f"recipe={cfg.recipe.name}: at a micro-batch of {micro}{ranks}, the activations the backward "
+                      f"pass keeps come to ~{estimate.under(mode) / GIB:.1f} GiB a rank (perf.activation_checkpointing="
+                      f"{mode.value}), beside ~{state_bytes / GIB:.1f} GiB of weights, gradients and optimizer state; "
+                      f"{where}: {', or '.join(fixes)}")

@@ -14,7 +14,9 @@ strategy wraps the model; a block's parameters keep their names (checkpoints are
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -103,3 +105,115 @@ def _costly_ops() -> frozenset:
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
              "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward", "_efficient_attention_forward")
     return frozenset(getattr(aten, name).default for name in names if hasattr(aten, name))
+
+
+@dataclasses.dataclass(frozen=True)
+class Activations:
+    """Bytes one rank keeps for its backward pass at one micro-batch, under each mode (`activation_bytes`)."""
+
+    none: int
+    full: int
+    selective: int
+
+    def under(self, mode: Recompute) -> int:
+        return getattr(self, mode.value)
+
+
+def activation_bytes(model: nn.Module, forward: Callable[[], Any]) -> Activations:
+    """What the backward pass needs kept, measured by one forward (`forward()`: the training step of `model` on a
+    batch) with the model and the batch on the meta device (shapes only: no memory, no arithmetic) and no block
+    recomputed. Every tensor autograd saves is counted once (by its storage), as saved inside a block or outside:
+
+    - none: all of them;
+    - full: those outside the blocks, each block's input, and one block's own (rebuilt while its backward runs);
+    - selective: full's, and the outputs of the costly ops inside the blocks (what its policy keeps).
+
+    Attention is counted as a fused kernel keeps it (inputs, output, log-sum-exp), not as the meta device runs
+    it (unfused math that keeps a sequence x sequence matrix), and a block's input as its tensor arguments."""
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    inside: int | None = None  # the block running now (its index), None outside every block
+    saved: dict[Any, tuple[int | None, int]] = {}  # storage -> (block or None, bytes)
+    inputs: dict[Any, int] = {}
+    costly: dict[Any, int] = {}
+
+    def counted(tensor: torch.Tensor) -> tuple[Any, int]:
+        storage = tensor.untyped_storage()
+        return storage._cdata, storage.nbytes()
+
+    def pack(tensor: Any) -> Any:
+        if isinstance(tensor, torch.Tensor):
+            key, size = counted(tensor)
+            saved.setdefault(key, (inside, size))
+        return tensor
+
+    def keep_costly(*outputs: torch.Tensor) -> None:
+        if inside is not None:
+            for tensor in outputs:
+                key, size = counted(tensor)
+                costly[key] = size
+
+    class FusedAttention(torch.autograd.Function):
+        """Scaled dot-product attention as a fused kernel saves it, shapes only."""
+
+        @staticmethod
+        def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+            logsumexp = q.new_empty(q.shape[:-1], dtype=torch.float32)
+            ctx.save_for_backward(q, k, v, out, logsumexp)
+            keep_costly(out, logsumexp)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> Any:  # (never run: the count needs no backward)
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    class Attention(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is F.scaled_dot_product_attention:
+                return FusedAttention.apply(*args[:3])
+            return func(*args, **(kwargs or {}))
+
+    class Costly(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if func in _costly_ops():
+                keep_costly(*(o for o in (out if isinstance(out, (tuple, list)) else (out,))
+                              if isinstance(o, torch.Tensor)))
+            return out
+
+    def enter(index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple) -> None:
+            nonlocal inside
+            inside = index
+            for arg in args:
+                if isinstance(arg, torch.Tensor):
+                    key, size = counted(arg)
+                    inputs[key] = size
+        return hook
+
+    def leave(module: nn.Module, args: tuple, output: Any) -> None:
+        nonlocal inside
+        inside = None
+
+    handles = []
+    for index, block in enumerate(shard_units(model)):
+        handles += [block.register_forward_pre_hook(enter(index)), block.register_forward_hook(leave)]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), Attention(), Costly():
+            forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    outside = sum(size for block, size in saved.values() if block is None)
+    per_block: dict[int, int] = {}
+    for block, size in saved.values():
+        if block is not None:
+            per_block[block] = per_block.get(block, 0) + size
+    full = outside + sum(inputs.values()) + max(per_block.values(), default=0)
+    none = outside + sum(per_block.values())
+    return Activations(none=none, full=min(full, none), selective=min(full + sum(costly.values()), none))

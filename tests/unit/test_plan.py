@@ -216,9 +216,49 @@ def test_a_model_whose_training_state_outgrows_its_gpu_is_refused_before_any_wor
     line = refusal("gpus=[0]", count=1)
     assert line is not None and "8.03B parameters need ~120 GiB a rank" in line, line
     assert "GPU 0 (H100) holds 80 GiB: shard them: strategy=fsdp strategy.meta_init=true gpus=3" in line, line
-    assert refusal("gpus=2", "strategy=fsdp", count=2) is None
+    # sharded over 2 ranks the state fits (~60 GiB each), and what the activations add is judged next
+    assert refusal("gpus=2", "strategy=fsdp", "perf.activation_checkpointing=full", count=2) is None
     line = refusal("gpus=2", "strategy=fsdp", "recipe.layers=64", count=2)
     assert line is not None and "divided over 2 ranks by fsdp" in line and "more GPUs" in line, line
     # a network from config (model._target_) is not the recipe's own, and the launcher builds none: not judged
     assert refusal("gpus=[0]", "model._target_=torch.nn.Linear", "+model.in_features=2", "+model.out_features=2",
                    count=1) is None
+
+
+def test_activations_that_outgrow_the_gpu_beside_the_state_are_refused_naming_the_checkpointing_or_batch_that_fits(
+        monkeypatch):
+    """Llama 3.2 1B's shape at 8 windows of 8,192 tokens on one 80 GiB GPU: ~18 GiB of training state fits, but
+    the activations the backward keeps without checkpointing (measured by a forward on the meta device, in bf16)
+    do not; the line names the estimate and what fits. Full checkpointing fits; 8B under fsdp on 2 GPUs at
+    Llama 3's 2 x 8,192 a rank needs full there too (selective keeps ~60 GiB of activations beside ~60 GiB)."""
+    from launcher.errors import LaunchError
+    from launcher.host import gpus, memory
+    from launcher.host.plan import make_plan
+    from launcher.recipes import recipe_class
+
+    monkeypatch.setattr(gpus, "gpu_loads", lambda visible: [gpus.GpuLoad(i, "H100", 79.0, 80.0, 0)
+                                                          for i in range(len(visible))])
+    monkeypatch.setattr("launcher.host.plan.torch_has_cuda", lambda: True)
+    shards = ("recipe=text", "recipe.vocab_size=128256", "recipe.corpus=/shards/*.npy", "recipe.context=8192")
+
+    def refusal(*overrides: str, count: int) -> str | None:
+        plan = make_plan(config_of(*shards, *overrides), env={}, physical_count=count, loads=[])
+        try:
+            memory.check_fits(recipe_class("text")(plan.config), plan)
+        except LaunchError as err:
+            return str(err)
+        return None
+
+    line = refusal("recipe.size=1b", "gpus=[0]", "batch_size=8", count=1)
+    assert line is not None and line.startswith("recipe=text: at a micro-batch of 8, the activations the backward "
+                                                "pass keeps come to ~"), line
+    assert "(perf.activation_checkpointing=none), beside ~18.4 GiB of weights, gradients and optimizer state; GPU 0 " \
+           "(H100) holds 80 GiB: perf.activation_checkpointing=full (~" in line, line
+    assert line.endswith("or batch_size=3 (a micro-batch of 3 a rank)"), line
+    assert refusal("recipe.size=1b", "gpus=[0]", "batch_size=8", "perf.activation_checkpointing=full", count=1) is None
+    assert refusal("recipe.size=1b", "gpus=[0]", "batch_size=3", count=1) is None
+    eight = ("recipe.size=8b", "gpus=2", "strategy=fsdp", "batch_size=4")
+    line = refusal(*eight, "perf.activation_checkpointing=selective", count=2)
+    assert line is not None and "a micro-batch of 2 a rank, batch_size=4 over 2 ranks" in line, line
+    assert "(perf.activation_checkpointing=selective)" in line and "perf.activation_checkpointing=full (~" in line
+    assert refusal(*eight, "perf.activation_checkpointing=full", count=2) is None

@@ -108,3 +108,25 @@ def test_a_hugging_face_style_model_is_cut_at_the_outermost_modules_its_no_split
     assert recompute.shard_units(model) == [model.first, model.second]
     del Model._no_split_modules
     assert len(recompute.shard_units(model)) == 4  # (the ModuleLists' members)
+
+
+def test_the_activation_estimate_grows_with_the_batch_and_the_sequence_not_its_square_and_orders_the_modes():
+    """Measured on the meta device: twice the windows or twice the context keep twice the bytes (attention counted
+    as a fused kernel keeps it, not as the meta device's math, whose sequence x sequence matrix grows 4x); full keeps
+    less than selective, which keeps less than none; the same model in bf16 keeps a little more than half."""
+    def measure(batch: int, context: int, dtype=torch.float32) -> recompute.Activations:
+        with torch.device("meta"):
+            model = Llama(256, context=context, layers=6, width=64, heads=4, kv_heads=2, tie_embeddings=False)
+            x = torch.zeros(batch, context, dtype=torch.long)
+        model = model.to(dtype)
+        return recompute.activation_bytes(model, lambda: model(x, x))
+
+    base = measure(4, 256)
+    assert base.full < base.selective < base.none
+    for other in (measure(8, 256), measure(4, 512)):
+        for mode in (Recompute.none, Recompute.full, Recompute.selective):
+            assert other.under(mode) == pytest.approx(2 * base.under(mode), rel=0.05), (mode, other, base)
+    assert 0.5 * base.none < measure(4, 256, torch.bfloat16).none < 0.65 * base.none  # (the loss's logits: fp32)
+    # none: what the backward keeps of each of the 6 blocks (its norms, projections, attention, SwiGLU: ~20 values
+    # of the width a token) and the logits, in fp32 (4 bytes)
+    assert 6 * 15 * 64 * 4 * 4 * 256 < base.none < 6 * 30 * 64 * 4 * 4 * 256 + 3 * 4 * 256 * 256 * 4
