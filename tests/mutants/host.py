@@ -9,6 +9,8 @@ HERE = "tests/unit/test_run_here.py"
 FITS = ("tests/unit/test_plan.py::test_a_model_whose_training_state_outgrows_its_gpu_is_refused_before_any_worker_"
         "with_a_setting_that_fits",)
 PLAN = UNIT_PLAN
+ACTIVATIONS = ("tests/unit/test_plan.py::test_activations_that_outgrow_the_gpu_beside_the_state_are_refused_naming_"
+               "the_checkpointing_or_batch_that_fits",)
 KEEPING = "tests/unit/test_run_keeping.py"
 RUNS = "tests/cli/test_runs_command.py::test_each_runs_state_best_figure_and_order_read_from_its_files_in_process"
 CKPT = "tests/unit/test_checkpoint_and_env.py"
@@ -19,6 +21,11 @@ SLURM_WAIT = "tests/unit/test_slurm_submission.py::test_backend_wait_follows_the
 
 MUTANTS = [
     # memory.py
+    Mutant("activations not judged beside the state", "launcher/host/memory.py",
+           "        check_activations(recipe, plan, need, holds, where)", "        pass", ACTIVATIONS),
+    Mutant("the micro-batch taken as the global batch", "launcher/host/memory.py",
+           "    micro = max(1, strategy.batch_per_process // max(1, strategy.accumulate))", "    micro = cfg.batch_size",
+           ACTIVATIONS),
     Mutant("the optimizer's state left out of the estimate", "launcher/host/memory.py",
            "    per_param = 4 * (2 + plan.config.optim.state_copies)", "    per_param = 4 * 2", FITS),
     Mutant("a run whose state outgrows its GPU let through", "launcher/host/memory.py",

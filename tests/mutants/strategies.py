@@ -5,6 +5,8 @@ from tests.mutants import UNIT_PLAN, Mutant
 STRATEGY = "tests/unit/test_strategy.py"
 FSDP_UNIT = "tests/unit/test_fsdp_and_accumulation.py"
 RECOMPUTE = "tests/unit/test_recompute.py"
+ESTIMATE = (RECOMPUTE + "::test_the_activation_estimate_grows_with_the_batch_and_the_sequence_not_its_square_and_orders_"
+            "the_modes")
 GRAPH_UNIT = "tests/unit/test_step_graph.py"
 FLAT_CPU = "tests/distributed/test_step_graph_cpu.py"
 
@@ -84,6 +86,11 @@ MUTANTS = [
            "return float(self.options.timeout_s) if self.static_gradients else None", "return None",
            (FLAT_CPU + "::test_captured_ddp_whose_step_cannot_be_tried_wraps_with_ddps_own_reducer",)),
     # ---- recompute.py ----
+    Mutant("attention estimated as the meta device's math (a sequence x sequence matrix)",
+           "launcher/strategies/recompute.py", "            if func is F.scaled_dot_product_attention:",
+           "            if False:", (ESTIMATE,)),
+    Mutant("the estimate of selective keeps no costly output", "launcher/strategies/recompute.py",
+           "            if func in _costly_ops():", "            if False:", (ESTIMATE,)),
     Mutant("a class _no_split_modules names inside another is a unit too", "launcher/strategies/recompute.py",
            'outermost = [m for name, m in named if not any(name.startswith(f"{other}.") for other, _ in named)]',
            "outermost = [m for name, m in named]",
