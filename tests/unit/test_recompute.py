@@ -123,6 +123,9 @@ def test_the_activation_estimate_grows_with_the_batch_and_the_sequence_not_its_s
 
     base = measure(4, 256)
     assert base.full < base.selective < base.none
+    # selective keeps, beyond full, each block's matmul outputs: its q, k, v and output projections and its SwiGLU's
+    # three (more than 4 widths a token), not only attention's output
+    assert base.selective - base.full > 6 * 4 * 64 * 4 * 4 * 256
     for other in (measure(8, 256), measure(4, 512)):
         for mode in (Recompute.none, Recompute.full, Recompute.selective):
             assert other.under(mode) == pytest.approx(2 * base.under(mode), rel=0.05), (mode, other, base)
