@@ -63,16 +63,16 @@ def capacity(plan: Plan) -> tuple[int, str] | None:
     return available // ranks, f"this machine has {available / GIB:.0f} GiB of memory available{share}"
 
 
-def check_fits(recipe: Recipe, plan: Plan) -> None:
-    """Refuse (exit 2, one line) a run whose training state alone does not fit its devices."""
+def check_fits(recipe: Recipe, plan: Plan) -> str | None:
+    """Refuse (exit 2, one line) a run whose training state, or its state and activations, do not fit its
+    devices. Returns the estimate in a line (`launch ... dry_run=true` shows it), None where there is none."""
     state = training_state(recipe, plan)
     room = capacity(plan) if state else None
     if state is None or room is None:
-        return
+        return None
     (count, need), (holds, where) = state, room
     if need <= holds:
-        check_activations(recipe, plan, need, holds, where)
-        return
+        return check_activations(recipe, plan, need, holds, where)
     cfg = plan.config
     what = f"{count / 1e9:.2f}B parameters" if count >= 1e8 else f"{count / 1e6:.0f}M parameters"
     copies = cfg.optim.state_copies
@@ -115,19 +115,23 @@ def activations(recipe: Recipe, plan: Plan) -> tuple[Activations, int] | None:
         return None
 
 
-def check_activations(recipe: Recipe, plan: Plan, state_bytes: int, holds: int, where: str) -> None:
+def check_activations(recipe: Recipe, plan: Plan, state_bytes: int, holds: int, where: str) -> str:
     """Refuse (exit 2, one line) a run whose training state and activations together outgrow its devices,
-    naming what fits: a checkpointing mode, else a smaller batch."""
+    naming what fits: a checkpointing mode, else a smaller batch. Returns the estimate that fits, in a line."""
     from launcher.config import Recompute
     from launcher.strategies.recompute import mode_of
 
     measured = activations(recipe, plan)
+    state = f"~{state_bytes / GIB:.1f} GiB of weights, gradients and optimizer state"
     if measured is None:
-        return
+        return f"{state} a rank (activations not estimated); {where}"
     estimate, micro = measured
     mode = mode_of(plan.config)
     if state_bytes + estimate.under(mode) <= holds:
-        return
+        others = ", ".join(f"{m.value} ~{estimate.under(m) / GIB:.1f} GiB" for m in Recompute if m is not mode)
+        return (f"~{(state_bytes + estimate.under(mode)) / GIB:.1f} GiB a rank: {state} + "
+                f"~{estimate.under(mode) / GIB:.1f} GiB of activations at a micro-batch of {micro} "
+                f"(perf.activation_checkpointing={mode.value}; {others}); {where}")
     cfg, strategy = plan.config, plan.strategy
     fixes = [f"perf.activation_checkpointing={m.value} (~{(state_bytes + estimate.under(m)) / GIB:.0f} GiB)"
              for m in (Recompute.selective, Recompute.full)

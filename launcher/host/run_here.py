@@ -91,8 +91,9 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
             return _run_user_script(plan, run_dir, context)
         recipe = check_runnable(cfg)
         evaluate, checked = checkpoint_to_evaluate(cfg) if cfg.eval.checkpoint else (None, None)
+        fits = None
         if recipe is not None and evaluate is None and (joined is None or joined.local_rank == 0):
-            memory.check_fits(recipe(plan.config), plan)  # (training: once a host, before its data and workers)
+            fits = memory.check_fits(recipe(plan.config), plan)  # (training: once a host, before its data and workers)
         if evaluate is None:  # (every tracker log=[...] picks works here, or goes with a warning)
             tracked, untracked = trackers.check(plan.config)
             plan = dataclasses.replace(plan, config=tracked, notes=(*plan.notes, *untracked))
@@ -103,7 +104,7 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
         resume_from = str(resume.path) if resume else (str(resolve_resume(cfg.resume).resolve()) if cfg.resume
                                                        else None)
         if cfg.dry_run:
-            print(describe_dry_run(plan, run_dir, resume, evaluate))
+            print(describe_dry_run(plan, run_dir, resume, evaluate, fits))
             return Outcome(0)
         if recipe is not None and (joined is None or joined.local_rank == 0):
             recipe(plan.config).prepare()  # fetch or check data once per host
@@ -264,7 +265,8 @@ def _write_run_files(plan: Plan, run_dir: Path, resume: Resume | None, context: 
     (run_dir / PLAN).write_text(json.dumps(record, indent=2) + "\n")
 
 
-def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None, evaluate: Path | None = None) -> str:
+def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None, evaluate: Path | None = None,
+                     fits: str | None = None) -> str:
     cfg, s = plan.config, plan.strategy
     how = "torch.distributed.elastic, c10d rendezvous on localhost:0" if plan.joined is None else "already started"
     if plan.network is not None:
@@ -283,6 +285,8 @@ def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None, evaluate:
         lines.append(f"  resume        {resume.describe()}")
     if evaluate:
         lines.append(f"  evaluate      {evaluate} (no training)")
+    if fits:
+        lines.append(f"  memory        {fits}")
     lines += [f"  note          {note}" for note in plan.notes]
     return "\n".join(lines)
 

@@ -256,6 +256,13 @@ def test_activations_that_outgrow_the_gpu_beside_the_state_are_refused_naming_th
            "(H100) holds 80 GiB: perf.activation_checkpointing=full (~" in line, line
     assert line.endswith("or batch_size=3 (a micro-batch of 3 a rank)"), line
     assert refusal("recipe.size=1b", "gpus=[0]", "batch_size=8", "perf.activation_checkpointing=full", count=1) is None
+    # what passes is said too (`launch ... dry_run=true` shows it)
+    plan = make_plan(config_of(*shards, "recipe.size=1b", "gpus=[0]", "batch_size=8",
+                               "perf.activation_checkpointing=full"), env={}, physical_count=1, loads=[])
+    said = memory.check_fits(recipe_class("text")(plan.config), plan)
+    assert said is not None and said.startswith("~") and "GiB a rank: ~18.4 GiB of weights, gradients and optimizer " \
+        "state + ~" in said and "at a micro-batch of 8 (perf.activation_checkpointing=full; none ~" in said, said
+    assert said.endswith("GPU 0 (H100) holds 80 GiB"), said
     assert refusal("recipe.size=1b", "gpus=[0]", "batch_size=3", count=1) is None
     eight = ("recipe.size=8b", "gpus=2", "strategy=fsdp", "batch_size=4")
     line = refusal(*eight, "perf.activation_checkpointing=selective", count=2)
