@@ -155,18 +155,13 @@ class Text(Recipe):
         self.baseline = unigram_loss(train, val)
         return TokenSplits(train, val, padded_vocab(VOCAB), self.hp.context, synthetic=self.cfg.data.synthetic)
 
-    def model_to_size(self) -> nn.Module | None:
-        """The model at its vocabulary (recipe.vocab_size, or bytes), padded as the run pads it, on the meta
-        device; None for a network from config (the launcher builds none of those: launcher/models.py)."""
-        if self.cfg.model and self.cfg.model.get("_target_"):
-            return None
+    def model_to_size(self) -> nn.Module:
+        """The model at its vocabulary (recipe.vocab_size, or bytes), padded as the run pads it, on the meta device."""
         with torch.device("meta"):
             return self.build_model(padded_vocab(self.hp.vocab_size or VOCAB))
 
-    def batch_to_size(self, size: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def batch_to_size(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets): `size` windows of recipe.context token ids, on the meta device."""
-        if self.cfg.model and self.cfg.model.get("_target_"):
-            return None
         shape = (size, self.hp.context)
         inputs = torch.zeros(shape, dtype=torch.long, device="meta")
         return inputs, torch.zeros_like(inputs)

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 from launcher.errors import LaunchError
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from launcher.host.plan import Plan
     from launcher.recipes import Recipe
     from launcher.strategies.recompute import Activations
@@ -28,11 +30,8 @@ if TYPE_CHECKING:
 GIB = 2**30
 
 
-def training_state(recipe: Recipe, plan: Plan) -> tuple[int, int] | None:
-    """(parameters, bytes each rank holds for them), or None where the recipe cannot say before its data."""
-    model = recipe.model_to_size()
-    if model is None:
-        return None
+def training_state(model: nn.Module, plan: Plan) -> tuple[int, int]:
+    """(parameters, bytes each rank holds for them) of `model` (built on the meta device)."""
     count = sum(p.numel() for p in model.parameters())
     per_param = 4 * (2 + plan.config.optim.state_copies)
     ranks = plan.strategy.world_size if plan.strategy.sharded else 1
@@ -66,13 +65,16 @@ def capacity(plan: Plan) -> tuple[int, str] | None:
 def check_fits(recipe: Recipe, plan: Plan) -> str | None:
     """Refuse (exit 2, one line) a run whose training state, or its state and activations, do not fit its
     devices. Returns the estimate in a line (`launch ... dry_run=true` shows it), None where there is none."""
-    state = training_state(recipe, plan)
-    room = capacity(plan) if state else None
-    if state is None or room is None:
+    from launcher.models import configured
+
+    # (a network from config is not the recipe's own, and the launcher builds none of those: launcher/models.py)
+    model = None if configured(plan.config.model) else recipe.model_to_size()
+    room = capacity(plan) if model is not None else None
+    if model is None or room is None:
         return None
-    (count, need), (holds, where) = state, room
+    (count, need), (holds, where) = training_state(model, plan), room
     if need <= holds:
-        return check_activations(recipe, plan, need, holds, where)
+        return check_activations(recipe, model, plan, need, holds, where)
     cfg = plan.config
     what = f"{count / 1e9:.2f}B parameters" if count >= 1e8 else f"{count / 1e6:.0f}M parameters"
     copies = cfg.optim.state_copies
@@ -91,10 +93,11 @@ def check_fits(recipe: Recipe, plan: Plan) -> str | None:
                       f"{held}{shard}, before any activation; {where}: {fix}")
 
 
-def activations(recipe: Recipe, plan: Plan) -> tuple[Activations, int] | None:
+def activations(recipe: Recipe, model: nn.Module, plan: Plan) -> tuple[Activations, int] | None:
     """(the activations one rank keeps, under each checkpointing mode; the micro-batch they are for), measured
-    on the meta device in the dtype the run computes in; None where the recipe cannot say before its data, or
-    the forward cannot run on the meta device (the run is then not judged by it)."""
+    by a forward of `model` (the recipe's, on the meta device) in the dtype the run computes in; None where the
+    recipe cannot give a batch before its data, or the forward cannot run on the meta device (the run is then
+    not judged by it)."""
     import torch
 
     from launcher.config import Precision
@@ -104,8 +107,7 @@ def activations(recipe: Recipe, plan: Plan) -> tuple[Activations, int] | None:
     micro = max(1, strategy.batch_per_process // max(1, strategy.accumulate))
     try:
         batch = recipe.batch_to_size(micro)
-        model = recipe.model_to_size() if batch is not None else None
-        if model is None:
+        if batch is None:
             return None
         precision = cfg.perf.precision
         if precision in (Precision.bf16, Precision.fp16) or (precision is Precision.auto and plan.gpu_ids):
@@ -115,13 +117,14 @@ def activations(recipe: Recipe, plan: Plan) -> tuple[Activations, int] | None:
         return None
 
 
-def check_activations(recipe: Recipe, plan: Plan, state_bytes: int, holds: int, where: str) -> str:
+def check_activations(recipe: Recipe, model: nn.Module, plan: Plan, state_bytes: int, holds: int,
+                      where: str) -> str:
     """Refuse (exit 2, one line) a run whose training state and activations together outgrow its devices,
     naming what fits: a checkpointing mode, else a smaller batch. Returns the estimate that fits, in a line."""
     from launcher.config import Recompute
     from launcher.strategies.recompute import mode_of
 
-    measured = activations(recipe, plan)
+    measured = activations(recipe, model, plan)
     state = f"~{state_bytes / GIB:.1f} GiB of weights, gradients and optimizer state"
     if measured is None:
         return f"{state} a rank (activations not estimated); {where}"

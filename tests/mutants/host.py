@@ -22,7 +22,7 @@ SLURM_WAIT = "tests/unit/test_slurm_submission.py::test_backend_wait_follows_the
 MUTANTS = [
     # memory.py
     Mutant("activations not judged beside the state", "launcher/host/memory.py",
-           "        return check_activations(recipe, plan, need, holds, where)", "        return None", ACTIVATIONS),
+           "        return check_activations(recipe, model, plan, need, holds, where)", "        return None", ACTIVATIONS),
     Mutant("the micro-batch taken as the global batch", "launcher/host/memory.py",
            "    micro = max(1, strategy.batch_per_process // max(1, strategy.accumulate))", "    micro = cfg.batch_size",
            ACTIVATIONS),

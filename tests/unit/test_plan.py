@@ -189,12 +189,10 @@ def test_a_gpu_with_little_free_memory_is_busy_even_when_idle_by_utilization():
     assert chosen == [1] and "passed over busy GPU 0" in why and "Some chosen GPUs are busy" in why
 
 
-def test_a_model_whose_training_state_outgrows_its_gpu_is_refused_before_any_worker_with_a_setting_that_fits(
-        monkeypatch):
-    """recipe.size=8b on one 80 GiB GPU: 8.03B parameters x 16 bytes (fp32 weights, gradients, AdamW's two
-    moments) is ~120 GiB before any activation; said in one line with the fsdp setting that fits, instead of
-    an out-of-memory error in the worker after its start-up. Sharded over 2 ranks it fits (~60 GiB each); at
-    64 layers (~240 GiB) 2 ranks do not."""
+@pytest.fixture
+def fits_on_h100s(monkeypatch):
+    """fits(*overrides, count=N) -> what memory.check_fits says of recipe=text with `overrides` on N simulated
+    80 GiB H100s: the refusal's line (LaunchError), or the estimate that passed."""
     from launcher.errors import LaunchError
     from launcher.host import gpus, memory
     from launcher.host.plan import make_plan
@@ -203,15 +201,28 @@ def test_a_model_whose_training_state_outgrows_its_gpu_is_refused_before_any_wor
     monkeypatch.setattr(gpus, "gpu_loads", lambda visible: [gpus.GpuLoad(i, "H100", 79.0, 80.0, 0)
                                                           for i in range(len(visible))])
     monkeypatch.setattr("launcher.host.plan.torch_has_cuda", lambda: True)
-    size = ("recipe=text", "recipe.size=8b", "recipe.vocab_size=128256", "recipe.corpus=/shards/*.npy")
+
+    def fits(*overrides: str, count: int) -> tuple[bool, str | None]:
+        plan = make_plan(config_of("recipe=text", *overrides), env={}, physical_count=count, loads=[])
+        try:
+            return True, memory.check_fits(recipe_class("text")(plan.config), plan)
+        except LaunchError as err:
+            return False, str(err)
+
+    return fits
+
+
+def test_a_model_whose_training_state_outgrows_its_gpu_is_refused_before_any_worker_with_a_setting_that_fits(
+        fits_on_h100s):
+    """recipe.size=8b on one 80 GiB GPU: 8.03B parameters x 16 bytes (fp32 weights, gradients, AdamW's two
+    moments) is ~120 GiB before any activation; said in one line with the fsdp setting that fits, instead of
+    an out-of-memory error in the worker after its start-up. Sharded over 2 ranks it fits (~60 GiB each); at
+    64 layers (~240 GiB) 2 ranks do not."""
+    size = ("recipe.size=8b", "recipe.vocab_size=128256", "recipe.corpus=/shards/*.npy")
 
     def refusal(*overrides: str, count: int) -> str | None:
-        plan = make_plan(config_of(*size, *overrides), env={}, physical_count=count, loads=[])
-        try:
-            memory.check_fits(recipe_class("text")(plan.config), plan)
-        except LaunchError as err:
-            return str(err)
-        return None
+        passed, said = fits_on_h100s(*size, *overrides, count=count)
+        return None if passed else said
 
     line = refusal("gpus=[0]", count=1)
     assert line is not None and "8.03B parameters need ~120 GiB a rank" in line, line
@@ -226,28 +237,16 @@ def test_a_model_whose_training_state_outgrows_its_gpu_is_refused_before_any_wor
 
 
 def test_activations_that_outgrow_the_gpu_beside_the_state_are_refused_naming_the_checkpointing_or_batch_that_fits(
-        monkeypatch):
+        fits_on_h100s):
     """Llama 3.2 1B's shape at 8 windows of 8,192 tokens on one 80 GiB GPU: ~18 GiB of training state fits, but
     the activations the backward keeps without checkpointing (measured by a forward on the meta device, in bf16)
     do not; the line names the estimate and what fits. Full checkpointing fits; 8B under fsdp on 2 GPUs at
     Llama 3's 2 x 8,192 a rank needs full there too (selective keeps ~60 GiB of activations beside ~60 GiB)."""
-    from launcher.errors import LaunchError
-    from launcher.host import gpus, memory
-    from launcher.host.plan import make_plan
-    from launcher.recipes import recipe_class
-
-    monkeypatch.setattr(gpus, "gpu_loads", lambda visible: [gpus.GpuLoad(i, "H100", 79.0, 80.0, 0)
-                                                          for i in range(len(visible))])
-    monkeypatch.setattr("launcher.host.plan.torch_has_cuda", lambda: True)
-    shards = ("recipe=text", "recipe.vocab_size=128256", "recipe.corpus=/shards/*.npy", "recipe.context=8192")
+    shards = ("recipe.vocab_size=128256", "recipe.corpus=/shards/*.npy", "recipe.context=8192")
 
     def refusal(*overrides: str, count: int) -> str | None:
-        plan = make_plan(config_of(*shards, *overrides), env={}, physical_count=count, loads=[])
-        try:
-            memory.check_fits(recipe_class("text")(plan.config), plan)
-        except LaunchError as err:
-            return str(err)
-        return None
+        passed, said = fits_on_h100s(*shards, *overrides, count=count)
+        return None if passed else said
 
     line = refusal("recipe.size=1b", "gpus=[0]", "batch_size=8", count=1)
     assert line is not None and line.startswith("recipe=text: at a micro-batch of 8, the activations the backward "
@@ -257,11 +256,11 @@ def test_activations_that_outgrow_the_gpu_beside_the_state_are_refused_naming_th
     assert line.endswith("or batch_size=3 (a micro-batch of 3 a rank)"), line
     assert refusal("recipe.size=1b", "gpus=[0]", "batch_size=8", "perf.activation_checkpointing=full", count=1) is None
     # what passes is said too (`launch ... dry_run=true` shows it)
-    plan = make_plan(config_of(*shards, "recipe.size=1b", "gpus=[0]", "batch_size=8",
-                               "perf.activation_checkpointing=full"), env={}, physical_count=1, loads=[])
-    said = memory.check_fits(recipe_class("text")(plan.config), plan)
-    assert said is not None and said.startswith("~") and "GiB a rank: ~18.4 GiB of weights, gradients and optimizer " \
-        "state + ~" in said and "at a micro-batch of 8 (perf.activation_checkpointing=full; none ~" in said, said
+    passed, said = fits_on_h100s(*shards, "recipe.size=1b", "gpus=[0]", "batch_size=8",
+                                 "perf.activation_checkpointing=full", count=1)
+    assert passed and said is not None and said.startswith("~") and "GiB a rank: ~18.4 GiB of weights, gradients " \
+        "and optimizer state + ~" in said and "at a micro-batch of 8 (perf.activation_checkpointing=full; none ~" in \
+        said, said
     assert said.endswith("GPU 0 (H100) holds 80 GiB"), said
     assert refusal("recipe.size=1b", "gpus=[0]", "batch_size=3", count=1) is None
     eight = ("recipe.size=8b", "gpus=2", "strategy=fsdp", "batch_size=4")
