@@ -6,7 +6,8 @@
 
 Writes `gen_train_000001.bin` .. `gen_train_<N>.bin` and `gen_val_000000.bin` (llm.c's names: the val
 shard is held out by its name), each a header of 256 int32 (magic 20240520, version 1, the token count)
-and uint16 tokens, as llm.c's dev/data/data_common.py writes them. The tokens: a Zipf law over the
+and uint16 tokens, as llm.c's dev/data/data_common.py writes them; a vocabulary over 65,536 (Llama 3's
+128,256) is written as version 2, uint32 tokens, which recipe=text also reads. The tokens: a Zipf law over the
 vocabulary (rank 1 the most frequent, as real text roughly is), each token then repeated with a fixed
 random successor half of the time, so a model has something to learn; nothing like a real corpus, so
 loss figures say nothing, only speed does. Written in chunks (a shard is never held whole) under a
@@ -26,8 +27,9 @@ CHUNK = 1 << 24  # tokens generated and written at a time
 
 
 def write_shard(path: Path, tokens: int, vocab: int, rng: np.random.Generator, successor: np.ndarray) -> None:
+    wide = vocab > 65536
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[:3] = MAGIC, VERSION, tokens
+    header[:3] = MAGIC, 2 if wide else VERSION, tokens
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
         f.write(header.tobytes())
@@ -37,7 +39,7 @@ def write_shard(path: Path, tokens: int, vocab: int, rng: np.random.Generator, s
             drawn = np.minimum(rng.zipf(1.1, size=n), vocab) - 1
             follow = rng.random(n) < 0.5
             drawn[1:][follow[1:]] = successor[drawn[:-1][follow[1:]]]
-            f.write(drawn.astype("<u2").tobytes())
+            f.write(drawn.astype("<u4" if wide else "<u2").tobytes())
             left -= n
     os.replace(tmp, path)
 
@@ -48,12 +50,12 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4, help="training shards (a val shard is added)")
     parser.add_argument("--tokens-per-shard", type=int, default=10_000_000)
     parser.add_argument("--val-tokens", type=int, default=0, help="tokens of the val shard (0: as a training shard)")
-    parser.add_argument("--vocab-size", type=int, default=50257, help="at most 65536 (uint16 tokens)")
+    parser.add_argument("--vocab-size", type=int, default=50257, help="over 65536: uint32 tokens (version 2)")
     parser.add_argument("--prefix", default="gen")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if not 2 <= args.vocab_size <= 65536:
-        parser.error(f"--vocab-size {args.vocab_size}: llm.c's version 1 holds uint16 tokens, 2 to 65536")
+    if not 2 <= args.vocab_size <= 1 << 32:
+        parser.error(f"--vocab-size {args.vocab_size}: 2 to 65536 (uint16 tokens) or up to 2**32 (uint32)")
     if args.shards < 1 or args.tokens_per_shard < 1:
         parser.error("--shards and --tokens-per-shard must be at least 1")
     args.folder.mkdir(parents=True, exist_ok=True)

@@ -81,15 +81,16 @@ class FSDP(DDP):
         """Each block sharded in a unit of its own or with others has its forward compiled in place, and
         the root's forward around them; FSDP2's hooks stay eager (they stop the root's graph, which
         resumes after the call that runs the units). Blocks gathered with the root have no hooks: the
-        root's graph takes them in (a model smaller than strategy.min_unit_params is one graph)."""
+        root's graph takes them in (a model smaller than strategy.min_unit_params is one graph). A block
+        under activation checkpointing is compiled around its checkpoint (as torchtitan does), so the
+        compiler sees the recomputed region and selective's policy and plans the backward with them;
+        compiled inside the checkpoint instead, the policy sees none of the compiled code's ops and the
+        backward reruns the block's whole compiled forward."""
         from torch.distributed.fsdp import FSDPModule
 
         root = nets.module
         for block in shard_units(root):
-            inner = getattr(block, "_recomputed_forward", None)
-            if inner is not None:  # (activation checkpointing: compile what is recomputed)
-                block._recomputed_forward = compiled(inner)
-            elif isinstance(block, FSDPModule):
+            if isinstance(block, FSDPModule) or hasattr(block, "_recomputed_forward"):
                 block.forward = compiled(block.forward)
         root.forward = compiled(root.forward)
         return nets

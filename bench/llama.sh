@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 60's figures on the device machine (2 GPUs of one host), from the repository root there, with
+# .device-wheels carried; COMMIT=<short hash> names the result files.
+#
+#   COMMIT=abc1234 bash bench/llama.sh 8b      # Llama 3.1 8B's shape, 2 x 8,192 tokens a GPU, fsdp + compile +
+#                                               # selective checkpointing: launch, then bench/llama_script.py
+#   COMMIT=abc1234 bash bench/llama.sh 1b      # Llama 3.2 1B's shape, 2 x 8,192 a GPU: one GPU, then fsdp on two
+#
+# The data: generated token shards of Llama 3's vocabulary (bench/make_token_shards.py, uint32), nothing like
+# text, so losses say nothing; only speed and memory do. Both runs of a pair under the same allocator setting
+# (expandable segments, as torchtitan's run script sets it).
+set -uo pipefail
+source bench/device_env.sh
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+log=$OUT/llama-$1-2xh200-$commit.txt
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$log"
+python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$log"
+common=(recipe=text recipe.vocab_size=128256 recipe.context=8192 recipe.sample_bytes=0 checkpoint=false
+        eval.every=0 eval.batch_size=4 perf.compile=true progress=lines)
+
+keep() {  # keep NAME RUN_DIR: its results.json and metrics.jsonl under $OUT
+    cp "$2/results.json" "$OUT/$1-results.json" 2>/dev/null
+    cp "$2/metrics.jsonl" "$OUT/$1-metrics.jsonl" 2>/dev/null
+}
+
+case "$1" in
+    8b)
+        data=/tmp/shards-8b  # 40 windows of 8,192: 10 steps an epoch at 2 x 2 windows
+        python3 bench/make_token_shards.py $data --shards 1 --tokens-per-shard 330000 --val-tokens 20000 \
+            --vocab-size 128256 >/dev/null
+        timeout 230 python3 -m launcher "${common[@]}" "recipe.corpus=$data/gen_*.bin" recipe.size=8b gpus=[0,1] \
+            strategy=fsdp strategy.meta_init=true perf.activation_checkpointing=selective batch_size=4 epochs=2 \
+            hydra.run.dir=/tmp/run-8b 2>&1 | tee -a "$log"
+        keep "llama8b-launch-$commit" /tmp/run-8b
+        timeout 170 torchrun --standalone --nproc-per-node=2 bench/llama_script.py --size 8b --context 8192 \
+            --batch-per-gpu 2 --warmup 3 --steps 10 --recompute selective 2>&1 | tee -a "$log"
+        ;;
+    1b)
+        data=/tmp/shards-1b  # 244 windows: 122 steps an epoch on one GPU at 2 windows, 61 on two
+        python3 bench/make_token_shards.py $data --shards 1 --tokens-per-shard 2000000 --val-tokens 20000 \
+            --vocab-size 128256 >/dev/null
+        for gpus in "[0]" "[0,1]"; do
+            n=$(( ${#gpus} > 3 ? 2 : 1 ))
+            strategy=$([ $n = 2 ] && echo fsdp || echo single)
+            timeout 130 python3 -m launcher "${common[@]}" "recipe.corpus=$data/gen_*.bin" recipe.size=1b \
+                gpus=$gpus strategy=$strategy batch_size=$((2 * n)) epochs=2 hydra.run.dir=/tmp/run-1b-$n \
+                2>&1 | tee -a "$log"
+            keep "llama1b-${n}gpu-$commit" /tmp/run-1b-$n
+        done
+        ;;
+esac
