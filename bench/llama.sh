@@ -5,6 +5,7 @@
 #   COMMIT=abc1234 bash bench/llama.sh 8b      # Llama 3.1 8B's shape, 2 x 8,192 tokens a GPU, fsdp + compile +
 #                                               # selective checkpointing: launch, then bench/llama_script.py
 #   COMMIT=abc1234 bash bench/llama.sh 1b      # Llama 3.2 1B's shape, 2 x 8,192 a GPU: one GPU, then fsdp on two
+#   COMMIT=abc1234 bash bench/llama.sh fp8     # the 8b launch with perf.precision=fp8 (torchao carried in .whl)
 #
 # The data: generated token shards of Llama 3's vocabulary (bench/make_token_shards.py, uint32), nothing like
 # text, so losses say nothing; only speed and memory do. Both runs of a pair under the same allocator setting
@@ -28,12 +29,22 @@ case "$1" in
         data=/tmp/shards-8b  # 40 windows of 8,192: 10 steps an epoch at 2 x 2 windows
         python3 bench/make_token_shards.py $data --shards 1 --tokens-per-shard 330000 --val-tokens 20000 \
             --vocab-size 128256 >/dev/null
-        timeout 230 python3 -m launcher "${common[@]}" "recipe.corpus=$data/gen_*.bin" recipe.size=8b gpus=[0,1] \
+        timeout 170 python3 -m launcher "${common[@]}" "recipe.corpus=$data/gen_*.bin" recipe.size=8b gpus=[0,1] \
             strategy=fsdp strategy.meta_init=true perf.activation_checkpointing=selective batch_size=4 epochs=2 \
             hydra.run.dir=/tmp/run-8b 2>&1 | tee -a "$log"
         keep "llama8b-launch-$commit" /tmp/run-8b
-        timeout 170 torchrun --standalone --nproc-per-node=2 bench/llama_script.py --size 8b --context 8192 \
+        timeout 150 torchrun --standalone --nproc-per-node=2 bench/llama_script.py --size 8b --context 8192 \
             --batch-per-gpu 2 --warmup 3 --steps 10 --recompute selective 2>&1 | tee -a "$log"
+        ;;
+    fp8)
+        data=/tmp/shards-8b
+        python3 bench/make_token_shards.py $data --shards 1 --tokens-per-shard 330000 --val-tokens 20000 \
+            --vocab-size 128256 >/dev/null
+        python3 -c "import torchao; print('torchao', torchao.__version__)" 2>&1 | tail -1 | tee -a "$log"
+        timeout 170 python3 -m launcher "${common[@]}" "recipe.corpus=$data/gen_*.bin" recipe.size=8b gpus=[0,1] \
+            strategy=fsdp strategy.meta_init=true perf.activation_checkpointing=selective batch_size=4 epochs=2 \
+            perf.precision=fp8 hydra.run.dir=/tmp/run-8b-fp8 2>&1 | tee -a "$log"
+        keep "llama8b-fp8-$commit" /tmp/run-8b-fp8
         ;;
     1b)
         data=/tmp/shards-1b  # 244 windows: 122 steps an epoch on one GPU at 2 windows, 61 on two

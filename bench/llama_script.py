@@ -12,10 +12,10 @@ LLAMA_SIZES), so only the loop, the sharding code and the launching differ. What
   fp32 gradient reduction (MixedPrecisionPolicy), the shards freed after each unit's forward;
 - activation checkpointing per block (`--recompute`): none, full, or selective (torch's selective
   checkpoint contexts keeping the outputs of matmuls and attention, the rest recomputed);
-- torch.compile of each block (as torchtitan compiles per block), fused AdamW (lr 3e-4, betas 0.9/0.95,
-  weight decay 0.1) over the sharded parameters, gradient-norm clipping at 1.0;
+- torch.compile of each block around its checkpoint and of the loss (as torchtitan compiles both), fused
+  AdamW (lr 3e-4, betas 0.9/0.95, weight decay 0.1) over the sharded parameters, gradient-norm clipping at 1.0;
 - windows of random token ids drawn on the GPU each step (no data loading: the script's best case);
-  the loss a float32 cross-entropy over every position.
+  the loss a float32 cross-entropy over every position (the output layer's matmul eager, before it).
 Rank 0 prints one JSON line: tokens/s per GPU over the steps after `--warmup` (device clock, the slowest
 rank), MFU from the model's FLOPs per token (6N + attention, as recipe=text counts it) against the GPU's
 dense bf16 peak, peak memory allocated and reserved.
@@ -91,11 +91,15 @@ def main() -> None:
 
     generator = torch.Generator(device="cuda").manual_seed(1 + rank)
 
+    def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    loss_of = cross_entropy if args.no_compile else torch.compile(cross_entropy)  # (as torchtitan compiles its loss)
+
     def step() -> torch.Tensor:
         tokens = torch.randint(0, args.vocab_size, (args.batch_per_gpu, args.context + 1), device="cuda",
                                generator=generator)
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss = loss_of(model(tokens[:, :-1]), tokens[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -130,6 +130,8 @@ class Precision(Choice):
     """float16 autocast with a gradient scaler (GPUs without bf16); steps that overflow are skipped."""
     fp32 = "fp32"
     """No autocast."""
+    fp8 = "fp8"
+    """bf16 autocast, the blocks' linear layers multiplying in float8 (torchao; GPUs of compute capability 8.9+)."""
 
 
 class Placement(Choice):
@@ -844,7 +846,7 @@ class PerfConfig(Schema):
     each setting gained: BENCHMARKS.md."""
 
     precision: Precision = Precision.auto
-    """The dtype the passes compute in: auto (bf16 on GPUs, fp32 on the CPU), bf16, fp16 or fp32."""
+    """The dtype the passes compute in: auto (bf16 on GPUs, fp32 on the CPU), bf16, fp16, fp32 or fp8."""
     channels_last: bool = True
     """The model and image batches in channels-last memory layout (GPUs only)."""
     compile: ToggleKey = Toggle.auto

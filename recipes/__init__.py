@@ -160,6 +160,11 @@ class Recipe(DataHooks):
         recipe cannot say before its data."""
         return None
 
+    def eval_chunk_limit(self) -> int | None:
+        """The most samples one evaluation forward takes on a rank, whatever eval.batch_size's share (None, the
+        default: that share alone)."""
+        return None
+
     def augmentation(self) -> Augment | None:
         """The training augmentation, called once; None for none."""
         return None

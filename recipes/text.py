@@ -51,6 +51,7 @@ log = logging.getLogger("launcher.train")
 
 SAMPLE_FILE = "sample.txt"
 SAMPLE_PROMPT_TOKENS = 8  # token shards: the sample continues the held-out stream's first tokens
+EVAL_LOGITS_BYTES = 8 * 2**30  # an evaluation forward's logits a rank at most (Text.eval_chunk_limit)
 
 
 def _shorter_context(stream_bytes: int, corpus: str) -> str:
@@ -165,6 +166,14 @@ class Text(Recipe):
         shape = (size, self.hp.context)
         inputs = torch.zeros(shape, dtype=torch.long, device="meta")
         return inputs, torch.zeros_like(inputs)
+
+    def eval_chunk_limit(self) -> int:
+        """Windows whose logits (context x padded vocabulary, in bf16 and their float32 copy for the loss: 6 bytes
+        each) come to at most EVAL_LOGITS_BYTES. eval.batch_size is the training batch, which accumulate reaches in
+        micro-batches: at batch_size=64 accumulate=16 on 2 ranks, 32 windows a rank in one forward would ask
+        ~190 GiB of logits at Llama 3's 8,192 x 128,256; one window is ~6 GiB."""
+        per_window = self.hp.context * padded_vocab(self.hp.vocab_size or VOCAB) * 6
+        return max(1, EVAL_LOGITS_BYTES // per_window)
 
     def build_model(self, num_classes: int) -> nn.Module:
         hp = self.hp

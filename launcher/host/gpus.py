@@ -196,6 +196,7 @@ class GpuLoad:
     free_gib: float
     total_gib: float
     util_pct: int
+    capability: tuple[int, int] | None = None  # CUDA compute capability (None where NVML does not say)
 
     @property
     def busy(self) -> bool:
@@ -217,6 +218,7 @@ class NvmlDevice:
     free_bytes: int
     total_bytes: int
     util_pct: int
+    capability: tuple[int, int] | None = None  # CUDA compute capability (None where NVML does not say)
 
 
 def nvml_devices() -> tuple[list[NvmlDevice], str]:
@@ -243,8 +245,12 @@ def nvml_devices() -> tuple[list[NvmlDevice], str]:
                 util = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
             except pynvml.NVMLError:  # MIG slices and some vGPUs report none
                 util = 0
+            try:
+                capability = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
+            except (pynvml.NVMLError, AttributeError):  # (older NVML bindings lack the call)
+                capability = None
             devices.append(NvmlDevice(i, text(pynvml.nvmlDeviceGetUUID(handle)), text(pynvml.nvmlDeviceGetName(handle)),
-                                      int(memory.free), int(memory.total), util))
+                                      int(memory.free), int(memory.total), util, capability))
         return devices, f"driver {text(pynvml.nvmlSystemGetDriverVersion())}"
     except pynvml.NVMLError as exc:
         return [], f"NVML failed while reading the GPUs ({exc})"
@@ -259,7 +265,7 @@ def gpu_loads(visible: Sequence[str]) -> list[GpuLoad] | None:
     if not devices or any(token not in by_token for token in visible):
         return None  # a partial answer is worse than none: the plan then keeps the first GPUs
     return [GpuLoad(index, by_token[token].name, by_token[token].free_bytes / 2**30,
-                    by_token[token].total_bytes / 2**30, by_token[token].util_pct)
+                    by_token[token].total_bytes / 2**30, by_token[token].util_pct, by_token[token].capability)
             for index, token in enumerate(visible)]
 
 

@@ -49,6 +49,7 @@ from launcher.host.resume import Resume, typed_keys
 from launcher.host.resume import inspect as inspect_resume
 from launcher.host.resume import resolve as resolve_resume
 from launcher.spec import WorkerSpec
+from launcher.strategies import float8
 from launcher.world import existing_world
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
         if cfg.script:
             return _run_user_script(plan, run_dir, context)
         recipe = check_runnable(cfg)
+        float8.check(plan)  # (perf.precision=fp8: GPUs that have float8 matmuls, and torchao)
         evaluate, checked = checkpoint_to_evaluate(cfg) if cfg.eval.checkpoint else (None, None)
         fits = None
         if recipe is not None and evaluate is None and (joined is None or joined.local_rank == 0):

@@ -94,7 +94,8 @@ def _auto_graph(cls: type[Strategy], perf: PerfConfig, on_gpu: bool, accumulate:
                 options: StrategyConfig | None = None, one_node: bool = True) -> PerfConfig:
     """perf.cuda_graph=auto stays auto (the worker times the step both ways and keeps the faster, every
     rank alike) only where a captured step is plain to try: GPUs, one process each (strategy single or
-    ddp), one micro-batch a step, no fp16 scaler, no compile mode that makes CUDA graphs itself. Elsewhere
+    ddp), one micro-batch a step, no fp16 scaler, not fp8 (its capture not tried), no compile mode that
+    makes CUDA graphs itself. Elsewhere
     it is off, without a word (perf.cuda_graph=true asks for it, and is told where it cannot be had).
     Under ddp the trial's two ways both average the gradients in flat buckets (CapturedDDP): DDP's
     reducer runs host code each step that a replay would skip. Both ways all-reduce a compiled step's
@@ -106,7 +107,7 @@ def _auto_graph(cls: type[Strategy], perf: PerfConfig, on_gpu: bool, accumulate:
         return derive(perf)
     graphs_itself = perf.compile is not Toggle.false and perf.compile_makes_graphs
     reducer_asked = isinstance(options, DDPConfig) and (options.find_unused_parameters or options.static_graph)
-    tried = (cls in (Single, DDP) and on_gpu and accumulate == 1 and str(perf.precision) != "fp16"
+    tried = (cls in (Single, DDP) and on_gpu and accumulate == 1 and str(perf.precision) not in ("fp16", "fp8")
              and not graphs_itself and not (cls is DDP and (reducer_asked or not one_node)))
     return derive(perf, cuda_graph=Toggle.auto if tried else Toggle.false)
 

@@ -82,10 +82,8 @@ class FSDP(DDP):
         the root's forward around them; FSDP2's hooks stay eager (they stop the root's graph, which
         resumes after the call that runs the units). Blocks gathered with the root have no hooks: the
         root's graph takes them in (a model smaller than strategy.min_unit_params is one graph). A block
-        under activation checkpointing is compiled around its checkpoint (as torchtitan does), so the
-        compiler sees the recomputed region and selective's policy and plans the backward with them;
-        compiled inside the checkpoint instead, the policy sees none of the compiled code's ops and the
-        backward reruns the block's whole compiled forward."""
+        under activation checkpointing has its checkpointed forward compiled (as torchtitan compiles), so
+        the compiler traces the checkpoint and plans the backward with selective's policy."""
         from torch.distributed.fsdp import FSDPModule
 
         root = nets.module
@@ -154,15 +152,36 @@ class FSDP(DDP):
         set_model_state_dict(nets.module, state, options=StateDictOptions(full_state_dict=True))
 
     def weights_digest(self, nets: Nets) -> str:
-        """One model, sharded: rank 0 digests it whole and every rank reports that."""
+        """One model, sharded: each rank digests the shards it holds, and every rank reports the SHA-256 of
+        all ranks' digests in rank order. No rank gathers the model: at 8B parameters rank 0 gathering it
+        whole into host memory and digesting it took minutes at the end of every run (and a larger model
+        would not fit a host). So the digest tells the same weights apart among runs of the same world
+        size and units; the same weights sharded otherwise digest differently."""
+        import hashlib
+
         import torch.distributed as dist
 
-        from launcher.strategies.base import weights_sha256
+        every: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(every, shards_sha256(nets.module))
+        return hashlib.sha256("".join(str(d) for d in every).encode()).hexdigest()
 
-        full = self.state_dict(nets)
-        shared = [weights_sha256(full) if self.is_main else None]
-        dist.broadcast_object_list(shared, src=0)
-        return str(shared[0])
+
+def shards_sha256(model: nn.Module) -> str:
+    """SHA-256 of the names and the bytes of this rank's shards (and of any unsharded tensor) of `model`'s state,
+    as they are held (no conversion: the bits are the weights')."""
+    import hashlib
+
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        h.update(name.encode())
+        h.update(str(local.dtype).encode())
+        if local.numel():
+            h.update(local.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 def shard_groups(model: nn.Module, min_params: int) -> list[list[nn.Module]]:

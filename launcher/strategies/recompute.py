@@ -101,7 +101,7 @@ def _costly_ops() -> frozenset:
     import torch
 
     aten = torch.ops.aten
-    names = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_dot_product_flash_attention",
+    names = ("mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "convolution", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
              "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward", "_efficient_attention_forward")
     return frozenset(getattr(aten, name).default for name in names if hasattr(aten, name))

@@ -60,7 +60,9 @@ class Evaluation:
         return eval_chunks(len(data.test), self._chunk(), s.world_size, s.rank, equal_counts=s.lockstep_eval)
 
     def _chunk(self) -> int:
-        return max(1, self.cfg.eval.batch_size // self.strategy.world_size)
+        share = max(1, self.cfg.eval.batch_size // self.strategy.world_size)
+        limit = self.recipe.eval_chunk_limit()
+        return share if limit is None else min(share, limit)
 
     @staticmethod
     def inputs(data: Data, batch: Any) -> Any:

@@ -39,7 +39,7 @@ from launcher.files import last_checkpoint
 from launcher.models import configured, from_config, lazy_modules, materialize_lazy
 from launcher.recipes import Recipe, TokenSplits, recipe_class
 from launcher.spec import WorkerSpec
-from launcher.strategies import Nets, Strategy, recompute
+from launcher.strategies import Nets, Strategy, float8, recompute
 from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, restart, results, shard_writer, warmup
 from launcher.train.epoch_end import DeferredEnd, EpochEnds, Next, QueuedEpoch, Reporters, Verdict
 from launcher.train.evaluation import Evaluation
@@ -330,6 +330,10 @@ class Trainer:
                                              self.cfg.recipe.name)
             if surplus:
                 log.warning("%s", surplus)
+        float8.check_device(self.device, self.cfg.perf.precision)
+        converted = float8.apply(model, self.cfg.perf.precision)  # (perf.precision=fp8; before checkpointing wraps)
+        if self.is_main and converted:
+            log.info("%s", converted)
         recomputed = recompute.apply(model, recompute.mode_of(self.cfg))  # (before the strategy wraps it)
         if self.is_main and recomputed:
             log.info("%s", recomputed)

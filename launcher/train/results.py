@@ -155,6 +155,7 @@ def write(run_dir: Path, record: RunRecord, history: list[dict[str, Any]]) -> di
         "gradient_sync": record.gradient_sync,
         "sharding": record.sharding,  # (fsdp's units; None under the other strategies)
         "activation_checkpointing": recompute.mode_of(cfg).value,  # none, full or selective
+        "precision": cfg.perf.precision.value,  # auto, bf16, fp16, fp32 or fp8
         "final": final,
         "test_acc": final.get("test_acc"),
         "best_test_acc": max(scored, default=None),

@@ -206,7 +206,7 @@ def autocast_for(precision: Precision, device_type: str) -> Callable[[], torch.a
     """What a step runs under (perf.precision): float16 autocast with fp16, bf16 with bf16 (and auto on GPUs),
     else none. A function that holds no reference to the trainer, so that nothing the trainer holds refers
     back to it: `trainer = None` in loop.train() frees its captured graph at once, before teardown."""
-    bf16 = precision is Precision.bf16 or (precision is Precision.auto and device_type == "cuda")
+    bf16 = precision in (Precision.bf16, Precision.fp8) or (precision is Precision.auto and device_type == "cuda")
     return functools.partial(_autocast, device_type, bf16, precision is Precision.fp16)
 
 

@@ -61,7 +61,9 @@ CASES = [
     ("perf.cuda_graph=yes", "perf.cuda_graph=yes is not valid: choose true, false or auto (replay the step as a CUDA "
      "graph where that is measured faster) (e.g. launch perf.cuda_graph=auto)"),
     ("evl.every=2", "unknown key 'evl.every': did you mean eval.every?"),  # (listed Config's keys as evl.*)
-    ("perf.precision=fp8", "perf.precision=fp8 is not valid: choose one of auto, bf16, fp16, fp32"),
+    ("perf.precision=fp4", "perf.precision=fp4 is not valid: choose one of auto, bf16, fp16, fp32, fp8"),
+    ("perf.precision=fp8", "perf.precision=fp8 is not valid: float8 matmuls run on GPUs (compute capability 8.9 or "
+     "later: H100, H200, L4, L40S, B200); this run trains on the CPU (e.g. launch perf.precision=auto)"),
     ("gpus=ALL", "gpus=ALL is not valid: no GPU is visible"),
     ("gpus=cpu strategy=dp", "DataParallel needs GPUs"),
     ("fault.kind=explode", "fault.kind=explode is not valid: choose one of raise, exit, hang, kill, nan, oom"),

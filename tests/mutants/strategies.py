@@ -5,6 +5,7 @@ from tests.mutants import UNIT_PLAN, Mutant
 STRATEGY = "tests/unit/test_strategy.py"
 FSDP_UNIT = "tests/unit/test_fsdp_and_accumulation.py"
 RECOMPUTE = "tests/unit/test_recompute.py"
+FLOAT8 = "tests/unit/test_float8.py"
 ESTIMATE = (RECOMPUTE + "::test_the_activation_estimate_grows_with_the_batch_and_the_sequence_not_its_square_and_orders_"
             "the_modes")
 GRAPH_UNIT = "tests/unit/test_step_graph.py"
@@ -110,7 +111,25 @@ MUTANTS = [
     Mutant("fsdp's older strategy.activation_checkpointing=true ignored", "launcher/strategies/recompute.py",
            "        return Recompute.full\n", "        return mode\n",
            (RECOMPUTE + "::test_fsdps_older_key_still_asks_for_full",)),
+    # ---- float8.py ----
+    Mutant("fp8 turns the output layer to float8 too", "launcher/strategies/float8.py",
+           "chosen = {fqn for fqn, m in model.named_modules() if id(m) in inside and eligible(m)}",
+           "chosen = {fqn for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and eligible(m)}",
+           (FLOAT8 + "::test_fp8_turns_the_blocks_linear_layers_to_float8_and_leaves_the_embeddings_and_output_layer_"
+            "alone",)),
+    Mutant("fp8 takes a layer float8's matmul cannot", "launcher/strategies/float8.py",
+           "return module.in_features % 16 == 0 and module.out_features % 16 == 0", "return True",
+           (FLOAT8 + "::test_a_linear_layer_whose_width_does_not_divide_by_16_stays_as_it_is",)),
+    Mutant("fp8 on a GPU without float8 goes through", "launcher/strategies/float8.py",
+           "load.capability < MIN_CAPABILITY:", "load.capability < (8, 0):",
+           (FLOAT8 + "::test_fp8_on_gpus_without_float8_matmuls_is_refused_naming_the_gpu_and_what_has_them",)),
+    Mutant("fp8 without torchao reaches the workers", "launcher/strategies/float8.py",
+           'if importlib.util.find_spec("torchao") is None:', "if False:",
+           (FLOAT8 + "::test_fp8_without_torchao_is_refused_with_what_to_install",)),
     # ---- fsdp.py ----
+    Mutant("fsdp's weights digest leaves the shards' values out", "launcher/strategies/fsdp.py",
+           "h.update(local.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())", "pass",
+           (FSDP_UNIT + "::test_fsdps_weights_digest_comes_from_each_ranks_shards_without_gathering_the_model",)),
     Mutant("a unit closes one block late", "launcher/strategies/fsdp.py",
            "        if held >= min_params:", "        if held > min_params:",
            (FSDP_UNIT + "::test_blocks_are_sharded_in_units_of_at_least_min_unit_params",)),

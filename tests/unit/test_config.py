@@ -74,7 +74,7 @@ def test_typo_fails_at_compose_time(override):
 
 
 @pytest.mark.parametrize("override", ["epochs=abc", "batch_size=1.5", "lr=fast", "dry_run=maybe",
-                                      "perf.precision=fp8", "recipe.flip=sometimes",
+                                      "perf.precision=fp4", "recipe.flip=sometimes",
                                       "data.placement=disk", "progress=loud", "recipe.model=vgg",
                                       "perf.compile_mode=fast", "strategy.backend=mpi", "optim=lion"])
 def test_wrong_type_or_choice_fails_at_compose_time(override):

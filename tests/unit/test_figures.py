@@ -49,7 +49,7 @@ def _evaluate_once(eval_step):
             for rows in chunks:
                 yield (x[rows], y[rows]), rows
 
-    recipe = SimpleNamespace(eval_step=eval_step)
+    recipe = SimpleNamespace(eval_step=eval_step, eval_chunk_limit=lambda: None)
     strategy = SimpleNamespace(world_size=1, rank=0, lockstep_eval=False)
     cfg = SimpleNamespace(eval=SimpleNamespace(batch_size=4))
     evaluation = Evaluation(cfg, recipe, strategy, torch.device("cpu"), contextlib.nullcontext,
@@ -250,7 +250,8 @@ def test_launch_eval_counts_the_samples_every_rank_skipped():
     strategy = SimpleNamespace(world_size=2, rank=0, lockstep_eval=False, all_reduce=lambda t: 2 * t,
                                reduce_host=lambda values: [v + other_rank_skipped for v in values])
     cfg = SimpleNamespace(eval=SimpleNamespace(batch_size=4))
-    evaluation = Evaluation(cfg, SimpleNamespace(eval_step=lambda model, batch: {"mse": _mse(model, batch)}),
+    evaluation = Evaluation(cfg, SimpleNamespace(eval_step=lambda model, batch: {"mse": _mse(model, batch)},
+                                                  eval_chunk_limit=lambda: None),
                             strategy, torch.device("cpu"), contextlib.nullcontext, SimpleNamespace(warmup_s=None))
     data = SimpleNamespace(test=Split(), in_memory=False, num_classes=2)
     row = evaluation.read_now(SimpleNamespace(eval=nn.Linear(3, 2)), data, warmed=True)

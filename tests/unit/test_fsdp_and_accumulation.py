@@ -399,3 +399,35 @@ def test_fsdp_synchronizes_gradients_again_after_the_micro_batches_that_skip_it(
     with pytest.raises(RuntimeError), strategy.no_sync(nets):
         raise RuntimeError("a micro-batch failed")
     assert said[-1] is True
+
+
+def test_fsdps_weights_digest_comes_from_each_ranks_shards_without_gathering_the_model(tmp_path, monkeypatch):
+    """results.json's weights_sha256 under fsdp: no rank gathers the whole model for it (at 8B parameters that
+    took minutes at the end of every run); the digest follows the weights (one changed value changes it) and is
+    the same for the same weights."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint.state_dict as dcp_state
+
+    from launcher.recipes.text_models import Llama
+
+    def gathered(*args, **kwargs):
+        raise AssertionError("the digest gathered the whole model")
+
+    monkeypatch.setattr(dcp_state, "get_model_state_dict", gathered)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        digests = []
+        for change in (False, False, True):
+            torch.manual_seed(0)
+            model = Llama(64, 16, layers=2, width=32, heads=4, kv_heads=2)
+            strategy = FSDP(FSDPConfig(min_unit_params=0, mixed_precision=False), Devices(()), processes=1,
+                            global_batch=2)
+            nets = strategy.wrap(model, torch.device("cpu"))
+            if change:
+                with torch.no_grad():
+                    model.blocks[1].down.weight.to_local()[0, 0] += 1e-3
+            digests.append(strategy.weights_digest(nets))
+    finally:
+        dist.destroy_process_group()
+    assert digests[0] == digests[1] != digests[2] and len(digests[0]) == 64, digests

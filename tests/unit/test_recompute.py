@@ -133,3 +133,4 @@ def test_the_activation_estimate_grows_with_the_batch_and_the_sequence_not_its_s
     # none: what the backward keeps of each of the 6 blocks (its norms, projections, attention, SwiGLU: ~20 values
     # of the width a token) and the logits, in fp32 (4 bytes)
     assert 6 * 15 * 64 * 4 * 4 * 256 < base.none < 6 * 30 * 64 * 4 * 4 * 256 + 3 * 4 * 256 * 256 * 4
+

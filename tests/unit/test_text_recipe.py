@@ -398,3 +398,24 @@ def test_a_sample_of_token_ids_never_holds_the_padding_beyond_the_vocabulary():
 
     ids = generate_ids(PaddingLover(), [1, 2, 3], 40, 8, 1.0, torch.device("cpu"), vocab=50)
     assert ids[:3] == [1, 2, 3] and len(ids) == 43 and max(ids[3:]) < 50
+
+
+def test_an_evaluation_forward_takes_no_more_windows_than_their_logits_allow():
+    """recipe=text evaluates in the training batch (eval.batch_size=${batch_size}): a batch of 64 windows reached
+    through accumulate=16 over 2 ranks would evaluate 32 windows a rank at once, ~190 GiB of logits at Llama 3's
+    8,192 x 128,256 (an out-of-memory error after the first epoch); each forward takes one window there, 27 at
+    GPT-2's 1,024 x 50,304, and the whole share on bytes."""
+    import types
+
+    from launcher.train.evaluation import Evaluation
+    from tests.conftest import config_of
+
+    def chunk(*overrides):
+        cfg = config_of("recipe=text", *overrides)
+        strategy = types.SimpleNamespace(world_size=2)
+        return Evaluation(cfg, Text(cfg), strategy, torch.device("cpu"), None, None)._chunk()
+
+    shards = ("recipe.corpus=/shards/*.npy",)
+    assert chunk("recipe.size=8b", "recipe.vocab_size=128256", "recipe.context=8192", *shards) == 1
+    assert chunk("recipe.vocab_size=50257", "recipe.context=1024", *shards) == 27
+    assert chunk() == 32 and chunk("eval.batch_size=1024") == 512
