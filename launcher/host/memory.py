@@ -16,6 +16,9 @@ so: launcher/train/stops.py)."""
 from __future__ import annotations
 
 import math
+import os
+import pickle
+import sys
 from typing import TYPE_CHECKING
 
 from launcher.errors import LaunchError
@@ -64,7 +67,41 @@ def capacity(plan: Plan) -> tuple[int, str] | None:
 
 def check_fits(recipe: Recipe, plan: Plan) -> str | None:
     """Refuse (exit 2, one line) a run whose training state, or its state and activations, do not fit its
-    devices. Returns the estimate in a line (`launch ... dry_run=true` shows it), None where there is none."""
+    devices. Returns the estimate in a line (`launch ... dry_run=true` shows it), None where there is none.
+
+    On Linux the model is built and run on the meta device in a child forked for it, so whatever torch's
+    layers touch there stays out of the launch process: at b19ff93 recipe=text's LSTM and GRU failed on a
+    GPU machine with "CUDA error: initialization error" in their workers (forked from the launch under
+    LAUNCH_START_METHOD=fork) after this check ran in the launch itself, where GPT's and Llama's did not; a
+    CUDA context in the launch process would also hold a GPU's memory for the whole run."""
+    if sys.platform != "linux":
+        return _check_fits(recipe, plan)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the verdict back through the pipe, then out without the launch's exit handlers
+        os.close(read)
+        try:
+            verdict: tuple[str, str | None] = ("fits", _check_fits(recipe, plan))
+        except LaunchError as refused:
+            verdict = ("refused", str(refused))
+        except BaseException as error:  # noqa: BLE001 - told to the parent, which decides
+            verdict = ("failed", f"{type(error).__name__}: {error}")
+        with os.fdopen(write, "wb") as out:
+            pickle.dump(verdict, out)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as got:
+        raw = got.read()
+    os.waitpid(pid, 0)
+    kind, said = pickle.loads(raw) if raw else ("failed", "the check's process ended without a verdict")
+    if kind == "refused":
+        raise LaunchError(str(said))
+    if kind == "failed":
+        raise RuntimeError(f"the memory check failed: {said}")
+    return said
+
+
+def _check_fits(recipe: Recipe, plan: Plan) -> str | None:
     from launcher.models import configured
 
     # (a network from config is not the recipe's own, and the launcher builds none of those: launcher/models.py)

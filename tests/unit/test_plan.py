@@ -268,3 +268,31 @@ def test_activations_that_outgrow_the_gpu_beside_the_state_are_refused_naming_th
     assert line is not None and "a micro-batch of 2 a rank, batch_size=4 over 2 ranks" in line, line
     assert "(perf.activation_checkpointing=selective)" in line and "perf.activation_checkpointing=full (~" in line
     assert refusal(*eight, "perf.activation_checkpointing=full", count=2) is None
+
+
+def test_the_memory_check_runs_the_model_in_a_child_so_nothing_it_touches_stays_in_the_launch(fits_on_h100s,
+                                                                                                monkeypatch):
+    """Building and running the model on the meta device can reach the CUDA driver (recipe=text's LSTM and GRU
+    did on a GPU machine, and their workers, forked from the launch, then failed to initialize CUDA): the check
+    runs in a forked child, and the launch process is as it was."""
+    import os
+
+    import torch
+
+    from launcher.recipes import recipe_class
+
+    Text = recipe_class("text")
+    built = Text.model_to_size
+
+    def touching(self):
+        os.environ["LAUNCH_TEST_TOUCHED"] = str(os.getpid())  # (stands for the driver's state)
+        return built(self)
+
+    monkeypatch.setattr(Text, "model_to_size", touching)
+    monkeypatch.delenv("LAUNCH_TEST_TOUCHED", raising=False)
+    fits, said = fits_on_h100s("recipe.model=lstm", count=1)
+    assert fits and said.startswith("~") and "GPU 0 (H100) holds 80 GiB" in said, said
+    assert "LAUNCH_TEST_TOUCHED" not in os.environ
+    fits, said = fits_on_h100s("recipe.size=8b", "recipe.vocab_size=128256", "recipe.corpus=/shards/*.npy", count=1)
+    assert not fits and "8.03B parameters" in said and "LAUNCH_TEST_TOUCHED" not in os.environ, said
+    assert not torch.cuda.is_initialized()
