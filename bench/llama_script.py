@@ -48,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts, CheckpointPolicy
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
     from launcher.config import LLAMA_SIZES
     from recipes.text_models import Llama

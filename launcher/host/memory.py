@@ -147,7 +147,8 @@ def activations(recipe: Recipe, model: nn.Module, plan: Plan) -> tuple[Activatio
         if batch is None:
             return None
         precision = cfg.perf.precision
-        if precision in (Precision.bf16, Precision.fp16, Precision.fp8) or (precision is Precision.auto and plan.gpu_ids):
+        half = (Precision.bf16, Precision.fp16, Precision.fp8)  # (fp8: bf16 outside its matmuls)
+        if precision in half or (precision is Precision.auto and plan.gpu_ids):
             model = model.to(torch.float16 if precision is Precision.fp16 else torch.bfloat16)
         return activation_bytes(model, lambda: recipe.training_step(model, batch)), micro
     except Exception:  # noqa: BLE001 - an estimate only: a model the meta device cannot run is not refused for it
