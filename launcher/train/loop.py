@@ -325,6 +325,11 @@ class Trainer:
             self.recipe.prepare_model(model, self.data.normalize(sample))
         if not any(p.requires_grad for p in model.parameters()):
             raise misfit.nothing_to_train(self.cfg, type(self.recipe).__module__.startswith("launcher.recipes."))
+        if configured(self.cfg.model) and self.data.unit == "tokens":
+            short = misfit.short_vocabulary(model, getattr(self.recipe, "vocab", None) or self.data.num_classes,
+                                            self.cfg.model["_target_"])
+            if short:
+                raise short
         if self.is_main and self._classifies and configured(self.cfg.model):
             surplus = misfit.surplus_outputs(model, self.data.num_classes, self.cfg.model["_target_"],
                                              self.cfg.recipe.name)

@@ -152,3 +152,17 @@ def surplus_outputs(model: torch.nn.Module, classes: int | None, target: str, re
             f"classes of recipe={recipe}; the {layer.out_features - classes} beyond them are never a target (they "
             f"train and cost for nothing): build it with {classes} outputs (+model.num_classes={classes}, or its "
             "constructor's own argument)")
+
+
+def short_vocabulary(model: torch.nn.Module, vocab: int | None, target: str) -> ConfigError | None:
+    """A config network (model._target_) trained on token ids whose input embedding holds fewer rows than the
+    data has tokens (a Hugging Face config given a smaller vocab_size): the first step would fail with an
+    IndexError inside the embedding. The refusal, or None."""
+    embed = getattr(model, "get_input_embeddings", None)
+    layer = embed() if callable(embed) else None
+    rows = getattr(layer, "num_embeddings", None)
+    if not vocab or rows is None or rows >= vocab:
+        return None
+    return ConfigError("model.config.vocab_size", rows, f"model._target_={target} embeds {rows} tokens, but the data's "
+                       f"ids run to {vocab - 1} (a vocabulary of {vocab}): leave vocab_size out (the data's is given) "
+                       f"or give at least {vocab}", f"+model.config.vocab_size={vocab}")
