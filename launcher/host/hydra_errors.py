@@ -231,6 +231,18 @@ def describe_hydra_error(exc: BaseException) -> str:
         m4 = re.search(r"Value '([^']*)' is not a valid bool", text)
         if m4:
             return f"{full_key}={m4.group(1)} is not valid: must be true or false (e.g. launch {full_key}=true)"
+        m5 = re.search(r"is not a valid input for <enum '(\w+)'>", text)  # (a list or a mapping for a choice)
+        if m5:
+            import sys
+
+            from launcher import config
+
+            kind = getattr(config, m5.group(1), None)
+            options = [str(o.value) for o in kind] if kind is not None else []
+            given = next((a.partition("=")[2] for a in sys.argv[1:] if a.lstrip("+~").partition("=")[0] == full_key),
+                         "that")
+            return (f"{full_key}={given} is not valid: give one of {', '.join(options)}, a single word (e.g. launch "
+                    f"{full_key}={options[0] if options else '...'})")
         m3 = re.search(r"Non optional field cannot be assigned None", text)
         if m3:
             return f"{full_key}=null is not valid: {full_key} needs a value"

@@ -104,8 +104,9 @@ def check_fits(recipe: Recipe, plan: Plan) -> str | None:
 def _check_fits(recipe: Recipe, plan: Plan) -> str | None:
     from launcher.models import configured
 
-    # (a network from config is not the recipe's own, and the launcher builds none of those: launcher/models.py)
-    model = None if configured(plan.config.model) else recipe.model_to_size()
+    if configured(plan.config.model):  # (not the recipe's own: the launcher builds none of those, launcher/models.py)
+        return "not estimated: a network from config (model._target_) is built in the workers only"
+    model = recipe.model_to_size()
     room = capacity(plan) if model is not None else None
     if model is None or room is None:
         return None

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher import logs
-from launcher.config import Config, Toggle, derive
+from launcher.config import Config, Toggle, derive, model_name
 from launcher.data.cache import prepare_inductor_dir
 from launcher.errors import LaunchError
 from launcher.failures import span
@@ -274,7 +274,7 @@ def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None, evaluate:
     if plan.network is not None:
         how = f"torch.distributed.elastic on each of {cfg.nodes} nodes, c10d {plan.network.describe()}"
     lines = [
-        f"dry run: nothing started. {cfg.recipe.name} ({cfg.recipe.model}): {plan.describe()}",
+        f"dry run: nothing started. {cfg.recipe.name} ({model_name(cfg)}): {plan.describe()}",
         *([f"  gpus          {plan.gpu_choice}"] if plan.gpu_choice else []),
         f"  workers       {s.processes} process{'es' if s.processes > 1 else ''} ({how})",
         "  worker env    " + " ".join(f"{k}={v!r}" for k, v in sorted(plan.env.items())),

@@ -35,6 +35,7 @@ from launcher.host.outcome import RunFailed
 from launcher.host.run_here import refuse_finished_run_dir
 from launcher.host.sweep import SweepContext, SweepJob, report, run_sweep_job
 from launcher.lifetime import let_ctrl_c_through
+from launcher.strategies import float8
 from launcher.world import existing_world
 
 
@@ -114,6 +115,7 @@ class SweepLauncher(Launcher):
             cfg = typed(settled(task, overrides))
             cfg.check()
             backends.for_config(cfg.backend).check(cfg)
+            float8.check_config(cfg)  # (perf.precision=fp8 on the CPU, or without torchao)
             refuse_finished_run_dir(run_dir.resolve(), "hydra.sweep.dir")  # (pointing at an earlier sweep)
         except LaunchError as err:  # one bad run fails the sweep before anything starts
             raise LaunchError(f"{err} [sweep run {num}: {' '.join(overrides)}]") from None

@@ -25,11 +25,26 @@ from launcher.errors import ConfigError
 if TYPE_CHECKING:
     from torch import nn
 
-    from launcher.config import Precision
+    from launcher.config import Config, Precision
     from launcher.host.plan import Plan
 
 MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9), Hopper (9.0) and later
 EXAMPLES = "compute capability 8.9 or later: H100, H200, L4, L40S, B200"
+
+
+def check_config(cfg: Config) -> None:
+    """What the config alone says against fp8 (a sweep checks it for each run before any starts): the CPU asked
+    for (gpus=[] or cpu), or no torchao."""
+    from launcher.config import Precision
+    from launcher.host.gpus import GpuRequest, Kind
+
+    if cfg.perf.precision is not Precision.fp8:
+        return
+    if GpuRequest.parse(cfg.gpus).kind is Kind.CPU:
+        _refuse_cpu()
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError("perf.precision", "fp8", "the linear layers multiply in float8 through torchao, which is "
+                          "not installed here: pip install torchao, or use bf16", "perf.precision=bf16")
 
 
 def check(plan: Plan) -> None:
@@ -40,11 +55,8 @@ def check(plan: Plan) -> None:
     if plan.config.perf.precision is not Precision.fp8:
         return
     if not plan.gpu_ids:
-        raise ConfigError("perf.precision", "fp8", f"float8 matmuls run on GPUs ({EXAMPLES}); this run trains on the "
-                          "CPU", "perf.precision=auto")
-    if importlib.util.find_spec("torchao") is None:
-        raise ConfigError("perf.precision", "fp8", "the linear layers multiply in float8 through torchao, which is "
-                          "not installed here: pip install torchao, or use bf16", "perf.precision=bf16")
+        _refuse_cpu()
+    check_config(plan.config)
     from launcher.host.gpus import gpu_loads
 
     for load in gpu_loads(plan.visible) or []:
@@ -63,6 +75,11 @@ def check_device(device: object, precision: Precision) -> None:
     if getattr(device, "type", None) == "cuda" and torch.cuda.get_device_capability(device) < MIN_CAPABILITY:
         _refuse_device(f"this rank's GPU ({torch.cuda.get_device_name(device)})",
                        torch.cuda.get_device_capability(device))
+
+
+def _refuse_cpu() -> None:
+    raise ConfigError("perf.precision", "fp8", f"float8 matmuls run on GPUs ({EXAMPLES}); this run trains on the CPU",
+                      "perf.precision=auto")
 
 
 def _refuse_device(which: str, capability: tuple[int, int]) -> None:

@@ -62,6 +62,9 @@ CASES = [
      "graph where that is measured faster) (e.g. launch perf.cuda_graph=auto)"),
     ("evl.every=2", "unknown key 'evl.every': did you mean eval.every?"),  # (listed Config's keys as evl.*)
     ("perf.precision=fp4", "perf.precision=fp4 is not valid: choose one of auto, bf16, fp16, fp32, fp8"),
+    # a list for a choice: said as the choices (was OmegaConf's template, "Value $VALUE ($VALUE_TYPE) ...")
+    ("perf.precision=[fp8]", "perf.precision=[fp8] is not valid: give one of auto, bf16, fp16, fp32, fp8, a single "
+     "word (e.g. launch perf.precision=auto)"),
     ("perf.precision=fp8", "perf.precision=fp8 is not valid: float8 matmuls run on GPUs (compute capability 8.9 or "
      "later: H100, H200, L4, L40S, B200); this run trains on the CPU (e.g. launch perf.precision=auto)"),
     ("gpus=ALL", "gpus=ALL is not valid: no GPU is visible"),
@@ -208,3 +211,14 @@ def test_a_sweep_objective_that_names_no_figure_of_its_runs_is_one_line_before_a
                                                    "of this run's epochs; they are loss, test_mse, test_rmse"), lines
     assert "(e.g. launch sweep.objective=test_rmse)" in lines[0] and "Traceback" not in result.output
     assert not list(tmp_path.glob("multirun/**/results.json")) and "epoch 1/1" not in result.output
+
+
+def test_a_sweep_with_an_fp8_run_on_the_cpu_is_one_line_before_any_run(launch, tmp_path):
+    """`launch -m perf.precision=fp8,bf16 gpus=[]`: the fp8 run cannot run on the CPU, so the sweep is refused
+    before its first run (the bf16 run trained on while the fp8 run failed inside the sweep)."""
+    result = launch("-m", "perf.precision=fp8,bf16", "gpus=[]", "epochs=1", timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("launch: perf.precision=fp8 is not valid: float8 matmuls run on GPUs"), lines
+    assert "[sweep run 0: perf.precision=fp8 gpus=[] epochs=1]" in lines[0], lines
+    assert "sweep: job" not in result.output and not list(tmp_path.glob("multirun/**/results.json"))

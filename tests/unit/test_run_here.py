@@ -114,3 +114,20 @@ def test_a_run_stopped_while_its_workers_start_is_recorded_stopped_not_left_as_f
         assert json.loads((tmp_path / where / "outcome.json").read_text())["stopped_by"] == "SIGTERM"
         assert describe(tmp_path / where)["state"] == "stopped (SIGTERM)"
         assert (tmp_path / where / "train.log").read_text().count("run dir:") == 1  # (said once)
+
+
+def test_a_dry_run_names_the_network_from_config_and_says_its_memory_is_not_estimated(tmp_path):
+    """`launch recipe=text model._target_=transformers.LlamaForCausalLM ... dry_run=true` said "text (gpt)" (the
+    recipe's own model, which does not train) and gave no memory line."""
+    from launcher.host import memory
+    from launcher.host.plan import make_plan
+    from launcher.host.run_here import describe_dry_run
+    from launcher.recipes import recipe_class
+
+    cfg = config_of("recipe=text", "gpus=[]", "model._target_=torch.nn.Identity")
+    plan = make_plan(cfg, env={}, physical_count=0, loads=[])
+    fits = memory.check_fits(recipe_class("text")(plan.config), plan)
+    said = describe_dry_run(plan, tmp_path, None, None, fits)
+    assert said.startswith("dry run: nothing started. text (torch.nn.Identity): "), said
+    assert "  memory        not estimated: a network from config (model._target_) is built in the workers only" \
+        in said, said
