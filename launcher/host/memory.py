@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import pickle
+import signal
 import sys
 from typing import TYPE_CHECKING
 
@@ -78,20 +79,27 @@ def check_fits(recipe: Recipe, plan: Plan) -> str | None:
         return _check_fits(recipe, plan)
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: the verdict back through the pipe, then out without the launch's exit handlers
-        os.close(read)
-        try:
-            verdict: tuple[str, str | None] = ("fits", _check_fits(recipe, plan))
-        except LaunchError as refused:
-            verdict = ("refused", str(refused))
-        except BaseException as error:  # noqa: BLE001 - told to the parent, which decides
-            verdict = ("failed", f"{type(error).__name__}: {error}")
-        with os.fdopen(write, "wb") as out:
-            pickle.dump(verdict, out)
-        os._exit(0)
+    if pid == 0:  # the child: the verdict back through the pipe, then out without the launch's exit handlers,
+        try:  # whatever happens (it must never go on to run the launch's own code)
+            os.close(read)
+            try:
+                verdict: tuple[str, str | None] = ("fits", _check_fits(recipe, plan))
+            except LaunchError as refused:
+                verdict = ("refused", str(refused))
+            except BaseException as error:  # noqa: BLE001 - told to the parent, which decides
+                verdict = ("failed", f"{type(error).__name__}: {error}")
+            with os.fdopen(write, "wb") as out:
+                pickle.dump(verdict, out)
+        finally:
+            os._exit(0)
     os.close(write)
-    with os.fdopen(read, "rb") as got:
-        raw = got.read()
+    try:
+        with os.fdopen(read, "rb") as got:
+            raw = got.read()
+    except BaseException:  # (Ctrl-C while it runs: the child goes with the launch)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
     os.waitpid(pid, 0)
     kind, said = pickle.loads(raw) if raw else ("failed", "the check's process ended without a verdict")
     if kind == "refused":

@@ -95,8 +95,8 @@ def _auto_graph(cls: type[Strategy], perf: PerfConfig, on_gpu: bool, accumulate:
     """perf.cuda_graph=auto stays auto (the worker times the step both ways and keeps the faster, every
     rank alike) only where a captured step is plain to try: GPUs, one process each (strategy single or
     ddp), one micro-batch a step, no fp16 scaler, not fp8 (its capture not tried), no compile mode that
-    makes CUDA graphs itself. Elsewhere
-    it is off, without a word (perf.cuda_graph=true asks for it, and is told where it cannot be had).
+    makes CUDA graphs itself. Elsewhere it is off, without a word (perf.cuda_graph=true asks for it, and is
+    told where it cannot be had).
     Under ddp the trial's two ways both average the gradients in flat buckets (CapturedDDP): DDP's
     reducer runs host code each step that a replay would skip. Both ways all-reduce a compiled step's
     gradients after its backward pass, where DDP's reducer, its graph split at the buckets, overlaps them

@@ -296,3 +296,28 @@ def test_the_memory_check_runs_the_model_in_a_child_so_nothing_it_touches_stays_
     fits, said = fits_on_h100s("recipe.size=8b", "recipe.vocab_size=128256", "recipe.corpus=/shards/*.npy", count=1)
     assert not fits and "8.03B parameters" in said and "LAUNCH_TEST_TOUCHED" not in os.environ, said
     assert not torch.cuda.is_initialized()
+
+
+def test_a_memory_check_child_that_cannot_answer_ends_there_and_never_runs_the_launch(monkeypatch, tmp_path):
+    """The verdict's write failing in the child (a parent gone, a broken pipe): the child still ends at once
+    (os._exit) instead of returning into the launch's own code, and the launch is told the check failed."""
+    import os
+
+    from launcher.host import memory
+
+    def broken(verdict, out):
+        raise BrokenPipeError("the parent is gone")
+
+    monkeypatch.setattr(memory, "_check_fits", lambda recipe, plan: "fits")
+    monkeypatch.setattr(memory.pickle, "dump", broken)
+    me = os.getpid()
+    try:
+        memory.check_fits(None, None)
+        told: BaseException | None = None
+    except BaseException as error:  # noqa: BLE001 - what came back, in whichever process
+        told = error
+    if os.getpid() != me:  # a child that came back into the caller: leave a mark and end it here
+        (tmp_path / f"child-{os.getpid()}").touch()
+        os._exit(0)
+    assert isinstance(told, RuntimeError) and "ended without a verdict" in str(told), told
+    assert not list(tmp_path.iterdir())  # (the parent waited for the child, so a mark would be there now)
