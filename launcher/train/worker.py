@@ -75,10 +75,14 @@ def _requeue_after_failure(spec: WorkerSpec, run_dir: Path, rank: int) -> None:
           f"{allowed}, from the last checkpoint", file=sys.stderr, flush=True)
 
 
-def _signals_as_a_fresh_process() -> None:
+def _as_a_fresh_process() -> None:
     """A worker forked from the launch process itself (LAUNCH_START_METHOD=fork) inherits the handlers elastic's
     agent installed there, which turn SIGTERM into an exception of the agent's: put Python's own back, as a
-    forkserver's or a fresh interpreter's worker has them."""
+    forkserver's or a fresh interpreter's worker has them. It inherits the launch's heap too (Hydra's config,
+    the plan, what the launch imported after its start): frozen here, as the forkserver freezes its imports
+    before it forks (train/preload.py), so that no collection in the worker, heap.release's at the run's end
+    included, walks the launch's objects, which hold no part of the run."""
+    import gc
     import signal
 
     if os.environ.get("LAUNCH_START_METHOD") != "fork":
@@ -86,13 +90,14 @@ def _signals_as_a_fresh_process() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
+    gc.freeze()
 
 
 def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
     # The mask and thread counts go in before anything can start CUDA in this process.
     os.environ.update(spec.env)
     _let_forkserver_end_with_the_launcher()
-    _signals_as_a_fresh_process()
+    _as_a_fresh_process()
     never_lose_ctrl_c()  # (Ctrl-C reaches every worker: one landing in a weakref callback ends it too)
     die_with_parent()  # SIGKILL, not torch's SIGINT: a background job's workers ignore SIGINT
     # what ps and top show: a fork keeps its parent's name (a sweep's run is launch-job-N: its worker was too)

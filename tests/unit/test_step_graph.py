@@ -136,6 +136,30 @@ def test_the_runs_end_leaves_what_the_forkserver_froze_frozen_unless_the_run_fro
         gc.unfreeze()
 
 
+def test_a_worker_forked_from_the_launch_freezes_what_it_inherited_so_its_collections_skip_it(monkeypatch):
+    """Under LAUNCH_START_METHOD=fork (the tests' warm launches, and a user's choice) a worker is a fork of the
+    launch, whose heap (Hydra's config, the plan, later imports) is not frozen as the forkserver's imports are:
+    heap.release's collection at the run's end walked it, a third of a small rank's CPU. The worker freezes it
+    as it starts; a forkserver's worker leaves the heap as the forkserver froze it."""
+    import gc
+    import signal
+
+    from launcher.train import worker
+
+    inherited = [[object()] for _ in range(50_000)]  # the launch's objects, tracked by the collector
+    for method, frozen in (("forkserver", False), ("fork", True)):
+        gc.unfreeze()
+        monkeypatch.setenv("LAUNCH_START_METHOD", method)
+        saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+        try:
+            worker._as_a_fresh_process()
+            assert (gc.get_freeze_count() >= len(inherited)) is frozen, method
+        finally:
+            gc.unfreeze()
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
+
+
 def test_cuda_graph_auto_keeps_a_replay_five_percent_shorter_or_a_tie_where_dataloader_workers_run():
     """Alone on the host the step's launches are not held up: the graph must gain 5%. Beside DataLoader workers
     (busy on the host's cores once training runs, resting while the warm-up times both ways) a replayed step,
