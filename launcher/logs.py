@@ -61,6 +61,30 @@ def survive_closed_console() -> None:
             setattr(sys, name, _ReaderGone(stream))
 
 
+# Warnings of one library about another that no user can act on, dropped where they are logged (in the
+# launch and in every worker): (logger, words of the message). torchao (imported by transformers' model
+# modules, and by perf.precision=fp8) registers two Enums with torch's pytree in a way torch 2.14 deprecates:
+# two lines in every rank of every Hugging Face or fp8 run.
+FOREIGN_DEPRECATIONS = (("torch.utils._pytree", "register_constant() on Enum subclasses is deprecated"),)
+
+
+class _DropForeignDeprecation(logging.Filter):
+    def __init__(self, words: str) -> None:
+        super().__init__()
+        self.words = words
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.words not in record.getMessage()
+
+
+def drop_foreign_deprecations() -> None:
+    """Put FOREIGN_DEPRECATIONS' filters on their loggers (once: a filter is not added twice)."""
+    for name, words in FOREIGN_DEPRECATIONS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropForeignDeprecation) and f.words == words for f in logger.filters):
+            logger.addFilter(_DropForeignDeprecation(words))
+
+
 class _DropLibraryChatter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.name.startswith(QUIET_PREFIXES)
@@ -74,6 +98,7 @@ class _FileOnly(logging.Filter):
 
 
 def _reset_root() -> logging.Logger:
+    drop_foreign_deprecations()
     root = logging.getLogger()
     for handler in list(root.handlers):
         if getattr(handler, "_launcher", False):

@@ -256,9 +256,11 @@ def main(argv: list[str] | None = None) -> None:
     launcher.lifetime._CtrlCHold), then acted on: one line, exit code 130, never a traceback or a run
     that goes on as if no key had been pressed."""
     from launcher.lifetime import hold_ctrl_c, let_ctrl_c_through, never_lose_ctrl_c
+    from launcher.logs import drop_foreign_deprecations
 
     hold_ctrl_c()
     never_lose_ctrl_c()
+    drop_foreign_deprecations()  # (before the checks, which may import a model's package)
     try:
         try:
             _main(argv)
