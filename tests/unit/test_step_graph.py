@@ -137,10 +137,10 @@ def test_the_runs_end_leaves_what_the_forkserver_froze_frozen_unless_the_run_fro
 
 
 def test_a_worker_forked_from_the_launch_freezes_what_it_inherited_so_its_collections_skip_it(monkeypatch):
-    """Under LAUNCH_START_METHOD=fork (the tests' warm launches, and a user's choice) a worker is a fork of the
-    launch, whose heap (Hydra's config, the plan, later imports) is not frozen as the forkserver's imports are:
-    heap.release's collection at the run's end walked it, a third of a small rank's CPU. The worker freezes it
-    as it starts; a forkserver's worker leaves the heap as the forkserver froze it."""
+    """Under LAUNCH_START_METHOD=fork a worker is a fork of the launch, whose heap (torch's modules, Hydra's
+    config, the plan) nothing froze as the forkserver freezes its imports: heap.release's collection at the
+    run's end walked all of it. The worker freezes it as it starts; a forkserver's worker leaves the heap as
+    the forkserver froze it."""
     import gc
     import signal
 
