@@ -84,6 +84,7 @@ class Text(Recipe):
         """In the launcher, once: build the corpus's streams (workers then only map them), and check that
         they hold a batch of windows, before any worker starts. Token shards are not built: their headers,
         lengths and token ids are checked instead (the ids once per shard, remembered under data.root)."""
+        self._check_config_vocabulary()
         corpus = self._corpus()
         if corpus.left_out:
             (first, kept), n = corpus.left_out[0], len(corpus.left_out)
@@ -118,6 +119,20 @@ class Text(Recipe):
         if len(val) < context + 1:
             raise ConfigError("recipe.context", context, f"longer than the held-out stream ({len(val)} bytes)",
                               _shorter_context(len(val), self.hp.corpus))
+
+    def _check_config_vocabulary(self) -> None:
+        """A network from config whose own config section gives a vocab_size below the data's (a Hugging Face
+        config with +model.config.vocab_size=100 on bytes): its first step would index past its embedding.
+        Refused here, in the launcher before any worker; the worker checks the network it built too (a
+        vocabulary set elsewhere than in the config: launcher/train/misfit.py short_vocabulary)."""
+        from launcher.models import configured
+        from launcher.train.misfit import vocabulary_refusal
+
+        inner = self.cfg.model.get("config") if configured(self.cfg.model) else None
+        given = inner.get("vocab_size") if isinstance(inner, dict) else None
+        vocab = self.hp.vocab_size or VOCAB
+        if isinstance(given, int) and not isinstance(given, bool) and given < vocab:
+            raise vocabulary_refusal(given, vocab, self.cfg.model["_target_"])
 
     def _prepare_shards(self, corpus: Corpus) -> None:
         """Token shards, checked in the launcher: a vocabulary given, every header and length sound, every

@@ -163,6 +163,13 @@ def short_vocabulary(model: torch.nn.Module, vocab: int | None, target: str) -> 
     rows = getattr(layer, "num_embeddings", None)
     if not vocab or rows is None or rows >= vocab:
         return None
+    return vocabulary_refusal(rows, vocab, target)
+
+
+def vocabulary_refusal(rows: int, vocab: int, target: str) -> ConfigError:
+    """The one line for a config network that embeds `rows` tokens where the data has `vocab`: said by the
+    worker of the network built (short_vocabulary), and before any worker by a recipe that knows both from
+    the config alone (recipe=text's prepare)."""
     return ConfigError("model.config.vocab_size", rows, f"model._target_={target} embeds {rows} tokens, but the data's "
                        f"ids run to {vocab - 1} (a vocabulary of {vocab}): leave vocab_size out (the data's is given) "
                        f"or give at least {vocab}", f"+model.config.vocab_size={vocab}")

@@ -61,7 +61,8 @@ def test_a_hugging_face_llama_from_its_config_trains_sharded_on_two_ranks_as_in_
 
 def test_a_config_vocabulary_smaller_than_the_datas_is_one_line_not_an_index_error(launch, tmp_path):
     """+model.config.vocab_size=100 on bytes (ids up to 255): refused in one line, exit 2, naming the key and the
-    vocabulary that fits, where the first step raised IndexError inside the embedding (a traceback)."""
+    vocabulary that fits, where the first step raised IndexError inside the embedding (a traceback); by the
+    launcher before any worker, so no run dir is left behind for it."""
     result = launch(*HF_LLAMA, f"data.root={tmp_path / 'text-data'}", "strategy=single", "+model.config.vocab_size=100",
                     timeout=120)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -69,3 +70,4 @@ def test_a_config_vocabulary_smaller_than_the_datas_is_one_line_not_an_index_err
     assert "Traceback" not in result.output and "IndexError" not in result.output, result.output
     assert any("model.config.vocab_size=100 is not valid: model._target_=transformers.LlamaForCausalLM embeds 100 "
                "tokens, but the data's ids run to 255 (a vocabulary of 256)" in line for line in lines), result.stderr
+    assert not list(tmp_path.glob("outputs/*/*")), "a run dir for a run refused before its workers"

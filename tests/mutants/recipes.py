@@ -89,6 +89,10 @@ MUTANTS = [
     Mutant("bits per byte are nats", "recipes/text.py",
            "row[bpb] = row[key] / math.log(2)", "row[bpb] = row[key]",
            (TEXT + "::test_the_epoch_row_reports_bits_per_byte_and_mfu_over_every_gpu",)),
+    Mutant("a config network's smaller vocab_size left to the worker", "recipes/text.py",
+           "and given < vocab:", "and given < 0:",
+           ("tests/distributed/test_hf_models.py::test_a_config_vocabulary_smaller_than_the_datas_is_one_line_not_an_"
+            "index_error",)),
     Mutant("MFU counts one GPU for the whole world", "recipes/text.py",
            "(peak * world_size)", "peak",
            (TEXT + "::test_the_epoch_row_reports_bits_per_byte_and_mfu_over_every_gpu",)),

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from launcher.train.misfit import describe, does_not_take, shape_error
+from launcher.train.misfit import describe, does_not_take, shape_error, short_vocabulary
 
 
 def test_torchs_shape_sentences_are_found_plain_wrapped_and_chained():
@@ -101,3 +101,24 @@ def test_only_a_failure_before_the_first_step_has_run_is_the_networks_one_line()
     with pytest.raises(RuntimeError, match="^Given groups=1"):
         with first_steps(batch):
             raise RuntimeError(conv)
+
+
+def test_a_built_network_embedding_fewer_tokens_than_the_data_has_is_refused_in_the_worker():
+    """The worker's check of the network it built (a vocabulary set where recipe=text's check before the workers
+    does not look, e.g. a user's class taking its own vocabulary argument): fewer embedding rows than the data's
+    tokens is the one line; as many or more, or no input embedding to read, is no refusal."""
+
+    class Embeds(torch.nn.Module):
+        def __init__(self, rows: int):
+            super().__init__()
+            self.embed = torch.nn.Embedding(rows, 4)
+
+        def get_input_embeddings(self):
+            return self.embed
+
+    refused = short_vocabulary(Embeds(100), 256, "my.Net")
+    assert refused is not None and refused.exit_code == 2
+    assert "model._target_=my.Net embeds 100 tokens, but the data's ids run to 255" in str(refused)
+    assert short_vocabulary(Embeds(256), 256, "my.Net") is None and short_vocabulary(Embeds(300), 256, "my.Net") is None
+    assert short_vocabulary(torch.nn.Linear(2, 2), 256, "my.Net") is None
+
