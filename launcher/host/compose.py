@@ -255,10 +255,13 @@ def appended_unknown_key(cfg: DictConfig, at: str = "") -> str | None:
 def settled(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> DictConfig:
     """The composed config as the run takes it: a checkpoint's settings where `resume=` names one
     (launcher/host/resume.py: carry_settings), then the recipe's named presets (RecipeConfig.presets: a
-    `recipe.size=8b` sets the keys it names, each unless the command line sets it)."""
+    `recipe.size=8b` sets the keys it names, each unless the command line sets it). A resumed run's preset
+    was applied when the run started, and the checkpoint carries its outcome (`recipe.size=debug
+    recipe.layers=2` trained 2 layers): it applies again only where this command line names a preset."""
     from launcher.host.resume import carry_settings, typed_keys
 
-    cfg = carry_settings(cfg, overrides)
+    carried = carry_settings(cfg, overrides)
+    resumed, cfg = carried is not cfg, carried
     recipe = cfg.get("recipe") if isinstance(cfg, DictConfig) else None
     presets = getattr(OmegaConf.get_type(recipe), "presets", None) if isinstance(recipe, DictConfig) else None
     if not presets:
@@ -266,6 +269,8 @@ def settled(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> DictConf
     given = typed_keys(overrides)
     named = {}
     for key, values in presets.items():
+        if resumed and f"recipe.{key}" not in given:
+            continue
         named.update(values.get(str(OmegaConf.select(cfg, f"recipe.{key}")), {}))
     if not named:
         return cfg

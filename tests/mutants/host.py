@@ -202,6 +202,10 @@ MUTANTS = [
            (KILLED_UNDER_ANOTHER,)),
     Mutant("an orphaned joblib worker waits for its next run", "launcher/host/cli.py",
            "            self._exit_orphan(outcome.exit_code)", "            pass", (KILLED_UNDER_ANOTHER,)),
+    Mutant("a resumed run's named size applied again over its checkpoint's shape", "launcher/host/compose.py",
+           "        if resumed and f\"recipe.{key}\" not in given:", "        if False:",
+           ("tests/unit/test_text_recipe.py::test_a_resumed_run_keeps_the_shape_it_trained_with_where_a_size_and_its_"
+            "own_keys_were_given",)),
     Mutant("a named size overrides a key given beside it", "launcher/host/compose.py",
            '            if f"recipe.{key}" not in given:', "            if True:",
            ("tests/unit/test_text_recipe.py::test_a_named_llama_size_sets_its_shape_and_every_key_given_beside_it_wins",)),

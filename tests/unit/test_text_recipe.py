@@ -323,6 +323,26 @@ def test_a_named_llama_size_sets_its_shape_and_every_key_given_beside_it_wins():
         config_of("recipe=text", "recipe.size=1b", "recipe.model=gpt")
 
 
+def test_a_resumed_run_keeps_the_shape_it_trained_with_where_a_size_and_its_own_keys_were_given(tmp_path):
+    """`recipe.size=debug recipe.layers=2` trains 2 layers; `launch resume=RUN` carried layers=2 from the
+    checkpoint, then applied size=debug's preset over it (4 layers, "changed here: recipe.layers 2 -> 4") and
+    the worker refused the checkpoint as not fitting. The preset applies on a resume only where the command
+    line names one; what is typed there still wins."""
+    from launcher.config import to_plain
+    from launcher.train import checkpoint
+
+    first = config_of("recipe=text", "recipe.size=debug", "recipe.layers=2", "recipe.context=64")
+    run = tmp_path / "run"
+    checkpoint.save_atomic({"net_state_dict": {}, "epoch": 1, "history": [{"epoch": 1, "test_loss": 2.0}],
+                            "config": to_plain(first)},
+                           run / "checkpoints" / "last.pt")
+    resumed = config_of(f"resume={run}").recipe
+    assert (resumed.size.value, resumed.layers, resumed.width, resumed.context) == ("debug", 2, 256, 64)
+    assert config_of(f"resume={run}", "recipe.layers=3").recipe.layers == 3  # (typed wins)
+    again = config_of(f"resume={run}", "recipe.size=1b").recipe  # (a size typed here sets its shape)
+    assert (again.layers, again.width, again.context) == (16, 2048, 64)
+
+
 def test_a_corpus_file_edited_in_place_builds_its_streams_again(tmp_path):
     """The streams' folder is keyed by every file's name, size and time: an edit that keeps the size (a word
     replaced by another as long) is built again, never trained on from the old streams."""
