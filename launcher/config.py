@@ -430,6 +430,14 @@ LLAMA_SIZES: dict[str, dict[str, Any]] = {
            "tie_embeddings": False},
 }
 
+def tokens_without_vocabulary(at: str, corpus: str) -> ConfigError:
+    """recipe=text's corpus of token shards (.bin, .npy) with no recipe.vocab_size: the one line, from the
+    schema where the corpus names its files so (a dry run says it too) and from the recipe's prepare where
+    a folder holds them."""
+    return ConfigError(f"{at}.vocab_size", 0, f"{at}.corpus={corpus} holds token ids, so give their tokenizer's "
+                       "vocabulary size (0 means 256, for bytes; GPT-2's is 50257)", f"{at}.vocab_size=50257")
+
+
 MAX_VOCAB = 1 << 22  # recipe.vocab_size: beyond any tokenizer's (GPT-2 50257, Llama 3 128256, Gemma 262144)
 
 
@@ -493,6 +501,8 @@ class TextConfig(RecipeConfig):
         if not str(self.corpus).strip():
             raise ConfigError(f"{at}.corpus", self.corpus, "give stdlib or the path of a text file or folder",
                               f"{at}.corpus=stdlib")
+        if not self.vocab_size and str(self.corpus).strip().lower().endswith((".bin", ".npy")):
+            raise tokens_without_vocabulary(at, str(self.corpus))  # (a folder of shards: recipe=text's prepare)
         if self.size.value != "none" and self.model is not TextModel.llama:
             raise ConfigError(f"{at}.size", self.size.value, f"names a Llama 3 shape, for recipe.model=llama (not "
                               f"{self.model.value})", f"{at}.model=llama")

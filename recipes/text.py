@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from launcher.config import TextConfig
+from launcher.config import TextConfig, tokens_without_vocabulary
 from launcher.data.corpus import BASELINE_BYTES, HELD_OUT, VOCAB, Corpus, TextDataError, byte_streams, unigram_loss
 from launcher.data.token_shards import TokenCorpus, check_token_ids, padded_vocab, token_unigram_loss
 from launcher.errors import ConfigError
@@ -139,9 +139,7 @@ class Text(Recipe):
         token id inside the vocabulary, a batch of windows in the training shards and one held out."""
         hp, spec = self.hp, self.hp.corpus
         if not hp.vocab_size:
-            raise ConfigError("recipe.vocab_size", 0, f"recipe.corpus={spec} holds token ids, so give their "
-                              "tokenizer's vocabulary size (0 means 256, for bytes; GPT-2's is 50257)",
-                              "recipe.vocab_size=50257")
+            raise tokens_without_vocabulary("recipe", spec)
         if hp.max_bytes:
             raise ConfigError("recipe.max_bytes", hp.max_bytes, "applies to text (bytes) only; with token shards "
                               "name fewer of them instead", "recipe.max_bytes=0")

@@ -61,6 +61,11 @@ MUTANTS = [
            '                pass',
            ('tests/unit/test_models_from_config.py::test_lazy_layers_take_their_shapes_from_a_first_batch_alike_on_every_rank',)),
     # ---- config: a value out of range, or settings that would do nothing, go through -----------------
+    Mutant("token files named without a vocabulary go through the schema", "launcher/config.py",
+           'if not self.vocab_size and str(self.corpus).strip().lower().endswith((".bin", ".npy")):',
+           'if False:',
+           ("tests/unit/test_token_shards.py::test_a_corpus_that_names_token_files_needs_its_vocabulary_size_in_the_"
+            "config_a_dry_run_checks_too",)),
     Mutant("an integer above its range goes through", "launcher/config.py",
            "if isinstance(value, bool) or not isinstance(value, int) or value < low or value > top:",
            "if isinstance(value, bool) or not isinstance(value, int) or value < low:", (RANGES,)),

@@ -195,6 +195,16 @@ def test_token_shards_need_their_vocabulary_size(tmp_path):
         Text(cfg).prepare()
 
 
+def test_a_corpus_that_names_token_files_needs_its_vocabulary_size_in_the_config_a_dry_run_checks_too():
+    """`recipe.corpus='DIR/*.bin'` (or a .npy) without recipe.vocab_size: the schema says it, so a dry run does,
+    where only a real run's prepare did (a dry run showed a plan at the byte vocabulary)."""
+    for corpus in ("/data/fineweb/fineweb_*.bin", "/data/tokens.NPY"):
+        with pytest.raises(ConfigError, match=r"recipe.vocab_size=0 is not valid: recipe.corpus=.* holds token ids.*"
+                                              r"\(e.g. launch recipe.vocab_size=50257\)"):
+            config_of("recipe=text", f"recipe.corpus={corpus}", "dry_run=true")
+    assert config_of("recipe=text", "recipe.corpus=/data/owt/*.bin", "recipe.vocab_size=50257").recipe.vocab_size
+
+
 @pytest.mark.parametrize("layout", ["llm.c-uint16", "llm.c-uint32", "nanoGPT-uint16", "npy-uint16", "npy-uint32"])
 @pytest.mark.parametrize("largest_in", ["train", "val"])
 def test_a_token_id_equal_to_the_vocabulary_size_is_refused_and_one_below_is_not(tmp_path, monkeypatch, layout,
