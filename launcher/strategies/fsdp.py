@@ -230,10 +230,36 @@ def initialize(model: nn.Module) -> None:
     """Weights materialized from the meta device get the model's own initialization."""
     import torch
 
-    with torch.no_grad():
+    with torch.no_grad(), _own_draws_on_a_cpu_mesh(model):
         if callable(getattr(model, "init_weights", None)):
             model.init_weights()
             return
         for module in model.modules():
             if callable(getattr(module, "reset_parameters", None)):
                 module.reset_parameters()
+
+
+@contextlib.contextmanager
+def _own_draws_on_a_cpu_mesh(model: nn.Module) -> Iterator[None]:
+    """On GPUs, DTensor's random ops draw each shard as its part of the whole tensor (its RNG tracker). On a
+    CPU mesh (gloo ranks) it has no tracker and draws each rank's shard from the rank's own generator, which
+    the run's seed has put in the same state on every rank: every rank's shard of a weight got the same
+    values (rows repeated across ranks), as torch warns ("may not have complete support on cpu device
+    mesh"). There each rank draws from a generator seeded apart for the initialization only (independent
+    draws of the same distribution, not a plain build's values), and the warning, answered, is not shown;
+    the common generator state the ranks share is restored after."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
+    if mesh is None or mesh.device_type != "cpu" or mesh.size() < 2:
+        yield
+        return
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "DTensor random operators may not have complete support on cpu",
+                                UserWarning)
+        torch.manual_seed(torch.initial_seed() + 7919 * (dist.get_rank() + 1))
+        yield

@@ -479,3 +479,55 @@ def test_a_tiny_llama_sharded_on_two_ranks_with_its_blocks_recomputed_follows_on
     assert (two.results()["activation_checkpointing"], one.results()["activation_checkpointing"]) == \
         ("selective", "none")
     assert "activation checkpointing: selective, 2 blocks" in two.output
+
+
+def _materialize_on_two_ranks(rank: int, port: int, out: str) -> None:
+    """One gloo rank: a model built on the meta device, sharded and materialized by strategy=fsdp as a run
+    does it; rank 0 writes the whole first weight (gathered) and whether the ranks' generators agree after."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from launcher import strategies
+    from launcher.config import FSDPConfig, PerfConfig
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)  # (the run's seed, the same on every rank)
+    chosen = strategies.choose(FSDPConfig(meta_init=True, min_unit_params=0), strategies.Devices(()), nprocs=2,
+                               global_batch=8, perf=PerfConfig(), gpus_text="[]", accumulate=1)
+    model = chosen.strategy.build_model(lambda: torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 8)),
+                                        torch.device("cpu"))
+    chosen.strategy.wrap(model, torch.device("cpu"))
+    weight = model[0].weight.full_tensor()
+    after = torch.rand(4)  # the common generator after the initialization
+    others = [torch.empty(4) for _ in range(2)]
+    dist.all_gather(others, after)
+    if rank == 0:
+        import json
+
+        with open(out, "w") as f:
+            json.dump({"weight": weight.tolist(), "agree_after": torch.equal(others[0], others[1])}, f)
+    dist.destroy_process_group()
+
+
+def test_meta_init_on_cpu_ranks_draws_each_ranks_shard_apart_and_keeps_their_common_generator(tmp_path):
+    """On a CPU mesh DTensor has no RNG tracker: each rank drew its shard from its own generator, in the same
+    state on every rank (the run's seed), so rank 1's rows of every weight repeated rank 0's (torch warns so).
+    Each rank's shard is drawn apart now, and the generator the ranks share afterwards agrees again."""
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "result.json"
+    mp.start_processes(_materialize_on_two_ranks, args=(port, str(out)), nprocs=2, start_method="spawn")
+    result = json.loads(out.read_text())
+    weight = torch.tensor(result["weight"])
+    assert weight.shape == (8, 16) and not torch.equal(weight[:4], weight[4:]), "rank 1's rows repeat rank 0's"
+    assert 0 < float(weight.abs().max()) <= 0.25  # (Linear's own reset_parameters: U(-1/4, 1/4) at 16 inputs)
+    assert result["agree_after"]

@@ -130,6 +130,10 @@ MUTANTS = [
     Mutant("fsdp's weights digest leaves the shards' values out", "launcher/strategies/fsdp.py",
            "h.update(local.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())", "pass",
            (FSDP_UNIT + "::test_fsdps_weights_digest_comes_from_each_ranks_shards_without_gathering_the_model",)),
+    Mutant("meta init on CPU ranks draws every rank's shard from the same generator", "launcher/strategies/fsdp.py",
+           '    if mesh is None or mesh.device_type != "cpu" or mesh.size() < 2:', "    if True:",
+           ("tests/distributed/test_fsdp.py::test_meta_init_on_cpu_ranks_draws_each_ranks_shard_apart_and_keeps_their_"
+            "common_generator",)),
     Mutant("a unit closes one block late", "launcher/strategies/fsdp.py",
            "        if held >= min_params:", "        if held > min_params:",
            (FSDP_UNIT + "::test_blocks_are_sharded_in_units_of_at_least_min_unit_params",)),
