@@ -58,6 +58,11 @@ CASES = [
     ("log=[mlflow] log.mlflw.tracking_uri=x", "unknown key 'log.mlflw.tracking_uri': did you mean "
      "log.mlflow.tracking_uri?"),
     ("progress=bars", "progress=bars is not valid: choose one of auto, bar, lines (did you mean progress=bar?)"),
+    # a short value one character off is still a guess; YAML's true is said as typed, not as Python's True
+    ("recipe=text recipe.size=9b", "recipe.size=9b is not valid: choose one of none, debug, 1b, 3b, 8b (did you "
+     "mean recipe.size=8b?)"),
+    ("perf.activation_checkpointing=true", "perf.activation_checkpointing=true is not valid: choose one of none, "
+     "full, selective"),
     ("perf.cuda_graph=yes", "perf.cuda_graph=yes is not valid: choose true, false or auto (replay the step as a CUDA "
      "graph where that is measured faster) (e.g. launch perf.cuda_graph=auto)"),
     ("evl.every=2", "unknown key 'evl.every': did you mean eval.every?"),  # (listed Config's keys as evl.*)
