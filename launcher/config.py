@@ -1012,7 +1012,8 @@ class CheckpointConfig(Schema):
     keep_best: int = 0
     """Also keep the best this many epochs' checkpoints (checkpoints/best.pt, best-epoch-N.pt)."""
     metric: str | None = None
-    """The figure that ranks them (null: early_stop.metric, else test_acc or the first test_NAME)."""
+    """The figure that ranks them (null: early_stop.metric, else sweep.objective where set, else test_acc or the
+    first test_NAME)."""
     mode: Mode = Mode.auto
     """Which way the figure is better."""
 

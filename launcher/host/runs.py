@@ -1,5 +1,6 @@
 """`launch runs [--json] [--limit N]`: the recent runs under outputs/ and multirun/ of this directory,
-newest first: when, recipe, strategy, devices, epochs, best test accuracy, state, dir.
+newest first: when, recipe, strategy, devices, epochs, the best of the figure it was judged by (its
+sweep.objective: recipe=text's held-out loss) or its best test accuracy, state, dir.
 
 A run's state, from what its dir holds (launcher/files.py names the files):
     running    its claim's process is alive (on this host)
@@ -165,11 +166,14 @@ def _sweep_dir(folder: Path) -> bool:
 
 
 def _best(run: dict[str, Any]) -> str:
-    """The best accuracy, or the recipe's own objective figure (test_rmse 0.4354)."""
+    """The best of the figure the run was judged by (sweep.objective: test_loss 2.029, test_rmse 0.4354),
+    else its best accuracy."""
+    figure = run.get("best_figure")
+    if figure:
+        return f"{figure['name']} {figure['value']:.4g}"
     if isinstance(run.get("best_test_acc"), (int, float)):
         return f"{100 * run['best_test_acc']:.2f}%"
-    figure = run.get("best_figure")
-    return f"{figure['name']} {figure['value']:.4g}" if figure else "-"
+    return "-"
 
 
 # Columns left out, in this order, while the table is wider than the terminal; then the dir is cut from the left.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from launcher.config import figure_key, smaller_is_better, to_plain
+from launcher.config import DEFAULT_OBJECTIVE, figure_key, smaller_is_better, to_plain
 from launcher.files import last_checkpoint
 from launcher.train import checkpoint
 from launcher.train.best import BestCheckpoints
@@ -118,7 +118,8 @@ class Saves:
         if not (section.keep_best and self.is_main and self.cfg.saves):
             return None
         if self.best is None:
-            typed = section.metric or self.cfg.early_stop.metric
+            objective = self.cfg.sweep.objective if self.cfg.sweep.objective != DEFAULT_OBJECTIVE else None
+            typed = section.metric or self.cfg.early_stop.metric or objective
             key = figure_key(typed) if typed else default_figure(row)
             if key is None or (key.startswith("test_") and not any(k.startswith("test_") for k in row)):
                 return None  # (not evaluated after this epoch: eval.every)

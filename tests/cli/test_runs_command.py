@@ -138,3 +138,30 @@ def test_each_runs_state_best_figure_and_order_read_from_its_files_in_process(tm
     assert listed[1]["best_test_acc"] == 0.75 and listed[1]["epochs"] == "3/4"
     assert runs.main(["--json", "--limit", "1"], root=tmp_path) == 0
     assert [Path(r["dir"]).name for r in json.loads(capsys.readouterr().out)] == ["b-script"]
+
+
+def test_a_language_model_is_judged_by_its_held_out_loss_in_the_runs_table_and_its_kept_checkpoints(launch, tmp_path,
+                                                                                                     capsys):
+    """recipe=text's sweep.objective is test_loss (a language model's figure, not next-token accuracy): `launch
+    runs` shows its best held-out loss where results.json has an accuracy too, and checkpoint.keep_best ranks by
+    it where no metric is named (the saving code reads the same objective)."""
+    from launcher.host import runs
+    from tests.conftest import config_of
+
+    assert config_of("recipe=text").sweep.objective == "test_loss"
+    assert config_of("recipe=digits").sweep.objective == "test_acc"
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    results = {"recipe": "text", "test_acc": 0.49, "best_test_acc": 0.49, "objective": "test_loss",
+               "best_test_loss": 2.0290}
+    _fake_run(tmp_path, "lm", dead.pid, "2026-11-01 10:00:00", {"results.json": json.dumps(results)})
+    assert runs.main(["--limit", "1"], root=tmp_path) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("lm")]
+    assert "test_loss 2.029" in row and "49.00%" not in row
+    (tmp_path / "kept").mkdir()
+    kept = launch("recipe=text", "gpus=[]", "recipe.layers=1", "recipe.width=32", "recipe.heads=2", "recipe.context=32",
+                  "recipe.max_bytes=20000", "recipe.sample_bytes=0", "batch_size=32", "epochs=2",
+                  "checkpoint.keep_best=1", cwd=tmp_path / "kept")
+    assert kept.returncode == 0, kept.output
+    assert kept.results()["best_checkpoint"]["metric"] == "test_loss", kept.results()["best_checkpoint"]
+

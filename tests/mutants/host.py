@@ -373,6 +373,10 @@ MUTANTS = [
     # ---- runs, rundir: what `launch runs` lists, what a launch keeps ------------------------------------
     Mutant("launch runs shows the worst epoch's accuracy as the best", "launcher/host/runs.py",
            "(max(accs) if accs else None)", "(min(accs) if accs else None)", (RUNS,)),
+    Mutant("launch runs shows a language model's accuracy, not the held-out loss it is judged by",
+           "launcher/host/runs.py", "    if figure:\n        return f\"{figure['name']}", "    if False:\n        return f\"{figure['name']}",
+           ("tests/cli/test_runs_command.py::test_a_language_model_is_judged_by_its_held_out_loss_in_the_runs_table_"
+            "and_its_kept_checkpoints",)),
     Mutant("launch runs lists the oldest first", "launcher/host/runs.py",
            'key=lambda r: (str(r["started"]), r["dir"]),\n                  reverse=True)',
            'key=lambda r: (str(r["started"]), r["dir"]),\n                  reverse=False)', (RUNS,)),

@@ -317,6 +317,11 @@ MUTANTS = [
            "snapshot.add(epoch=epochs, history=", "snapshot.add(epoch=epochs - 1, history=",
            ("tests/distributed/test_reporting.py::test_a_nan_loss_stops_every_rank_and_names_the_step_and_the_last_"
             "good_checkpoint",)),
+    Mutant("keep_best ranks by accuracy where the run is judged by another figure", "launcher/train/saving.py",
+           "typed = section.metric or self.cfg.early_stop.metric or objective",
+           "typed = section.metric or self.cfg.early_stop.metric",
+           ("tests/cli/test_runs_command.py::test_a_language_model_is_judged_by_its_held_out_loss_in_the_runs_table_"
+            "and_its_kept_checkpoints",)),
     Mutant("keep_best keeps the worst epochs by checkpoint.mode", "launcher/train/saving.py",
            "smaller_is_better(key, mode))", "not smaller_is_better(key, mode))",
            ("tests/distributed/test_trackers.py::test_keep_best_keeps_exactly_the_best_two_and_eval_best_gives_the_"
