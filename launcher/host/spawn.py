@@ -352,7 +352,12 @@ def launch_local(spec, nprocs: int, max_restarts: int, nodes: Nodes | None = Non
                     rendezvous.release(config.run_id, others=nodes.count - 1)
             except ChildFailedError as err:
                 clear_console_line()
-                return describe_failure(run_dir, err, nprocs, max_restarts, nodes)
+                outcome = describe_failure(run_dir, err, nprocs, max_restarts, nodes)
+                if nodes is not None and outcome.exit_code == 2:  # (node 0: a refusal every rank raises alike, as
+                    # train/nodes.py's meet does; serve the rendezvous until the others have closed it, or they
+                    # end on "launch itself failed: RendezvousConnectionError" instead of the refusal's line)
+                    rendezvous.release(config.run_id, others=nodes.count - 1)
+                return outcome
             except LaunchError as err:  # the nodes could not meet (rendezvous.py): nothing started
                 if nodes is not None:  # (node 0: every node refuses alike; serve it until they have closed)
                     rendezvous.release(config.run_id, others=nodes.count - 1)
