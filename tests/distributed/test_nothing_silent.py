@@ -188,7 +188,9 @@ def test_a_sweep_whose_run_is_killed_by_a_signal_exits_128_plus_n(tmp_path):
 def test_ctrl_c_on_a_sweep_says_what_finished(tmp_path):
     # A terminal's foreground job: SIGINT at its default even where this test runs with it ignored (a
     # background job of a non-interactive shell inherits SIG_IGN, and Python then never raises KeyboardInterrupt).
-    proc = start_as_terminal_job(launch_command("-m", "gpus=[]", "epochs=2", "seed=1,2,3"), tmp_path)
+    # (the second run trains 40 epochs, so that it is still training a second after it started however fast
+    # the machine is: with 2 epochs, a quick one had finished, and the third was the one stopped)
+    proc = start_as_terminal_job(launch_command("-m", "gpus=[]", "epochs=2,40,41"), tmp_path)
     try:
         for line in proc.stdout:
             if "job 1 started" in line:
@@ -199,10 +201,10 @@ def test_ctrl_c_on_a_sweep_says_what_finished(tmp_path):
     finally:
         stop_tree(proc.pid)
     assert proc.returncode == 130, err
-    assert "| 0 | gpus=[] epochs=2 seed=1 | 0 |" in out  # the finished run, in the summary table
+    assert "| 0 | gpus=[] epochs=2 | 0 |" in out  # the finished run, in the summary table
     # the run launch stopped (with SIGTERM, at the Ctrl-C), as its own outcome.json says, with its time so far
     # (the summary said 130 and 0.0 s); the run never started has no time and no folder
-    assert "| 1 | gpus=[] epochs=2 seed=2 | 143 |" in out
+    assert "| 1 | gpus=[] epochs=40 | 143 |" in out, out
     assert "interrupted (Ctrl-C)" in err and "Traceback" not in err and "KeyboardInterrupt" not in err
     sweep = next(tmp_path.glob("multirun/*/*"))
     assert (sweep / "summary.md").exists()
