@@ -139,8 +139,9 @@ class Recipe(DataHooks):
 
     def num_classes(self, train: Any) -> int | None:
         """What a classifier's head needs (passed to `build_model` and to a config model that takes
-        `num_classes`): by default the Dataset's `classes` (torchvision's ImageFolder has them)."""
-        classes = getattr(train, "classes", None)
+        `num_classes`): by default the Dataset's `classes` (torchvision's ImageFolder has them), looked for
+        through what wraps a Dataset (`random_split`'s Subsets, a ConcatDataset's parts)."""
+        classes = classes_of(train)
         return len(classes) if classes is not None else None
 
     def build_model(self, num_classes: int) -> torch.nn.Module:
@@ -296,3 +297,19 @@ def check_figures(cls: type[Recipe], cfg: LaunchConfig) -> None:
         if have is not None and key not in have:
             listed = [k for w in ("train", "test") for k in sorted(known[w] or (), key=lambda k: (k != "loss", k))]
             raise unknown(setting, typed, key, listed)
+
+
+def classes_of(dataset: Any) -> Any:
+    """A Dataset's `classes`, or those of the Dataset it wraps: a `Subset` (what `random_split` returns) holds
+    its Dataset as `.dataset`, a `ConcatDataset` its parts as `.datasets` (the first that has them). None where
+    none has them."""
+    seen = 0
+    while dataset is not None and seen < 8:
+        classes = getattr(dataset, "classes", None)
+        if classes is not None:
+            return classes
+        parts = getattr(dataset, "datasets", None)
+        if isinstance(parts, (list, tuple)) and parts:
+            return next((c for c in map(classes_of, parts) if c is not None), None)
+        dataset, seen = getattr(dataset, "dataset", None), seen + 1
+    return None

@@ -313,6 +313,10 @@ class Trainer:
         model = self.strategy.build_model(self._new_model, self.device)
         self.timeline.mark("model_on_device")
         self._materialize_lazy(model)
+        empty = misfit.no_outputs(model, self.data.num_classes, getattr(self.data.train, "dataset", None),
+                                  self.cfg.recipe.name)
+        if empty:
+            raise empty
         if self.data.channels_last:
             model = model.to(memory_format=torch.channels_last)
         if type(self.recipe).prepare_model is not Recipe.prepare_model and self.data.host_train_x is not None:

@@ -127,6 +127,22 @@ def nothing_to_train(cfg: Any, builtin: bool) -> ConfigError:
                        "network with layers that learn", f"recipe={cfg.recipe.name}")
 
 
+def no_outputs(model: torch.nn.Module, classes: int, dataset: Any, recipe: str) -> ConfigError | None:
+    """A recipe's `build_model(num_classes)` given 0 classes (its training Dataset names no `classes`, as a
+    `random_split` of a TensorDataset does not) that built a layer of no outputs: the first step would fail in
+    the loss ("Target 2 is out of bounds"). The refusal, or None (a network that does not use num_classes)."""
+    if classes:
+        return None
+    empty = next(((name, tuple(p.shape)) for name, p in model.named_parameters() if p.numel() == 0), None)
+    if empty is None:
+        return None
+    kind = type(dataset).__name__ if dataset is not None else "Dataset"
+    return ConfigError("recipe", recipe, f"its network has a layer with no outputs ({empty[0]}, of shape "
+                       f"{list(empty[1])}): build_model was given num_classes=0, since its training Dataset "
+                       f"({kind}) names no `classes`: give that Dataset a `classes` list, or define "
+                       "num_classes(self, train) in the recipe", None)
+
+
 def lazy_unreached(cfg: Any, builtin: bool, names: list[str]) -> ConfigError:
     """Lazy layers (nn.LazyLinear, ...) that one forward on a first batch left without shapes (a branch
     that batch did not take): nothing could size, shard or optimize their weights."""

@@ -188,6 +188,55 @@ def test_a_network_that_does_not_take_the_batches_is_one_line_naming_its_key(lau
     assert "model._target_=torch.nn.Flatten is not valid: the network has no parameters to train" in flat.stderr
 
 
+CLASSIFIER = """
+import torch
+from torch import nn
+from torch.utils.data import Dataset, random_split
+
+from launcher.recipes import Recipe
+
+
+class Points(Dataset):
+    classes = ["a", "b", "c"]
+
+    def __init__(self):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(600, 2, generator=g)
+        self.y = (self.x[:, 0] > 0).long() + (self.x[:, 1] > 0.5).long()
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+class Classifier(Recipe):
+    def load(self):
+        return random_split(Points(), [0.8, 0.2], generator=torch.Generator().manual_seed(0))
+
+    def build_model(self, num_classes):
+        return nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, num_classes))
+"""
+
+
+def test_a_classifier_finds_its_classes_through_random_split_or_names_what_to_give(launch, project):
+    """The default num_classes looks through random_split's Subsets to the Dataset's `classes`; a Dataset with
+    none gave build_model 0 classes, and the first step failed in the loss with a traceback ("Target 2 is out of
+    bounds"): now one line naming what to give, exit 2, before any step."""
+    (project / "points.py").write_text(CLASSIFIER)
+    result = launch("recipe=points", "gpus=[]", "epochs=1", "data.workers=0")
+    assert result.returncode == 0, result.output
+    assert result.results()["test_acc"] > 0.34  # (three classes: above chance)
+    (project / "bare.py").write_text(CLASSIFIER.replace('    classes = ["a", "b", "c"]\n', ""))
+    bare = launch("recipe=bare", "gpus=[]", "epochs=1", "data.workers=0")
+    assert bare.returncode == 2 and "Traceback" not in bare.output, bare.output
+    assert ("launch: recipe=bare is not valid: its network has a layer with no outputs (2.weight, of shape [0, 16]): "
+            "build_model was given num_classes=0, since its training Dataset (Subset) names no `classes`: give that "
+            "Dataset a `classes` list, or define num_classes(self, train) in the recipe") in bare.stderr
+    assert "epoch 1/1" not in bare.output
+
+
 def test_a_users_step_that_raises_shows_the_users_frame(launch, project):
     (project / "broken.py").write_text((EXAMPLES / "regression.py").read_text().replace(
         "        x, y = batch\n        return nn.functional.mse_loss(model(x).float(), y)",
