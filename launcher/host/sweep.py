@@ -64,8 +64,8 @@ class SweepJob:
 
 # ---- the summary -----------------------------------------------------------------------------------
 
-COLUMNS = ("job", "overrides", "exit_code", "test_acc", "best_test_acc", "loss", "img_per_s", "tokens_per_s", "epochs",
-           "seconds", "run_dir")
+COLUMNS = ("job", "overrides", "exit_code", "test_acc", "best_test_acc", "loss", "img_per_s", "tokens_per_s",
+           "samples_per_s", "epochs", "seconds", "run_dir")
 
 
 def summary_row(job: SweepJob) -> dict[str, Any]:
@@ -116,10 +116,13 @@ def write_summary(jobs: list[SweepJob], sweep_dir: Path) -> str:
     for row in rows:
         lines.append("| " + " | ".join(_cell(k, row.get(k)) for k in shown) + " |")
     scored = [r for r in rows if isinstance(r["objective_value"], (int, float))]
-    if len(scored) > 1 and objective != "test_acc":  # (a recipe's own figure: which way is better is said)
+    if len(scored) > 1:  # (the objective's better way: accuracy up, an error down, or as sweep.direction says)
         pick = min if minimized(objective, getattr(jobs[0].cfg.sweep, "direction", "auto")) else max
         best = pick(scored, key=lambda r: r["objective_value"])
-        lines.append(f"\nbest: job {best['job']} ({best['overrides']}), {objective} {best['objective_value']:.4g}")
+        value = best["objective_value"]
+        value = _cell("test_acc", value) if objective == "test_acc" else f"{value:.4g}"
+        where = f": {best['run_dir']}" if best.get("run_dir") else ""
+        lines.append(f"\nbest: job {best['job']} ({best['overrides']}), {objective} {value}{where}")
     table = "\n".join(lines) + "\n"
     (sweep_dir / "summary.md").write_text(table)
     _plot(rows, swept_keys(jobs), sweep_dir / "summary.png", rate, objective)
@@ -166,7 +169,7 @@ def _plot(rows: list[dict[str, Any]], keys: list[str], path: Path, rate: str = "
     xs = [_number(x.split("=", 1)[1]) for x in x_values] if numeric else list(range(len(rows)))
     fig = Figure(figsize=(10, 4))
     ax1, ax2 = fig.subplots(1, 2)
-    unit = "tokens/s" if rate == "tokens_per_s" else "img/s"
+    unit = {"tokens_per_s": "tokens/s", "samples_per_s": "samples/s"}.get(rate, "img/s")
     scored = ("test_acc", "test accuracy") if objective == "test_acc" else ("objective_value", objective)
     for ax, key, title in ((ax1, rate, f"throughput ({unit})"), (ax2, *scored)):
         ys = [r[key] if isinstance(r[key], (int, float)) else float("nan") for r in rows]

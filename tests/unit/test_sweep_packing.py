@@ -131,6 +131,13 @@ def test_the_summary_shows_each_runs_figures_time_and_the_best_run_by_its_direct
     assert [r["seconds"] for r in rows] == ["12.0", "30.0"]  # a SLURM run's time: its workers' (results.json)
     accuracy = write_summary([_job(2, tmp_path, {"test_acc": 0.8512})], tmp_path / "acc")
     assert "| 85.12% |" in accuracy
+    # an accuracy sweep names its best run too (it printed none), with where that run is
+    acc = tmp_path / "acc2"
+    table = write_summary([_job(3, acc, {"test_acc": 0.91, "final": {"samples_per_s": 5000.0}}),
+                           _job(4, acc, {"test_acc": 0.95, "final": {"samples_per_s": 4000.0}})], acc)
+    assert f"best: job 4 (lr=4), test_acc 95.00%: {acc / '4'}" in table
+    rows = list(csv.DictReader(open(acc / "summary.csv")))
+    assert [r["samples_per_s"] for r in rows] == ["5000.0", "4000.0"]  # (the table's throughput, kept in the csv)
 
 
 def test_a_run_killed_before_it_reported_fails_with_128_plus_its_signal(tmp_path, capsys):
