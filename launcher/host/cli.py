@@ -17,6 +17,7 @@ failed), 2 (bad input), 128+N (stopped by signal N).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
@@ -164,6 +165,35 @@ def _refuse_stale_world(argv: list[str]) -> None:
     why = refused_world()
     if why:
         print(said(why), file=sys.stderr)
+        raise SystemExit(2)
+
+
+# Hydra's own command-line options (hydra/_internal/utils.py get_args_parser) and launch's -V
+HYDRA_OPTIONS = frozenset({"-h", "--help", "--hydra-help", "--version", "-V", "-c", "--cfg", "--resolve", "-p",
+                           "--package", "-i", "--info", "-sc", "--shell-completion", "-cp", "--config-path", "-cn",
+                           "--config-name", "-cd", "--config-dir", "--experimental-rerun", "-m", "--multirun", "-r",
+                           "--run"})
+
+
+def _refuse_dashed_settings(argv: list[str]) -> None:
+    """`launch --epochs=3` or `launch --batch-size 64` (torchrun's, Lightning's and argparse's habit): one line
+    naming the key=value to type, exit 2, instead of argparse's usage block. What follows `--` (script_args)
+    is the script's own."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    for i, word in enumerate(words):
+        if not word.startswith("-") or word == "-" or word.partition("=")[0] in HYDRA_OPTIONS:
+            continue
+        name, eq, value = word.lstrip("-").partition("=")
+        if not eq and i + 1 < len(words) and not words[i + 1].startswith("-") and "=" not in words[i + 1]:
+            value = words[i + 1]
+        from launcher.config import Config
+
+        key = name.replace("-", "_")
+        typed = f"{word} {value}" if not eq and value else word
+        known = "." in key or key in {f.name for f in dataclasses.fields(Config)}
+        example = f"{key}={value or '...'}" if known else "recipe=cifar10 epochs=5"
+        print(said(f"{typed} is not an option: settings are key=value, without dashes (e.g. launch {example}); "
+                   "the options are -m (a sweep), --cfg job, --help and --version"), file=sys.stderr)
         raise SystemExit(2)
 
 
@@ -317,6 +347,7 @@ def _main(argv: list[str] | None) -> None:
             print(said(err), file=sys.stderr)
             raise SystemExit(2) from None
 
+    _refuse_dashed_settings(argv)
     _refuse_stale_world(argv)
 
     from launcher.bytecode import enable as keep_bytecode

@@ -157,8 +157,17 @@ def describe_hydra_error(exc: BaseException) -> str:
     if unparsed is not None:
         bad = getattr(unparsed, "override", "") or ""
         if bad and "=" not in bad:
-            return (f"'{bad}' is not a command or a key=value override; commands: doctor; "
-                    f"overrides look like: launch recipe=cifar10 gpus=[0,1] epochs=5")
+            import sys
+
+            from launcher.config import Config
+
+            args = sys.argv[1:]
+            after = args[args.index(bad) + 1] if bad in args[:-1] else None
+            known = {f.name for f in dataclasses.fields(Config)}
+            example = (f"{bad}={after}" if bad in known and after is not None and "=" not in after
+                       else "recipe=cifar10 gpus=[0,1] epochs=5")
+            return (f"'{bad}' is not a command or a key=value override (e.g. launch {example}); commands: doctor, "
+                    "runs, eval RUN_DIR, export RUN_DIR")
         detail = _first_line(getattr(unparsed, "message", "") or str(unparsed))
         return (f"cannot parse '{bad}' ({detail}): lists are written gpus=[0,1], text with commas or "
                 "brackets is quoted: key='a,b'")

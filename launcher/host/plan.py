@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from launcher import strategies
-from launcher.config import Config, Placement, derive, split_endpoint
+from launcher.config import Config, Placement, Toggle, derive, split_endpoint
 from launcher.errors import ConfigError
 from launcher.host.gpus import (
     GpuRequest,
@@ -128,8 +128,12 @@ def make_plan(cfg: Config, joined: WorldInfo | None = None, env: Mapping[str, st
         worker_env.update(interface_env(env, net.interface))
     else:
         worker_env.update(loopback_env(env))
+    notes = _notes(choice)
+    if cfg.perf.cuda_graph is Toggle.true and not ids:  # (asked for: said, not dropped in silence)
+        notes = (*notes, "perf.cuda_graph=true: CUDA graphs replay steps on GPUs; this run on the CPU runs its "
+                 "steps uncaptured (results.json: cuda_graph false)")
     return Plan(choice.strategy, derive(cfg, perf=choice.perf), ids, visible, worker_env, gpu_choice=gpu_choice,
-                notes=_notes(choice), network=net)
+                notes=notes, network=net)
 
 
 def loopback_env(env: Mapping[str, str]) -> dict[str, str]:

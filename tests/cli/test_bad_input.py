@@ -34,6 +34,12 @@ CASES = [
     ("eval latest", "launch: eval latest is not valid: no checkpoint under"),  # (was "launch eval=latest")
     ("recipe=cifar10 data.download=false data.root=/no/data", "CIFAR-10 not found: put cifar-10-python.tar.gz"),
     ("train", "'train' is not a command or a key=value override"),
+    # a key and its value apart, or with dashes (torchrun's and argparse's habit): the key=value to type
+    ("epochs 3", "'epochs' is not a command or a key=value override (e.g. launch epochs=3); commands: doctor, runs, "
+     "eval RUN_DIR, export RUN_DIR"),
+    ("--epochs=3", "--epochs=3 is not an option: settings are key=value, without dashes (e.g. launch epochs=3)"),
+    ("--batch-size 64", "--batch-size 64 is not an option: settings are key=value, without dashes (e.g. launch "
+     "batch_size=64)"),  # (was argparse's usage block)
     ("data.placement=gpu gpus=[]", "data.placement=gpu is not valid: this run trains on the CPU"),
     ("data.placement=disk", "data.placement=disk is not valid: choose one of auto, gpu, host"),
     ("recipe=cifar10 recipe.tta=3", "recipe.tta=3 is not valid: must be an integer from 0 to 2"),

@@ -92,6 +92,17 @@ def test_a_cpu_run_on_a_busy_machine_is_told_its_thread_count_and_how_to_change_
     assert _cpu_epoch_advice(monkeypatch, caplog, 7.5, 1, {"OMP_NUM_THREADS": "1"}) == []  # one thread already
 
 
+def test_cuda_graphs_asked_for_on_the_cpu_are_said_to_run_uncaptured(cuda_build):
+    """perf.cuda_graph=true on the CPU trains uncaptured (the captured step's flat all-reduce still syncs ddp's
+    gradients, which the CPU tests use): a note says so, where the run went on in silence."""
+    plan = make_plan(config_of("gpus=[]", "perf.cuda_graph=true"), env={}, physical_count=0)
+    assert any(n.startswith("perf.cuda_graph=true: CUDA graphs replay steps on GPUs; this run on the CPU runs its "
+                            "steps uncaptured") for n in plan.notes), plan.notes
+    assert not any("cuda_graph" in n for n in make_plan(config_of("gpus=[]"), env={}, physical_count=0).notes)
+    assert not any("cuda_graph" in n for n in make_plan(config_of("gpus=[0]", "perf.cuda_graph=true"), env={},
+                                                        physical_count=1).notes)
+
+
 def test_gpus_with_a_cpu_build_of_torch_is_refused(monkeypatch):
     monkeypatch.setattr(plan_module, "torch_has_cuda", lambda: False)
     with pytest.raises(ConfigError, match="CPU build"):
