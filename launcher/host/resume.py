@@ -218,9 +218,27 @@ def what_a_resume_finds(run_dir: Path) -> str:
     logged = _last_logged_epoch(run_dir)
     unfinished = logged if logged and logged > (epoch or 0) else None
     if epoch is not None:
-        return f"launch resume={run_dir} goes on from its checkpoint (epoch {epoch}" + \
+        where = "".join(f" {o}" for o in _where_it_ran(run_dir))
+        return f"launch resume={run_dir}{where} goes on from its checkpoint (epoch {epoch}" + \
             (f"; epoch {unfinished}'s checkpoint was not finished)" if unfinished else ")")
     return f"epoch {unfinished}'s checkpoint was not finished: no checkpoint to resume from" if unfinished else ""
+
+
+def _where_it_ran(run_dir: Path) -> list[str]:
+    """The overrides of the run's command line (.hydra/overrides.yaml) that say where it runs (gpus, nprocs,
+    strategy, backend and their keys), which a resume takes from its own command line, not the checkpoint:
+    the resume line repeats them, so that a CPU run on 2 ranks goes on as one, not on every GPU there is."""
+    import shlex
+
+    import yaml
+
+    try:
+        typed = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
+    except (OSError, yaml.YAMLError):
+        return []
+    layout = ("gpus", "nprocs", "strategy", "backend")
+    kept = [o for o in typed if isinstance(o, str) and o.partition("=")[0].lstrip("+~").split(".")[0] in layout]
+    return [o if re.fullmatch(r"[\w.+~=\[\],:/@-]+", o) else shlex.quote(o) for o in kept]
 
 
 def _last_logged_epoch(run_dir: Path) -> int | None:

@@ -141,7 +141,8 @@ def test_ctrl_c_after_a_checkpoint_says_how_to_go_on(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, out + err
-    said = re.search(rf"launch resume={re.escape(str(tmp_path / 'run'))} goes on from its checkpoint \(epoch (\d+)"
+    said = re.search(rf"launch resume={re.escape(str(tmp_path / 'run'))} gpus=\[\] goes on from its checkpoint "
+                     r"\(epoch (\d+)"
                      r"(; epoch \d+'s checkpoint was not finished)?\)$", err.strip().splitlines()[-1])
     assert said, err
     assert torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)["epoch"] == int(said[1])
