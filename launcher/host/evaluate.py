@@ -215,6 +215,7 @@ def summarize(results: dict[str, Any] | None, run_dir: Path, elapsed: float) -> 
     shown = ", ".join(f"{name} {100 * v:.1f}%" for name, v in worst)
     skipped = results.get("eval_skipped")
     left_out = f" ({skipped} unreadable, left out)" if skipped else ""
-    log.info("evaluated %s in %.1fs: test accuracy %.2f%% on %s images%s (loss %.4f); lowest classes: %s. "
-             "%s  %s", results.get("evaluated"), elapsed, 100 * (acc or 0.0), images, left_out,
+    counted = "images" if results.get("unit", "img") in ("img", "images") else "samples"  # (a Dataset's points)
+    log.info("evaluated %s in %.1fs: test accuracy %.2f%% on %s %s%s (loss %.4f); lowest classes: %s. "
+             "%s  %s", results.get("evaluated"), elapsed, 100 * (acc or 0.0), images, counted, left_out,
              results.get("test_loss") or 0.0, shown, run_dir / EVAL, run_dir / CONFUSION)

@@ -259,5 +259,5 @@ def main(argv: list[str], root: Path | None = None) -> int:
             written = "just now"
         if newest is not None:
             print(f"resume=latest and launch eval latest: {printable(newest.parent.parent)} (its checkpoint, "
-                  f"written {written}, is the newest)")
+                  f"written {written}, is the newest under outputs/; sweep runs are named by their dir)")
     return 0

@@ -139,7 +139,7 @@ class Evaluation:
         per_class = [confusion[i][i] / counts[i] if counts[i] else None for i in range(len(confusion))]
         names = self.class_names(data, len(confusion))
         report = {
-            **facts, "test_images": int(sum(counts)), **row, "classes": names,
+            **facts, "test_images": int(sum(counts)), "unit": data.unit, **row, "classes": names,
             "per_class_acc": dict(zip(names, per_class, strict=True)), "confusion": confusion,
             "worker_s": time.perf_counter() - started, "torch": torch.__version__,
         }

@@ -44,6 +44,7 @@ def test_runs_lists_every_state_newest_first(launch, tmp_path):
     lines = shown.stdout.splitlines()
     assert lines[0].split()[:3] == ["started", "recipe", "strategy"] and len(lines) == 6
     assert lines[-1].startswith(f"resume=latest and launch eval latest: {finished.run_dir()} (its checkpoint")
+    assert "is the newest under outputs/; sweep runs are named by their dir)" in lines[-1]  # (not multirun/'s)
     assert "running" in lines[2] and "c-running" in lines[2]
 
 

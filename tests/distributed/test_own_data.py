@@ -228,6 +228,9 @@ def test_a_classifier_finds_its_classes_through_random_split_or_names_what_to_gi
     result = launch("recipe=points", "gpus=[]", "epochs=1", "data.workers=0")
     assert result.returncode == 0, result.output
     assert result.results()["test_acc"] > 0.34  # (three classes: above chance)
+    evaluated = launch("eval", str(result.run_dir()), "gpus=[]", "data.workers=0")
+    assert evaluated.returncode == 0, evaluated.output
+    assert re.search(r"test accuracy \S+% on 120 samples \(loss", evaluated.output), evaluated.output  # (not images)
     (project / "bare.py").write_text(CLASSIFIER.replace('    classes = ["a", "b", "c"]\n', ""))
     bare = launch("recipe=bare", "gpus=[]", "epochs=1", "data.workers=0")
     assert bare.returncode == 2 and "Traceback" not in bare.output, bare.output
