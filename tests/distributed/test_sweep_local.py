@@ -21,7 +21,10 @@ def test_a_three_point_sweep_runs_side_by_side_and_summarizes(launch):
         rows = list(csv.DictReader(f))
     assert [r["overrides"].split()[-2] for r in rows] == ["batch_size=32", "batch_size=64", "batch_size=128"]
     assert all(r["exit_code"] == "0" and float(r["test_acc"]) > 0.8 and float(r["img_per_s"]) > 0 for r in rows)
-    assert (sweep_dir / "summary.md").read_text().count("\n") == 5  # header, rule, 3 rows
+    summary = (sweep_dir / "summary.md").read_text()
+    assert summary.count("\n") == 7  # header, rule, 3 rows, and the best run after a blank line
+    best = max(rows, key=lambda r: float(r["test_acc"]))
+    assert f"\nbest: job {best['job']} (" in summary and summary.rstrip().endswith(f": {best['run_dir']}")
     assert (sweep_dir / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| job | overrides |" in out and "summary.png" in out
     for job, batch in enumerate((32, 64, 128)):  # each run's own dir, output and results, with its own value

@@ -159,7 +159,10 @@ def test_a_three_point_sweep_is_one_job_array_with_a_summary(launch, slurm_clust
     hosts = {json.loads((sweep_dir / str(n) / "results.json").read_text())["hosts"][0] for n in range(3)}
     assert hosts == {"lnode1", "lnode2"}  # the array spread over both nodes
     assert (sweep_dir / "summary.png").read_bytes()[:4] == b"\x89PNG"
-    assert (sweep_dir / "summary.md").read_text().count("\n") == 5
+    summary = (sweep_dir / "summary.md").read_text()
+    assert summary.count("\n") == 7  # header, rule, 3 rows, and the best run after a blank line
+    best = max(rows, key=lambda r: float(r["test_acc"]))
+    assert f"\nbest: job {best['job']} (" in summary and summary.rstrip().endswith(f": {best['run_dir']}")
 
 
 def test_a_sweep_under_hydras_own_submitit_slurm_launcher_trains_every_run(launch, slurm_cluster):
