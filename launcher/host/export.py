@@ -3,7 +3,8 @@
 The checkpoint's model weights (checkpoints/last.pt; under strategy=fsdp its torch.distributed.checkpoint
 folder, whose model entries `dcp.load` reads whole into host memory in this one process) are written as a
 plain state_dict: `torch.load(OUT)` reads it into the recipe's network (`model.load_state_dict`). OUT ending in
-.safetensors writes safetensors instead (where the safetensors package is installed). Default OUT:
+.safetensors writes safetensors instead, a tensor at a time (`write_safetensors`: host memory holds the weights
+once, as read; the safetensors package reads the file, and is not needed to write it). Default OUT:
 RUN_DIR/model.pt (`best`: the run's best checkpoint, checkpoint.keep_best, to RUN_DIR/model-best.pt); OUT a
 folder: OUT/model.pt. An existing file is never overwritten. Tied weights (GPT's output layer and embedding)
 are stored once, as the network holds them (`tie_equal`).
@@ -127,13 +128,6 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
                           f"give a file in an existing folder")
     state, model = _read(path, value)
     tied = tie_equal(model)
-    if target.suffix == ".safetensors":
-        try:
-            from safetensors.torch import save as safetensors_bytes
-        except ImportError:
-            raise LaunchError(f"export to {target.name} is not valid: the safetensors package is not "
-                              f"installed (pip install safetensors), or give a .pt file: "
-                              f"{target.with_suffix('.pt')}") from None
     try:
         # Written under a name nobody can guess or plant a link at beforehand, then placed at `target`.
         fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
@@ -145,8 +139,7 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
         os.fchmod(fd, 0o666 & ~_umask())  # (mkstemp makes it 0600: the weights get a new file's usual mode)
         with os.fdopen(fd, "wb") as f:
             if target.suffix == ".safetensors":
-                # (tied weights are one tensor under two names, which safetensors stores as two)
-                f.write(safetensors_bytes({k: v.clone() for k, v in model.items()}))
+                write_safetensors(model, f)
             else:
                 import torch
 
@@ -177,6 +170,52 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
           f"{network} after epoch {state.get('epoch')} to {target}; "
           f"load it with model.load_state_dict({reader}('{target}')) (a plain state_dict)")
     return target
+
+
+# safetensors' dtype names (its format's specification: github.com/huggingface/safetensors, "Format")
+SAFETENSORS_DTYPES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2", "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint64": "U64",
+    "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL",
+}
+
+
+def write_safetensors(model: dict[str, Any], f: Any) -> None:
+    """`model` written to the open file `f` in the safetensors format, one tensor at a time from its own memory:
+    an 8-byte little-endian header length, the JSON header (each name's dtype, shape and byte range, padded
+    with spaces to 8 bytes), then each tensor's bytes in that order. The widest elements first, so that every
+    tensor starts aligned to its element size, as safetensors' own writer orders them. safetensors.torch.save
+    builds the whole file in memory, from copies (shared tensors must be cloned apart first): for an 8B model
+    that was three copies of its weights in host memory where this holds one. Tied weights are written once
+    under each name (safetensors has no shared tensors)."""
+    import json
+    import struct
+
+    import torch
+
+    other = next((k for k, v in model.items() if not isinstance(v, torch.Tensor)), None)
+    if other is not None:
+        raise LaunchError(f"export to safetensors is not valid: {other} is a {type(model[other]).__name__}, not a "
+                          "tensor, which safetensors does not store; export to a .pt file instead")
+    tensors = sorted(model.items(), key=lambda kv: -kv[1].element_size())  # (stable: the state_dict's order)
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, tensor in tensors:
+        dtype = SAFETENSORS_DTYPES.get(str(tensor.dtype).removeprefix("torch."))
+        if dtype is None:
+            raise LaunchError(f"export to safetensors is not valid: {name} is {tensor.dtype}, which safetensors does "
+                              "not store; export to a .pt file instead")
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    f.write(struct.pack("<Q", len(text)))
+    f.write(text)
+    for _, tensor in tensors:
+        flat = tensor.detach().cpu().contiguous().reshape(-1)  # (a copy only of a tensor not laid out whole)
+        if flat.numel():
+            f.write(memoryview(flat.view(torch.uint8).numpy()))
 
 
 def place_new(written: Path, target: Path) -> bool:

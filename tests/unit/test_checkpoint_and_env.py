@@ -522,6 +522,85 @@ def test_an_export_of_a_live_run_whose_checkpoint_is_replaced_mid_read_reads_the
     assert export.main([str(tmp_path / "live"), str(tmp_path / "model-2.pt")]) == 2
 
 
+def test_safetensors_are_written_a_tensor_at_a_time_and_read_back_by_safetensors_as_they_were(tmp_path):
+    """launch export's .safetensors writer (safetensors.torch.save built the whole file in memory from clones:
+    three copies of an 8B model's weights on the host): every dtype a model holds, a 0-dim and an empty tensor,
+    a transposed view, tied names, read back equal by the safetensors package itself, HF's "format" said."""
+    pytest.importorskip("safetensors")
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from launcher.host.export import write_safetensors
+
+    g = torch.Generator().manual_seed(0)
+    embed = torch.randn(7, 5, generator=g)
+    model = {"a.step": torch.tensor(3, dtype=torch.int64), "embed.weight": embed, "out.weight": embed,
+             "half": torch.randn(3, 4, generator=g).half(), "bf": torch.randn(9, generator=g).bfloat16(),
+             "mask": torch.tensor([True, False, True]), "u8": torch.arange(5, dtype=torch.uint8),
+             "i32": torch.arange(-3, 3, dtype=torch.int32), "f64": torch.randn(2, generator=g).double(),
+             "t": torch.randn(4, 6, generator=g).t(), "empty": torch.zeros(0, 3)}
+    with open(tmp_path / "m.safetensors", "wb") as f:
+        write_safetensors(model, f)
+    back = load_file(tmp_path / "m.safetensors")
+    assert back.keys() == model.keys()
+    for name, tensor in model.items():
+        assert back[name].dtype == tensor.dtype and torch.equal(back[name], tensor), name
+    with safe_open(tmp_path / "m.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+    with pytest.raises(LaunchError, match="complex64, which safetensors does not store; export to a .pt file"):
+        write_safetensors({"z": torch.zeros(2, dtype=torch.complex64)}, open(tmp_path / "z.safetensors", "wb"))
+    # and launch export writes through it: a run's weights as safetensors
+    from launcher.host.export import main as export_main
+
+    _sealed_run(tmp_path, "run", 1.5)
+    assert export_main([str(tmp_path / "run"), str(tmp_path / "run.safetensors")]) == 0
+    assert torch.equal(load_file(tmp_path / "run.safetensors")["w"], torch.full((1000,), 1.5))
+
+
+EXPORT_PEAK = """
+import re, sys
+import torch, launcher.host.resume, launcher.integrity  # (imported first: torch's import alone is ~500 MB)
+from launcher.host.export import main
+
+def status(key):  # KiB
+    return int(re.search(key + r":\\s+(\\d+)", open("/proc/self/status").read())[1])
+
+try:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # (the peak resident memory, VmHWM, starts again from now)
+except OSError:
+    print("no /proc/self/clear_refs here")
+    sys.exit(0)
+now = status("VmRSS")
+assert main([sys.argv[1], sys.argv[2]]) == 0
+print((status("VmHWM") - now) >> 10)
+"""
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_an_export_holds_the_weights_in_host_memory_once(tmp_path, suffix):
+    """Issue 60: an 8B model's export must not need several copies of its weights in host memory. The export
+    process's peak passes its resident memory before the export by about the weights (128 MB here) whatever
+    the format; writing safetensors through safetensors.torch.save (clones, then the whole file as bytes)
+    by three times that."""
+    import subprocess
+    import sys
+
+    from tests.conftest import clean_env
+
+    mb = 128
+    checkpoint.save_atomic({"net_state_dict": {"w": torch.ones(mb << 18)}, "epoch": 2, "history": [],
+                            "config": {"recipe": {"name": "digits"}, "optim": None}},
+                           tmp_path / "run" / "checkpoints" / "last.pt")
+    out = subprocess.run([sys.executable, "-c", EXPORT_PEAK, str(tmp_path / "run"), str(tmp_path / f"m{suffix}")],
+                         capture_output=True, text=True, timeout=120, env=clean_env())
+    assert out.returncode == 0, out.stderr
+    if "no /proc/self/clear_refs" in out.stdout:
+        pytest.skip("this kernel cannot reset a process's peak memory")
+    grown = int(out.stdout.split()[-1])
+    assert grown < 2 * mb, f"the export's peak passed its memory before it by {grown} MB for {mb} MB of weights"
+
+
 def test_an_exported_file_has_a_new_files_usual_mode_and_a_taken_name_suggests_one_beside_it(tmp_path, capsys):
     """The weights are written through a private temporary file (0600); the file a user gets reads as any
     new file of theirs does (0666 less the umask). A name taken already suggests NAME-2, not model-2."""
