@@ -436,6 +436,23 @@ MUTANTS = [
            'if root is not None and "data.root" not in given:', "if root is not None:",
            ("tests/unit/test_eval_pin.py::test_launch_eval_takes_the_data_batch_and_recipe_values_the_checkpoint_"
             "was_trained_with",)),
+    # ---- this stop's (issue 59's thirteenth): a new user's trial -----------------------------------------
+    Mutant("an accuracy sweep names no best run", "launcher/host/sweep.py",
+           "    if len(scored) > 1:  # (the objective", "    if len(scored) > 1 and objective != \"test_acc\":  # (the objective",
+           (SWEEP,)),
+    Mutant("the stop line's resume leaves out where the run ran", "launcher/host/resume.py",
+           '        where = "".join(f" {o}" for o in _where_it_ran(run_dir))', '        where = ""', (CKPT,)),
+    Mutant("the stop line's resume repeats every override", "launcher/host/resume.py",
+           '    layout = ("gpus", "nprocs", "strategy", "backend")', '    layout = ("gpus", "nprocs", "strategy", "backend", "lr")',
+           (CKPT,)),
+    Mutant("safetensors offsets count elements, not bytes", "launcher/host/export.py",
+           "        size = tensor.numel() * tensor.element_size()", "        size = tensor.numel()", (CKPT,)),
+    Mutant("a dashed setting goes on to argparse", "launcher/host/cli.py",
+           "    _refuse_dashed_settings(argv)\n", "",
+           ("tests/cli/test_bad_input.py::test_one_clear_line_and_exit_2[--epochs=3]",)),
+    Mutant("cuda_graph=true on the CPU said nothing", "launcher/host/plan.py",
+           "    if cfg.perf.cuda_graph is Toggle.true and not ids:", "    if cfg.perf.cuda_graph is Toggle.true and ids:",
+           ("tests/unit/test_plan.py::test_cuda_graphs_asked_for_on_the_cpu_are_said_to_run_uncaptured",)),
     # ---- spawn, rendezvous: the workers' supervision and the nodes' meeting -----------------------------
     Mutant("a failure is explained from an earlier attempt's records", "launcher/host/spawn.py",
            "    records = [r for r in failures.read_records(run_dir, also=failures.main_run_dir(run_dir))\n"

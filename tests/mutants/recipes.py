@@ -17,6 +17,9 @@ def _trial(*names: str) -> tuple[str, ...]:
 
 
 MUTANTS = [
+    Mutant("num_classes does not look through random_split's Subset", "recipes/__init__.py",
+           "        dataset, seen = getattr(dataset, \"dataset\", None), seen + 1", "        dataset, seen = None, seen + 1",
+           ("tests/distributed/test_own_data.py::test_a_classifier_finds_its_classes_through_random_split_or_names_what_to_give",)),
     # ---- __init__.py: the Recipe interface ----
     Mutant("a module with two Recipe classes trains the first", "recipes/__init__.py",
            "    if len(found) != 1:", "    if not found:",
