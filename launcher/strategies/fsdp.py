@@ -43,6 +43,7 @@ graph cannot follow the weights FSDP2 gathers and frees.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,7 @@ class FSDP(DDP):
     overlaps_epoch_ends = False
     lockstep_eval = True
     _layout: str | None = None  # (wrap's units, said in one line: `layout`)
+    _plain: tuple[Callable[[], nn.Module], Any] | None = None  # (meta_init: the model's build and the seed's state)
 
     @classmethod
     def adjust_perf(cls, perf: PerfConfig) -> tuple[PerfConfig, str | None]:
@@ -101,6 +103,7 @@ class FSDP(DDP):
         import torch
 
         if self.options.meta_init:
+            self._plain = (build, torch.get_rng_state())  # (what a plain build would draw: `wrap`, CPU meshes)
             with torch.device("meta"):
                 return build()
         return build().to(device)
@@ -123,7 +126,8 @@ class FSDP(DDP):
         fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=o.reshard_after_forward)
         if any(p.is_meta for p in model.parameters()):
             model.to_empty(device=device)
-            initialize(model)
+            if not (device.type == "cpu" and self._plain is not None and copy_plain_build(model, *self._plain)):
+                initialize(model)
         return Nets(model, model, model)
 
     @property
@@ -224,6 +228,48 @@ def describe_units(model: nn.Module, groups: list[list[nn.Module]], min_params: 
     return (f"fsdp: {len(groups) + 1} units, {len(groups)} of {per} block{'s' if lengths[-1] > 1 else ''} "
             f"({held} parameters{' each' if len(groups) > 1 else ''}) and the root "
             f"({millions(total - sum(sizes))}{rest}); strategy.min_unit_params={min_params}")
+
+
+def copy_plain_build(model: nn.Module, build: Callable[[], nn.Module], rng_state: Any) -> bool:
+    """Meta init on a CPU mesh (gloo ranks): each rank's shards, and every buffer, copied from the network a
+    plain build draws from the run's seed (`rng_state`, taken before the build on the meta device), so the run
+    starts from the weights it would have had without strategy.meta_init, and the generator goes on from where
+    that build left it, as it would have. DTensor cannot draw a shard as its part of a whole tensor on a CPU
+    mesh (`_own_draws_on_a_cpu_mesh`). The plain network exists whole in each rank's host memory while its
+    shards are copied: done only where its weights take under a quarter of the memory available (CPU ranks
+    train small networks); else False, and the ranks draw their shards apart. FSDP2 shards dim 0 as
+    torch.chunk splits it."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    entries = model.state_dict()
+    need = sum(t.numel() * t.element_size() for t in entries.values())
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return False
+    if need > available // 4:
+        return False
+    torch.set_rng_state(rng_state)
+    whole = build().state_dict()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pieces = {}
+    for name, tensor in entries.items():
+        source = whole.get(name)
+        if source is None:
+            return False
+        if isinstance(tensor, DTensor):
+            chunks = source.chunk(world, dim=0)
+            source = chunks[rank] if rank < len(chunks) else source[:0]
+            tensor = tensor.to_local()
+        if tensor.shape != source.shape:
+            return False
+        pieces[name] = (tensor, source)
+    with torch.no_grad():
+        for tensor, source in pieces.values():
+            tensor.copy_(source)
+    return True
 
 
 def initialize(model: nn.Module) -> None:

@@ -497,25 +497,33 @@ def _materialize_on_two_ranks(rank: int, port: int, out: str) -> None:
     torch.manual_seed(0)  # (the run's seed, the same on every rank)
     chosen = strategies.choose(FSDPConfig(meta_init=True, min_unit_params=0), strategies.Devices(()), nprocs=2,
                                global_batch=8, perf=PerfConfig(), gpus_text="[]", accumulate=1)
-    model = chosen.strategy.build_model(lambda: torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 8)),
-                                        torch.device("cpu"))
+    def build():
+        return torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 8))
+
+    model = chosen.strategy.build_model(build, torch.device("cpu"))
     chosen.strategy.wrap(model, torch.device("cpu"))
-    weight = model[0].weight.full_tensor()
+    weights = {name: p.full_tensor() for name, p in model.named_parameters()}
     after = torch.rand(4)  # the common generator after the initialization
     others = [torch.empty(4) for _ in range(2)]
     dist.all_gather(others, after)
+    torch.manual_seed(0)  # the same run without meta init: a plain build from the same seed
+    plain = build()
+    plain_after = torch.rand(4)
     if rank == 0:
         import json
 
         with open(out, "w") as f:
-            json.dump({"weight": weight.tolist(), "agree_after": torch.equal(others[0], others[1])}, f)
+            json.dump({"weight": weights["0.weight"].tolist(), "agree_after": torch.equal(others[0], others[1]),
+                       "as_plain": all(torch.equal(w, plain.state_dict()[n]) for n, w in weights.items()),
+                       "generator_as_plain": torch.equal(after, plain_after)}, f)
     dist.destroy_process_group()
 
 
-def test_meta_init_on_cpu_ranks_draws_each_ranks_shard_apart_and_keeps_their_common_generator(tmp_path):
+def test_meta_init_on_cpu_ranks_gives_a_plain_inits_weights_and_generator(tmp_path):
     """On a CPU mesh DTensor has no RNG tracker: each rank drew its shard from its own generator, in the same
     state on every rank (the run's seed), so rank 1's rows of every weight repeated rank 0's (torch warns so).
-    Each rank's shard is drawn apart now, and the generator the ranks share afterwards agrees again."""
+    Issue 60: meta init gives the weights a plain init gives with the same seed, and the generator goes on
+    from where that build left it (every rank alike)."""
     import socket
 
     import torch
@@ -531,3 +539,4 @@ def test_meta_init_on_cpu_ranks_draws_each_ranks_shard_apart_and_keeps_their_com
     assert weight.shape == (8, 16) and not torch.equal(weight[:4], weight[4:]), "rank 1's rows repeat rank 0's"
     assert 0 < float(weight.abs().max()) <= 0.25  # (Linear's own reset_parameters: U(-1/4, 1/4) at 16 inputs)
     assert result["agree_after"]
+    assert result["as_plain"] and result["generator_as_plain"], result
