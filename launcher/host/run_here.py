@@ -149,7 +149,8 @@ def _start(plan: Plan, cfg: Config, run_dir: Path, context: LaunchContext, resum
     logs.setup_launcher_logging(run_dir if is_main else None, debug=debug)
     if is_main:
         _write_run_files(plan, run_dir, resume, context)
-        log.info("%s: %s", cfg.recipe.name, plan.describe())
+        target = (cfg.model or {}).get("_target_")  # (a network from config is named: the recipe's own is not)
+        log.info("%s: %s", f"{cfg.recipe.name} ({model_name(cfg)})" if target else cfg.recipe.name, plan.describe())
         if resume is not None:
             log.info(resume.describe())
         if plan.gpu_choice:

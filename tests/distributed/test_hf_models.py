@@ -30,6 +30,7 @@ def test_a_hugging_face_llama_from_its_config_trains_sharded_on_two_ranks_as_in_
     two = launch(*HF_LLAMA, data, "strategy=fsdp", "nprocs=2", "strategy.min_unit_params=0",
                  "perf.activation_checkpointing=selective")
     assert two.returncode == 0, two.output
+    assert "launch: text (transformers.LlamaForCausalLM): fsdp, gloo on CPU, 2 processes" in two.output  # (named)
     # the units: its two LlamaDecoderLayers (its _no_split_modules) and the root, each recomputed
     assert "fsdp: 3 units, 2 of 1 block" in two.output and "activation checkpointing: selective, 2 blocks" in two.output
     # transformers' model modules import torchao where it is installed, whose Enums torch's pytree calls
