@@ -51,8 +51,9 @@ def _config_values(run_dir: Path) -> dict[str, Any]:
             return {}
         cfg = OmegaConf.to_container(OmegaConf.load(run_dir / CONFIG), resolve=False)
         recipe = cfg.get("recipe") if isinstance(cfg.get("recipe"), dict) else {}
+        sweep = cfg.get("sweep") if isinstance(cfg.get("sweep"), dict) else {}
         return {"recipe": recipe.get("name"), "model": recipe.get("model"), "epochs": cfg.get("epochs"),
-                "script": cfg.get("script")}
+                "script": cfg.get("script"), "objective": sweep.get("objective")}
     except Exception:  # noqa: BLE001 - a torn or missing config.yaml: show what else is known
         return {}
 
@@ -77,6 +78,9 @@ def describe(run_dir: Path) -> dict[str, Any]:
     # a recipe's own figure where it has no accuracy: its sweep.objective's best (minimized where an error)
     objective = results.get("objective") if isinstance(results.get("objective"), str) else None
     figure = results.get(f"best_{objective}") if objective and objective != "test_acc" else None
+    if (run_dir / EVAL).exists() and figure is None and values.get("objective") not in (None, "test_acc"):
+        objective = str(values["objective"])  # (`launch eval` of recipe=text: its held-out loss, as it was judged)
+        figure = results.get(objective)
     best_figure = {"name": objective, "value": figure} if isinstance(figure, (int, float)) else None
     if claim and pid_alive(claim.get("pid"), claim.get("host")):
         state = "running"

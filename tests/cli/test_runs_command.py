@@ -159,6 +159,14 @@ def test_a_language_model_is_judged_by_its_held_out_loss_in_the_runs_table_and_i
     assert runs.main(["--limit", "1"], root=tmp_path) == 0
     [row] = [line for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("lm")]
     assert "test_loss 2.029" in row and "49.00%" not in row
+    # its `launch eval` is judged so too (eval.json names no objective: the run's config does)
+    evaluated = _fake_run(tmp_path, "lm-eval", dead.pid, "2026-11-01 11:00:00",
+                          {"eval.json": json.dumps({"recipe": "text", "test_acc": 0.48, "test_loss": 2.0415})})
+    (evaluated / "config.yaml").write_text("recipe:\n  name: text\n  model: gpt\nepochs: 2\nsweep:\n  objective: "
+                                           "test_loss\n")
+    assert runs.main(["--limit", "1"], root=tmp_path) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("lm-eval")]
+    assert "test_loss 2.042" in row and "48.00%" not in row and "text (eval)" in row
     (tmp_path / "kept").mkdir()
     kept = launch("recipe=text", "gpus=[]", "recipe.layers=1", "recipe.width=32", "recipe.heads=2", "recipe.context=32",
                   "recipe.max_bytes=20000", "recipe.sample_bytes=0", "batch_size=32", "epochs=2",
