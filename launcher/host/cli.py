@@ -175,6 +175,36 @@ HYDRA_OPTIONS = frozenset({"-h", "--help", "--hydra-help", "--version", "-V", "-
                            "--run"})
 
 
+# Keys a recipe's training reads and a user's own script (script=) never sees: typed beside script=, they would
+# do nothing in silence (the script reads its own arguments)
+RECIPE_ONLY = frozenset({"epochs", "lr", "batch_size", "accumulate", "optim", "recipe", "model", "eval", "early_stop"})
+# torchrun's names for launch's keys
+TORCHRUN_NAMES = {"nproc_per_node": "nprocs", "nnodes": "nodes", "node_rank": "node_rank", "rdzv_endpoint": "rdzv"}
+
+
+def _script_of(argv: list[str]) -> str | None:
+    """The script a command line runs (script=train.py), or None."""
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    return next((w.partition("=")[2] for w in words if w.startswith("script=") and w != "script="), None)
+
+
+def _refuse_recipe_keys_for_a_script(argv: list[str]) -> None:
+    """`launch script=train.py epochs=2 lr=0.3`: the script never sees epochs or lr (it reads its own
+    arguments), and the run went on as if they were applied. One line naming how to pass it, exit 2."""
+    script = _script_of(argv)
+    if script is None:
+        return
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    for word in words:
+        key, eq, value = word.lstrip("+~").partition("=")
+        if eq and key.split(".")[0] in RECIPE_ONLY:
+            flag = key.rsplit(".", 1)[-1]
+            print(said(f"{word} does nothing for script={script}: a script reads its own arguments; give it as "
+                       f"+args.{flag}={value} (the script gets --{flag} {value}), or after --: launch "
+                       f"script={script} -- --{flag} {value}"), file=sys.stderr)
+            raise SystemExit(2)
+
+
 def _refuse_dashed_settings(argv: list[str]) -> None:
     """`launch --epochs=3` or `launch --batch-size 64` (torchrun's, Lightning's and argparse's habit): one line
     naming the key=value to type, exit 2, instead of argparse's usage block. What follows `--` (script_args)
@@ -189,7 +219,13 @@ def _refuse_dashed_settings(argv: list[str]) -> None:
         from launcher.config import Config
 
         key = name.replace("-", "_")
+        key = TORCHRUN_NAMES.get(key, key)
         typed = f"{word} {value}" if not eq and value else word
+        script = _script_of(argv)
+        if script is not None and key not in ("nprocs", "nodes", "node_rank", "rdzv"):
+            print(said(f"{typed} is not an option of launch: a script's own arguments go after --: launch "
+                       f"script={script} -- {typed}"), file=sys.stderr)
+            raise SystemExit(2)
         known = "." in key or key in {f.name for f in dataclasses.fields(Config)}
         example = f"{key}={value or '...'}" if known else "recipe=cifar10 epochs=5"
         print(said(f"{typed} is not an option: settings are key=value, without dashes (e.g. launch {example}); "
@@ -348,6 +384,7 @@ def _main(argv: list[str] | None) -> None:
             raise SystemExit(2) from None
 
     _refuse_dashed_settings(argv)
+    _refuse_recipe_keys_for_a_script(argv)
     _refuse_stale_world(argv)
 
     from launcher.bytecode import enable as keep_bytecode

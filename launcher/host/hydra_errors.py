@@ -127,7 +127,8 @@ def unknown_key(full_key: str, schema_name: str | None) -> str:
         this = f"{group}={chosen}" if chosen else f"this run's {group}"
         return (f"unknown key '{full_key}': it is an option of {choices}, not of {this}; choose "
                 f"{'it' if len(owners) == 1 else 'one'} (e.g. launch {group}={owners[0]} {full_key}=...)")
-    guess = difflib.get_close_matches(leaf, known, n=1)
+    torchrun = {"nproc_per_node": "nprocs", "nnodes": "nodes", "rdzv_endpoint": "rdzv"}  # (torchrun's names)
+    guess = [torchrun[leaf]] if not prefix and leaf in torchrun else difflib.get_close_matches(leaf, known, n=1)
     hint = f"did you mean {prefix}{guess[0]}? " if guess else ""
     listing = ", ".join(prefix + k for k in known)
     return f"unknown key '{full_key}': {hint}known keys: {listing}"
@@ -165,6 +166,7 @@ def describe_hydra_error(exc: BaseException) -> str:
             after = args[args.index(bad) + 1] if bad in args[:-1] else None
             known = {f.name for f in dataclasses.fields(Config)}
             example = (f"{bad}={after}" if bad in known and after is not None and "=" not in after
+                       else f"script={bad}" if bad.endswith(".py")  # (torchrun's habit: the script first)
                        else "recipe=cifar10 gpus=[0,1] epochs=5")
             return (f"'{bad}' is not a command or a key=value override (e.g. launch {example}); commands: doctor, "
                     "runs, eval RUN_DIR, export RUN_DIR")

@@ -225,8 +225,9 @@ def what_a_resume_finds(run_dir: Path) -> str:
 
 
 def _where_it_ran(run_dir: Path) -> list[str]:
-    """The overrides of the run's command line (.hydra/overrides.yaml) that say where it runs (gpus, nprocs,
-    strategy, backend and their keys), which a resume takes from its own command line, not the checkpoint:
+    """The overrides of the run's command line (.hydra/overrides.yaml) that say where and how it runs (gpus,
+    nprocs, strategy.*, backend.*, perf.*, data.placement), which a resume takes from its own command line, not
+    the checkpoint (perf.precision, which it carries, repeated as typed changes nothing):
     the resume line repeats them, so that a CPU run on 2 ranks goes on as one, not on every GPU there is."""
     import shlex
 
@@ -236,8 +237,13 @@ def _where_it_ran(run_dir: Path) -> list[str]:
         typed = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
     except (OSError, yaml.YAMLError):
         return []
-    layout = ("gpus", "nprocs", "strategy", "backend")
-    kept = [o for o in typed if isinstance(o, str) and o.partition("=")[0].lstrip("+~").split(".")[0] in layout]
+    layout = ("gpus", "nprocs", "strategy", "backend", "perf")
+
+    def where(override: str) -> bool:
+        key = override.partition("=")[0].lstrip("+~")
+        return key.split(".")[0] in layout or key == "data.placement"
+
+    kept = [o for o in typed if isinstance(o, str) and where(o)]
     return [o if re.fullmatch(r"[\w.+~=\[\],:/@-]+", o) else shlex.quote(o) for o in kept]
 
 

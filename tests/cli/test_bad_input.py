@@ -40,6 +40,16 @@ CASES = [
     ("--epochs=3", "--epochs=3 is not an option: settings are key=value, without dashes (e.g. launch epochs=3)"),
     ("--batch-size 64", "--batch-size 64 is not an option: settings are key=value, without dashes (e.g. launch "
      "batch_size=64)"),  # (was argparse's usage block)
+    # a torchrun user's habits: the script first, its flags, a recipe's key beside a script (it did nothing)
+    ("train.py", "'train.py' is not a command or a key=value override (e.g. launch script=train.py)"),
+    ("--nproc-per-node=2", "--nproc-per-node=2 is not an option: settings are key=value, without dashes (e.g. launch "
+     "nprocs=2)"),
+    ("nproc_per_node=2", "unknown key 'nproc_per_node': did you mean nprocs?"),
+    ("script=train.py gpus=[] epochs=2", "epochs=2 does nothing for script=train.py: a script reads its own "
+     "arguments; give it as +args.epochs=2 (the script gets --epochs 2), or after --: launch script=train.py -- "
+     "--epochs 2"),
+    ("script=train.py --epochs 2", "--epochs 2 is not an option of launch: a script's own arguments go after --: "
+     "launch script=train.py -- --epochs 2"),
     ("data.placement=gpu gpus=[]", "data.placement=gpu is not valid: this run trains on the CPU"),
     ("data.placement=disk", "data.placement=disk is not valid: choose one of auto, gpu, host"),
     ("recipe=cifar10 recipe.tta=3", "recipe.tta=3 is not valid: must be an integer from 0 to 2"),

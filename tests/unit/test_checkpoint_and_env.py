@@ -898,9 +898,11 @@ def test_a_stopped_run_names_the_epoch_its_checkpoint_holds_not_the_last_one_log
     # where it ran, as typed, is said again (a resume takes it from its own command line, not the checkpoint)
     (run / ".hydra").mkdir()
     (run / ".hydra" / "overrides.yaml").write_text("- recipe=digits\n- gpus=[]\n- strategy=ddp\n- nprocs=2\n"
-                                                   "- strategy.timeout_s=60\n- lr=0.1\n- +backend.note=a b\n")
+                                                   "- strategy.timeout_s=60\n- lr=0.1\n- +backend.note=a b\n"
+                                                   "- perf.activation_checkpointing=selective\n- data.root=/d\n")
     assert what_a_resume_finds(run) == (f"launch resume={run} gpus=[] strategy=ddp nprocs=2 strategy.timeout_s=60 "
-                                        "'+backend.note=a b' goes on from its checkpoint (epoch 3)")
+                                        "'+backend.note=a b' perf.activation_checkpointing=selective goes on from its "
+                                        "checkpoint (epoch 3)")
     save_atomic({"epoch": 3, "sharded": "epoch-3.dcp"}, run / "checkpoints" / "last.pt")  # (its folder is missing)
     assert "no checkpoint to resume from" in what_a_resume_finds(run)
     assert what_a_resume_finds(tmp_path / "nothing") == ""
