@@ -78,9 +78,15 @@ def describe(run_dir: Path) -> dict[str, Any]:
     # a recipe's own figure where it has no accuracy: its sweep.objective's best (minimized where an error)
     objective = results.get("objective") if isinstance(results.get("objective"), str) else None
     figure = results.get(f"best_{objective}") if objective and objective != "test_acc" else None
-    if (run_dir / EVAL).exists() and figure is None and values.get("objective") not in (None, "test_acc"):
-        objective = str(values["objective"])  # (`launch eval` of recipe=text: its held-out loss, as it was judged)
-        figure = results.get(objective)
+    if figure is None and values.get("objective") not in (None, "test_acc"):
+        objective = str(values["objective"])  # (recipe=text's held-out loss, as the run is judged)
+        if (run_dir / EVAL).exists():  # (`launch eval`: eval.json names no objective; its config does)
+            figure = results.get(objective)
+        elif not results:  # (stopped or failed before its results: the epochs it logged)
+            from launcher.config import minimized
+
+            seen = [r[objective] for r in rows if isinstance(r.get(objective), (int, float))]
+            figure = (min if minimized(objective) else max)(seen) if seen else None
     best_figure = {"name": objective, "value": figure} if isinstance(figure, (int, float)) else None
     if claim and pid_alive(claim.get("pid"), claim.get("host")):
         state = "running"

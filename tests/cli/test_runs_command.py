@@ -167,6 +167,15 @@ def test_a_language_model_is_judged_by_its_held_out_loss_in_the_runs_table_and_i
     assert runs.main(["--limit", "1"], root=tmp_path) == 0
     [row] = [line for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("lm-eval")]
     assert "test_loss 2.042" in row and "48.00%" not in row and "text (eval)" in row
+    # and one stopped before its results (Ctrl-C): its logged epochs' best held-out loss, not their accuracy
+    stopped = _fake_run(tmp_path, "lm-stopped", dead.pid, "2026-11-01 12:00:00",
+                        {"outcome.json": json.dumps({"exit_code": 130, "stopped_by": "SIGINT"})})
+    (stopped / "config.yaml").write_text((evaluated / "config.yaml").read_text())
+    (stopped / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, "test_acc": a, "test_loss": v}) + "\n"
+                                                   for e, a, v in ((1, 0.3, 2.9), (2, 0.34, 2.561), (3, 0.33, 2.7))))
+    assert runs.main(["--limit", "1"], root=tmp_path) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("lm-stopped")]
+    assert "test_loss 2.561" in row and "34.00%" not in row and "stopped (SIGINT)" in row
     (tmp_path / "kept").mkdir()
     kept = launch("recipe=text", "gpus=[]", "recipe.layers=1", "recipe.width=32", "recipe.heads=2", "recipe.context=32",
                   "recipe.max_bytes=20000", "recipe.sample_bytes=0", "batch_size=32", "epochs=2",
