@@ -508,7 +508,7 @@ class TextConfig(RecipeConfig):
                               f"{self.model.value})", f"{at}.model=llama")
         if self.model in (TextModel.gpt, TextModel.llama) and self.width % self.heads:
             fits = max(h for h in range(1, self.heads + 1) if self.width % h == 0)
-            raise ConfigError(f"{at}.heads", self.heads, f"the width ({self.width}) must divide evenly into heads",
+            raise ConfigError(f"{at}.heads", self.heads, f"the width ({self.width}) must be a multiple of the heads",
                               f"{at}.heads={fits}")
         check_int(f"{at}.kv_heads", self.kv_heads, 0, f"{at}.kv_heads=8", high=1024)
         check_int(f"{at}.ffn", self.ffn, 0, f"{at}.ffn=14336", high=1 << 20)

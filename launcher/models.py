@@ -24,6 +24,7 @@ and fsdp shards it by its `_no_split_modules` (launcher/strategies/recompute.py:
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 from launcher.errors import ConfigError
@@ -96,9 +97,32 @@ def configured(spec: dict[str, Any] | None) -> bool:
 
 
 def check(spec: dict[str, Any] | None) -> None:
-    """In the launcher, before any worker: `model._target_` imports and is callable."""
-    if configured(spec):
-        locate(spec)
+    """In the launcher, before any worker: `model._target_` imports and is callable, and the model section gives
+    every argument it cannot do without (num_classes aside: the data gives it). A Hugging Face model class
+    without its config failed in the workers, after the run dir was made."""
+    if not configured(spec):
+        return
+    fn = locate(spec)
+    if "_args_" in spec:
+        return
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    missing = [p.name for p in params if p.default is inspect.Parameter.empty and p.kind in named
+               and p.name not in spec and p.name != "num_classes"]
+    if not missing:
+        return
+    target = str(spec["_target_"])
+    if missing == ["config"] and target.startswith("transformers."):
+        base = re.sub(r"(ForCausalLM|LMHeadModel|ForMaskedLM|ForSequenceClassification|Model)$", "",
+                      target.rsplit(".", 1)[-1])
+        example = f"model._target_={target} +model.config._target_=transformers.{base}Config"
+    else:
+        example = f"+model.{missing[0]}=..."
+    raise ConfigError("model._target_", target, f"it needs {', '.join(missing)}, which the model section does not "
+                      "give", example)
 
 
 def takes(fn: Any, name: str) -> bool:

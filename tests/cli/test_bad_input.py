@@ -40,6 +40,11 @@ CASES = [
     ("--epochs=3", "--epochs=3 is not an option: settings are key=value, without dashes (e.g. launch epochs=3)"),
     ("--batch-size 64", "--batch-size 64 is not an option: settings are key=value, without dashes (e.g. launch "
      "batch_size=64)"),  # (was argparse's usage block)
+    # a Hugging Face model class without its config: refused before any worker (was a worker's TypeError, its run
+    # dir left behind, and an example naming a torchvision model)
+    ("recipe=text model._target_=transformers.LlamaForCausalLM", "model._target_=transformers.LlamaForCausalLM is not "
+     "valid: it needs config, which the model section does not give (e.g. launch "
+     "model._target_=transformers.LlamaForCausalLM +model.config._target_=transformers.LlamaConfig)"),
     # a torchrun user's habits: the script first, its flags, a recipe's key beside a script (it did nothing)
     ("train.py", "'train.py' is not a command or a key=value override (e.g. launch script=train.py)"),
     ("--nproc-per-node=2", "--nproc-per-node=2 is not an option: settings are key=value, without dashes (e.g. launch "
