@@ -233,6 +233,8 @@ def describe_hydra_error(exc: BaseException) -> str:
             value, options = choice.group(1), [o.strip() for o in choice.group(2).split(",")]
             value = value.lower() if value in ("True", "False") else value  # (YAML's true, as typed)
             close = difflib.get_close_matches(value.lower(), options, n=1, cutoff=0.5 if len(value) <= 3 else 0.6)
+            switch = {"true": ("full", "on", "all"), "false": ("none", "off")}.get(value, ())  # (a yes/no typed)
+            close = close or [o for o in options if o in switch][:1]
             example = f"did you mean {full_key}={close[0]}?" if close else f"e.g. launch {full_key}={options[0]}"
             return f"{full_key}={value} is not valid: choose one of {', '.join(options)} ({example})"
         m2 = re.search(r"Value '([^']*)' of type '(\w+)' could not be converted to (\w+)", text)

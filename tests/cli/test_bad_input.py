@@ -83,7 +83,9 @@ CASES = [
     ("recipe=text recipe.size=9b", "recipe.size=9b is not valid: choose one of none, debug, 1b, 3b, 8b (did you "
      "mean recipe.size=8b?)"),
     ("perf.activation_checkpointing=true", "perf.activation_checkpointing=true is not valid: choose one of none, "
-     "full, selective"),
+     "full, selective (did you mean perf.activation_checkpointing=full?)"),  # (it offered none: checkpointing off)
+    ("recipe=text recipe.width=256 recipe.heads=6", "recipe.heads=6 is not valid: the width (256) must be a multiple "
+     "of the heads (e.g. launch recipe.heads=4)"),
     ("perf.cuda_graph=yes", "perf.cuda_graph=yes is not valid: choose true, false or auto (replay the step as a CUDA "
      "graph where that is measured faster) (e.g. launch perf.cuda_graph=auto)"),
     ("evl.every=2", "unknown key 'evl.every': did you mean eval.every?"),  # (listed Config's keys as evl.*)
