@@ -454,6 +454,14 @@ MUTANTS = [
     Mutant("cuda_graph=true on the CPU said nothing", "launcher/host/plan.py",
            "    if cfg.perf.cuda_graph is Toggle.true and not ids:", "    if cfg.perf.cuda_graph is Toggle.true and ids:",
            ("tests/unit/test_plan.py::test_cuda_graphs_asked_for_on_the_cpu_are_said_to_run_uncaptured",)),
+    Mutant("a recipe's key beside script= is ignored again", "launcher/host/cli.py",
+           "    _refuse_recipe_keys_for_a_script(argv)\n", "",
+           ("tests/cli/test_bad_input.py::test_one_clear_line_and_exit_2[script=train.py gpus=[] epochs=2]",)),
+    Mutant("a text run stopped early is judged by accuracy in launch runs", "launcher/host/runs.py",
+           "            figure = (min if minimized(objective) else max)(seen) if seen else None",
+           "            figure = None", (RUNS.replace("test_each_runs_state_best_figure_and_order_read_from_its_files_"
+                                                  "in_process", "test_a_language_model_is_judged_by_its_held_out_"
+                                                  "loss_in_the_runs_table_and_its_kept_checkpoints"),)),
     # ---- spawn, rendezvous: the workers' supervision and the nodes' meeting -----------------------------
     Mutant("a failure is explained from an earlier attempt's records", "launcher/host/spawn.py",
            "    records = [r for r in failures.read_records(run_dir, also=failures.main_run_dir(run_dir))\n"

@@ -9,6 +9,11 @@ LIFE = "tests/unit/test_process_lifetime.py"
 RANGES = f"{CONFIG}::test_ranges_are_checked_with_one_line"
 
 MUTANTS = [
+    Mutant("a model class's missing argument is left to the workers", "launcher/models.py",
+           '               and p.name not in spec and p.name != "num_classes"]',
+           '               and p.name not in spec and p.name != "num_classes" and False]',
+           ("tests/cli/test_bad_input.py::test_one_clear_line_and_exit_2[recipe=text "
+            "model._target_=transformers.LlamaForCausalLM]",)),
     Mutant("root cause: the latest failure, not the earliest", "launcher/failures.py",
            "return min(primary or latest, key=lambda r: r.time)", "return max(primary or latest, key=lambda r: r.time)",
            ("tests/unit/test_failures.py",)),
