@@ -129,6 +129,10 @@ def make_plan(cfg: Config, joined: WorldInfo | None = None, env: Mapping[str, st
     else:
         worker_env.update(loopback_env(env))
     notes = _notes(choice)
+    if choice.strategy.name == "fsdp" and choice.strategy.world_size == 1:  # (nothing to shard over)
+        more = "nprocs=2 (CPU ranks)" if not ids else "gpus=2"
+        notes = (*notes, f"strategy=fsdp on one process shards nothing: its one rank holds the whole model (give "
+                 f"{more} to shard it)")
     if cfg.perf.cuda_graph is Toggle.true and not ids:  # (asked for: said, not dropped in silence)
         notes = (*notes, "perf.cuda_graph=true: CUDA graphs replay steps on GPUs; this run on the CPU runs its "
                  "steps uncaptured (results.json: cuda_graph false)")

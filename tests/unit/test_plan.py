@@ -103,6 +103,15 @@ def test_cuda_graphs_asked_for_on_the_cpu_are_said_to_run_uncaptured(cuda_build)
                                                         physical_count=1).notes)
 
 
+def test_fsdp_on_one_process_says_it_shards_nothing(cuda_build):
+    """strategy=fsdp gpus=[] without nprocs trained one unsharded process and said nothing of it."""
+    one = make_plan(config_of("gpus=[]", "strategy=fsdp"), env={}, physical_count=0)
+    assert "strategy=fsdp on one process shards nothing: its one rank holds the whole model (give nprocs=2 (CPU " \
+           "ranks) to shard it)" in one.notes
+    two = make_plan(config_of("gpus=[]", "strategy=fsdp", "nprocs=2"), env={}, physical_count=0)
+    assert not any("shards nothing" in n for n in two.notes)
+
+
 def test_gpus_with_a_cpu_build_of_torch_is_refused(monkeypatch):
     monkeypatch.setattr(plan_module, "torch_has_cuda", lambda: False)
     with pytest.raises(ConfigError, match="CPU build"):
