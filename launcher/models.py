@@ -103,7 +103,7 @@ def check(spec: dict[str, Any] | None) -> None:
     if not configured(spec):
         return
     fn = locate(spec)
-    if "_args_" in spec:
+    if "_args_" in spec or spec.get("_partial_"):  # (positional arguments, or a partial: called later)
         return
     try:
         params = inspect.signature(fn).parameters.values()

@@ -178,8 +178,6 @@ HYDRA_OPTIONS = frozenset({"-h", "--help", "--hydra-help", "--version", "-V", "-
 # Keys a recipe's training reads and a user's own script (script=) never sees: typed beside script=, they would
 # do nothing in silence (the script reads its own arguments)
 RECIPE_ONLY = frozenset({"epochs", "lr", "batch_size", "accumulate", "optim", "recipe", "model", "eval", "early_stop"})
-# torchrun's names for launch's keys
-TORCHRUN_NAMES = {"nproc_per_node": "nprocs", "nnodes": "nodes", "node_rank": "node_rank", "rdzv_endpoint": "rdzv"}
 
 
 def _script_of(argv: list[str]) -> str | None:
@@ -217,6 +215,7 @@ def _refuse_dashed_settings(argv: list[str]) -> None:
         if not eq and i + 1 < len(words) and not words[i + 1].startswith("-") and "=" not in words[i + 1]:
             value = words[i + 1]
         from launcher.config import Config
+        from launcher.host.hydra_errors import TORCHRUN_NAMES
 
         key = name.replace("-", "_")
         key = TORCHRUN_NAMES.get(key, key)

@@ -12,6 +12,9 @@ from pathlib import Path
 from launcher import config
 from launcher.errors import LaunchError
 
+# torchrun's names for launch's keys (`nproc_per_node=2`, `--nproc-per-node=2`: nprocs)
+TORCHRUN_NAMES = {"nproc_per_node": "nprocs", "nnodes": "nodes", "rdzv_endpoint": "rdzv"}
+
 
 def _chain(exc: BaseException) -> list[BaseException]:
     seen = []
@@ -127,8 +130,8 @@ def unknown_key(full_key: str, schema_name: str | None) -> str:
         this = f"{group}={chosen}" if chosen else f"this run's {group}"
         return (f"unknown key '{full_key}': it is an option of {choices}, not of {this}; choose "
                 f"{'it' if len(owners) == 1 else 'one'} (e.g. launch {group}={owners[0]} {full_key}=...)")
-    torchrun = {"nproc_per_node": "nprocs", "nnodes": "nodes", "rdzv_endpoint": "rdzv"}  # (torchrun's names)
-    guess = [torchrun[leaf]] if not prefix and leaf in torchrun else difflib.get_close_matches(leaf, known, n=1)
+    guess = ([TORCHRUN_NAMES[leaf]] if not prefix and leaf in TORCHRUN_NAMES
+             else difflib.get_close_matches(leaf, known, n=1))
     hint = f"did you mean {prefix}{guess[0]}? " if guess else ""
     listing = ", ".join(prefix + k for k in known)
     return f"unknown key '{full_key}': {hint}known keys: {listing}"
