@@ -228,6 +228,98 @@ def never_lose_ctrl_c() -> None:
     sys.unraisablehook = hook
 
 
+TERM_GRACE_S = 5  # after SIGTERM, how long a launch's workers get before SIGKILL (elastic's shutdown_timeout)
+
+_finishers: list = []  # work a SIGTERM lets finish first: callables taking a deadline (time.monotonic)
+
+
+def finish_first_on_sigterm(finisher) -> None:
+    """Register `finisher(deadline)`: on SIGTERM it is called (and returns by `deadline`) before this process
+    ends. finish_on_sigterm must be in place for it to matter."""
+    _finishers.append(finisher)
+
+
+def forget_on_sigterm(finisher) -> None:
+    with contextlib.suppress(ValueError):
+        _finishers.remove(finisher)
+
+
+def finish_on_sigterm(grace_s: float = TERM_GRACE_S - 0.5) -> None:
+    """SIGTERM ends this process (exit 128+15) as at once as it did with the default action, but lets the
+    registered work in flight finish first, for at most `grace_s` seconds: a checkpoint being written.
+
+    A worker gets SIGTERM when elastic's agent stops the run: a peer rank failed (the restart then resumes
+    from the newest checkpoint on disk), the launch was killed, or SLURM ended the job. A write in flight was
+    lost with it, and a failure one step after a checkpoint restarted from the one before. The signal is
+    acted on by a thread that reads Python's signal wakeup fd, not by a Python handler: that would run only
+    when the main thread next runs Python, and a rank whose peer died waits inside a collective that never
+    returns. Processes forked from this one (DataLoader workers) get the default action back."""
+    if _term_watch or threading.current_thread() is not threading.main_thread():
+        return
+    read, write = os.pipe()  # (close-on-exec: a program this process starts gets neither end)
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    signal.signal(signal.SIGTERM, _term_noted)
+    if not _at_fork:
+        os.register_at_fork(after_in_child=_default_sigterm_in_child)
+        _at_fork.append(True)
+    _term_watch.append(read)
+    _term_grace[0] = grace_s
+    threading.Thread(target=_end_on_sigterm, args=(read, grace_s), name="launch-sigterm", daemon=True).start()
+
+
+_term_watch: list[int] = []  # the watching thread's end of the pipe, once in place
+_at_fork: list[bool] = []
+
+
+def _term_noted(signum: int, frame: object) -> None:
+    """SIGTERM's Python handler, on the main thread when it next runs Python: the same end as the watching
+    thread's, whichever comes first (the thread hears nothing where other code took the wakeup fd)."""
+    _finish_and_end(_term_grace[0])
+
+
+def _default_sigterm_in_child() -> None:
+    if _term_watch:
+        _term_watch.clear()
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _end_on_sigterm(fd: int, grace_s: float) -> None:
+    while True:
+        try:
+            got = os.read(fd, 64)  # (one byte a signal Python handles: SIGINT's and SIGUSR2's pass by)
+        except OSError:
+            return
+        if not got:
+            return
+        if signal.SIGTERM in got:
+            _finish_and_end(grace_s)
+            return
+
+
+_ending = threading.Lock()
+_term_grace = [TERM_GRACE_S - 0.5]
+
+
+def _finish_and_end(grace_s: float) -> None:
+    """Run the finishers (by a deadline `grace_s` from now), then exit 128+15. A second caller returns at
+    once (the main thread goes on until the exit: waiting there, it could hold a lock a finisher needs)."""
+    import time
+
+    if not _ending.acquire(blocking=False):
+        return
+    deadline = time.monotonic() + grace_s
+    for finisher in list(_finishers):
+        with contextlib.suppress(BaseException):
+            finisher(deadline)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + signal.SIGTERM)
+
+
 def exec_tied_to_parent(argv: list[str]) -> None:
     """Become `argv` (a new program in this process), killed when this process's parent ends."""
     die_with_parent(signal.SIGKILL)

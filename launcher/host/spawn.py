@@ -35,11 +35,12 @@ from launcher.errors import LaunchError
 from launcher.files import FULL_BELOW_BYTES, LOG, free_bytes, remove_stale_temporaries
 from launcher.host.network import NodeNetwork
 from launcher.host.outcome import Outcome
+from launcher.lifetime import TERM_GRACE_S
 from launcher.logs import QUIET_PREFIXES
 
 log = logging.getLogger("launcher.spawn")
 
-SHUTDOWN_GRACE_S = 5  # after SIGTERM, how long workers get before SIGKILL
+SHUTDOWN_GRACE_S = TERM_GRACE_S  # after SIGTERM, how long workers get before SIGKILL
 
 
 @contextlib.contextmanager

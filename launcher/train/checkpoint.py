@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from launcher import integrity
+from launcher import integrity, lifetime
 from launcher.errors import LaunchError
 from launcher.files import (
     CHECKPOINTS,
@@ -600,6 +600,7 @@ class BackgroundWriter:
         self.world = world  # (sharded saves: the rank's place, where its writer process meets the others')
         self.shards: ShardWriter | None = None  # sharded saves' writer, made at the first
         self.last_write_s: float | None = None  # how long the last finished write took (the copy from the GPU too)
+        lifetime.finish_first_on_sigterm(self.finish_in_flight)  # (a peer's failure must not lose the write)
 
     def make_room(self) -> float:
         """Wait until one more write may be queued; the seconds waited (training's time, on rank 0)."""
@@ -658,6 +659,18 @@ class BackgroundWriter:
                 raise errors[0]
             future.result()
 
+    def finish_in_flight(self, deadline: float) -> None:
+        """On SIGTERM (lifetime.finish_on_sigterm, from its own thread): the writes already submitted, and a
+        sharded save in flight, finished by `deadline` (time.monotonic) where they can be. (Nothing logged:
+        the main thread may hold the logging lock where the signal stopped it.)"""
+        import concurrent.futures
+        import time
+
+        concurrent.futures.wait(list(self._pending), timeout=max(0.0, deadline - time.monotonic()))
+        sharded = self.sharded
+        if sharded is not None:
+            sharded[1].wait(max(0.0, deadline - time.monotonic()))
+
     def wait(self) -> None:
         while self._pending:
             self._pending.popleft().result()
@@ -667,6 +680,7 @@ class BackgroundWriter:
         try:
             self.wait()
         finally:
+            lifetime.forget_on_sigterm(self.finish_in_flight)
             self._pool.shutdown(wait=True)
             if self.shards is not None:
                 self.shards.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import ExplainedStop, LaunchError
-from launcher.lifetime import die_with_parent, name_this_process, never_lose_ctrl_c
+from launcher.lifetime import die_with_parent, finish_on_sigterm, name_this_process, never_lose_ctrl_c
 from launcher.spec import PREEMPTED_EXIT, WorkerSpec
 
 
@@ -99,6 +99,7 @@ def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
     _let_forkserver_end_with_the_launcher()
     _as_a_fresh_process()
     never_lose_ctrl_c()  # (Ctrl-C reaches every worker: one landing in a weakref callback ends it too)
+    finish_on_sigterm()  # (stopped by elastic or SLURM: a checkpoint being written is finished first)
     die_with_parent()  # SIGKILL, not torch's SIGINT: a background job's workers ignore SIGINT
     # what ps and top show: a fork keeps its parent's name (a sweep's run is launch-job-N: its worker was too)
     name_this_process(f"launch-rank-{os.environ.get('RANK', '0')}")

@@ -159,3 +159,83 @@ def test_a_process_name_holds_no_space_for_tools_that_read_proc_stat_as_words():
                             "print(open('/proc/self/comm').read().strip(), open('/proc/self/stat').read().split()[1])"],
                            capture_output=True, text=True, timeout=60)
     assert child.stdout.split() == ["launch-rank-12", "(launch-rank-12)"], child.stdout + child.stderr
+
+
+_STOPPED_WHILE_WRITING = """
+import os, sys, threading, time
+
+import torch
+
+from launcher.lifetime import finish_on_sigterm
+from launcher.train import checkpoint
+
+finish_on_sigterm()  # as worker_main does
+slow = checkpoint.save_snapshot
+
+
+def save_slowly(snapshot, path):  # a write that takes a second (a large state, a slow disk)
+    time.sleep(1.0)
+    slow(snapshot, path)
+
+
+checkpoint.save_snapshot = save_slowly
+writer = checkpoint.BackgroundWriter()
+if sys.argv[2] == "write":
+    writer.submit(checkpoint.HostSnapshot({"w": torch.arange(1000.0)}), checkpoint.Path(sys.argv[1]))
+elif os.fork() == 0:  # a process this one forks (a DataLoader worker): SIGTERM's default action there
+    print(os.getpid(), flush=True)
+    threading.Event().wait()
+print("ready", flush=True)
+threading.Event().wait()  # (the main thread stuck, as in a collective whose peer died)
+"""
+
+
+def _stopped(tmp_path, what: str) -> tuple[subprocess.Popen, list[str]]:
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _STOPPED_WHILE_WRITING, str(tmp_path / "last.pt"), what],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    return proc, [proc.stdout.readline().strip() for _ in range(1 if what == "write" else 2)]
+
+
+def test_a_worker_stopped_by_sigterm_finishes_the_checkpoint_it_was_writing_first(tmp_path):
+    """A rank whose peer failed is stopped by elastic's SIGTERM: a checkpoint being written on its writer thread
+    was lost with it (SIGTERM's default action), and the restart resumed from the one before (CI: a failure one
+    step after a mid-epoch checkpoint went back to the epoch's start). The write is finished first, within
+    elastic's grace, then the process ends (128+15)."""
+    import signal
+
+    import torch
+
+    proc, lines = _stopped(tmp_path, "write")
+    assert lines == ["ready"], proc.stderr.read()
+    t = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 128 + signal.SIGTERM, proc.stderr.read()
+    assert 0.5 < time.monotonic() - t < 4.5
+    assert torch.equal(torch.load(tmp_path / "last.pt", weights_only=True)["w"], torch.arange(1000.0))
+
+
+def test_sigterm_ends_a_worker_with_nothing_to_finish_at_once_and_its_forked_children_as_before(tmp_path):
+    """With no write in flight SIGTERM ends a worker at once, though its main thread is stuck; a process it
+    forked (a DataLoader worker) has SIGTERM's default action (the worker's handler there would wait for
+    writes that no thread of the child makes)."""
+    import signal
+
+    proc, lines = _stopped(tmp_path, "fork")
+    child = int(next(line for line in lines if line.isdigit()))
+    try:
+        t = time.monotonic()
+        os.kill(child, signal.SIGTERM)  # (its exit status is its parent's to read: watched in /proc)
+        while lifetime.process_alive(child) and time.monotonic() - t < 5:
+            time.sleep(0.02)
+        assert not lifetime.process_alive(child) and time.monotonic() - t < 1.0
+        time.sleep(0.3)
+        assert proc.poll() is None  # (the child's signal is its own: its parent trains on)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM and time.monotonic() - t < 1.0
+    finally:
+        proc.kill()
+        proc.wait()
