@@ -511,10 +511,11 @@ def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
     if value is None or not _single_value(str(value)):
         return cfg
     config = saved_config(str(value), overrides)
+    typed = typed_keys(overrides)
+    _refuse_another_network(cfg, config, str(value), typed)
     if isinstance(config.get("recipe"), dict):
         config = {**config, "recipe": recipe_as_saved(config["recipe"])}
     saved = flat_keys(config)
-    typed = typed_keys(overrides)
     absent = object()
     cfg = copy.deepcopy(cfg)
     with read_write(cfg):
@@ -531,6 +532,24 @@ def carry_settings(cfg: Any, overrides: list[str] | tuple[str, ...]) -> Any:
             cfg.data.root = _literal(root)  # (the run's own data, where that folder is on this machine too)
         _carry_network_arguments(cfg, config.get("model"))
     return cfg
+
+
+def _refuse_another_network(cfg: Any, config: dict[str, Any], value: str, typed: set[str]) -> None:
+    """A model typed beside resume= that is not the checkpoint's (`recipe.model=gpt` for a llama run) is
+    refused here, in inspect()'s words, before the checkpoint's other keys are carried: carried, they were
+    refused for the model typed instead (`recipe.size=debug is not valid: names a Llama 3 shape`), which
+    blamed a key the user had not typed."""
+    from omegaconf import OmegaConf
+
+    from launcher.config import saved_choices
+
+    key, saved = "recipe.model", saved_choices(config).get("recipe.model")
+    now = OmegaConf.select(cfg, key, default=None)
+    if _given(key, typed) and saved is not None and now is not None and str(now) != str(saved):
+        raise LaunchError(f"{key}={now} is not valid with resume={value}: the checkpoint was trained with "
+                          f"{key}={saved}, and its weights and optimizer state only continue under it (e.g. "
+                          f"launch {key}={saved} resume={value}, or train {key}={now} from the start without "
+                          "resume=)")
 
 
 def _carry_network_arguments(cfg: Any, model: Any) -> None:

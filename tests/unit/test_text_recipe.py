@@ -343,6 +343,28 @@ def test_a_resumed_run_keeps_the_shape_it_trained_with_where_a_size_and_its_own_
     assert (again.layers, again.width, again.context) == (16, 2048, 64)
 
 
+def test_a_resume_that_types_another_model_is_refused_for_that_model_not_for_a_carried_key(tmp_path):
+    """`launch resume=RUN recipe.model=gpt` after a llama run said "recipe.size=debug is not valid: names a
+    Llama 3 shape" (the size carried from the checkpoint, blamed for the model typed): the model is named."""
+    import pytest
+
+    from launcher.config import to_plain
+    from launcher.errors import ConfigError, LaunchError
+    from launcher.train import checkpoint
+
+    first = config_of("recipe=text", "recipe.model=llama", "recipe.size=debug")
+    run = tmp_path / "run"
+    checkpoint.save_atomic({"net_state_dict": {}, "epoch": 1, "history": [{"epoch": 1, "test_loss": 2.0}],
+                            "config": to_plain(first)},
+                           run / "checkpoints" / "last.pt")
+    with pytest.raises((LaunchError, ConfigError)) as refused:
+        config_of(f"resume={run}", "recipe.model=gpt")
+    said = str(refused.value)
+    assert said.startswith(f"recipe.model=gpt is not valid with resume={run}: the checkpoint was trained with "
+                           "recipe.model=llama") and "recipe.size" not in said, said
+    assert config_of(f"resume={run}", "recipe.model=llama").recipe.size.value == "debug"  # (its own model: fine)
+
+
 def test_a_corpus_file_edited_in_place_builds_its_streams_again(tmp_path):
     """The streams' folder is keyed by every file's name, size and time: an edit that keeps the size (a word
     replaced by another as long) is built again, never trained on from the old streams."""
