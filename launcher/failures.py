@@ -58,6 +58,14 @@ def short_headline(headline: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def reads_secondary(line: str) -> bool:
+    """`looks_secondary` for an error known only as text, "TypeName: message" (a script's traceback's last line)."""
+    kind, _, message = line.partition(":")
+    if kind.strip().rsplit(".", 1)[-1] in _ECHO_TYPES:
+        return True
+    return kind.strip().endswith("RuntimeError") and any(p in message.lower() for p in _ECHO_PHRASES)
+
+
 def looks_secondary(exc: BaseException) -> bool:
     if type(exc).__name__ in _ECHO_TYPES:
         return True

@@ -16,6 +16,7 @@ Arguments reach the script two ways: everything after `--` verbatim, and `args.K
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -102,14 +103,59 @@ def run_in_this_process(path: Path, argv: list[str], worker_env: dict[str, str],
 
 
 def _describe(err: Any, path: Path, logs: Path) -> Outcome:
-    rank, failure = err.get_first_failure()
+    rank, failure = _root_failure(err, logs)
     code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
     if failure.exitcode < 0:
         how = f"was killed by signal {-failure.exitcode}"
     else:
         how = f"exited with code {failure.exitcode}"
     text = f"rank {rank} of {path.name} {how}; the other ranks were stopped. Output of every rank: {logs}"
-    message = failure.message if isinstance(failure.message, str) else (failure.message or {}).get("message")
-    if message and "To enable traceback" not in str(message):
+    message = _message(failure, logs)
+    if message:
         text = f"rank {rank} of {path.name} {how}: {str(message).strip().splitlines()[-1]}. Output: {logs}"
     return Outcome(code, error=text)
+
+
+def _message(failure: Any, logs: Path) -> str | None:
+    message = failure.message if isinstance(failure.message, str) else (failure.message or {}).get("message")
+    if not message or "To enable traceback" in str(message):
+        message = _raised(logs, failure.local_rank)
+    return message
+
+
+def _root_failure(err: Any, logs: Path) -> tuple[int, Any]:
+    """The failed rank to name: elastic's first (by its records' times, whole seconds where a script wrote no
+    error file: ties went to rank 0), except that a rank whose error is a peer's echo (gloo's "Connection
+    closed by peer") gives way to one whose error is its own."""
+    from launcher.failures import reads_secondary
+
+    first = err.get_first_failure()
+    ranked = sorted(err.failures.items(), key=lambda item: (item[0] != first[0], item[1].timestamp, item[0]))
+    for rank, failure in ranked:
+        message = _message(failure, logs)
+        if message and not reads_secondary(str(message).strip().splitlines()[-1]):
+            return rank, failure
+    return first
+
+
+_TRACEBACK_END = re.compile(r"^(?:\[rank\d+\]:\s?)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b.*)$")
+
+
+def _raised(logs: Path, local_rank: int) -> str | None:
+    """What a script's rank raised, from the last line of the traceback in its newest stderr.log (elastic's
+    tee: logs/RUN_ID/attempt_N/LOCAL_RANK/stderr.log): a script without torch's @record leaves no error file,
+    and the line said only "exited with code 1" while the console showed the other ranks' tracebacks after
+    the one that caused them."""
+    found = sorted(logs.glob(f"*/attempt_*/{local_rank}/stderr.log"), key=lambda f: f.stat().st_mtime)
+    if not found:
+        return None
+    with found[-1].open("rb") as f:
+        f.seek(max(0, f.seek(0, 2) - 65536))
+        lines = f.read().decode(errors="replace").splitlines()
+    if not any("Traceback (most recent call last)" in line for line in lines):
+        return None
+    for line in reversed(lines):
+        match = _TRACEBACK_END.match(line.strip())
+        if match:
+            return match.group(1)
+    return None

@@ -41,6 +41,36 @@ def test_a_failing_rank_stops_the_script_with_its_exit_code(launch):
     assert "rank 1 of torchrun_style_script.py exited with code 3" in result.stderr
 
 
+def test_a_rank_that_raises_is_named_with_its_error_not_the_echo_on_its_peers(launch):
+    """The line names the rank that raised and what it raised (read from its stderr log: a script without
+    torch's @record leaves no error file), not "exited with code 1", nor the gloo error its peer got."""
+    result = launch(f"script={SCRIPT}", *CPU2, "--", "--raise-rank", "1")
+    assert result.returncode == 1, result.output
+    assert "launch: rank 1 of torchrun_style_script.py exited with code 1: ValueError: a bad batch on rank 1." \
+        in result.stderr, result.stderr
+
+
+def test_of_ranks_failed_together_the_one_whose_error_is_its_own_is_named(tmp_path):
+    """elastic's first failure is by whole seconds where no error file was written: rank 0's echo of rank
+    1's death tied with it and was named, with gloo's message."""
+    from types import SimpleNamespace
+
+    from launcher.host.script import _describe
+
+    logs = tmp_path / "logs"
+    for local, last in ((0, "RuntimeError: [../gloo/transport/tcp/pair.cc:561] Connection closed by peer "
+                            "[127.0.0.1]:8095"), (1, "ValueError: a bad batch")):
+        folder = logs / "launch-x" / "attempt_0" / str(local)
+        folder.mkdir(parents=True)
+        (folder / "stderr.log").write_text(f"[rank{local}]: Traceback (most recent call last):\n"
+                                           f"[rank{local}]:   File \"train.py\", line 7, in <module>\n"
+                                           f"[rank{local}]: {last}\n")
+    failures = {r: SimpleNamespace(local_rank=r, timestamp=1700000000, exitcode=1, message=None) for r in (0, 1)}
+    err = SimpleNamespace(failures=failures, get_first_failure=lambda: (0, failures[0]))
+    said = _describe(err, Path("train.py"), logs).error
+    assert said.startswith("rank 1 of train.py exited with code 1: ValueError: a bad batch."), said
+
+
 def test_a_missing_script_is_one_line(launch):
     result = launch("script=nope.py", *CPU2)
     assert result.returncode == 2
