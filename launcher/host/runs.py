@@ -1,6 +1,7 @@
 """`launch runs [--json] [--limit N]`: the recent runs under outputs/ and multirun/ of this directory,
-newest first: when, recipe, strategy, devices, epochs, the best of the figure it was judged by (its
-sweep.objective: recipe=text's held-out loss) or its best test accuracy, state, dir.
+newest first: when, recipe, strategy, devices, epochs, what a sweep's run was given that its sweep's other
+runs were not (`lr=0.2`), the best of the figure it was judged by (its sweep.objective: recipe=text's
+held-out loss) or its best test accuracy, state, dir.
 
 A run's state, from what its dir holds (launcher/files.py names the files):
     running    its claim's process is alive (on this host)
@@ -175,6 +176,44 @@ def _sweep_dir(folder: Path) -> bool:
             or read_json(folder / CLAIM).get("setting") == "hydra.sweep.dir")
 
 
+def _overrides(run_dir: Path) -> dict[str, str]:
+    """The run's command-line overrides as Hydra recorded them (.hydra/overrides.yaml), key -> value."""
+    try:
+        from omegaconf import OmegaConf
+
+        path = run_dir / ".hydra" / "overrides.yaml"
+        listed = OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else []
+    except Exception:  # noqa: BLE001 - torn or hand-edited: nothing shown
+        return {}
+    pairs = (str(o).partition("=") for o in listed if isinstance(o, str) and "=" in o) if isinstance(listed, list) \
+        else ()
+    return {key.lstrip("+~"): value for key, _, value in pairs}
+
+
+def add_swept(runs: list[dict[str, Any]]) -> None:
+    """Each run of a sweep gets `swept`: its overrides whose values differ among its sweep's runs (all of
+    them, listed or not), e.g. {"lr": "0.2"}: the rows of a sweep said nothing of which run was which."""
+    sweeps: dict[Path, dict[Path, dict[str, str]]] = {}
+    for run in runs:
+        folder = Path(run["dir"])
+        if folder.parent not in sweeps:
+            siblings = [d for d in folder.parent.iterdir() if (d / ".hydra" / "overrides.yaml").is_file()] \
+                if _sweep_dir(folder.parent) else []
+            sweeps[folder.parent] = {d: _overrides(d) for d in siblings}
+        jobs = sweeps[folder.parent]
+        if folder not in jobs or len(jobs) < 2:
+            continue
+        keys = {k for given in jobs.values() for k in given}
+        varied = [k for k in keys if len({given.get(k) for given in jobs.values()}) > 1]
+        order = list(jobs[folder])  # (as typed)
+        run["swept"] = {k: jobs[folder].get(k, "-") for k in sorted(varied, key=lambda k: (
+            order.index(k) if k in order else len(order), k))}
+
+
+def _swept(run: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in (run.get("swept") or {}).items()) or "-"
+
+
 def _best(run: dict[str, Any]) -> str:
     """The best of the figure the run was judged by (sweep.objective: test_loss 2.029, test_rmse 0.4354),
     else its best accuracy."""
@@ -187,7 +226,7 @@ def _best(run: dict[str, Any]) -> str:
 
 
 # Columns left out, in this order, while the table is wider than the terminal; then the dir is cut from the left.
-DROPPED_FIRST = ("strategy", "devices", "started", "epochs", "recipe")
+DROPPED_FIRST = ("strategy", "devices", "started", "epochs", "swept", "recipe")
 
 
 def table(runs: list[dict[str, Any]], columns: int | None = None) -> str:
@@ -199,9 +238,9 @@ def table(runs: list[dict[str, Any]], columns: int | None = None) -> str:
     if columns is None and (os.environ.get("COLUMNS", "").isdigit() or sys.stdout.isatty()):
         columns = shutil.get_terminal_size((120, 24)).columns
     columns = columns or 1 << 30
-    heads = ["started", "recipe", "strategy", "devices", "epochs", "best", "state", "dir"]
+    heads = ["started", "recipe", "strategy", "devices", "epochs", "swept", "best", "state", "dir"]
     cells = [[printable(x) for x in (r["started"], r["recipe"] or "-", r["strategy"] or "-", r["devices"] or "-",
-                                     r["epochs"] or "-", _best(r), r["state"], r["dir"])] for r in runs]
+                                     r["epochs"] or "-", _swept(r), _best(r), r["state"], r["dir"])] for r in runs]
 
     def width(heads: list[str], cells: list[list[str]]) -> list[int]:
         return [max(len(x) for x in col) for col in zip(heads, *cells, strict=False)]
@@ -220,7 +259,11 @@ def table(runs: list[dict[str, Any]], columns: int | None = None) -> str:
         for row in cells:
             row[-1] = row[-1] if len(row[-1]) <= keep else "..." + row[-1][-(keep - 3):]
 
+    if not any(r.get("swept") for r in runs):  # (no sweep among them: no column of dashes)
+        drop("swept")
     for name in DROPPED_FIRST:
+        if name not in heads:
+            continue
         if fits():
             break
         if name == "recipe":  # (before the recipe goes, the dir is shortened)
@@ -253,6 +296,7 @@ def main(argv: list[str], root: Path | None = None) -> int:
     runs = sorted((describe_or_say(d) for d in find(root)), key=lambda r: (str(r["started"]), r["dir"]),
                   reverse=True)
     runs = runs[:limit] if limit else runs
+    add_swept(runs)
     # The run `resume=latest` continues: the checkpoint written last, which need not be the run started last.
     newest = latest(root / "outputs")
     for run in runs:

@@ -183,3 +183,33 @@ def test_a_language_model_is_judged_by_its_held_out_loss_in_the_runs_table_and_i
     assert kept.returncode == 0, kept.output
     assert kept.results()["best_checkpoint"]["metric"] == "test_loss", kept.results()["best_checkpoint"]
 
+
+
+def test_a_sweeps_runs_show_what_each_was_given_that_the_others_were_not(tmp_path, capsys):
+    """Two runs of one sweep read alike (same recipe, devices, epochs) but for their figures: each row names
+    its swept values (`lr=0.2 batch_size=64`), not the keys every run had alike; a run of no sweep has none."""
+    from launcher.host import runs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    sweep = tmp_path / "multirun" / "2026-11-01" / "12-00-00"
+    for job, (lr, batch) in enumerate((("0.05", "64"), ("0.2", "64"), ("0.2", "128"))):
+        run = sweep / str(job)
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(f"- recipe=digits\n- lr={lr}\n- batch_size={batch}\n")
+        (run / "plan.json").write_text(json.dumps({"strategy": "single", "nprocs": 1}))
+        (run / ".launch-claim.json").write_text(json.dumps({"pid": dead.pid, "host": "x",
+                                                            "started": f"2026-11-01 12:00:0{job}"}))
+    (sweep / "multirun.yaml").write_text("{}\n")
+    _fake_run(tmp_path, "alone", dead.pid, "2026-11-01 09:00:00", {})
+    assert runs.main(["--json"], root=tmp_path) == 0
+    listed = {Path(r["dir"]).name: r.get("swept") for r in json.loads(capsys.readouterr().out)}
+    assert listed == {"0": {"lr": "0.05", "batch_size": "64"}, "1": {"lr": "0.2", "batch_size": "64"},
+                      "2": {"lr": "0.2", "batch_size": "128"}, "alone": None}
+    os.environ["COLUMNS"] = "200"
+    try:
+        assert runs.main([], root=tmp_path) == 0
+    finally:
+        del os.environ["COLUMNS"]
+    table = capsys.readouterr().out.splitlines()
+    assert "swept" in table[0] and "lr=0.2 batch_size=128" in table[1] and "recipe=digits" not in "".join(table)
