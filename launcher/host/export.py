@@ -13,6 +13,7 @@ are stored once, as the network holds them (`tie_equal`).
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -108,6 +109,30 @@ def _umask() -> int:
     return mask
 
 
+_OUR_TEMPORARY = re.compile(r"^\..+\.(pt|safetensors)\.[a-z0-9_]{8}\.tmp-(\d+)$")  # (mkstemp: 8 characters)
+
+
+def _remove_dead_exports_temporaries(folder: Path) -> None:
+    """The temporary files of exports into `folder` that were killed outright (kill -9: no handler ran), each
+    named by its writer's pid: removed where that process is gone and the file was not written to in the last
+    minute. Nothing else in the folder is touched, nor another user's file."""
+    import time
+
+    from launcher.lifetime import process_alive
+
+    for tmp in folder.glob(".*.tmp-*"):
+        match = _OUR_TEMPORARY.match(tmp.name)
+        try:
+            if not match or process_alive(int(match.group(2))):
+                continue
+            found = tmp.lstat()
+            if found.st_uid == os.getuid() and tmp.is_file() and not tmp.is_symlink() \
+                    and time.time() - found.st_mtime > 60:
+                tmp.unlink()
+        except OSError:
+            continue
+
+
 def export(value: str, out: str | None = None, which: str = "last") -> Path:
     path = resolve(value, setting="launch export", which=which).resolve()
     default = path.parent.parent / ("model-best.pt" if which == "best" else "model.pt")
@@ -128,9 +153,11 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
                           f"give a file in an existing folder")
     state, model = _read(path, value)
     tied = tie_equal(model)
+    _remove_dead_exports_temporaries(folder)
     try:
-        # Written under a name nobody can guess or plant a link at beforehand, then placed at `target`.
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        # Written under a name nobody can guess or plant a link at beforehand, then placed at `target`; the
+        # name ends in the writer's pid, so that the next export here removes it if this one is killed outright.
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp-{os.getpid()}", dir=folder)
     except OSError as exc:
         raise LaunchError(f"export could not write in {folder}: {exc.strerror}; give a file in a folder you "
                           f"can write (e.g. {USAGE.split(' [')[0].replace('RUN_DIR', value)} ~/model.pt)") from None

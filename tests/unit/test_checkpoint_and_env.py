@@ -620,6 +620,33 @@ def test_an_exported_file_has_a_new_files_usual_mode_and_a_taken_name_suggests_o
     assert str(tmp_path / "weights-2.pt") in capsys.readouterr().err
 
 
+def test_an_export_killed_outright_leaves_a_temporary_file_that_the_next_export_there_removes(tmp_path):
+    """kill -9 of `launch export` (no handler runs) left its hidden temporary file beside the target for good.
+    Named by the writer's pid, the next export into that folder removes one whose writer is gone and that
+    nobody wrote to for a minute; a live writer's, a fresh one, and files of other names stay."""
+    import os
+    import subprocess
+    import time
+
+    from launcher.host import export
+
+    _sealed_run(tmp_path, "run", 1.0)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    old = time.time() - 3600
+    stale = tmp_path / f".model.pt.abcd_123.tmp-{dead.pid}"
+    fresh = tmp_path / f".other.safetensors.zzzz0000.tmp-{dead.pid}"
+    live = tmp_path / f".model.pt.efgh4567.tmp-{os.getpid()}"
+    mine = tmp_path / f".notes.tmp-{dead.pid}"
+    for f in (stale, fresh, live, mine):
+        f.write_bytes(b"partial")
+        if f is not fresh:
+            os.utime(f, (old, old))
+    assert export.main([str(tmp_path / "run"), str(tmp_path / "weights.pt")]) == 0
+    assert not stale.exists() and fresh.exists() and live.exists() and mine.exists()
+    assert sorted(p.name for p in tmp_path.glob(".*.tmp-*")) == sorted(p.name for p in (fresh, live, mine))
+
+
 def test_a_checkpoint_on_a_full_disk_says_so_in_one_line_even_before_its_run_is_named(tmp_path, monkeypatch):
     """The run's name is made with its first checkpoint; a disk that refuses that file must end in the
     checkpoint's own one-line DiskFull, not in an OSError from the naming."""
