@@ -21,7 +21,9 @@
 # (versions, imports, the tokenizer, one sample); datasets 4.8.5 replaces 5.2.0 only if that check fails.
 # Nothing is fetched: HF_HUB_OFFLINE / HF_DATASETS_OFFLINE. The losses say nothing; only speed and memory do.
 # The same allocator setting as bench/llama.sh (expandable segments, as torchtitan's run_train.sh sets it).
-# Extra arguments after the size go to torchtitan's command line (e.g. --training.steps 20).
+# Extra arguments after the size go to torchtitan's command line (e.g. --training.steps 20). Its Float8, as
+# BENCHMARKS.md ran it beside perf.precision=fp8 (torchao from .whl installed into /tmp/tt-site first):
+#   --model.converters quantize.linear.float8 --quantize.linear.float8.filter_fqns output
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
