@@ -462,6 +462,21 @@ MUTANTS = [
            "            figure = None", (RUNS.replace("test_each_runs_state_best_figure_and_order_read_from_its_files_"
                                                   "in_process", "test_a_language_model_is_judged_by_its_held_out_"
                                                   "loss_in_the_runs_table_and_its_kept_checkpoints"),)),
+    Mutant("launch runs shows every override of a sweep's run, not the swept ones", "launcher/host/runs.py",
+           "        varied = [k for k in keys if len({given.get(k) for given in jobs.values()}) > 1]",
+           "        varied = list(keys)",
+           ("tests/cli/test_runs_command.py::test_a_sweeps_runs_show_what_each_was_given_that_the_others_were_not",)),
+    Mutant("a script's peer echo is named as the cause", "launcher/host/script.py",
+           "        if message and not reads_secondary(str(message).strip().splitlines()[-1]):",
+           "        if message:",
+           ("tests/distributed/test_script.py::test_of_ranks_failed_together_the_one_whose_error_is_its_own_is_named",)),
+    Mutant("a resume typing another model blames a carried key", "launcher/host/resume.py",
+           "    _refuse_another_network(cfg, config, str(value), typed)\n", "",
+           ("tests/unit/test_text_recipe.py::test_a_resume_that_types_another_model_is_refused_for_that_model_not_"
+            "for_a_carried_key",)),
+    Mutant("an export removes another export's temporary file still being written", "launcher/host/export.py",
+           "and time.time() - found.st_mtime > 60", "and time.time() - found.st_mtime > -1",
+           (CKPT + "::test_an_export_killed_outright_leaves_a_temporary_file_that_the_next_export_there_removes",)),
     # ---- spawn, rendezvous: the workers' supervision and the nodes' meeting -----------------------------
     Mutant("a failure is explained from an earlier attempt's records", "launcher/host/spawn.py",
            "    records = [r for r in failures.read_records(run_dir, also=failures.main_run_dir(run_dir))\n"

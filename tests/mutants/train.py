@@ -6,6 +6,10 @@ MUTANTS = [
     Mutant("a head of no outputs trains on to the loss's traceback", "launcher/train/misfit.py",
            "    if empty is None:\n        return None", "    if empty is not None:\n        return None",
            ("tests/distributed/test_own_data.py::test_a_classifier_finds_its_classes_through_random_split_or_names_what_to_give",)),
+    Mutant("a rank stopped by SIGTERM drops the checkpoint it is writing", "launcher/train/checkpoint.py",
+           "        lifetime.finish_first_on_sigterm(self.finish_in_flight)", "        pass",
+           ("tests/unit/test_process_lifetime.py::test_a_worker_stopped_by_sigterm_finishes_the_checkpoint_it_was_"
+            "writing_first",)),
     Mutant("checkpoint write not atomic", "launcher/train/checkpoint.py",
            "write_atomic(path, lambda f: torch.save(state, f), durable=True)", "torch.save(state, path)", (UNIT_CKPT,)),
     Mutant("snapshot aliases the weights", "launcher/train/checkpoint.py",
