@@ -183,9 +183,12 @@ writer = checkpoint.BackgroundWriter()
 if sys.argv[2] == "write":
     writer.submit(checkpoint.HostSnapshot({"w": torch.arange(1000.0)}), checkpoint.Path(sys.argv[1]))
 elif os.fork() == 0:  # a process this one forks (a DataLoader worker): SIGTERM's default action there
-    print(os.getpid(), flush=True)
+    from launcher.lifetime import die_with_parent
+
+    die_with_parent()  # (SIGKILL with its parent: a failing test leaves no process behind)
+    os.write(1, f"{os.getpid()}\\n".encode())  # (one write: the parent's line cannot land inside it)
     threading.Event().wait()
-print("ready", flush=True)
+os.write(1, b"ready\\n")
 threading.Event().wait()  # (the main thread stuck, as in a collective whose peer died)
 """
 
@@ -209,11 +212,15 @@ def test_a_worker_stopped_by_sigterm_finishes_the_checkpoint_it_was_writing_firs
     import torch
 
     proc, lines = _stopped(tmp_path, "write")
-    assert lines == ["ready"], proc.stderr.read()
-    t = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=10) == 128 + signal.SIGTERM, proc.stderr.read()
-    assert 0.5 < time.monotonic() - t < 4.5
+    try:
+        assert lines == ["ready"], proc.stderr.read()
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 128 + signal.SIGTERM, proc.stderr.read()
+        assert 0.5 < time.monotonic() - t < 4.5
+    finally:
+        proc.kill()
+        proc.wait()
     assert torch.equal(torch.load(tmp_path / "last.pt", weights_only=True)["w"], torch.arange(1000.0))
 
 
