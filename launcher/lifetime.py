@@ -320,9 +320,21 @@ def _finish_and_end(grace_s: float) -> None:
     os._exit(128 + signal.SIGTERM)
 
 
+def answer_sigint() -> None:
+    """SIGINT ends this process as Ctrl-C does (KeyboardInterrupt), even where it started with SIGINT ignored:
+    a launch started as a background job of a shell script (or by a tool that ignores it) passed that on to
+    its workers, and the SIGINT that elastic's agent forwards at a Ctrl-C or `kill -INT` of launch did nothing
+    there: they trained on for the agent's 5 s grace and were killed, a checkpoint mid-write with them. Only
+    the launcher's own forwarding reaches a background job's workers (the terminal's Ctrl-C does not)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def exec_tied_to_parent(argv: list[str]) -> None:
-    """Become `argv` (a new program in this process), killed when this process's parent ends."""
+    """Become `argv` (a new program in this process), killed when this process's parent ends, with SIGINT's
+    default action (answer_sigint: a script's rank answers the agent's SIGINT too)."""
     die_with_parent(signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # (an ignored SIGINT stays ignored through exec)
     os.execvp(argv[0], argv)
 
 

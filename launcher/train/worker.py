@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import ExplainedStop, LaunchError
-from launcher.lifetime import die_with_parent, finish_on_sigterm, name_this_process, never_lose_ctrl_c
+from launcher.lifetime import (
+    answer_sigint,
+    die_with_parent,
+    finish_on_sigterm,
+    name_this_process,
+    never_lose_ctrl_c,
+)
 from launcher.spec import PREEMPTED_EXIT, WorkerSpec
 
 
@@ -98,6 +104,7 @@ def worker_main(spec: WorkerSpec) -> dict[str, Any] | None:
     os.environ.update(spec.env)
     _let_forkserver_end_with_the_launcher()
     _as_a_fresh_process()
+    answer_sigint()  # (the agent forwards Ctrl-C as SIGINT: answered though launch started with it ignored)
     never_lose_ctrl_c()  # (Ctrl-C reaches every worker: one landing in a weakref callback ends it too)
     finish_on_sigterm()  # (stopped by elastic or SLURM: a checkpoint being written is finished first)
     die_with_parent()  # SIGKILL, not torch's SIGINT: a background job's workers ignore SIGINT

@@ -36,10 +36,12 @@ def test_rank_killed_without_traceback_is_named(launch):
 
 
 @contextmanager
-def training_launch(tmp_path):
-    """A long 2-rank launch, yielded once its first epoch is done, with its worker pids. Always cleaned up."""
+def training_launch(tmp_path, sigint_ignored: bool = False):
+    """A long 2-rank launch, yielded once its first epoch is done, with its worker pids. Always cleaned up.
+    sigint_ignored: started as a shell script's background job is, with SIGINT ignored."""
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     proc = subprocess.Popen(launch_command(*DDP_CPU, "epochs=500"), cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=clean_env())
+                            stderr=subprocess.STDOUT, text=True, env=clean_env(), preexec_fn=ignore)
     try:
         for line in proc.stdout:
             if line.startswith("epoch"):
@@ -58,13 +60,19 @@ def assert_all_gone(pids, within: float = 10) -> None:
     assert not [p for p in pids if alive(p)], "orphaned worker processes"
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_signal_ends_every_worker_and_leaves_no_process(tmp_path, sig):
-    with training_launch(tmp_path) as (proc, workers):
+@pytest.mark.parametrize("sig, ignored", [(signal.SIGINT, False), (signal.SIGTERM, False), (signal.SIGINT, True)],
+                         ids=["SIGINT", "SIGTERM", "SIGINT-to-a-background-job"])
+def test_signal_ends_every_worker_and_leaves_no_process(tmp_path, sig, ignored):
+    """Every worker stops at once, well inside elastic's 5 s grace. A launch started with SIGINT ignored (a
+    shell script's background job) passed that on to its workers, which trained on through the SIGINT the
+    agent forwards until the grace ran out and they were killed, a checkpoint mid-write with them."""
+    with training_launch(tmp_path, sigint_ignored=ignored) as (proc, workers):
+        t = time.monotonic()
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 128 + sig, out
         assert f"stopped by {sig.name}" in out
+        assert time.monotonic() - t < 4, out
         assert_all_gone(workers)
 
 
