@@ -154,6 +154,49 @@ def test_backend_wait_follows_the_job_and_its_failure_is_the_launchs(tmp_path, m
                   LaunchContext(started=0.0)).exit_code == 0  # (not followed: submitted is all it says)
 
 
+class _Interrupted(_Job):
+    """A job followed when Ctrl-C lands: still running, cancellable."""
+
+    def __init__(self):
+        super().__init__()
+        self.state, self.cancelled = "RUNNING", False
+
+    def results(self):
+        raise KeyboardInterrupt
+
+    def done(self):
+        return False
+
+    def cancel(self, check=True):
+        self.cancelled = True
+
+
+def test_ctrl_c_while_following_a_job_cancels_it_and_a_job_that_refused_its_input_exits_2(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """backend.wait=true and Ctrl-C: launch said "every run it started was stopped" while the job trained on to
+    its end (a new user's trial): it is cancelled, and said so. A job whose launch refused its input (a corrupt
+    image: exit 2 in its outcome.json) exits 2 as a local run does, not 1, and not "ended RUNNING"."""
+    import json
+
+    import pytest
+
+    from launcher.host.launch import launch
+    from launcher.host.outcome import LaunchContext
+
+    job = _Interrupted()
+    monkeypatch.setattr(slurm, "_executor", lambda folder: _Executor(job))
+    with pytest.raises(KeyboardInterrupt):
+        launch(slurm_config("gpus=[]", "backend.wait=true"), tmp_path / "a", LaunchContext(started=0.0))
+    assert job.cancelled and "launch: Ctrl-C: cancelled SLURM job 77 (scancel)" in capsys.readouterr().err
+    refused = _Job(RuntimeError("launch exited with code 2"))
+    refused.state = "RUNNING"
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "outcome.json").write_text(json.dumps({"exit_code": 2, "error": "a corrupt image"}))
+    monkeypatch.setattr(slurm, "_executor", lambda folder: _Executor(refused))
+    outcome = launch(slurm_config("gpus=[]", "backend.wait=true"), tmp_path / "b", LaunchContext(started=0.0))
+    assert outcome.exit_code == 2 and outcome.error.startswith("SLURM job 77 failed: "), outcome
+
+
 def test_only_the_job_run_that_asked_for_its_requeue_leaves_as_preempted(tmp_path):
     """A job requeued once (marker 0) that fails for real in its next run (restart 1) fails; it is not requeued."""
     (tmp_path / "preempted").write_text("0")

@@ -22,12 +22,14 @@ sweep's summary.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ from launcher import strategies
 from launcher.bytecode import enable as keep_bytecode
 from launcher.config import Config, LocalBackendConfig, SlurmBackendConfig, derive
 from launcher.errors import LaunchError
-from launcher.files import CONFIG, LOG, PREEMPTED, RESULTS, SLURM_RECORD
+from launcher.files import CONFIG, LOG, OUTCOME, PREEMPTED, RESULTS, SLURM_RECORD, read_json
 from launcher.host import trackers
 from launcher.host.backends.base import Backend
 from launcher.host.compose import allow_imports_from_cwd, to_yaml
@@ -187,6 +189,40 @@ def _why(run_dir: Path, exc: BaseException, job_id: str = "", world_size: int | 
     return f"rank {cause.rank} failed: {cause.exc_type}: {cause.message} (traceback: {run_dir / 'failures'})"
 
 
+@contextlib.contextmanager
+def _cancelled_at_ctrl_c(handles: list[Any]) -> Iterator[None]:
+    """A Ctrl-C while launch follows its jobs (backend.wait=true) cancels those not yet ended (scancel), as
+    a local launch's Ctrl-C stops its runs: launch said "every run it started was stopped" while the jobs
+    trained on to their end. Said in one line, job by job."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        cancelled = []
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                if not handle.done():
+                    handle.cancel(check=False)
+                    cancelled.append(str(handle.job_id))
+        if cancelled:
+            print(f"launch: Ctrl-C: cancelled SLURM job{'s' if len(cancelled) > 1 else ''} {', '.join(cancelled)} "
+                  "(scancel)", file=sys.stderr, flush=True)
+        raise
+
+
+def _ended(job: Any) -> str:
+    """How a failed job ended, in words: its SLURM state where SLURM has one for it already (the error can
+    come back before the state leaves RUNNING: "ended RUNNING" was said)."""
+    state = str(getattr(job, "state", "") or "")
+    return f"ended {state}" if state and state not in ("RUNNING", "PENDING", "REQUEUED", "UNKNOWN") else "failed"
+
+
+def _job_exit_code(run_dir: Path) -> int:
+    """The exit code the job's own launch recorded (outcome.json: 2 for input its workers refused, as a
+    local launch exits), else 1."""
+    code = read_json(run_dir / OUTCOME).get("exit_code")
+    return code if isinstance(code, int) and code in (1, 2) else 1
+
+
 def _last_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     return lines[-1] if lines else type(exc).__name__
@@ -232,10 +268,11 @@ class SlurmBackend(Backend):
         if not self.options.wait:
             return Outcome(0)
         try:
-            job.results()  # one per task; waits for the job and re-raises a task's error
+            with _cancelled_at_ctrl_c([job]):
+                job.results()  # one per task; waits for the job and re-raises a task's error
         except Exception as exc:  # noqa: BLE001 - the job failed: submitit re-raises the task's error
             why = _why(run_dir, exc, job.job_id, tasks)
-            return Outcome(1, error=f"SLURM job {job.job_id} ended {job.state}: {why}")
+            return Outcome(_job_exit_code(run_dir), error=f"SLURM job {job.job_id} {_ended(job)}: {why}")
         results = run_dir / RESULTS
         where = f"results: {results}" if results.exists() else f"run dir: {run_dir}"
         print(f"launch: SLURM job {job.job_id} finished; {where}", flush=True)
@@ -273,14 +310,15 @@ class SlurmBackend(Backend):
                                                                    indent=2) + "\n")
                 print(f"  job {job.num}: {handle.job_id}  {' '.join(job.overrides)}", flush=True)
                 submitted.append((job, handle))
-        for job, handle in submitted:
-            if not job.cfg.backend.wait:
-                continue
-            try:
-                handle.results()
-                job.finished(0)
-            except Exception as exc:  # noqa: BLE001 - one failed run does not stop the others
-                tasks = (p := sbatch_parameters(job.cfg))["nodes"] * p["ntasks_per_node"]
-                why = _why(job.run_dir, exc, handle.job_id, tasks)
-                job.finished(1, f"SLURM job {handle.job_id} ended {handle.state}: {why}")
-                print(f"sweep: job {job.num} ({handle.job_id}) FAILED: {job.error}", file=sys.stderr, flush=True)
+        followed = [(job, handle) for job, handle in submitted if job.cfg.backend.wait]
+        with _cancelled_at_ctrl_c([handle for _, handle in followed]):
+            for job, handle in followed:
+                try:
+                    handle.results()
+                    job.finished(0)
+                except Exception as exc:  # noqa: BLE001 - one failed run does not stop the others
+                    tasks = (p := sbatch_parameters(job.cfg))["nodes"] * p["ntasks_per_node"]
+                    why = _why(job.run_dir, exc, handle.job_id, tasks)
+                    job.finished(_job_exit_code(job.run_dir), f"SLURM job {handle.job_id} {_ended(handle)}: {why}")
+                    print(f"sweep: job {job.num} ({handle.job_id}) FAILED: {job.error}", file=sys.stderr,
+                          flush=True)
