@@ -282,7 +282,7 @@ def finished_line(job: SweepJob) -> str:
     else:
         said = f"test acc {100 * value:.2f}%" if key == DEFAULT_OBJECTIVE else f"{key} {value:.4g}"
     final = job.results.get("final") or {}
-    for unit in ("img", "tokens", "samples"):
+    for unit in ("img", "images", "tokens", "samples"):  # (images: recipe=imagefolder's)
         if final.get(f"{unit}_per_s"):
             said += f", {final[f'{unit}_per_s']:,.0f} {unit}/s"
     return said

@@ -76,7 +76,8 @@ def summary_row(job: SweepJob) -> dict[str, Any]:
     seconds = job.seconds or results.get("worker_s") or 0.0
     return {"job": job.num, "overrides": " ".join(job.overrides), "exit_code": job.exit_code,
             "test_acc": results.get("test_acc"), "best_test_acc": results.get("best_test_acc"),
-            "loss": final.get("loss"), "img_per_s": final.get("img_per_s"),
+            "loss": final.get("loss"),
+            "img_per_s": final.get("img_per_s", final.get("images_per_s")),  # (images: recipe=imagefolder's)
             "tokens_per_s": final.get("tokens_per_s"), "epochs": final.get("epoch"),
             # (a run that never started, a Ctrl-C first, has neither: its folder was never made)
             "seconds": round(seconds, 1) if job.exit_code is not None else None,
@@ -116,7 +117,8 @@ def write_summary(jobs: list[SweepJob], sweep_dir: Path) -> str:
     for row in rows:
         lines.append("| " + " | ".join(_cell(k, row.get(k)) for k in shown) + " |")
     scored = [r for r in rows if isinstance(r["objective_value"], (int, float))]
-    if len(scored) > 1:  # (the objective's better way: accuracy up, an error down, or as sweep.direction says)
+    if scored and len(rows) > 1:  # (the objective's better way: accuracy up, an error down, as sweep.direction
+        # says; among the runs that have the figure: one failed run of two left the other's best line out)
         pick = min if minimized(objective, getattr(jobs[0].cfg.sweep, "direction", "auto")) else max
         best = pick(scored, key=lambda r: r["objective_value"])
         value = best["objective_value"]

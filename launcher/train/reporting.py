@@ -21,7 +21,8 @@ from launcher.files import TENSORBOARD, write_atomic
 # metrics.jsonl key -> TensorBoard tag
 SCALARS = {
     "loss": "train/loss", "train_acc": "train/accuracy", "test_loss": "test/loss", "test_acc": "test/accuracy",
-    "lr": "train/lr", "img_per_s": "speed/img_per_s", "tokens_per_s": "speed/tokens_per_s",
+    "lr": "train/lr", "img_per_s": "speed/img_per_s", "images_per_s": "speed/img_per_s",
+    "tokens_per_s": "speed/tokens_per_s",
     "input_stall": "speed/input_wait_fraction", "bpb": "train/bits_per_byte", "test_bpb": "test/bits_per_byte",
     "mfu": "speed/mfu",
     "max_mem_allocated_mb": "gpu/max_memory_allocated_mb", "max_mem_reserved_mb": "gpu/max_memory_reserved_mb",

@@ -140,6 +140,21 @@ def test_the_summary_shows_each_runs_figures_time_and_the_best_run_by_its_direct
     assert [r["samples_per_s"] for r in rows] == ["5000.0", "4000.0"]  # (the table's throughput, kept in the csv)
 
 
+def test_a_sweep_with_a_failed_run_still_names_its_best_and_an_image_folders_throughput_is_shown(tmp_path):
+    """A new user's trial: one run of two failing (a batch larger than the data) left the other's best line out,
+    and recipe=imagefolder's throughput (`images_per_s`) was `-` in the table, empty in summary.csv."""
+    from launcher.host.packing import finished_line
+    from launcher.host.sweep import write_summary
+
+    jobs = [_job(0, tmp_path, {"test_acc": 0.6667, "final": {"images_per_s": 185.4}}),
+            _job(1, tmp_path, exit_code=2)]
+    table = write_summary(jobs, tmp_path)
+    assert f"best: job 0 (lr=0), test_acc 66.67%: {tmp_path / '0'}" in table, table
+    assert "| 185 |" in table or "| 185.4 |" in table, table
+    assert [r["img_per_s"] for r in csv.DictReader(open(tmp_path / "summary.csv"))] == ["185.4", ""]
+    assert "185 images/s" in finished_line(jobs[0])
+
+
 def test_a_run_killed_before_it_reported_fails_with_128_plus_its_signal(tmp_path, capsys):
     """A sweep run's process killed outright (the OOM killer) writes no result: its exit code is the shell's
     128+N, which the sweep's own exit code and summary then carry."""
