@@ -205,6 +205,9 @@ def scan(root: Path) -> dict[str, Folder]:
             ([f"only in val/: {_listing(only_val)}"] if only_val else [])
         raise ConfigError(key, root, "train/ and val/ must hold the same class folders (a class's index is its "
                           f"place in their sorted names); {'; '.join(parts)}", EXAMPLE)
+    if len(train) < 2:  # (one class: every prediction is right; it trained to "100%" in silence)
+        raise ConfigError(key, root, f"holds one class only ({train[0]}/): a classifier needs two or more class "
+                          "folders in train/ and val/, one per class", EXAMPLE)
     return folders
 
 

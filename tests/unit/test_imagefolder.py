@@ -96,6 +96,12 @@ def test_each_layout_problem_is_one_line_naming_it(tmp_path):
     Image.new("RGB", (8, 8)).save(flat / "train" / "a.jpg")
     assert "train/ holds images but no class folders" in refusal(flat)
 
+    one = tmp_path / "one"  # (a new user's trial: one class trained to "100%" in silence)
+    for split in ("train", "val"):
+        (one / split / "circle").mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(one / split / "circle" / "c.png")
+    assert "holds one class only (circle/): a classifier needs two or more class folders" in refusal(one)
+
 
 def test_a_folder_that_cannot_be_listed_is_one_line_naming_it(tmp_path, monkeypatch):
     """os.walk passed over a folder it could not list (its images silently missing); the scan names it."""
