@@ -79,8 +79,12 @@ def locate(spec: dict[str, Any]) -> Any:
     if found is None and reason == f"No module named '{parts[0]}'":  # (a typo in the package's name?)
         import pkgutil
 
+        known = {"timm": "timm", "transformers": "transformers", "torchvision": "torchvision",
+                 "segmentation_models_pytorch": "segmentation-models-pytorch", "open_clip": "open_clip_torch"}
         close = difflib.get_close_matches(parts[0], sorted({m.name for m in pkgutil.iter_modules()}), n=1)
-        if close:
+        if parts[0] in known:  # (a model library not installed: timm's create_model was "timeit.create_model?")
+            hint = f"{parts[0]} is not installed here: pip install {known[parts[0]]}"
+        elif close:
             hint = f"did you mean {'.'.join([close[0], *parts[1:]])}?"
     if found is None or not callable(found):
         if found is not None:

@@ -25,6 +25,7 @@ from launcher.files import disk_full, identity
 from launcher.host.resume import WHICH, load_checkpoint, misspelled_which, resolve
 
 USAGE = "launch export RUN_DIR [best|last] [OUT.pt | OUT.safetensors]"
+WRITES = (".pt", ".pth", ".bin", ".safetensors")  # torch.save's usual names, and safetensors
 
 
 def weights(path: Path, state: dict[str, Any]) -> dict[str, Any]:
@@ -144,6 +145,10 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
         return LaunchError(f"export is not valid: {target} exists and is not overwritten; give another file (e.g. "
                            f"launch export {value}{' best' if which == 'best' else ''} {other})")
 
+    if target.suffix.lower() not in WRITES:  # (x.onnx got a torch pickle under that name)
+        raise LaunchError(f"export is not valid: {target.name}: launch export writes a state_dict as .pt (torch.save) "
+                          f"or .safetensors; give one of those (e.g. launch export {value} "
+                          f"{target.with_suffix('.pt')}; for ONNX, torch.onnx.export the network with its weights)")
     if os.path.lexists(target):  # (a symbolic link too, even one pointing nowhere)
         raise exists()
     folder = target.parent
@@ -165,7 +170,7 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # (mkstemp makes it 0600: the weights get a new file's usual mode)
         with os.fdopen(fd, "wb") as f:
-            if target.suffix == ".safetensors":
+            if target.suffix.lower() == ".safetensors":
                 write_safetensors(model, f)
             else:
                 import torch
@@ -188,7 +193,7 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
     network = f"model._target_={target_class}" if target_class else f"recipe.model={recipe.get('model')}"
     # The values the file holds: a tied tensor once in a .pt (as in the network's parameters); safetensors,
     # which has no shared tensors, stores each name apart.
-    apart = target.suffix == ".safetensors"
+    apart = target.suffix.lower() == ".safetensors"
     values = sum(v.numel() for v in (model.values() if apart else {id(v): v for v in model.values()}.values()))
     tie = "{} stored apart from {}, its tied weight" if apart else "{} tied to {}"
     ties = "".join("; " + tie.format(name, first) for name, first in tied)

@@ -174,6 +174,10 @@ def describe_hydra_error(exc: BaseException) -> str:
             return (f"'{bad}' is not a command or a key=value override (e.g. launch {example}); commands: doctor, "
                     "runs, eval RUN_DIR, export RUN_DIR")
         detail = _first_line(getattr(unparsed, "message", "") or str(unparsed))
+        key, _, value = bad.partition("=")
+        if value.startswith("~"):  # (Hydra's grammar reads ~ as a deletion; the shell left it unexpanded)
+            return (f"cannot parse '{bad}': a path starting with ~ is quoted: {key}='{value}' (launch expands ~), "
+                    f"or give it whole: {key}=$HOME{value[1:]}")
         return (f"cannot parse '{bad}' ({detail}): lists are written gpus=[0,1], text with commas or "
                 "brackets is quoted: key='a,b'")
 

@@ -23,6 +23,7 @@ CASES = [
     ("gpus=[a]", "ids must be integers"),
     ("gpus=0,1", "gpus=0,1 is ambiguous: write gpus=[0,1] for a list"),
     ("gpus=[0,1", "cannot parse 'gpus=[0,1'"),
+    ("recipe=imagefolder data.root=~/x", "a path starting with ~ is quoted: data.root='~/x' (launch expands ~)"),
     ("lr=-1", "lr=-1.0 is not valid: must be a finite number > 0"),
     ("strategy=dp gpus=[]", "DataParallel needs GPUs"),
     ("gpus=[] strategy=ddp nprocs=2 batch_size=63", "must split evenly over 2 ranks (e.g. launch batch_size=62)"),

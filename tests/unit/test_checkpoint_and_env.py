@@ -618,6 +618,11 @@ def test_an_exported_file_has_a_new_files_usual_mode_and_a_taken_name_suggests_o
     assert stat.S_IMODE((tmp_path / "weights.pt").stat().st_mode) == 0o644
     assert export.main([str(tmp_path / "run"), str(tmp_path / "weights.pt")]) == 2
     assert str(tmp_path / "weights-2.pt") in capsys.readouterr().err
+    # a name of another format (a new user's trial: x.onnx got a torch pickle) is one line, nothing written
+    assert export.main([str(tmp_path / "run"), str(tmp_path / "x.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "x.onnx: launch export writes a state_dict as .pt (torch.save) or .safetensors" in err, err
+    assert not (tmp_path / "x.onnx").exists() and not list(tmp_path.glob(".x.onnx*"))
 
 
 def test_an_export_killed_outright_leaves_a_temporary_file_that_the_next_export_there_removes(tmp_path):

@@ -22,6 +22,12 @@ def test_a_name_the_package_does_not_hold_gets_its_close_names_not_an_install_hi
 def test_a_misspelt_package_gets_the_installed_one_and_an_absent_one_an_install_hint():
     assert "did you mean collections.OrderedDict?" in refusal("colections.OrderedDict")
     assert "is qqqqzzzz installed?" in refusal("qqqqzzzz.Net")
+    # a model library known by name, not installed: how to install it, not a near name ("timeit.create_model?")
+    import importlib.util
+
+    if importlib.util.find_spec("timm") is None:
+        said = refusal("timm.create_model")
+        assert "timm is not installed here: pip install timm" in said and "timeit" not in said, said
 
 
 def test_a_callable_is_found():
