@@ -316,6 +316,29 @@ def entry() -> None:
     os._exit(status)
 
 
+def _command_help(command: str) -> str:
+    """`launch runs|export|eval --help`: the usage line, what it does and where the docs are (it was "runs does
+    not take '--help'", exit 2)."""
+    if command == "runs":
+        from launcher.host.runs import USAGE
+
+        what = ("the recent runs under outputs/ and multirun/ here, newest first: recipe, devices, epochs, swept "
+                "values, best figure, state (--json: all of it; --limit N: N rows, default 20; --all)")
+        where = "docs/runs.md#the-recent-runs-launch-runs"
+    elif command == "export":
+        from launcher.host.export import USAGE
+
+        what = ("a run's weights as a plain state_dict (.pt) or safetensors file, loadable without launch; "
+                "best: the kept best checkpoint's")
+        where = "docs/runs.md#exporting-the-weights"
+    else:
+        from launcher.host.evaluate import USAGE
+
+        what = "a run's checkpoint scored on its held-out data (or data.root=... another folder): eval.json"
+        where = "docs/runs.md#evaluating-a-saved-model"
+    return f"usage: {USAGE}\n\n{what}\n\nmore: {where}"
+
+
 def main(argv: list[str] | None = None) -> None:
     """`launch`. Ctrl-C is held back from here until launch's own code takes over from Hydra's (see
     launcher.lifetime._CtrlCHold), then acted on: one line, exit code 130, never a traceback or a run
@@ -359,6 +382,9 @@ def _main(argv: list[str] | None) -> None:
         from launcher.host.doctor import main as doctor_main
 
         raise SystemExit(doctor_main(argv[1:]))
+    if argv[:1] in (["runs"], ["export"], ["eval"]) and {"-h", "--help"} & set(argv[1:]):
+        print(_command_help(argv[0]))
+        raise SystemExit(0)
     if argv[:1] == ["runs"]:
         let_ctrl_c_through()
         from launcher.host.runs import main as runs_main

@@ -213,3 +213,11 @@ def test_a_sweeps_runs_show_what_each_was_given_that_the_others_were_not(tmp_pat
         del os.environ["COLUMNS"]
     table = capsys.readouterr().out.splitlines()
     assert "swept" in table[0] and "lr=0.2 batch_size=128" in table[1] and "recipe=digits" not in "".join(table)
+
+
+def test_each_command_answers_help_with_its_usage_and_exit_0(launch):
+    """`launch runs --help` (and export's, eval's) said "runs does not take '--help'" and exited 2."""
+    for command, words in (("runs", "--limit N"), ("export", "OUT.safetensors"), ("eval", "RUN_DIR_OR_CHECKPOINT")):
+        result = launch(command, "--help", timeout=60)
+        assert result.returncode == 0 and result.stdout.startswith(f"usage: launch {command} "), result.output
+        assert words in result.stdout and "docs/runs.md#" in result.stdout and result.stderr == ""
