@@ -119,7 +119,8 @@ def _describe(err: Any, path: Path, logs: Path) -> Outcome:
 def _message(failure: Any, logs: Path) -> str | None:
     message = failure.message if isinstance(failure.message, str) else (failure.message or {}).get("message")
     if not message or "To enable traceback" in str(message):
-        message = _raised(logs, failure.local_rank)
+        local = getattr(failure, "local_rank", None)
+        message = _raised(logs, local) if local is not None else None
     return message
 
 
@@ -130,7 +131,8 @@ def _root_failure(err: Any, logs: Path) -> tuple[int, Any]:
     from launcher.failures import reads_secondary
 
     first = err.get_first_failure()
-    ranked = sorted(err.failures.items(), key=lambda item: (item[0] != first[0], item[1].timestamp, item[0]))
+    failures = getattr(err, "failures", None) or {first[0]: first[1]}
+    ranked = sorted(failures.items(), key=lambda item: (item[0] != first[0], getattr(item[1], "timestamp", 0), item[0]))
     for rank, failure in ranked:
         message = _message(failure, logs)
         if message and not reads_secondary(str(message).strip().splitlines()[-1]):

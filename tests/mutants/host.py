@@ -438,7 +438,8 @@ MUTANTS = [
             "was_trained_with",)),
     # ---- this stop's (issue 59's thirteenth): a new user's trial -----------------------------------------
     Mutant("an accuracy sweep names no best run", "launcher/host/sweep.py",
-           "    if len(scored) > 1:  # (the objective", "    if len(scored) > 1 and objective != \"test_acc\":  # (the objective",
+           "    if scored and len(rows) > 1:  # (the objective",
+           "    if scored and len(rows) > 1 and objective != \"test_acc\":  # (the objective",
            (SWEEP,)),
     Mutant("the stop line's resume leaves out where the run ran", "launcher/host/resume.py",
            '        where = "".join(f" {o}" for o in _where_it_ran(run_dir))', '        where = ""', (CKPT,)),
