@@ -23,6 +23,7 @@ class Faults:
     def __init__(self, options: FaultConfig, world: WorldInfo, device: torch.device, last: Path | None = None):
         self.kind = options.kind
         self.last = last  # the run's checkpoints/last.pt (fault.kind=damage)
+        self.settle = None  # waits for the checkpoints still being written (set by the loop; fault.kind=damage)
         self.rank = world.rank
         applies = options.rank == world.rank and options.attempt in (-1, world.restart_count)
         self.step = options.step if applies else -1  # the global step it fails at (-1: never, on this rank)
@@ -64,6 +65,8 @@ class Faults:
             self.poison.fill_(float("nan"))
             return
         if self.kind == "damage":  # the checkpoint's bytes changed under it (a failing disk), then the rank fails
+            if self.settle is not None:  # (the checkpoint on disk, not one a save still in flight then replaces)
+                self.settle()
             if self.last is not None and self.last.is_file():
                 with open(self.last, "r+b") as f:
                     f.seek(self.last.stat().st_size // 2)

@@ -161,6 +161,7 @@ class Trainer:
             self.trackers.start(start.history, restarted=start.own)
             with contextlib.ExitStack() as stack:
                 writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter(self.world)))
+                self.faults.settle = writer.wait
                 self.saves = Saves(self.cfg, self.strategy, self.device, self.run_dir, writer, self.step)
                 self.preemption = stack.enter_context(contextlib.closing(PreemptionWatch(self.spec.requeue)))
                 # (TensorBoard's writer opened beside the warm-up; the first epoch's end waits for it, and so
