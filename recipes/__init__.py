@@ -100,6 +100,12 @@ class Recipe(DataHooks):
     def prepare(self) -> None:
         """In the launcher, once: download or check the data. Must not touch CUDA."""
 
+    def data_classes(self) -> tuple[str, ...]:
+        """In the launcher, after `prepare`: the class names of the data here, in label order, or () where
+        they are not known before the data loads. A checkpoint trained on other classes is refused before
+        any worker starts (`resume=`, `launch eval`). By default `class_names`."""
+        return tuple(self.class_names)
+
     def load(self) -> Splits | TokenSplits | tuple[Any, Any]:
         """In every worker: the whole dataset as uint8/int64 CPU tensors (Splits), a token stream
         (TokenSplits), or `(train, eval)`: any two torch Datasets (map-style, or IterableDataset), whose

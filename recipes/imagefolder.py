@@ -63,14 +63,23 @@ class ImageFolder(Recipe):
         self.trial: DecodeTrial | None = None  # data.decode=auto's measured choice (load; the loader feeds it)
         self._slots: PinnedSlots | None = None  # the training batches' shared buffers (load, under Regions)
         self._normalize = Normalizer(bool(cfg.perf.channels_last))
+        self._classes: tuple[str, ...] | None = None  # the class folders' names (prepare, in the launcher)
 
     def prepare(self) -> None:
         """Check the folder's layout (in the launcher, once; no image is opened), and say what linked paths
         the scan left out."""
         root = data_root(self.cfg)
-        said = left_out_line(root, scan(root))
+        folders = scan(root)
+        self._classes = tuple(folders["train"].classes)
+        said = left_out_line(root, folders)
         if said:
             print(f"launch: warning: {said}", file=sys.stderr, flush=True)
+
+    def data_classes(self) -> tuple[str, ...]:
+        """The class folders' sorted names (scanned by `prepare`): a checkpoint's outputs are these classes."""
+        if self._classes is None:
+            self._classes = tuple(scan(data_root(self.cfg))["train"].classes)
+        return self._classes
 
     def decode_plan(self, cuda: bool) -> tuple[str, float]:
         """(cpu | gpu | auto, the share of samples meant for the GPU decoder), said in one log line, for this

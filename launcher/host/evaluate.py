@@ -31,7 +31,7 @@ from launcher.config import Config, choices, recipe_as_saved, saved_choices
 from launcher.errors import LaunchError
 from launcher.files import CONFUSION, EVAL, identity
 from launcher.host import consent
-from launcher.host.resume import WHICH, data_root_here, load_checkpoint, misspelled_which, resolve
+from launcher.host.resume import WHICH, data_root_here, load_checkpoint, misspelled_which, resolve, saved_classes
 
 log = logging.getLogger("launcher")
 
@@ -124,9 +124,10 @@ def command_line(argv: list[str]) -> list[str]:
     return [*mine, *overrides]
 
 
-def checkpoint_to_evaluate(cfg: Config) -> tuple[Path, tuple | None]:
+def checkpoint_to_evaluate(cfg: Config) -> tuple[Path, tuple | None, tuple[str, ...] | None]:
     """The checkpoint `eval.checkpoint` names, checked: a launch checkpoint of this recipe and model. With
-    it, which file was checked (`files.identity`; None where a run replaced it meanwhile)."""
+    it, which file was checked (`files.identity`; None where a run replaced it meanwhile), and the classes
+    its network was trained on (resume.saved_classes)."""
     value = str(cfg.eval.checkpoint)
     path = resolve(value, setting="eval.checkpoint").resolve()
     before = identity(path)
@@ -136,7 +137,7 @@ def checkpoint_to_evaluate(cfg: Config) -> tuple[Path, tuple | None]:
         if key != "optim" and saved not in (None, now[key]):  # (evaluating needs no optimizer)
             raise LaunchError(f"{key}={now[key]} is not valid with eval.checkpoint={value}: the checkpoint holds a "
                               f"{key}={saved} network (e.g. launch eval {value}, which takes the checkpoint's)")
-    return path, (before if identity(path) == before else None)
+    return path, (before if identity(path) == before else None), saved_classes(state)
 
 
 ATTEMPTS = 3  # a live run's checkpoint replaced while it is pinned, before giving up

@@ -70,6 +70,7 @@ class Resume:
     path: Path  # the checkpoint file
     epoch: int  # epochs it has trained
     changed: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # key -> (checkpoint's, this launch's)
+    classes: tuple[str, ...] | None = None  # the class names its network was trained on (saved_classes)
 
     def record(self) -> dict[str, Any]:
         return {"from": str(self.path), "epoch": self.epoch,
@@ -350,7 +351,7 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
 def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Resume:
     """The checkpoint `resume=value` names, checked against this launch's config (a LaunchError if it
     cannot continue under it)."""
-    path, config, epoch, sharded = checkpoint_facts(value, search_root)
+    path, config, epoch, sharded, _, classes = _checkpoint(value, search_root)
     now = choices(cfg)
     for key, saved in saved_choices(config).items():
         if saved not in (None, now[key]):
@@ -369,7 +370,7 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
                           f"epoch{'s' if epoch != 1 else ''} already; give more (e.g. launch resume={value} "
                           f"epochs={epoch + max(1, epoch)}), or evaluate it: launch eval {value}")
     changed = _differences(flat_keys(config), flat_keys(to_plain(cfg)))
-    return Resume(path, epoch, changed)
+    return Resume(path, epoch, changed, classes)
 
 
 def _differences(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -415,9 +416,40 @@ def is_resume(override: str) -> bool:
 
 
 @functools.lru_cache(maxsize=4)
-def _facts(path: Path, version: tuple[int, int], setting: str) -> tuple[dict[str, Any], int, bool, str | None]:
+def _facts(path: Path, version: tuple[int, int], setting: str
+           ) -> tuple[dict[str, Any], int, bool, str | None, tuple[str, ...] | None]:
     state = load_checkpoint(path, setting)
-    return state.get("config") or {}, state["epoch"], "sharded" in state, integrity.unproven(state)
+    return (state.get("config") or {}, state["epoch"], "sharded" in state, integrity.unproven(state),
+            saved_classes(state))
+
+
+def saved_classes(state: dict[str, Any]) -> tuple[str, ...] | None:
+    """The class names a checkpoint's network was trained on, in the order of its outputs (`classes`,
+    written where the data named them: an image folder's class folders); None where it holds none."""
+    classes = state.get("classes")
+    if isinstance(classes, (list, tuple)) and classes and all(isinstance(c, str) for c in classes):
+        return tuple(classes)
+    return None
+
+
+def check_classes(saved: tuple[str, ...] | None, here: tuple[str, ...], setting: str, root: Any) -> None:
+    """A LaunchError where the data here names other classes than the checkpoint's network was trained on
+    (output i means the checkpoint's class i: on a folder whose classes differ, or sort otherwise, its
+    accuracy and a resumed training would be nonsense without a word). Nothing where either side names none."""
+    if not saved or not here or tuple(saved) == tuple(here):
+        return
+
+    def listed(names: list[str] | tuple[str, ...]) -> str:
+        return ", ".join(names[:5]) + (f" (and {len(names) - 5} more)" if len(names) > 5 else "")
+
+    missing = [c for c in saved if c not in here]
+    new = [c for c in here if c not in saved]
+    what = "; ".join(([f"missing here: {listed(missing)}"] if missing else []) +
+                     ([f"not in the checkpoint: {listed(new)}"] if new else [])) or \
+        f"the same names in another order ({listed(here)})"
+    raise LaunchError(f"{setting} is not valid with data.root={root}: its network's outputs are the {len(saved)} "
+                      f"classes it was trained on ({listed(saved)}, in that order), but the data here holds "
+                      f"{len(here)} ({what}): give data.root a folder with the class folders it was trained on")
 
 
 def checkpoint_facts(value: str, search_root: Path = Path("outputs")) -> tuple[Path, dict[str, Any], int, bool]:
@@ -425,12 +457,14 @@ def checkpoint_facts(value: str, search_root: Path = Path("outputs")) -> tuple[P
     whether it is sharded. Read once per launch (cached by path, mtime and size) whoever asks: the
     command line, each composed run, the check before the workers. A LaunchError if it is not a launch
     checkpoint."""
-    path, config, epoch, sharded, _ = _checkpoint(value, search_root)
+    path, config, epoch, sharded, _, _ = _checkpoint(value, search_root)
     return path, config, epoch, sharded
 
 
-def _checkpoint(value: str, search_root: Path = Path("outputs")) -> tuple[Path, dict[str, Any], int, bool, str | None]:
-    """checkpoint_facts, and why it is not proven a run of this user's wrote it (integrity.unproven)."""
+def _checkpoint(value: str, search_root: Path = Path("outputs")
+                ) -> tuple[Path, dict[str, Any], int, bool, str | None, tuple[str, ...] | None]:
+    """checkpoint_facts, why it is not proven a run of this user's wrote it (integrity.unproven), and the
+    classes it was trained on (saved_classes)."""
     path = resolve(value, search_root).resolve()
     stat = path.stat()
     return (path, *_facts(path, (stat.st_mtime_ns, stat.st_size), f"resume={value}"))
@@ -442,7 +476,7 @@ def saved_config(value: str, overrides: list[str] | tuple[str, ...]) -> dict[str
     before anything of it is imported."""
     from launcher.host import consent
 
-    _, config, _, _, unproven = _checkpoint(value)
+    _, config, _, _, unproven, _ = _checkpoint(value)
     consent.require(config, unproven, overrides, f"resume={value}")
     return config
 

@@ -45,7 +45,7 @@ from launcher.host.evaluate import checkpoint_to_evaluate, pin, unpin
 from launcher.host.evaluate import summarize as summarize_evaluation
 from launcher.host.outcome import LaunchContext, Outcome, signal_name
 from launcher.host.plan import Plan, make_plan
-from launcher.host.resume import Resume, typed_keys
+from launcher.host.resume import Resume, check_classes, typed_keys
 from launcher.host.resume import inspect as inspect_resume
 from launcher.host.resume import resolve as resolve_resume
 from launcher.spec import WorkerSpec
@@ -92,7 +92,7 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
             return _run_user_script(plan, run_dir, context)
         recipe = check_runnable(cfg)
         float8.check(plan)  # (perf.precision=fp8: GPUs that have float8 matmuls, and torchao)
-        evaluate, checked = checkpoint_to_evaluate(cfg) if cfg.eval.checkpoint else (None, None)
+        evaluate, checked, classes = checkpoint_to_evaluate(cfg) if cfg.eval.checkpoint else (None, None, None)
         fits = None
         if recipe is not None and evaluate is None and (joined is None or joined.local_rank == 0):
             fits = memory.check_fits(recipe(plan.config), plan)  # (training: once a host, before its data and workers)
@@ -109,7 +109,11 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
             print(describe_dry_run(plan, run_dir, resume, evaluate, fits))
             return Outcome(0)
         if recipe is not None and (joined is None or joined.local_rank == 0):
-            recipe(plan.config).prepare()  # fetch or check data once per host
+            prepared = recipe(plan.config)
+            prepared.prepare()  # fetch or check data once per host
+            check_classes(resume.classes if resume else classes, prepared.data_classes(),
+                          f"resume={cfg.resume}" if resume else f"eval.checkpoint={cfg.eval.checkpoint}",
+                          plan.config.data.root)
     except LaunchError as err:
         return Outcome(err.exit_code, error=str(err))
 

@@ -12,6 +12,7 @@ plus where the run stands (a plain dict, so `torch.load(..., weights_only=True)`
     epoch          epochs completed
     history        the per-epoch metrics so far (metrics.jsonl is rewritten from it on resume)
     config         the resolved config of the run that wrote it (plain data)
+    classes        the class names of its outputs, in label order, where the data names them
 """
 
 from __future__ import annotations

@@ -148,11 +148,8 @@ class Evaluation:
         return report
 
     def class_names(self, data: Data, count: int) -> list[str]:
-        """The recipe's class names, else its evaluation Dataset's `classes` (an image folder's folder names,
-        as torchvision's ImageFolder has them), else the class indices."""
-        names = [str(c) for c in self.recipe.class_names]
-        if not names and not data.in_memory:
-            names = [str(c) for c in getattr(data.test.dataset, "classes", None) or ()]
+        """named_classes of the evaluation split, else the class indices."""
+        names = named_classes(self.recipe, data, data.test)
         return names if len(names) == count else [str(i) for i in range(count)]
 
     @torch.no_grad()
@@ -174,3 +171,13 @@ class Evaluation:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.timings.warmup_s = (self.timings.warmup_s or 0.0) + time.perf_counter() - start
+
+
+def named_classes(recipe: Recipe, data: Data, split: Any) -> list[str]:
+    """The recipe's class names, else the Dataset's `classes` of `split` (an image folder's folder names, as
+    torchvision's ImageFolder has them), in label order; [] where neither names them. A checkpoint keeps
+    the training split's (`resume=` and `launch eval` refuse data that names others)."""
+    names = [str(c) for c in recipe.class_names]
+    if not names and not data.in_memory:
+        names = [str(c) for c in getattr(getattr(split, "dataset", None), "classes", None) or ()]
+    return names

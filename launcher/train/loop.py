@@ -42,7 +42,7 @@ from launcher.spec import WorkerSpec
 from launcher.strategies import Nets, Strategy, float8, recompute
 from launcher.train import checkpoint, compiling, misfit, nodes, optim, progress, restart, results, shard_writer, warmup
 from launcher.train.epoch_end import DeferredEnd, EpochEnds, Next, QueuedEpoch, Reporters, Verdict
-from launcher.train.evaluation import Evaluation
+from launcher.train.evaluation import Evaluation, named_classes
 from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog
 from launcher.train.optim import Stepper
@@ -162,7 +162,8 @@ class Trainer:
             with contextlib.ExitStack() as stack:
                 writer = stack.enter_context(contextlib.closing(checkpoint.BackgroundWriter(self.world)))
                 self.faults.settle = writer.wait
-                self.saves = Saves(self.cfg, self.strategy, self.device, self.run_dir, writer, self.step)
+                self.saves = Saves(self.cfg, self.strategy, self.device, self.run_dir, writer, self.step,
+                                   named_classes(self.recipe, self.data, self.data.train))
                 self.preemption = stack.enter_context(contextlib.closing(PreemptionWatch(self.spec.requeue)))
                 # (TensorBoard's writer opened beside the warm-up; the first epoch's end waits for it, and so
                 # does the exit, before the checkpoint writer is closed)

@@ -34,11 +34,13 @@ log = logging.getLogger("launcher.train")
 
 class Saves:
     """A run's checkpoints of the state `step` trains (its nets, optimizers and gradient scaler), written
-    in `run_dir` by `writer`."""
+    in `run_dir` by `writer`. Each holds the run's config and, where the data names them, the classes its
+    outputs are (`classes`, in label order)."""
 
     def __init__(self, cfg: Config, strategy: Strategy, device: torch.device, run_dir: Path,
-                 writer: checkpoint.BackgroundWriter, step: TrainStep):
+                 writer: checkpoint.BackgroundWriter, step: TrainStep, classes: list[str] | None = None):
         self.cfg, self.strategy, self.device, self.run_dir = cfg, strategy, device, run_dir
+        self.plain: dict[str, Any] = {"config": to_plain(cfg), **({"classes": list(classes)} if classes else {})}
         self.writer = writer
         self.step = step
         self.is_main = strategy.is_main
@@ -83,7 +85,7 @@ class Saves:
             return
         snapshot = self._snapshot()
         snapshot.add(epoch=epoch, step_in_epoch=done, batch_size=self.cfg.batch_size,
-                     generator=generator.get_state(), history=list(history), config=to_plain(self.cfg))
+                     generator=generator.get_state(), history=list(history), **self.plain)
         self.writer.submit(snapshot, last_checkpoint(self.run_dir))
 
     def make_room(self, row: dict[str, Any], snapshot_s: float) -> None:
@@ -103,12 +105,12 @@ class Saves:
         cfg, epochs = self.cfg, int(row["epoch"])
         then = self._best_after(row)  # (checkpoint.keep_best: this epoch is among the best)
         if snapshot is not None:
-            snapshot.add(epoch=epochs, history=list(history), config=to_plain(cfg))
+            snapshot.add(epoch=epochs, history=list(history), **self.plain)
             self.writer.submit(snapshot, last_checkpoint(self.run_dir), then=then)
         elif self.strategy.sharded and cfg.saves:
             step = self.step
             checkpoint.save_sharded(self.strategy, step.nets, step.steppers, self.device, last_checkpoint(self.run_dir),
-                                    epochs, {"epoch": epochs, "history": list(history), "config": to_plain(cfg)},
+                                    epochs, {"epoch": epochs, "history": list(history), **self.plain},
                                     writer=self.writer, then=then)
 
     def _best_after(self, row: dict[str, Any]) -> Callable[[Path, str | None], None] | None:

@@ -2,6 +2,8 @@
 CPU, on one rank and on two gloo ranks, through the launcher's Dataset path (DataLoader workers, collate,
 on_after_batch_transfer). Skipped until that path (launcher/data/loader.py) lands."""
 
+import shutil
+
 import pytest
 
 pytest.importorskip("torchvision", reason="recipe=imagefolder needs torchvision (pip install torchvision)")
@@ -33,6 +35,20 @@ def test_it_trains_on_one_rank_and_counts_images(launch, folder):
     report = json.loads(next(result.cwd.glob("outputs/**/eval.json")).read_text())
     assert report["classes"] == ["ant", "bee", "cat"] and set(report["per_class_acc"]) == {"ant", "bee", "cat"}
     assert "ant" in evaluated.output
+
+    # A folder of as many classes, named otherwise (its sorted order moves every label): the network's outputs
+    # are the checkpoint's classes, so evaluating or resuming on it is refused before any worker starts (it
+    # scored and trained in silence, its "accuracy" nonsense)
+    other = folder.parent / "other"
+    shutil.copytree(folder, other)
+    for split in ("train", "val"):
+        (other / split / "ant").rename(other / split / "zebra")
+    for command in (("eval", str(result.run_dir()), "gpus=[]", f"data.root={other}"),
+                    (*TINY, f"data.root={other}", f"resume={result.run_dir()}", "epochs=3")):
+        refused = launch(*command)
+        assert refused.returncode == 2, refused.output
+        assert "missing here: ant" in refused.output and "not in the checkpoint: zebra" in refused.output
+        assert "start-up" not in refused.output and len(list(result.cwd.glob("outputs/**/eval.json"))) == 1
 
 
 def test_it_trains_on_two_gloo_ranks_that_agree(launch, folder):

@@ -143,6 +143,21 @@ def test_resolve_resume(tmp_path):
         resolve_resume("latest", tmp_path / "empty")
 
 
+def test_data_whose_classes_differ_from_the_checkpoints_is_refused_even_in_another_order_only():
+    """The distributed test covers other names; here the same names sorted otherwise (a user recipe's
+    `data_classes`), and what is let through: equal lists, and either side naming none."""
+    from launcher.errors import LaunchError
+    from launcher.host.resume import check_classes, saved_classes
+
+    with pytest.raises(LaunchError, match=r"holds 2 \(the same names in another order \(b, a\)\)"):
+        check_classes(("a", "b"), ("b", "a"), "resume=RUN", "/data")
+    for saved, here in ((("a", "b"), ("a", "b")), (None, ("a", "b")), (("a", "b"), ())):
+        check_classes(saved, here, "resume=RUN", "/data")
+    # (what an old checkpoint or another program wrote: no classes, or not a list of names)
+    assert saved_classes({"classes": ["a", "b"]}) == ("a", "b")
+    assert saved_classes({}) is None and saved_classes({"classes": [1, 2]}) is None
+
+
 def test_torchrun_environment_is_joined():
     env = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "h",
            "MASTER_PORT": "1234", "TORCHELASTIC_RUN_ID": "x"}
