@@ -17,6 +17,7 @@ Arguments reach the script two ways: everything after `--` verbatim, and `args.K
 from __future__ import annotations
 
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -103,14 +104,13 @@ def run_in_this_process(path: Path, argv: list[str], worker_env: dict[str, str],
 
 
 def _describe(err: Any, path: Path, logs: Path) -> Outcome:
-    rank, failure = _root_failure(err, logs)
+    rank, failure, message = _root_failure(err, logs)
     code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
     if failure.exitcode < 0:
         how = f"was killed by signal {-failure.exitcode}"
     else:
         how = f"exited with code {failure.exitcode}"
     text = f"rank {rank} of {path.name} {how}; the other ranks were stopped. Output of every rank: {logs}"
-    message = _message(failure, logs)
     if message:
         text = f"rank {rank} of {path.name} {how}: {str(message).strip().splitlines()[-1]}. Output: {logs}"
     return Outcome(code, error=text)
@@ -124,20 +124,31 @@ def _message(failure: Any, logs: Path) -> str | None:
     return message
 
 
-def _root_failure(err: Any, logs: Path) -> tuple[int, Any]:
-    """The failed rank to name: elastic's first (by its records' times, whole seconds where a script wrote no
-    error file: ties went to rank 0), except that a rank whose error is a peer's echo (gloo's "Connection
-    closed by peer") gives way to one whose error is its own."""
+def _root_failure(err: Any, logs: Path) -> tuple[int, Any, str | None]:
+    """The failed rank to name: one whose failure is its own (an exit code, or a signal other than the ones
+    that stop a group), before one killed by SIGKILL, before the echoes: a rank killed by SIGTERM (elastic
+    stops the others so, and under load a rank still exiting is caught by it) or whose error is a peer's
+    (gloo's "Connection closed by peer"). Within each, elastic's first (by its records' times, whole
+    seconds where a script wrote no error file: ties went to rank 0), then the earlier. With its message
+    (_message: each rank's stderr log read once)."""
     from launcher.failures import reads_secondary
 
     first = err.get_first_failure()
     failures = getattr(err, "failures", None) or {first[0]: first[1]}
-    ranked = sorted(failures.items(), key=lambda item: (item[0] != first[0], getattr(item[1], "timestamp", 0), item[0]))
-    for rank, failure in ranked:
-        message = _message(failure, logs)
-        if message and not reads_secondary(str(message).strip().splitlines()[-1]):
-            return rank, failure
-    return first
+
+    messages = {rank: _message(failure, logs) for rank, failure in failures.items()}
+
+    def echo(rank: int, failure: Any) -> int:
+        code, message = failure.exitcode or 0, messages[rank]
+        if code == -signal.SIGTERM:
+            return 2
+        if code == -signal.SIGKILL:
+            return 1
+        return 2 if message and reads_secondary(str(message).strip().splitlines()[-1]) else 0
+
+    rank, failure = min(failures.items(), key=lambda item: (echo(*item), item[0] != first[0],
+                                                            getattr(item[1], "timestamp", 0), item[0]))
+    return rank, failure, messages[rank]
 
 
 _TRACEBACK_END = re.compile(r"^(?:\[rank\d+\]:\s?)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b.*)$")

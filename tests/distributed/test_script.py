@@ -71,6 +71,25 @@ def test_of_ranks_failed_together_the_one_whose_error_is_its_own_is_named(tmp_pa
     assert said.startswith("rank 1 of train.py exited with code 1: ValueError: a bad batch."), said
 
 
+def test_a_rank_that_exited_with_a_code_is_named_before_a_peer_elastic_stopped_with_sigterm(tmp_path):
+    """Under load rank 0 was still exiting when rank 1's exit 3 was seen, so elastic's SIGTERM caught it; tied
+    to the second, rank 0 came first and the launch said "killed by signal 15" and exited 1, not 3."""
+    from types import SimpleNamespace
+
+    from launcher.host.script import _describe
+
+    failures = {0: SimpleNamespace(local_rank=0, timestamp=1700000000, exitcode=-15,
+                                   message="Signal 15 (SIGTERM) received by PID 14772"),
+                1: SimpleNamespace(local_rank=1, timestamp=1700000000, exitcode=3, message=None)}
+    err = SimpleNamespace(failures=failures, get_first_failure=lambda: (0, failures[0]))
+    outcome = _describe(err, Path("train.py"), tmp_path / "logs")
+    assert outcome.exit_code == 3 and outcome.error.startswith("rank 1 of train.py exited with code 3"), outcome
+    # a rank the kernel killed (SIGKILL: out of memory) comes before the peers elastic stopped with SIGTERM
+    failures[1] = SimpleNamespace(local_rank=1, timestamp=1700000001, exitcode=-9, message="Signal 9 (SIGKILL)")
+    assert _describe(err, Path("train.py"), tmp_path / "logs").error.startswith("rank 1 of train.py was killed by "
+                                                                                 "signal 9")
+
+
 def test_a_missing_script_is_one_line(launch):
     result = launch("script=nope.py", *CPU2)
     assert result.returncode == 2
