@@ -278,6 +278,23 @@ def table(runs: list[dict[str, Any]], columns: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def sweep_table(sweep_dir: Path) -> str:
+    """A sweep's runs (its dir's numbered run dirs, in order) as `launch runs` shows them, with one line
+    above that counts them by state: what `launch -m` prints when another Hydra launcher ran them."""
+    dirs = sorted((d for d in sweep_dir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)) \
+        if sweep_dir.is_dir() else []
+    runs = [describe_or_say(d) for d in dirs]
+    if not runs:
+        return f"no runs in {printable(sweep_dir)}"
+    add_swept(runs)
+    states: dict[str, int] = {}
+    for run in runs:
+        states[run["state"]] = states.get(run["state"], 0) + 1
+        run["dir"] = Path(run["dir"]).name  # (the sweep dir is named above: each run by its number)
+    counted = ", ".join(f"{n} {state}" for state, n in states.items())
+    return f"{len(runs)} run{'s' if len(runs) != 1 else ''} in {printable(sweep_dir)}: {counted}\n{table(runs)}"
+
+
 def main(argv: list[str], root: Path | None = None) -> int:
     as_json, limit = False, 20
     args = list(argv)

@@ -22,6 +22,11 @@ def test_every_run_trains_under_another_launcher(launch, launcher):
     assert result.returncode == 0, result.output
     runs = _results(result)
     assert sorted(r["batch_size"] for r in runs) == [32, 64] and all(r["test_acc"] > 0.5 for r in runs)
+    # the runs' table at the end, each run by what it was given (submitit's runs print into their own logs:
+    # its console was blank to the end), and under submitit where their output is
+    table = result.stdout[result.stdout.index(f"launch: under hydra/launcher={launcher}, 2 runs in multirun/"):]
+    assert ": 2 finished\n" in table and "batch_size=32" in table and "batch_size=64" in table, table
+    assert ("each run prints into multirun/" in result.stdout) == (launcher == "submitit_local"), result.stdout
 
 
 def test_a_failed_run_under_another_launcher_fails_the_sweep(launch):

@@ -172,3 +172,6 @@ def test_a_sweep_under_hydras_own_submitit_slurm_launcher_trains_every_run(launc
     assert result.returncode == 0, result.output
     runs = [json.loads(p.read_text()) for p in sorted(result.cwd.glob("multirun/*/*/*/results.json"))]
     assert sorted(r["batch_size"] for r in runs) == [32, 64] and all(r["test_acc"] > 0.3 for r in runs)
+    # (the jobs print into their logs: the console said nothing until this table)
+    assert "launch: under hydra/launcher=submitit_slurm, 2 runs in multirun/" in result.stdout, result.output
+    assert ": 2 finished\n" in result.stdout and "batch_size=64" in result.stdout, result.output
