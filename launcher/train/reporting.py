@@ -76,6 +76,16 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path | None:
     atomically: a write that fails (a full disk) leaves no partial or empty file."""
     if not history:
         return None
+    fig = curves_figure(history)
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.92, wspace=0.2)  # (fixed: tight_layout's
+    # measuring of every label took as long as drawing them)
+    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
+    return path
+
+
+def curves_figure(history: list[dict[str, Any]]):
+    """plot_curves' figure: the loss (a log axis where it spans more than 10x) and the accuracy or the
+    recipe's own figures, by epoch."""
     epochs = [r["epoch"] for r in history]
     fig = _figure((10, 4))
     ax_loss, ax_acc = fig.subplots(1, 2)
@@ -94,16 +104,17 @@ def plot_curves(history: list[dict[str, Any]], path: Path) -> Path | None:
         have = [r for r in history if isinstance(r.get(key), (int, float))]
         if have:
             ax_acc.plot([r["epoch"] for r in have], [scale * r[key] for r in have], "o-", label=label)
+    losses = [v for r in history for v in (r.get("loss"), r.get("test_loss")) if isinstance(v, (int, float))]
+    if losses and min(losses) > 0 and max(losses) > 10 * min(losses):
+        ax_loss.set_yscale("log")  # (a loss that falls by orders of magnitude: on a linear axis all but the
+        # first epochs lay flat on the floor)
     for ax, name in ((ax_loss, "loss"), (ax_acc, title)):
         ax.set_title(name)
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.92, wspace=0.2)  # (fixed: tight_layout's
-    # measuring of every label took as long as drawing them)
-    write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=100))
-    return path
+    return fig
 
 
 def _figure(size: tuple[float, float]):

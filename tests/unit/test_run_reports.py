@@ -83,3 +83,13 @@ def test_a_nan_loss_names_the_step_of_its_epoch_and_the_last_good_checkpoint(tmp
     first = str(non_finite_loss(cfg, tmp_path, 0, math.inf, 0, 22))
     assert "(epoch 1, step 1 of 22)" in first and "no checkpoint precedes it" in first
 
+
+
+def test_curves_put_a_loss_that_falls_by_orders_of_magnitude_on_a_log_axis():
+    """On a linear axis a loss from 2.3 to 0.002 showed the first epoch and a flat line on the floor."""
+    from launcher.train.reporting import curves_figure
+
+    falling = [{"epoch": e, "loss": 2.3 / 10 ** e, "test_loss": 2.0 / 10 ** e, "train_acc": 0.5} for e in range(1, 5)]
+    level = [{"epoch": e, "loss": 1.0 - 0.1 * e, "train_acc": 0.5} for e in range(1, 5)]
+    assert curves_figure(falling).axes[0].get_yscale() == "log"
+    assert curves_figure(level).axes[0].get_yscale() == "linear"
