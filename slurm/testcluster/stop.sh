@@ -22,7 +22,7 @@ for proc in /proc/[0-9]*; do
     [ "$pid" = $$ ] && continue
     cwd=$(readlink "$proc/cwd" 2>/dev/null)
     if [[ "$cwd" == "$DIR" || "$cwd" == "$DIR/"* ]] \
-        || tr '\0' '\n' < "$proc/environ" 2>/dev/null | grep -qx "SLURM_CONF=$DIR/slurm.conf" \
+        || tr '\0' '\n' 2>/dev/null < "$proc/environ" | grep -qx "SLURM_CONF=$DIR/slurm.conf" \
         || ls -l "$proc/fd" 2>/dev/null | grep -q -- "-> $DIR/"; then
         kill -9 "$pid" 2>/dev/null || true
     fi
