@@ -12,6 +12,7 @@ are stored once, as the network holds them (`tie_equal`).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -22,7 +23,7 @@ from typing import Any
 
 from launcher.errors import LaunchError, said
 from launcher.files import disk_full, identity
-from launcher.host.resume import WHICH, load_checkpoint, misspelled_which, resolve
+from launcher.host.resume import WHICH, load_checkpoint, misspelled_which, resolve, saved_classes
 
 USAGE = "launch export RUN_DIR [best|last] [OUT.pt | OUT.safetensors]"
 WRITES = (".pt", ".pth", ".bin", ".safetensors")  # torch.save's usual names, and safetensors
@@ -157,6 +158,7 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
         raise LaunchError(f"export is not valid: {folder} {what}; create it first (mkdir -p {folder}) or "
                           f"give a file in an existing folder")
     state, model = _read(path, value)
+    classes = saved_classes(state)  # (what its outputs are, in order: an image folder's class folders)
     tied = tie_equal(model)
     _remove_dead_exports_temporaries(folder)
     try:
@@ -171,7 +173,7 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
         os.fchmod(fd, 0o666 & ~_umask())  # (mkstemp makes it 0600: the weights get a new file's usual mode)
         with os.fdopen(fd, "wb") as f:
             if target.suffix.lower() == ".safetensors":
-                write_safetensors(model, f)
+                write_safetensors(model, f, {"classes": json.dumps(list(classes))} if classes else None)
             else:
                 import torch
 
@@ -198,9 +200,13 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
     tie = "{} stored apart from {}, its tied weight" if apart else "{} tied to {}"
     ties = "".join("; " + tie.format(name, first) for name, first in tied)
     reader = "safetensors.torch.load_file" if apart else "torch.load"
+    shown = ", ".join(classes[:10]) + (f" ... ({len(classes)} in all)" if len(classes) > 10 else "") \
+        if classes else ""
+    outputs = (f"; its outputs are the classes {shown}, in that order" +
+               (" (in the file's metadata too: \"classes\", a JSON list)" if apart else "")) if classes else ""
     print(f"launch: exported {len(model)} tensors ({values:,} values{ties}) of recipe={recipe.get('name')} "
           f"{network} after epoch {state.get('epoch')} to {target}; "
-          f"load it with model.load_state_dict({reader}('{target}')) (a plain state_dict)")
+          f"load it with model.load_state_dict({reader}('{target}')) (a plain state_dict){outputs}")
     return target
 
 
@@ -212,15 +218,15 @@ SAFETENSORS_DTYPES = {
 }
 
 
-def write_safetensors(model: dict[str, Any], f: Any) -> None:
+def write_safetensors(model: dict[str, Any], f: Any, metadata: dict[str, str] | None = None) -> None:
     """`model` written to the open file `f` in the safetensors format, one tensor at a time from its own memory:
     an 8-byte little-endian header length, the JSON header (each name's dtype, shape and byte range, padded
     with spaces to 8 bytes), then each tensor's bytes in that order. The widest elements first, so that every
     tensor starts aligned to its element size, as safetensors' own writer orders them. safetensors.torch.save
     builds the whole file in memory, from copies (shared tensors must be cloned apart first): for an 8B model
     that was three copies of its weights in host memory where this holds one. Tied weights are written once
-    under each name (safetensors has no shared tensors)."""
-    import json
+    under each name (safetensors has no shared tensors). `metadata`: text the header's __metadata__ holds
+    beside "format" (safetensors' safe_open(...).metadata() reads it)."""
     import struct
 
     import torch
@@ -230,7 +236,7 @@ def write_safetensors(model: dict[str, Any], f: Any) -> None:
         raise LaunchError(f"export to safetensors is not valid: {other} is a {type(model[other]).__name__}, not a "
                           "tensor, which safetensors does not store; export to a .pt file instead")
     tensors = sorted(model.items(), key=lambda kv: -kv[1].element_size())  # (stable: the state_dict's order)
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt", **(metadata or {})}}
     offset = 0
     for name, tensor in tensors:
         dtype = SAFETENSORS_DTYPES.get(str(tensor.dtype).removeprefix("torch."))

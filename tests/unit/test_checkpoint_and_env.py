@@ -463,11 +463,11 @@ def test_an_export_copied_where_there_are_no_hard_links_leaves_no_partial_file(t
     assert not (tmp_path / "second.pt").exists()
 
 
-def _sealed_run(root, name, value):
+def _sealed_run(root, name, value, **more):
     """A run dir holding a launch checkpoint (sealed as the loop's writer seals it) of weights `value`."""
     path = root / name / "checkpoints" / "last.pt"
     checkpoint.save_atomic({"net_state_dict": {"w": torch.full((1000,), value)}, "epoch": 2, "history": [],
-                            "config": {"recipe": {"name": "digits"}, "optim": None}}, path)
+                            "config": {"recipe": {"name": "digits"}, "optim": None}, **more}, path)
     return path
 
 
@@ -567,9 +567,12 @@ def test_safetensors_are_written_a_tensor_at_a_time_and_read_back_by_safetensors
     # and launch export writes through it: a run's weights as safetensors
     from launcher.host.export import main as export_main
 
-    _sealed_run(tmp_path, "run", 1.5)
+    _sealed_run(tmp_path, "run", 1.5, classes=["ant", "bee"])
     assert export_main([str(tmp_path / "run"), str(tmp_path / "run.safetensors")]) == 0
     assert torch.equal(load_file(tmp_path / "run.safetensors")["w"], torch.full((1000,), 1.5))
+    # the classes its outputs are, in order (an image folder's), in the header's metadata beside "format"
+    with safe_open(tmp_path / "run.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt", "classes": '["ant", "bee"]'}
 
 
 EXPORT_PEAK = """
