@@ -166,7 +166,29 @@ def read_shard(path: Path) -> Shard:
     if size % 2:
         raise ShardError(f"{path} has an odd size ({size} bytes): not uint16 tokens (nanoGPT's raw .bin) nor an "
                          "llm.c shard; copy it again or leave it out of recipe.corpus")
+    wider = _raw_uint32(_head(path, RAW_SAMPLE_BYTES))
+    if wider:
+        raise ShardError(f"{path} reads as uint32 tokens written without a header (every second uint16 of it is "
+                         f"{wider}: the high halves of uint32 ids); a raw .bin is read as uint16 (nanoGPT's). For ids "
+                         "above 65535 save a .npy (np.save(path, tokens.astype(np.uint32))) or an llm.c shard "
+                         "(version 2); below it, tokens.astype(np.uint16).tofile(path)")
     return Shard(path, "nanoGPT", np.dtype(np.uint16), 0, size // 2)
+
+
+RAW_SAMPLE_BYTES = 1 << 16  # the start of a raw .bin looked at for uint32 tokens (32,768 uint16 values)
+
+
+def _raw_uint32(head: bytes) -> str | None:
+    """Where the start of a raw .bin is uint32 tokens (np.uint32 ids written with tofile), which read as
+    uint16 give every real id followed by its high half, 0 for ids below 65536: those few values (said as
+    "0" or "0 or 1"), else None. Real uint16 text varies at odd places as at even ones."""
+    values = np.frombuffer(head[:len(head) // 4 * 4], dtype="<u2")
+    if len(values) < 64:
+        return None
+    high, low = np.unique(values[1::2]), np.unique(values[0::2])
+    if len(high) > 4 or int(high.max()) > 3 or len(low) <= 16:
+        return None
+    return " or ".join(str(int(v)) for v in high)
 
 
 def is_held_out(path: Path) -> bool:

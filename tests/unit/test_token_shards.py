@@ -83,6 +83,24 @@ def test_a_nanogpt_bin_is_raw_uint16_and_an_odd_size_is_named(tmp_path):
         read_shard(tmp_path / "odd.bin")
 
 
+def test_uint32_tokens_written_raw_into_a_bin_are_one_line_not_read_as_uint16(tmp_path):
+    """Ids 66000-69999 written with tofile as uint32 read as uint16 gave every id's low half followed by 1:
+    the id check passed (largest 4463 < 70000) and the run trained on them. Ids below 65536 so: followed by 0."""
+    rng = np.random.default_rng(0)
+    for name, low, high, halves in (("wide.bin", 66000, 70000, "1"), ("gpt2.bin", 0, 50257, "0"),
+                                    ("both.bin", 60000, 70000, "0 or 1")):
+        rng.integers(low, high, 100_000).astype(np.uint32).tofile(tmp_path / name)
+        with pytest.raises(LaunchError, match=rf"{name} reads as uint32 tokens written without a header \(every "
+                                              rf"second uint16 of it is {halves}: .*np\.uint32"):
+            read_shard(tmp_path / name)
+    # real uint16 text, however repetitive, and a short file, are read as before
+    text = np.tile(np.array([464, 3290, 318, 257, 1332, 13, 198, 0], dtype=np.uint16), 5000)
+    for name, tokens in (("text.bin", text), ("short.bin", np.array([5, 0, 7, 0, 9, 1], dtype=np.uint16)),
+                         ("tokens.bin", rng.integers(0, 50257, 100_000).astype(np.uint16))):
+        tokens.tofile(tmp_path / name)
+        assert read_shard(tmp_path / name).tokens == len(tokens)
+
+
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
 def test_npy_shards_of_uint16_or_uint32_are_memory_mapped(tmp_path, dtype):
     tokens = (np.arange(300) * 7).astype(dtype)
