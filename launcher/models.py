@@ -107,6 +107,7 @@ def check(spec: dict[str, Any] | None) -> None:
     if not configured(spec):
         return
     fn = locate(spec)
+    _check_hf_config(spec)
     if "_args_" in spec or spec.get("_partial_"):  # (positional arguments, or a partial: called later)
         return
     try:
@@ -127,6 +128,53 @@ def check(spec: dict[str, Any] | None) -> None:
         example = f"+model.{missing[0]}=..."
     raise ConfigError("model._target_", target, f"it needs {', '.join(missing)}, which the model section does not "
                       "give", example)
+
+
+def _check_hf_config(spec: dict[str, Any]) -> None:
+    """A Hugging Face model's config section (`model.config._target_=transformers.XConfig`), built here, in
+    the launcher: a setting the config refuses (hidden_size not a multiple of the heads) is one line with its
+    reason, and a key it does not know is one line naming the nearest it does. transformers keeps an unknown
+    keyword as an attribute of its own: `+model.config.hiden_size=64` trained a model of the default width
+    (4096) without a word."""
+    inner = spec.get("config")
+    if not (isinstance(inner, dict) and configured(inner) and str(inner["_target_"]).startswith("transformers.")):
+        return
+    import difflib
+
+    from hydra.utils import instantiate
+
+    cls = locate(inner)
+    target = str(inner["_target_"])
+    try:
+        built = instantiate(dict(inner))
+        default = cls()
+    except Exception as exc:  # noqa: BLE001 - the config class's own validation, as one line
+        raise ConfigError("model.config._target_", target, f"building it from the model.config keys failed: "
+                          f"{_reason(exc)}") from None
+    try:
+        named = set(inspect.signature(cls.__init__).parameters)
+    except (TypeError, ValueError):
+        named = set()
+    known = named | set(default.to_dict()) | set(getattr(cls, "attribute_map", {}) or {})
+    kept = built.to_dict()  # (a legacy key the class converts, rope_theta in rope_parameters, is not kept apart)
+    for key in inner:
+        if key.startswith("_") or key in known or key not in kept:
+            continue
+        near = difflib.get_close_matches(key, sorted(k for k in known if not k.startswith("_")), n=1)
+        raise ConfigError(f"model.config.{key}", inner[key], f"{target.rsplit('.', 1)[-1]} has no setting {key} "
+                          "(transformers would keep it unused and build its default)",
+                          f"+model.config.{near[0]}={inner[key]}" if near else None)
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception's message as one line: its first line, and the next where the first only leads into it
+    (transformers' "Class validation error for validator ...:" before the actual reason)."""
+    cause = exc.__cause__ or exc
+    lines = [line.strip() for line in str(cause).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(cause).__name__
+    text = lines[0] + (" " + lines[1] if lines[0].endswith(":") and len(lines) > 1 else "")
+    return f"{type(cause).__name__}: {text[:300]}"
 
 
 def takes(fn: Any, name: str) -> bool:
@@ -154,10 +202,9 @@ def from_config(spec: dict[str, Any], num_classes: int | None) -> Any:
     try:
         model = instantiate(dict(spec), **extra)
     except Exception as exc:  # noqa: BLE001 - the constructor's own error, as one line
-        cause = exc.__cause__ or exc
-        reason = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        raise ConfigError("model._target_", spec["_target_"], f"building it failed: {type(cause).__name__}: "
-                          f"{reason[:300]}", EXAMPLE) from None
+        example = None if str(spec["_target_"]).startswith("transformers.") else EXAMPLE
+        raise ConfigError("model._target_", spec["_target_"], f"building it failed: {_reason(exc)}", example) \
+            from None
     import torch
 
     if not isinstance(model, torch.nn.Module):

@@ -100,3 +100,24 @@ def test_the_recipes_class_count_is_passed_where_the_network_takes_it_and_the_co
     assert from_config({"_target_": "my_nets.net", "num_classes": 3}, num_classes=10).out_features == 3  # typed
     assert from_config({"_target_": "my_nets.any_args"}, num_classes=10).out_features == 10
     assert from_config({"_target_": "my_nets.fixed"}, num_classes=10).out_features == 2
+
+
+def test_a_hugging_face_config_is_built_in_the_launcher_its_refusal_and_unknown_keys_one_line_each():
+    """transformers kept `hiden_size=64` as an unused attribute and built the default width (4096) without a
+    word; a width the heads do not divide failed in the worker with only "Class validation error for
+    validator 'validate_architecture':" and a torchvision example."""
+    pytest.importorskip("transformers")
+    from launcher.models import check
+
+    def spec(**config):
+        return {"_target_": "transformers.LlamaForCausalLM",
+                "config": {"_target_": "transformers.LlamaConfig", "num_hidden_layers": 2, **config}}
+
+    with pytest.raises(ConfigError, match=r"^model\.config\.hiden_size=64 is not valid: LlamaConfig has no setting "
+                                          r"hiden_size .*\(e\.g\. launch \+model\.config\.hidden_size=64\)$"):
+        check(spec(hiden_size=64, num_attention_heads=4))
+    with pytest.raises(ConfigError, match=r"failed: .*ValueError: The hidden size \(64\) is not a multiple of the "
+                                          r"number of attention heads \(3\)\.$") as refused:
+        check(spec(hidden_size=64, num_attention_heads=3))
+    assert "torchvision" not in str(refused.value)
+    check(spec(hidden_size=64, num_attention_heads=4, rope_theta=10000.0))  # (a key the class converts: kept)
