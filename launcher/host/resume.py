@@ -71,6 +71,11 @@ class Resume:
     epoch: int  # epochs it has trained
     changed: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # key -> (checkpoint's, this launch's)
     classes: tuple[str, ...] | None = None  # the class names its network was trained on (saved_classes)
+    step: int | None = None  # steps of the next epoch it holds (checkpoint_every_steps), else None
+
+    @property
+    def where(self) -> str:
+        return f"at step {self.step + 1} of epoch {self.epoch + 1}" if self.step else f"after epoch {self.epoch}"
 
     def record(self) -> dict[str, Any]:
         return {"from": str(self.path), "epoch": self.epoch,
@@ -78,12 +83,12 @@ class Resume:
 
     def describe(self) -> str:
         if not self.changed:
-            return f"resuming {self.path} after epoch {self.epoch}, every setting as it was"
+            return f"resuming {self.path} {self.where}, every setting as it was"
         def said(value: Any) -> Any:  # (nprocs 2 -> (not set): Python's None means nothing to a user)
             return "(not set)" if value is None else value
 
         shown = ", ".join(f"{k} {said(old)} -> {said(new)}" for k, (old, new) in self.changed.items())
-        return f"resuming {self.path} after epoch {self.epoch} with its settings; changed here: {shown}"
+        return f"resuming {self.path} {self.where} with its settings; changed here: {shown}"
 
 
 WHICH = ("best", "last")  # a run's checkpoints `launch eval` and `launch export` name: best.pt or last.pt
@@ -211,6 +216,19 @@ def saved_epoch(path: Path) -> int | None:
     return epoch if "sharded" not in state or sharded_damage(path, state["sharded"]) is None else None
 
 
+def _saved_step(path: Path) -> int | None:
+    """The steps of its next epoch a checkpoint written inside an epoch holds (checkpoint_every_steps), else
+    None (an epoch's end)."""
+    try:
+        import torch
+
+        step = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path)).get(
+            "step_in_epoch")
+    except Exception:  # noqa: BLE001 - as saved_epoch: nothing to name
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else None
+
+
 def what_a_resume_finds(run_dir: Path) -> str:
     """For the line a stopped run ends with: which epoch `launch resume=RUN_DIR` goes on from, and the
     logged epochs after it whose checkpoints were not finished (written in the background: an epoch's
@@ -220,7 +238,9 @@ def what_a_resume_finds(run_dir: Path) -> str:
     unfinished = logged if logged and logged > (epoch or 0) else None
     if epoch is not None:
         where = "".join(f" {o}" for o in _where_it_ran(run_dir))
-        return f"launch resume={run_dir}{where} goes on from its checkpoint (epoch {epoch}" + \
+        step = _saved_step(last_checkpoint(run_dir))  # (checkpoint_every_steps: inside the next epoch)
+        at = f"epoch {epoch + 1} after its step {step}" if step else f"epoch {epoch}"
+        return f"launch resume={run_dir}{where} goes on from its checkpoint ({at}" + \
             (f"; epoch {unfinished}'s checkpoint was not finished)" if unfinished else ")")
     return f"epoch {unfinished}'s checkpoint was not finished: no checkpoint to resume from" if unfinished else ""
 
@@ -351,7 +371,7 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
 def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Resume:
     """The checkpoint `resume=value` names, checked against this launch's config (a LaunchError if it
     cannot continue under it)."""
-    path, config, epoch, sharded, _, classes = _checkpoint(value, search_root)
+    path, config, epoch, sharded, _, classes, step = _checkpoint(value, search_root)
     now = choices(cfg)
     for key, saved in saved_choices(config).items():
         if saved not in (None, now[key]):
@@ -370,7 +390,7 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
                           f"epoch{'s' if epoch != 1 else ''} already; give more (e.g. launch resume={value} "
                           f"epochs={epoch + max(1, epoch)}), or evaluate it: launch eval {value}")
     changed = _differences(flat_keys(config), flat_keys(to_plain(cfg)))
-    return Resume(path, epoch, changed, classes)
+    return Resume(path, epoch, changed, classes, step)
 
 
 def _differences(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -417,10 +437,11 @@ def is_resume(override: str) -> bool:
 
 @functools.lru_cache(maxsize=4)
 def _facts(path: Path, version: tuple[int, int], setting: str
-           ) -> tuple[dict[str, Any], int, bool, str | None, tuple[str, ...] | None]:
+           ) -> tuple[dict[str, Any], int, bool, str | None, tuple[str, ...] | None, int | None]:
     state = load_checkpoint(path, setting)
+    step = state.get("step_in_epoch")
     return (state.get("config") or {}, state["epoch"], "sharded" in state, integrity.unproven(state),
-            saved_classes(state))
+            saved_classes(state), step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else None)
 
 
 def saved_classes(state: dict[str, Any]) -> tuple[str, ...] | None:
@@ -457,14 +478,14 @@ def checkpoint_facts(value: str, search_root: Path = Path("outputs")) -> tuple[P
     whether it is sharded. Read once per launch (cached by path, mtime and size) whoever asks: the
     command line, each composed run, the check before the workers. A LaunchError if it is not a launch
     checkpoint."""
-    path, config, epoch, sharded, _, _ = _checkpoint(value, search_root)
+    path, config, epoch, sharded, _, _, _ = _checkpoint(value, search_root)
     return path, config, epoch, sharded
 
 
 def _checkpoint(value: str, search_root: Path = Path("outputs")
-                ) -> tuple[Path, dict[str, Any], int, bool, str | None, tuple[str, ...] | None]:
-    """checkpoint_facts, why it is not proven a run of this user's wrote it (integrity.unproven), and the
-    classes it was trained on (saved_classes)."""
+                ) -> tuple[Path, dict[str, Any], int, bool, str | None, tuple[str, ...] | None, int | None]:
+    """checkpoint_facts, why it is not proven a run of this user's wrote it (integrity.unproven), the
+    classes it was trained on (saved_classes), and the steps of the next epoch it holds (else None)."""
     path = resolve(value, search_root).resolve()
     stat = path.stat()
     return (path, *_facts(path, (stat.st_mtime_ns, stat.st_size), f"resume={value}"))
@@ -476,7 +497,7 @@ def saved_config(value: str, overrides: list[str] | tuple[str, ...]) -> dict[str
     before anything of it is imported."""
     from launcher.host import consent
 
-    _, config, _, _, unproven, _ = _checkpoint(value)
+    _, config, _, _, unproven, _, _ = _checkpoint(value)
     consent.require(config, unproven, overrides, f"resume={value}")
     return config
 

@@ -945,6 +945,14 @@ def test_a_stopped_run_names_the_epoch_its_checkpoint_holds_not_the_last_one_log
                                         "checkpoint was not finished)")
     save_atomic({"epoch": 3, "net_state_dict": {}}, run / "checkpoints" / "last.pt")
     assert what_a_resume_finds(run) == f"launch resume={run} goes on from its checkpoint (epoch 3)"
+    # written inside the next epoch (checkpoint_every_steps): said "epoch 3", and the resume "after epoch 3",
+    # where it went on at epoch 4's step 51
+    save_atomic({"epoch": 3, "step_in_epoch": 50, "net_state_dict": {}}, run / "checkpoints" / "last.pt")
+    assert what_a_resume_finds(run) == f"launch resume={run} goes on from its checkpoint (epoch 4 after its step 50)"
+    from launcher.host.resume import Resume
+
+    assert Resume(run, 3, step=50).describe() == f"resuming {run} at step 51 of epoch 4, every setting as it was"
+    save_atomic({"epoch": 3, "net_state_dict": {}}, run / "checkpoints" / "last.pt")
     # where it ran, as typed, is said again (a resume takes it from its own command line, not the checkpoint)
     (run / ".hydra").mkdir()
     (run / ".hydra" / "overrides.yaml").write_text("- recipe=digits\n- gpus=[]\n- strategy=ddp\n- nprocs=2\n"
