@@ -578,10 +578,24 @@ class SGDConfig(OptimConfig):
 
 @dataclass
 class AdamWConfig(OptimConfig):
-    """torch.optim.AdamW over all parameters (its own betas and eps)."""
+    """torch.optim.AdamW over all parameters."""
 
     name: str = "adamw"
     """This optimizer."""
+    beta1: float = 0.9
+    """The first moment's decay (torch's betas[0])."""
+    beta2: float = 0.999
+    """The second moment's decay (torch's betas[1]; nanoGPT and most language models use 0.95)."""
+    eps: float = 1e-8
+    """Added to the second moment's root."""
+    decay_1d: bool = True
+    """Weight decay on 1-D parameters too (biases, norms' gains); false: on matrices and embeddings only, as nanoGPT."""
+
+    def check(self, at: str) -> None:
+        super().check(at)
+        for key, value in (("beta1", self.beta1), ("beta2", self.beta2)):
+            check_float(f"{at}.{key}", value, f"{at}.{key}=0.95", positive=False, high=0.9999999)
+        check_float(f"{at}.eps", self.eps, f"{at}.eps=1e-8")
 
 
 @dataclass

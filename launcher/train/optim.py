@@ -140,7 +140,12 @@ def _sgd(o: SGDConfig, lr: float, total: int, model: nn.Module, steps_per_epoch:
 
 def _adamw(o: AdamWConfig, lr: float, total: int, model: nn.Module, steps_per_epoch: int,
            fused: bool) -> list[Stepper]:
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=o.weight_decay, fused=fused or None)
+    params: Any = list(model.parameters())
+    if not o.decay_1d:  # (nanoGPT's groups: matrices and embeddings decay, biases and norms' gains do not)
+        params = [{"params": [p for p in params if p.dim() >= 2]},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(params, lr=lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
+                            fused=fused or None)
     return [_stepper(opt, triangular_schedule(total, round(o.warmup_epochs * steps_per_epoch)))]
 
 

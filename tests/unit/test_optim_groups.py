@@ -78,6 +78,23 @@ def test_sgd_and_adamw_decay_every_parameter_alike_and_warm_up_then_decay_the_lr
     assert _lrs_at(stepper, 40) == [pytest.approx(0.0)]
 
 
+def test_adamw_takes_its_betas_and_eps_and_without_decay_1d_decays_matrices_and_embeddings_only():
+    """nanoGPT's AdamW (betas 0.9, 0.95; decay on 2-D parameters only) could not be typed: optim.betas was an
+    unknown key and every parameter decayed."""
+    model = Words()
+    config = AdamWConfig(weight_decay=0.1, beta1=0.8, beta2=0.95, eps=1e-6, decay_1d=False)
+    [stepper] = optim.build(config, LR, EPOCHS, model, STEPS, fused=False)
+    decayed, kept = stepper.optimizer.param_groups
+    assert _ids(decayed["params"]) == _ids([model.embed.weight, model.hidden.weight, model.head.weight])
+    assert _ids(kept["params"]) == _ids([model.hidden.bias, model.norm.weight, model.norm.bias, model.head.bias,
+                                         model.frozen])
+    assert (decayed["weight_decay"], kept["weight_decay"]) == (0.1, 0.0)
+    assert all(g["betas"] == (0.8, 0.95) and g["eps"] == 1e-6 for g in (decayed, kept))
+    assert _lrs_at(stepper, 10) == [pytest.approx(LR)] * 2  # (one schedule for both)
+    [group] = optim.build(AdamWConfig(), LR, EPOCHS, model, STEPS, fused=False)[0].optimizer.param_groups
+    assert group["betas"] == (0.9, 0.999) and group["eps"] == 1e-8  # (torch's own defaults)
+
+
 def test_sgd_without_warm_up_starts_at_lr():
     [stepper] = optim.build(SGDConfig(warmup_epochs=0.0), LR, EPOCHS, Words(), STEPS, fused=False)
     assert _lrs_at(stepper, 0) == [pytest.approx(LR)] and _lrs_at(stepper, 20) == [pytest.approx(LR / 2)]
