@@ -126,7 +126,8 @@ class Corpus:
         self.folder.mkdir(parents=True, exist_ok=True)
         if not self.synthetic:
             total = sum(p.stat().st_size for p in self.files)
-            print(f"launch: building the token streams of recipe.corpus={self.spec} ({len(self.files)} files, "
+            files = f"{len(self.files)} file{'s' if len(self.files) != 1 else ''}"
+            print(f"launch: building the token streams of recipe.corpus={self.spec} ({files}, "
                   f"{total / 2**20:,.1f} MB) in {self.folder} (once; later runs map them)", file=sys.stderr,
                   flush=True)
         with _Staged(self.folder / "train.bin") as train, _Staged(self.folder / "val.bin") as val:

@@ -173,14 +173,6 @@ class Refused(BaseException):  # noqa: N818 - not an Exception: Hydra turns a ca
         self.error = error
 
 
-def _launcher_choice(config: Any) -> str:
-    """The hydra/launcher option this sweep runs under, as typed (submitit_slurm), else its class."""
-    from omegaconf import OmegaConf
-
-    choices = OmegaConf.select(config, "hydra.runtime.choices") or {}
-    return str(choices.get("hydra/launcher") or OmegaConf.select(config, "hydra.launcher._target_"))
-
-
 class RunDirClaim(Callback):
     """The Hydra callback (conf/config.yaml: hydra.callbacks) that claims a run's or a sweep's dir
     before Hydra writes into it."""
@@ -202,23 +194,6 @@ class RunDirClaim(Callback):
             let_ctrl_c_through("torch")
         if target.startswith("hydra_plugins.hydra_joblib_launcher."):
             tie_joblib_workers()
-        if target != SWEEP_LAUNCHER and ".submitit_launcher." in target:
-            # (its runs print into their own logs: without this line the console stayed blank to the end)
-            print(f"launch: the sweep's runs are started by hydra/launcher={_launcher_choice(config)}; each run "
-                  f"prints into {OmegaConf.select(config, 'hydra.sweep.dir')}/.submitit/JOB/, and the runs' table "
-                  "follows here when they have ended", flush=True)
-
-    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
-        """Under another Hydra launcher (launch's own prints its summary): the sweep's runs as `launch runs`
-        shows them, since their own lines went to their processes' logs (submitit) or scrolled past."""
-        from omegaconf import OmegaConf
-
-        from launcher.host.compose import SWEEP_LAUNCHER
-        from launcher.host.runs import sweep_table
-
-        if str(OmegaConf.select(config, "hydra.launcher._target_")) != SWEEP_LAUNCHER:
-            sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
-            print(f"launch: under hydra/launcher={_launcher_choice(config)}, {sweep_table(sweep_dir)}", flush=True)
 
     @staticmethod
     def _claim(config: Any, setting: str) -> None:

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
+
 from launcher.files import (
     CLAIM,
     CONFIG,
@@ -293,6 +295,45 @@ def sweep_table(sweep_dir: Path) -> str:
         run["dir"] = Path(run["dir"]).name  # (the sweep dir is named above: each run by its number)
     counted = ", ".join(f"{n} {state}" for state, n in states.items())
     return f"{len(runs)} run{'s' if len(runs) != 1 else ''} in {printable(sweep_dir)}: {counted}\n{table(runs)}"
+
+
+def _launcher_choice(config: Any) -> str:
+    """The hydra/launcher option a sweep runs under, as typed (submitit_slurm), else its class."""
+    from omegaconf import OmegaConf
+
+    choices = OmegaConf.select(config, "hydra.runtime.choices") or {}
+    return str(choices.get("hydra/launcher") or OmegaConf.select(config, "hydra.launcher._target_"))
+
+
+class SweepTable(Callback):
+    """The Hydra callback (conf/config.yaml: hydra.callbacks) that, under another Hydra launcher than
+    launch's own (which prints its summary), says where submitit's runs print as they start, and prints the
+    runs' table when they have ended: their own lines went to their processes' logs (submitit) or
+    scrolled past, and the console stayed blank to the end."""
+
+    @staticmethod
+    def _other(config: Any) -> str | None:
+        from omegaconf import OmegaConf
+
+        from launcher.host.compose import SWEEP_LAUNCHER
+
+        target = str(OmegaConf.select(config, "hydra.launcher._target_"))
+        return None if target == SWEEP_LAUNCHER else target
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        from omegaconf import OmegaConf
+
+        if ".submitit_launcher." in (self._other(config) or ""):
+            print(f"launch: the sweep's runs are started by hydra/launcher={_launcher_choice(config)}; each run "
+                  f"prints into {OmegaConf.select(config, 'hydra.sweep.dir')}/.submitit/JOB/, and the runs' table "
+                  "follows here when they have ended", flush=True)
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        from omegaconf import OmegaConf
+
+        if self._other(config):
+            sweep_dir = Path(str(OmegaConf.select(config, "hydra.sweep.dir")))
+            print(f"launch: under hydra/launcher={_launcher_choice(config)}, {sweep_table(sweep_dir)}", flush=True)
 
 
 def main(argv: list[str], root: Path | None = None) -> int:

@@ -47,7 +47,7 @@ from launcher.train.faults import Faults
 from launcher.train.metrics import MetricsLog
 from launcher.train.optim import Stepper
 from launcher.train.preemption import PreemptionWatch
-from launcher.train.reporting import TensorBoardLog
+from launcher.train.reporting import TensorBoardLog, counted
 from launcher.train.restart import Start
 from launcher.train.results import RankFacts, RunRecord, Timings
 from launcher.train.saving import Saves
@@ -319,7 +319,7 @@ class Trainer:
                                   self.cfg.recipe.name)
         if empty:
             raise empty
-        if self.is_main:  # (as nanoGPT says it: a size typed wrong is seen before the first epoch)
+        if self.is_main:  # (as nanoGPT: a size typed wrong is seen before the first epoch)
             log.info("model: %s, %s parameters", model_name(self.cfg), counted(model))
         if self.data.channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -545,11 +545,3 @@ class Trainer:
         self.strategy.prepare_reduce_host()
         self.saves.warm_pinned_memory(self.asides)
 
-
-def counted(model: torch.nn.Module) -> str:
-    """The model's parameters (a tied one once), as a user reads a model's size: 124.48M, 8.03B."""
-    n = sum(p.numel() for p in model.parameters())
-    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= size:
-            return f"{n / size:.2f}{unit}"
-    return str(n)

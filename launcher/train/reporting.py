@@ -151,3 +151,12 @@ def plot_confusion(confusion: list[list[int]], names: list[str], path: Path) -> 
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
+
+
+def counted(model: Any) -> str:
+    """A model's parameters (a tied one once), as a user reads a model's size: 124.48M, 8.03B."""
+    n = sum(p.numel() for p in model.parameters())
+    for size, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)

@@ -468,8 +468,8 @@ MUTANTS = [
            "        varied = list(keys)",
            ("tests/cli/test_runs_command.py::test_a_sweeps_runs_show_what_each_was_given_that_the_others_were_not",)),
     Mutant("a script's peer echo is named as the cause", "launcher/host/script.py",
-           "        if message and not reads_secondary(str(message).strip().splitlines()[-1]):",
-           "        if message:",
+           "        return 2 if message and reads_secondary(str(message).strip().splitlines()[-1]) else 0",
+           "        return 0",
            ("tests/distributed/test_script.py::test_of_ranks_failed_together_the_one_whose_error_is_its_own_is_named",)),
     Mutant("a resume typing another model blames a carried key", "launcher/host/resume.py",
            "    _refuse_another_network(cfg, config, str(value), typed)\n", "",
@@ -513,4 +513,22 @@ MUTANTS = [
     Mutant("the node ranks given are checked and then ignored", "launcher/host/rendezvous.py",
            "        return RendezvousInfo(info.store, self.node_rank, info.world_size, info.bootstrap_store_info)",
            "        return info", (FAILED,)),
+    # --- stop 15 ---
+    Mutant("a script's rank elastic stopped with SIGTERM named before the one that exited 3", "launcher/host/script.py",
+           "        if code == -signal.SIGTERM:", "        if False:",
+           ("tests/distributed/test_script.py::test_a_rank_that_exited_with_a_code_is_named_before_a_peer_elastic_"
+            "stopped_with_sigterm",)),
+    Mutant("a Hugging Face config left unchecked in the launcher", "launcher/models.py",
+           "    _check_hf_config(spec)", "    pass",
+           ("tests/unit/test_models_from_config.py::test_a_hugging_face_config_is_built_in_the_launcher_its_refusal_"
+            "and_unknown_keys_one_line_each",)),
+    Mutant("a mid-epoch checkpoint said as the epochs completed", "launcher/host/resume.py",
+           '        at = f"epoch {epoch + 1} after its step {step}" if step else f"epoch {epoch}"',
+           '        at = f"epoch {epoch}"', (CKPT,)),
+    Mutant("another launcher's runs not tabled at the end", "launcher/host/runs.py",
+           "        if self._other(config):", "        if False:",
+           ("tests/distributed/test_hydra_plugins.py::test_every_run_trains_under_another_launcher",)),
+    Mutant("an export's safetensors without its classes", "launcher/host/export.py",
+           '                write_safetensors(model, f, {"classes": json.dumps(list(classes))} if classes else None)',
+           "                write_safetensors(model, f)", (CKPT,)),
 ]

@@ -193,4 +193,7 @@ MUTANTS = [
            'spec = {**spec, "config": {**inner, "vocab_size": num_classes}}', "pass", ("tests/distributed/test_hf_models.py::test_a_hugging_face_llama_from_its_config_trains_sharded_on_two_ranks_as_in_one_process",)),
     Mutant("a Hugging Face causal LM trains with its key/value cache", "launcher/models.py",
            "        settings.use_cache = False", "        pass", ("tests/distributed/test_hf_models.py::test_a_hugging_face_llama_from_its_config_trains_sharded_on_two_ranks_as_in_one_process",)),
+    # --- stop 15 ---
+    Mutant("uint32 ids in a raw .bin read as uint16", "launcher/data/token_shards.py",
+           "    if wider:", "    if False:", ("tests/unit/test_token_shards.py",)),
 ]

@@ -582,4 +582,13 @@ MUTANTS = [
            '            pair[0].add_(value.double() * n)\n            pair[1].add_(n)',
            '            pair[0].add_(value.double())\n            pair[1].add_(1)',
            ('tests/unit/test_own_datasets.py::test_an_evaluations_batch_means_are_weighed_by_their_samples_over_an_uneven_last_chunk',)),
+    # --- stop 15 ---
+    Mutant("adamw decays 1-D parameters with decay_1d=false", "launcher/train/optim.py",
+           "    if not o.decay_1d:", "    if False:", ("tests/unit/test_optim_groups.py",)),
+    Mutant("adamw's betas typed and not used", "launcher/train/optim.py",
+           "    opt = torch.optim.AdamW(params, lr=lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,",
+           "    opt = torch.optim.AdamW(params, lr=lr, weight_decay=o.weight_decay,", ("tests/unit/test_optim_groups.py",)),
+    Mutant("a falling loss drawn on a linear axis", "launcher/train/reporting.py",
+           "    if losses and min(losses) > 0 and max(losses) > 10 * min(losses):", "    if False:",
+           ("tests/unit/test_run_reports.py",)),
 ]
