@@ -111,7 +111,14 @@ def write_summary(jobs: list[SweepJob], sweep_dir: Path) -> str:
         writer.writeheader()
         writer.writerows(rows)
     rate = throughput_key(rows)
-    shown = ("job", "overrides", "exit_code", "test_acc" if objective == "test_acc" else objective, "loss", rate,
+    # (the table shows what each run was given that the others were not: the shared overrides, repeated on
+    # every row, buried the swept values; summary.csv keeps them all)
+    varied = swept_keys(jobs) if len(jobs) > 1 else []
+    ordered = sorted(jobs, key=lambda j: j.num)
+    for row, job in zip(rows, ordered, strict=True):
+        row["swept"] = " ".join(o for o in job.overrides if o.partition("=")[0] in varied) or row["overrides"]
+    given = "swept" if varied else "overrides"
+    shown = ("job", given, "exit_code", "test_acc" if objective == "test_acc" else objective, "loss", rate,
              "seconds")
     lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     for row in rows:
@@ -124,7 +131,7 @@ def write_summary(jobs: list[SweepJob], sweep_dir: Path) -> str:
         value = best["objective_value"]
         value = _cell("test_acc", value) if objective == "test_acc" else f"{value:.4g}"
         where = f": {best['run_dir']}" if best.get("run_dir") else ""
-        lines.append(f"\nbest: job {best['job']} ({best['overrides']}), {objective} {value}{where}")
+        lines.append(f"\nbest: job {best['job']} ({best[given]}), {objective} {value}{where}")
     table = "\n".join(lines) + "\n"
     (sweep_dir / "summary.md").write_text(table)
     _plot(rows, swept_keys(jobs), sweep_dir / "summary.png", rate, objective)

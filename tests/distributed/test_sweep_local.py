@@ -26,7 +26,7 @@ def test_a_three_point_sweep_runs_side_by_side_and_summarizes(launch):
     best = max(rows, key=lambda r: float(r["test_acc"]))
     assert f"\nbest: job {best['job']} (" in summary and summary.rstrip().endswith(f": {best['run_dir']}")
     assert (sweep_dir / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| job | overrides |" in out and "summary.png" in out
+    assert "| job | swept |" in out and "| batch_size=64 |" in out and "summary.png" in out
     for job, batch in enumerate((32, 64, 128)):  # each run's own dir, output and results, with its own value
         assert (sweep_dir / str(job) / "launch.out").exists()
         assert json.loads((sweep_dir / str(job) / "results.json").read_text())["batch_size"] == batch

@@ -238,3 +238,18 @@ def test_each_sweep_run_is_checked_and_continues_its_checkpoints_settings_before
     assert (job.cfg.lr, job.cfg.epochs, job.cfg.seed) == (0.07, 5, 3)
     with pytest.raises(LaunchError, match=r"^epochs=0 is not valid.*\[sweep run 1: epochs=0\]"):
         sweeper._compose(1, ["epochs=0"])
+
+
+def test_the_summary_table_shows_what_each_run_was_given_that_the_others_were_not(tmp_path):
+    """A new user's trial: the overrides column repeated every shared override on each row (recipe=text
+    gpus=[] recipe.context=64 ...), burying the swept values; summary.csv keeps them all."""
+    from launcher.host.sweep import write_summary
+
+    shared = ["recipe=digits", "gpus=[]", "epochs=2"]
+    jobs = [_job(n, tmp_path, {"test_acc": acc}, overrides=[*shared, f"lr={lr}", f"recipe.width={w}"])
+            for n, (lr, w, acc) in enumerate([(0.1, 8, 0.5), (0.2, 8, 0.7)])]
+    table = write_summary(jobs, tmp_path)
+    assert "| job | swept |" in table and "| 0 | lr=0.1 |" in table and "| 1 | lr=0.2 |" in table, table
+    assert "gpus=[]" not in table and f"best: job 1 (lr=0.2), test_acc 70.00%: {tmp_path / '1'}" in table
+    rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert rows[1]["overrides"] == "recipe=digits gpus=[] epochs=2 lr=0.2 recipe.width=8"
