@@ -147,10 +147,13 @@ def _check_hf_config(spec: dict[str, Any]) -> None:
     target = str(inner["_target_"])
     try:
         built = instantiate(dict(inner))
-        default = cls()
     except Exception as exc:  # noqa: BLE001 - the config class's own validation, as one line
         raise ConfigError("model.config._target_", target, f"building it from the model.config keys failed: "
                           f"{_reason(exc)}") from None
+    try:
+        default = cls()  # (its keys: the settings it knows beyond its signature's)
+    except Exception:  # noqa: BLE001 - a class that needs arguments: its keys cannot be known, none refused
+        return
     try:
         named = set(inspect.signature(cls.__init__).parameters)
     except (TypeError, ValueError):

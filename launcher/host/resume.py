@@ -200,10 +200,11 @@ def sharded_damage(path: Path, folder_name: Any) -> str | None:
     return None
 
 
-def saved_epoch(path: Path) -> int | None:
-    """The epoch the checkpoint at `path` holds, where it reads as a launch checkpoint and (sharded) all its
-    shards are there by size; None otherwise. Tensors memory-mapped and nothing digested: said as a run
-    stops, which must not wait for a read of its weights."""
+def saved_position(path: Path) -> tuple[int, int | None] | None:
+    """Where the checkpoint at `path` stands: (epochs it has trained, steps of the next epoch it holds where it
+    was written inside one (checkpoint_every_steps), else None), where it reads as a launch checkpoint and
+    (sharded) all its shards are there by size; None otherwise. Tensors memory-mapped and nothing digested:
+    said as a run stops, which must not wait for a read of its weights."""
     try:
         import torch
 
@@ -213,19 +214,13 @@ def saved_epoch(path: Path) -> int | None:
     epoch = state.get("epoch") if isinstance(state, dict) else None
     if not isinstance(epoch, int) or isinstance(epoch, bool):
         return None
-    return epoch if "sharded" not in state or sharded_damage(path, state["sharded"]) is None else None
+    whole = "sharded" not in state or sharded_damage(path, state["sharded"]) is None
+    return (epoch, _step_in_epoch(state)) if whole else None
 
 
-def _saved_step(path: Path) -> int | None:
-    """The steps of its next epoch a checkpoint written inside an epoch holds (checkpoint_every_steps), else
-    None (an epoch's end)."""
-    try:
-        import torch
-
-        step = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path)).get(
-            "step_in_epoch")
-    except Exception:  # noqa: BLE001 - as saved_epoch: nothing to name
-        return None
+def _step_in_epoch(state: dict[str, Any]) -> int | None:
+    """The steps of its next epoch a checkpoint written inside an epoch holds, else None (an epoch's end)."""
+    step = state.get("step_in_epoch")
     return step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else None
 
 
@@ -233,12 +228,11 @@ def what_a_resume_finds(run_dir: Path) -> str:
     """For the line a stopped run ends with: which epoch `launch resume=RUN_DIR` goes on from, and the
     logged epochs after it whose checkpoints were not finished (written in the background: an epoch's
     line comes before its checkpoint is whole); "" where the run logged no epoch and saved nothing."""
-    epoch = saved_epoch(last_checkpoint(run_dir))
+    epoch, step = saved_position(last_checkpoint(run_dir)) or (None, None)
     logged = _last_logged_epoch(run_dir)
     unfinished = logged if logged and logged > (epoch or 0) else None
     if epoch is not None:
         where = "".join(f" {o}" for o in _where_it_ran(run_dir))
-        step = _saved_step(last_checkpoint(run_dir))  # (checkpoint_every_steps: inside the next epoch)
         at = f"epoch {epoch + 1} after its step {step}" if step else f"epoch {epoch}"
         return f"launch resume={run_dir}{where} goes on from its checkpoint ({at}" + \
             (f"; epoch {unfinished}'s checkpoint was not finished)" if unfinished else ")")
@@ -371,17 +365,18 @@ def load_checkpoint(path: Path, setting: str) -> dict[str, Any]:
 def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Resume:
     """The checkpoint `resume=value` names, checked against this launch's config (a LaunchError if it
     cannot continue under it)."""
-    path, config, epoch, sharded, _, classes, step = _checkpoint(value, search_root)
+    found = named_checkpoint(value, search_root)
+    epoch = found.epoch
     now = choices(cfg)
-    for key, saved in saved_choices(config).items():
-        if saved not in (None, now[key]):
+    for key, was in saved_choices(found.config).items():
+        if was not in (None, now[key]):
             raise LaunchError(f"{key}={now[key]} is not valid with resume={value}: the checkpoint was trained with "
-                              f"{key}={saved}, and its weights and optimizer state only continue under it (e.g. "
-                              f"launch {key}={saved} resume={value})")
+                              f"{key}={was}, and its weights and optimizer state only continue under it (e.g. "
+                              f"launch {key}={was} resume={value})")
     from launcher.strategies import STRATEGIES
 
     strategy = STRATEGIES.get(type(cfg.strategy))
-    if strategy is not None and strategy.sharded and not sharded:
+    if strategy is not None and strategy.sharded and not found.sharded:
         raise LaunchError(f"strategy={cfg.strategy.name} is not valid with resume={value}: a checkpoint of an "
                           "unsharded run resumes under the strategy that wrote it (sharded runs' checkpoints resume "
                           f"under any), e.g. launch strategy=ddp resume={value}")
@@ -389,8 +384,8 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
         raise LaunchError(f"epochs={cfg.epochs} is not valid with resume={value}: the checkpoint has trained {epoch} "
                           f"epoch{'s' if epoch != 1 else ''} already; give more (e.g. launch resume={value} "
                           f"epochs={epoch + max(1, epoch)}), or evaluate it: launch eval {value}")
-    changed = _differences(flat_keys(config), flat_keys(to_plain(cfg)))
-    return Resume(path, epoch, changed, classes, step)
+    changed = _differences(flat_keys(found.config), flat_keys(to_plain(cfg)))
+    return Resume(found.path, epoch, changed, found.classes, found.step)
 
 
 def _differences(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -435,13 +430,25 @@ def is_resume(override: str) -> bool:
     return override.partition("=")[0].strip().lstrip("+") == "resume" and "=" in override
 
 
+@dataclass(frozen=True)
+class Saved:
+    """What the launcher reads of the checkpoint `resume=` names, before any worker starts."""
+    path: Path  # the checkpoint file, resolved
+    config: dict[str, Any]  # the config it was trained with ({} where it holds none)
+    epoch: int  # epochs it has trained
+    sharded: bool  # written by a sharded strategy (fsdp)
+    unproven: str | None  # why it is not proven a run of this user's wrote it (integrity.unproven), else None
+    classes: tuple[str, ...] | None  # the class names its network was trained on (saved_classes)
+    step: int | None  # steps of the next epoch it holds (checkpoint_every_steps), else None
+
+
 @functools.lru_cache(maxsize=4)
-def _facts(path: Path, version: tuple[int, int], setting: str
-           ) -> tuple[dict[str, Any], int, bool, str | None, tuple[str, ...] | None, int | None]:
+def _read(path: Path, version: tuple[int, int], setting: str) -> Saved:
+    """Saved for the checkpoint at `path`: read once per launch (cached by path, mtime and size) whoever asks,
+    the command line, each composed run, the check before the workers."""
     state = load_checkpoint(path, setting)
-    step = state.get("step_in_epoch")
-    return (state.get("config") or {}, state["epoch"], "sharded" in state, integrity.unproven(state),
-            saved_classes(state), step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else None)
+    return Saved(path, state.get("config") or {}, state["epoch"], "sharded" in state, integrity.unproven(state),
+                 saved_classes(state), _step_in_epoch(state))
 
 
 def saved_classes(state: dict[str, Any]) -> tuple[str, ...] | None:
@@ -473,22 +480,11 @@ def check_classes(saved: tuple[str, ...] | None, here: tuple[str, ...], setting:
                       f"{len(here)} ({what}): give data.root a folder with the class folders it was trained on")
 
 
-def checkpoint_facts(value: str, search_root: Path = Path("outputs")) -> tuple[Path, dict[str, Any], int, bool]:
-    """The checkpoint `resume=value` names: its path, the config it was trained with, its epochs done and
-    whether it is sharded. Read once per launch (cached by path, mtime and size) whoever asks: the
-    command line, each composed run, the check before the workers. A LaunchError if it is not a launch
-    checkpoint."""
-    path, config, epoch, sharded, _, _, _ = _checkpoint(value, search_root)
-    return path, config, epoch, sharded
-
-
-def _checkpoint(value: str, search_root: Path = Path("outputs")
-                ) -> tuple[Path, dict[str, Any], int, bool, str | None, tuple[str, ...] | None, int | None]:
-    """checkpoint_facts, why it is not proven a run of this user's wrote it (integrity.unproven), the
-    classes it was trained on (saved_classes), and the steps of the next epoch it holds (else None)."""
+def named_checkpoint(value: str, search_root: Path = Path("outputs")) -> Saved:
+    """The checkpoint `resume=value` names, read (a LaunchError if it is not a launch checkpoint)."""
     path = resolve(value, search_root).resolve()
     stat = path.stat()
-    return (path, *_facts(path, (stat.st_mtime_ns, stat.st_size), f"resume={value}"))
+    return _read(path, (stat.st_mtime_ns, stat.st_size), f"resume={value}")
 
 
 def saved_config(value: str, overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -497,9 +493,9 @@ def saved_config(value: str, overrides: list[str] | tuple[str, ...]) -> dict[str
     before anything of it is imported."""
     from launcher.host import consent
 
-    _, config, _, _, unproven, _, _ = _checkpoint(value)
-    consent.require(config, unproven, overrides, f"resume={value}")
-    return config
+    found = named_checkpoint(value)
+    consent.require(found.config, found.unproven, overrides, f"resume={value}")
+    return found.config
 
 
 def with_saved_choices(overrides: list[str]) -> list[str]:

@@ -121,3 +121,21 @@ def test_a_hugging_face_config_is_built_in_the_launcher_its_refusal_and_unknown_
         check(spec(hidden_size=64, num_attention_heads=3))
     assert "torchvision" not in str(refused.value)
     check(spec(hidden_size=64, num_attention_heads=4, rope_theta=10000.0))  # (a key the class converts: kept)
+
+
+def test_a_hugging_face_config_class_that_needs_arguments_is_not_refused(monkeypatch):
+    """The unknown-key check builds the class's default to learn its keys; a class that cannot be built
+    without arguments refused a valid run ("building it ... failed") before it was mended."""
+    transformers = pytest.importorskip("transformers")
+    from launcher.models import check
+
+    class NeedsArgsConfig(transformers.PretrainedConfig):
+        def __init__(self, width, **kwargs):
+            self.width = width
+            super().__init__(**kwargs)
+
+    from transformers.models.llama import configuration_llama
+
+    monkeypatch.setattr(configuration_llama, "NeedsArgsConfig", NeedsArgsConfig, raising=False)
+    check({"_target_": "transformers.LlamaForCausalLM",
+           "config": {"_target_": "transformers.models.llama.configuration_llama.NeedsArgsConfig", "width": 64}})
