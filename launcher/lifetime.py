@@ -217,15 +217,30 @@ def never_lose_ctrl_c() -> None:
 
     def hook(unraisable) -> None:
         if unraisable.exc_type is KeyboardInterrupt:
-            # (from another thread, a moment later: raised from here, it would be lost in this hook too)
-            again = threading.Timer(0.005, os.kill, (os.getpid(), signal.SIGINT))
-            again.daemon = True
-            again.start()
+            # (from another thread once this hook has returned: raised in here, it would be lost in the hook
+            # too. Not after a fixed delay: under load, a timer's SIGINT came while the main thread was still
+            # in this hook, waiting for the timer's thread to start, and the Ctrl-C was lost again.)
+            threading.Thread(target=_interrupt_after, args=(threading.get_ident(), hook.__code__),
+                             name="ctrl-c-again", daemon=True).start()
             return
         previous(unraisable)
 
     hook.never_lose_ctrl_c = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
+
+
+def _interrupt_after(thread: int, code) -> None:
+    """SIGINT to this process once `thread` runs no frame of `code` (never_lose_ctrl_c's hook)."""
+    import time
+
+    while True:
+        time.sleep(0.005)
+        frame = sys._current_frames().get(thread)
+        while frame is not None and frame.f_code is not code:
+            frame = frame.f_back
+        if frame is None:
+            break
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 TERM_GRACE_S = 5  # after SIGTERM, how long a launch's workers get before SIGKILL (elastic's shutdown_timeout)
