@@ -6,6 +6,9 @@
 #                                               # selective checkpointing: launch, then bench/llama_script.py
 #   COMMIT=abc1234 bash bench/llama.sh 1b      # Llama 3.2 1B's shape, 2 x 8,192 a GPU: one GPU, then fsdp on two
 #   COMMIT=abc1234 bash bench/llama.sh fp8     # the 8b launch with perf.precision=fp8 (torchao carried in .whl)
+#   COMMIT=abc1234 bash bench/llama.sh ckpt    # ONE GPU: Llama 3.2 1B's shape under fsdp, 3 epochs without
+#                                               # checkpoints, 2 with (each epoch's sharded save written while the
+#                                               # next trains), that run resumed for its third, and exported
 #
 # The data: generated token shards of Llama 3's vocabulary (bench/make_token_shards.py, uint32), nothing like
 # text, so losses say nothing; only speed and memory do. Both runs of a pair under the same allocator setting
@@ -13,7 +16,7 @@
 set -uo pipefail
 source bench/device_env.sh
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-log=$OUT/llama-$1-2xh200-$commit.txt
+log=$OUT/llama-$1-$([ "$1" = ckpt ] && echo 1xh200 || echo 2xh200)-$commit.txt
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$log"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$log"
 common=(recipe=text recipe.vocab_size=128256 recipe.context=8192 recipe.sample_bytes=0 checkpoint=false
@@ -58,5 +61,28 @@ case "$1" in
                 2>&1 | tee -a "$log"
             keep "llama1b-${n}gpu-$commit" /tmp/run-1b-$n
         done
+        ;;
+    ckpt)
+        data=/tmp/shards-ck  # 85 windows of 8,192: 42 steps an epoch at 2 windows
+        python3 bench/make_token_shards.py $data --shards 1 --tokens-per-shard 700000 --val-tokens 20000 \
+            --vocab-size 128256 >/dev/null
+        one=(recipe=text recipe.vocab_size=128256 recipe.context=8192 recipe.sample_bytes=0 eval.every=0
+             eval.batch_size=4 perf.compile=true progress=lines "recipe.corpus=$data/gen_*.bin" recipe.size=1b
+             gpus=[0] strategy=fsdp strategy.meta_init=true perf.activation_checkpointing=selective batch_size=2)
+        timeout 150 python3 -m launcher "${one[@]}" checkpoint=false epochs=3 hydra.run.dir=/tmp/ck-none 2>&1 \
+            | tee -a "$log"
+        keep "llama1b-ckpt-none-$commit" /tmp/ck-none
+        timeout 150 python3 -m launcher "${one[@]}" epochs=2 hydra.run.dir=/tmp/ck-saved 2>&1 | tee -a "$log"
+        keep "llama1b-ckpt-saved-$commit" /tmp/ck-saved
+        du -sh /tmp/ck-saved/checkpoints/* 2>&1 | tee -a "$log"
+        timeout 120 python3 -m launcher "${one[@]}" resume=/tmp/ck-saved epochs=3 hydra.run.dir=/tmp/ck-resumed 2>&1 \
+            | tee -a "$log"
+        keep "llama1b-ckpt-resumed-$commit" /tmp/ck-resumed
+        timeout 120 python3 -c "import resource, subprocess, sys, time
+t = time.time(); done = subprocess.run(sys.argv[1:])
+print('export: exit', done.returncode, 'wall_s', round(time.time() - t, 1), 'max_rss_gib',
+      round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 2))" \
+            python3 -m launcher export /tmp/ck-saved /tmp/ck-1b.safetensors 2>&1 | tee -a "$log"
+        ls -la /tmp/ck-1b.safetensors 2>&1 | tee -a "$log"
         ;;
 esac
