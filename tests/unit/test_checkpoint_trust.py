@@ -287,3 +287,25 @@ def test_latest_is_the_checkpoint_written_last_whatever_the_run_dirs_names_say(t
     assert runs.main([], root=tmp_path) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith(
         f"resume=latest and launch eval latest: {named_earlier} (its checkpoint, written ")
+
+
+def test_a_sharded_checkpoints_files_hashed_side_by_side_keep_their_own_digests(tmp_path):
+    """The seal's shard files are hashed a thread a file (an 8B run's state is ~96 GB in a file a rank, hashed
+    when it is written and again before a resume): each digest must still be its own file's, and a damaged
+    file among several named as the one damaged."""
+    import hashlib
+
+    folder = tmp_path / "epoch-1.dcp"
+    folder.mkdir()
+    for i in range(5):
+        (folder / f"__{i}_0.distcp").write_bytes(bytes([i]) * (integrity.FILE_CHUNK + 1000 * i))
+    (folder / ".metadata").write_bytes(b"meta")
+    digests = integrity.folder_digests(folder)
+    assert digests == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir()}
+    state = {"epoch": 1, "sharded": folder.name}
+    integrity.seal(state, None, folder)
+    assert integrity.broken_seal(state, tmp_path / "last.pt") is None
+    damaged = folder / "__3_0.distcp"
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"\x07")
+    assert integrity.broken_seal(state, tmp_path / "last.pt") == (
+        f"its shard file {damaged} differs from the digest written with it (changed or damaged)")
