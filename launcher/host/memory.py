@@ -20,7 +20,8 @@ import os
 import pickle
 import signal
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from launcher.errors import LaunchError
 
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from launcher.strategies.recompute import Activations
 
 GIB = 2**30
+T = TypeVar("T")
 
 
 def training_state(model: nn.Module, plan: Plan) -> tuple[int, int]:
@@ -68,22 +70,26 @@ def capacity(plan: Plan) -> tuple[int, str] | None:
 
 def check_fits(recipe: Recipe, plan: Plan) -> str | None:
     """Refuse (exit 2, one line) a run whose training state, or its state and activations, do not fit its
-    devices. Returns the estimate in a line (`launch ... dry_run=true` shows it), None where there is none.
+    devices. Returns the estimate in a line (`launch ... dry_run=true` shows it), None where there is none."""
+    return in_child(_check_fits, recipe, plan)
 
-    On Linux the model is built and run on the meta device in a child forked for it, so whatever torch's
-    layers touch there stays out of the launch process: at b19ff93 recipe=text's LSTM and GRU failed on a
-    GPU machine with "CUDA error: initialization error" in their workers (forked from the launch under
-    LAUNCH_START_METHOD=fork) after this check ran in the launch itself, where GPT's and Llama's did not; a
-    CUDA context in the launch process would also hold a GPU's memory for the whole run."""
+
+def in_child(check: Callable[..., T], *args: Any) -> T:
+    """`check(*args)`'s result, run in a child forked for it on Linux (elsewhere here), its LaunchError
+    raised here: a check that builds the recipe's model (on the meta device) keeps whatever torch's layers
+    touch out of the launch process. At b19ff93 recipe=text's LSTM and GRU failed on a GPU machine with
+    "CUDA error: initialization error" in their workers (forked from the launch under
+    LAUNCH_START_METHOD=fork) after the memory check ran in the launch itself, where GPT's and Llama's did
+    not; a CUDA context in the launch process would also hold a GPU's memory for the whole run."""
     if sys.platform != "linux":
-        return _check_fits(recipe, plan)
+        return check(*args)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: the verdict back through the pipe, then out without the launch's exit handlers,
         try:  # whatever happens (it must never go on to run the launch's own code)
             os.close(read)
             try:
-                verdict: tuple[str, str | None] = ("fits", _check_fits(recipe, plan))
+                verdict: tuple[str, Any] = ("done", check(*args))
             except LaunchError as refused:
                 verdict = ("refused", str(refused))
             except BaseException as error:  # noqa: BLE001 - told to the parent, which decides
@@ -105,7 +111,7 @@ def check_fits(recipe: Recipe, plan: Plan) -> str | None:
     if kind == "refused":
         raise LaunchError(str(said))
     if kind == "failed":
-        raise RuntimeError(f"the memory check failed: {said}")
+        raise RuntimeError(f"the check before the workers ({getattr(check, '__name__', check)}) failed: {said}")
     return said
 
 

@@ -19,7 +19,8 @@ checkpoint's run is logged and written to the new run's plan.json
 What the state cannot carry over is refused in one line: a file that is not a launch checkpoint;
 another recipe, model or optimizer (recipe.name, recipe.model, optim); epochs not above the epochs
 already trained (evaluate it instead: `launch eval RUN_DIR`). A network of another shape (a recipe
-hyper-parameter that changes a layer) only shows when a worker loads the weights: one line too.
+hyper-parameter that changes a layer) is refused too where the recipe builds its model before its data
+(`check_network`); else a worker finds it when it loads the weights: one line too.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class Resume:
     changed: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # key -> (checkpoint's, this launch's)
     classes: tuple[str, ...] | None = None  # the class names its network was trained on (saved_classes)
     step: int | None = None  # steps of the next epoch it holds (checkpoint_every_steps), else None
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict, repr=False)  # its weights' (saved_shapes)
 
     @property
     def where(self) -> str:
@@ -385,7 +387,7 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
                           f"epoch{'s' if epoch != 1 else ''} already; give more (e.g. launch resume={value} "
                           f"epochs={epoch + max(1, epoch)}), or evaluate it: launch eval {value}")
     changed = _differences(flat_keys(found.config), flat_keys(to_plain(cfg)))
-    return Resume(found.path, epoch, changed, found.classes, found.step)
+    return Resume(found.path, epoch, changed, found.classes, found.step, found.shapes)
 
 
 def _differences(saved: dict[str, Any], now: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -440,6 +442,7 @@ class Saved:
     unproven: str | None  # why it is not proven a run of this user's wrote it (integrity.unproven), else None
     classes: tuple[str, ...] | None  # the class names its network was trained on (saved_classes)
     step: int | None  # steps of the next epoch it holds (checkpoint_every_steps), else None
+    shapes: dict[str, tuple[int, ...]]  # the shape of each weight and buffer of its network (saved_shapes)
 
 
 @functools.lru_cache(maxsize=4)
@@ -448,7 +451,7 @@ def _read(path: Path, version: tuple[int, int], setting: str) -> Saved:
     the command line, each composed run, the check before the workers."""
     state = load_checkpoint(path, setting)
     return Saved(path, state.get("config") or {}, state["epoch"], "sharded" in state, integrity.unproven(state),
-                 saved_classes(state), _step_in_epoch(state))
+                 saved_classes(state), _step_in_epoch(state), saved_shapes(state, path))
 
 
 def saved_classes(state: dict[str, Any]) -> tuple[str, ...] | None:
@@ -458,6 +461,75 @@ def saved_classes(state: dict[str, Any]) -> tuple[str, ...] | None:
     if isinstance(classes, (list, tuple)) and classes and all(isinstance(c, str) for c in classes):
         return tuple(classes)
     return None
+
+
+def saved_shapes(state: dict[str, Any], path: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of each weight and buffer of a checkpoint's network, by its state_dict name: a whole
+    checkpoint's net_state_dict (memory-mapped: nothing read), a sharded one's from its folder's metadata
+    (the whole tensors' shapes, however many ranks wrote them); {} where neither can be read."""
+    import torch
+
+    weights = state.get("net_state_dict")
+    if isinstance(weights, dict):
+        return {str(k): tuple(v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
+    if not isinstance(state.get("sharded"), str):
+        return {}
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        metadata = FileSystemReader(str(path.parent / state["sharded"])).read_metadata()
+    except Exception:  # noqa: BLE001 - unreadable metadata: the workers' load says what is wrong
+        return {}
+    return {key.removeprefix("model."): tuple(item.size) for key, item in metadata.state_dict_metadata.items()
+            if key.startswith("model.") and hasattr(item, "size")}
+
+
+def misfit(saved: dict[str, tuple[int, ...]], model: Any) -> str | None:
+    """Where a checkpoint's weights (`saved`: saved_shapes) do not fit `model` (the network this config
+    builds, on the meta device): the first weight of another shape, said with both shapes, or the weights
+    one holds and the other lacks (another number of layers); None where they are the same weights."""
+    here = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    for name, shape in saved.items():
+        if name in here and here[name] != shape:
+            return f"its {name} is {list(shape)}, the network here has {list(here[name])}"
+
+    def some(names: list[str]) -> str:
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    lacking, extra = sorted(set(here) - set(saved)), sorted(set(saved) - set(here))
+    if lacking:
+        return f"the network here has {some(lacking)}, which the checkpoint does not hold"
+    if extra:
+        return f"the checkpoint holds {some(extra)}, which the network here does not have"
+    return None
+
+
+def check_network(recipe: Any, resume: Resume, value: str) -> None:
+    """A LaunchError before any worker where the checkpoint's weights do not fit the network this config
+    builds (a resume typing another recipe.size, recipe.layers or recipe.width): the recipe's model is built
+    on the meta device (Recipe.model_to_size, in a child: launcher/host/memory.py in_child) and compared by
+    shape. Before, a worker found it when it loaded the weights, and the launch left a failed run dir.
+    Nothing where the recipe cannot build its model before its data (the workers' load still says it)."""
+    if not resume.shapes:
+        return
+    from launcher.host.memory import in_child
+
+    why = in_child(_network_misfit, recipe, resume.shapes)
+    if why is None:
+        return
+    typed = [f"{k}={old}" for k, (old, _) in resume.changed.items() if k.startswith(("recipe.", "model."))]
+    hint = f"it was trained with {' '.join(typed)}" if typed else "the network's layers differ"
+    raise LaunchError(f"resume={value} is not valid: the checkpoint does not fit the network this config builds "
+                      f"({hint}: {why}) (e.g. launch {' '.join(typed) or 'recipe.model=...'} resume={value})")
+
+
+def _network_misfit(recipe: Any, shapes: dict[str, tuple[int, ...]]) -> str | None:
+    from launcher.models import configured
+
+    if configured(recipe.cfg.model):  # (a network from config is built in the workers only: launcher/models.py)
+        return None
+    model = recipe.model_to_size()
+    return None if model is None else misfit(shapes, model)
 
 
 def check_classes(saved: tuple[str, ...] | None, here: tuple[str, ...], setting: str, root: Any) -> None:

@@ -45,7 +45,7 @@ from launcher.host.evaluate import checkpoint_to_evaluate, pin, unpin
 from launcher.host.evaluate import summarize as summarize_evaluation
 from launcher.host.outcome import LaunchContext, Outcome, signal_name
 from launcher.host.plan import Plan, make_plan
-from launcher.host.resume import Resume, check_classes, typed_keys
+from launcher.host.resume import Resume, check_classes, check_network, typed_keys
 from launcher.host.resume import inspect as inspect_resume
 from launcher.host.resume import resolve as resolve_resume
 from launcher.spec import WorkerSpec
@@ -103,6 +103,8 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
             uncompiled = derive(plan.config.perf, compile=Toggle.false)
             plan = dataclasses.replace(plan, config=derive(plan.config, perf=uncompiled))
         resume = inspect_resume(cfg.resume, plan.config) if cfg.resume and not requeued else None
+        if resume is not None and recipe is not None and (joined is None or joined.local_rank == 0):
+            check_network(recipe(plan.config), resume, str(cfg.resume))  # (its weights fit this config's network)
         resume_from = str(resume.path) if resume else (str(resolve_resume(cfg.resume).resolve()) if cfg.resume
                                                        else None)
         if cfg.dry_run:

@@ -395,6 +395,13 @@ def test_a_damaged_sharded_checkpoint_is_one_line_before_any_worker(launch, fsdp
     assert wider.returncode == 2 and "the checkpoint does not fit the network this config builds (it was trained " \
         "with recipe.width=32" in wider.stderr, wider.output
     assert "CheckpointException" not in wider.stderr
+    # refused in the launcher, from the shard folder's metadata and the network built on the meta device: no
+    # worker started, no run dir left failed (before, a worker's load found it); a whole checkpoint too
+    assert not wider.run_dirs() and "is [256, 32], the network here has [256, 64]" in wider.stderr, wider.output
+    deeper = launch(*TOY, f"data.root={text_root}", "strategy=ddp", "nprocs=2", "epochs=3", "recipe.layers=3",
+                    f"resume={fsdp_run / 'ddp'}", timeout=180)
+    assert deeper.returncode == 2 and not deeper.run_dirs(), deeper.output
+    assert len([x for x in deeper.stderr.splitlines() if x.strip()]) == 1 and "recipe.layers=2" in deeper.stderr
 
 
 # `launch eval` with the host's `pin` wrapped: once it has returned, the trained run's shard folder is

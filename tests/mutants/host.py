@@ -522,6 +522,12 @@ MUTANTS = [
            "    _check_hf_config(spec)", "    pass",
            ("tests/unit/test_models_from_config.py::test_a_hugging_face_config_is_built_in_the_launcher_its_refusal_"
             "and_unknown_keys_one_line_each",)),
+    Mutant("a resume's network of another shape left to the workers", "launcher/host/resume.py",
+           "    why = in_child(_network_misfit, recipe, resume.shapes)", "    why = None",
+           ("tests/distributed/test_fsdp.py::test_a_damaged_sharded_checkpoint_is_one_line_before_any_worker",)),
+    Mutant("a resume's network with more layers passes the launcher's check", "launcher/host/resume.py",
+           "    if lacking:", "    if False:",
+           ("tests/distributed/test_fsdp.py::test_a_damaged_sharded_checkpoint_is_one_line_before_any_worker",)),
     Mutant("a mid-epoch checkpoint said as the epochs completed", "launcher/host/resume.py",
            '        at = f"epoch {epoch + 1} after its step {step}" if step else f"epoch {epoch}"',
            '        at = f"epoch {epoch}"', (CKPT,)),
