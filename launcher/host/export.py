@@ -206,8 +206,19 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
                (" (in the file's metadata too: \"classes\", a JSON list)" if apart else "")) if classes else ""
     print(f"launch: exported {len(model)} tensors ({values:,} values{ties}) of recipe={recipe.get('name')} "
           f"{network} after epoch {state.get('epoch')} to {target}; "
-          f"load it with model.load_state_dict({reader}('{target}')) (a plain state_dict){outputs}")
+          f"load it with model.load_state_dict({reader}('{target}')) (a plain state_dict){outputs}"
+          f"{_vocabulary(model) if not target_class else ''}")
     return target
+
+
+def _vocabulary(model: dict[str, Any]) -> str:
+    """For recipe=text's own networks: the vocabulary to build one with (its embedding's rows, the padded
+    vocabulary), which an interrupted run has in no results.json; "" for any other network."""
+    for name in ("tokens.weight", "embed.weight"):  # (GPT and Llama; LSTM and GRU: recipes/text_models.py)
+        weight = model.get(name)
+        if weight is not None and getattr(weight, "ndim", 0) == 2:
+            return f"; build the network with vocab={weight.shape[0]} (its embedding's rows, the padded vocabulary)"
+    return ""
 
 
 # safetensors' dtype names (its format's specification: github.com/huggingface/safetensors, "Format")

@@ -166,6 +166,13 @@ def test_export_writes_weights_that_load_without_the_launcher(fsdp_run, tmp_path
     assert f"({parameters:,} values; head.weight tied to tokens.weight)" in proc.stdout, proc.stdout
     for weights in (sharded, whole):
         assert weights["head.weight"].data_ptr() == weights["tokens.weight"].data_ptr()
+    # the line names the vocabulary to build the network with (an interrupted run has no results.json to read
+    # it from), and the network built with it and config.yaml's values takes the weights
+    from launcher.recipes.text_models import GPT
+
+    assert proc.stdout.rstrip().endswith("; build the network with vocab=256 (its embedding's rows, the padded "
+                                         "vocabulary)"), proc.stdout
+    GPT(256, 32, 2, 32, 2, 0.0).load_state_dict(sharded)
     # a fresh interpreter that never imports launcher reads it
     code = (f"import torch, sys; sd = torch.load({str(tmp_path / 'fsdp.pt')!r}); "
             "assert 'launcher' not in sys.modules; print(len(sd))")
