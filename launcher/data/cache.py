@@ -37,6 +37,14 @@ def cache_root(env: os._Environ | dict[str, str] = os.environ) -> Path:
     return Path(base) / "launcher"
 
 
+def default_data_root(env: os._Environ | dict[str, str] = os.environ) -> Path:
+    """data.root's default (launcher/config.py DataConfig.root): LAUNCH_DATA_ROOT, else ~/.cache/launcher/data,
+    where datasets are downloaded and recipe=text keeps its byte copies of text corpora (`text/`)."""
+    given = env.get("LAUNCH_DATA_ROOT") or "~/.cache/launcher/data"
+    home = str(env.get("HOME") or Path.home())
+    return Path(home + given[1:] if given == "~" or given.startswith("~/") else given)
+
+
 def inductor_dir(env: os._Environ | dict[str, str] = os.environ) -> Path:
     """Where inductor's caches go (launcher/train/compiling.py points torch.compile there; `launch doctor`
     reports it): TORCHINDUCTOR_CACHE_DIR, else <cache root>/inductor."""

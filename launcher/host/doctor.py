@@ -51,11 +51,12 @@ def caches() -> list[dict[str, Any]]:
     """The launcher's caches: each can be removed at any time, and launch rebuilds what it needs (at the
     cost of decoding a dataset, compiling or byte-compiling again)."""
     from launcher import bytecode
-    from launcher.data.cache import cache_root, inductor_dir, why_unusable
+    from launcher.data.cache import cache_root, default_data_root, inductor_dir, why_unusable
 
     found = []
     for what, folder in (("decoded datasets", cache_root() / "decoded"), ("inductor kernels", inductor_dir()),
-                         ("bytecode", bytecode.cache_dir(os.environ))):
+                         ("bytecode", bytecode.cache_dir(os.environ)),
+                         ("text corpora", default_data_root() / "text")):  # (recipe=text's byte copies)
         size, entries = _size(folder)
         found.append({"what": what, "path": str(folder), "mib": round(size / 2**20, 1), "entries": entries,
                       "unusable": why_unusable(folder)})

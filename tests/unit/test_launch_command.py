@@ -129,8 +129,17 @@ def test_doctor_reports_each_caches_size_in_mib(tmp_path, monkeypatch):
     (tmp_path / "decoded" / "digits-1").mkdir(parents=True)
     (tmp_path / "decoded" / "digits-1" / "x.npy").write_bytes(b"\0" * (3 * 2**20))
     (tmp_path / "decoded" / "cifar-2").mkdir()
+    monkeypatch.setenv("LAUNCH_DATA_ROOT", str(tmp_path / "data"))
+    (tmp_path / "data" / "text" / "corpus.txt-0123").mkdir(parents=True)  # (recipe=text's byte copy of a corpus)
+    (tmp_path / "data" / "text" / "corpus.txt-0123" / "train.bin").write_bytes(b"\0" * 2**20)
     found = {c["what"]: c for c in doctor.caches()}
     assert (found["decoded datasets"]["mib"], found["decoded datasets"]["entries"]) == (3.0, 2)
+    text = found["text corpora"]
+    assert (text["path"], text["mib"], text["entries"]) == (str(tmp_path / "data" / "text"), 1.0, 1)
+    monkeypatch.delenv("LAUNCH_DATA_ROOT")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # (the config's default, ~ as that user's home)
+    assert {c["what"]: c for c in doctor.caches()}["text corpora"][
+        "path"] == str(tmp_path / "home" / ".cache" / "launcher" / "data" / "text")
 
 
 def test_doctor_lists_each_gpus_free_and_total_memory_from_nvml(monkeypatch):
