@@ -72,7 +72,7 @@ def test_a_corpus_too_short_for_any_context_suggests_a_longer_corpus_not_the_ref
     (it suggested recipe.context=2 to a run refused for recipe.context=2)."""
     (tmp_path / "tiny.txt").write_text("hello world, this is tiny text\n")
     result = launch("recipe=text", "gpus=[]", f"recipe.corpus={tmp_path / 'tiny.txt'}", "recipe.context=2",
-                    "batch_size=2", "epochs=1")
+                    "batch_size=2", "epochs=1", f"data.root={tmp_path / 'data'}")  # (its byte copy: not in ~/.cache)
     line = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and line.startswith("launch: recipe.context=2 is not valid: longer than the "
                                                       "held-out stream"), result.output
