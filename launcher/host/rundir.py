@@ -31,7 +31,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from launcher.errors import LaunchError
-from launcher.files import CLAIM, RESULTS, last_checkpoint, read_json
+from launcher.files import CLAIM, RESULTS, SWEEP_MARK, last_checkpoint, read_json
 from launcher.world import existing_world
 
 HYDRA_DIR = ".hydra"
@@ -144,13 +144,14 @@ def release(run_dir: Path) -> None:
     if not path.is_dir():
         return
     entries = {p.name for p in path.iterdir()}
-    if not entries <= HYDRA_FILES | {CLAIM}:
+    if not entries <= HYDRA_FILES | {CLAIM, SWEEP_MARK}:
         return  # something ran and wrote here: keep it
     if taken is None:  # a sweep's run dir (made by Hydra inside the claimed sweep dir): only the dir itself
         shutil.rmtree(path, ignore_errors=True)
         return
     shutil.rmtree(path / HYDRA_DIR, ignore_errors=True)
     (path / "multirun.yaml").unlink(missing_ok=True)
+    (path / SWEEP_MARK).unlink(missing_ok=True)  # (launch -m marks its sweep dir before it composes the runs)
     (path / CLAIM).unlink(missing_ok=True)
     for made in taken.created:  # deepest first; never a dir that existed before this launch
         try:

@@ -76,6 +76,7 @@ def test_a_bad_run_fails_the_sweep_before_any_run_starts(launch):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "batch_size=63 is not valid" in lines[0] and "sweep run 1" in lines[0]
     assert not _results(result) and "started" not in result.stdout
+    assert not (result.cwd / "multirun").exists(), list(result.cwd.glob("multirun/**/*"))  # nothing it made is left
 
 
 @pytest.mark.parametrize(("launcher", "sig"), [("basic", "SIGINT"), ("basic", "SIGTERM"), ("joblib", "SIGINT")])
