@@ -202,13 +202,26 @@ def export(value: str, out: str | None = None, which: str = "last") -> Path:
     reader = "safetensors.torch.load_file" if apart else "torch.load"
     shown = ", ".join(classes[:10]) + (f" ... ({len(classes)} in all)" if len(classes) > 10 else "") \
         if classes else ""
-    outputs = (f"; its outputs are the classes {shown}, in that order" +
+    outputs = (f"; its {_outputs_of(model, classes)} are the classes {shown}, in that order" +
                (" (in the file's metadata too: \"classes\", a JSON list)" if apart else "")) if classes else ""
     print(f"launch: exported {len(model)} tensors ({values:,} values{ties}) of recipe={recipe.get('name')} "
           f"{network} after epoch {state.get('epoch')} to {target}; "
           f"load it with model.load_state_dict({reader}('{target}')) (a plain state_dict){outputs}"
           f"{_vocabulary(model) if not target_class else ''}")
     return target
+
+
+def _outputs_of(model: dict[str, Any], classes: tuple[str, ...]) -> str:
+    """"outputs", or which of them are the classes where the network's last layer gives more outputs than
+    the checkpoint names classes (a network built with too many: the outputs beyond them were never a
+    target). The last layer: the last 2-D weight, a linear layer's (rows: its outputs)."""
+    last = next((name for name in reversed(list(model)) if name.endswith("weight")
+                 and getattr(model[name], "ndim", 0) == 2), None)
+    rows = model[last].shape[0] if last is not None else None
+    if rows is None or rows <= len(classes):
+        return "outputs"
+    return (f"last layer ({last.removesuffix('.weight')}) gives {rows} outputs for {len(classes)} classes (the "
+            f"{rows - len(classes)} beyond them were never a target); its first {len(classes)} outputs")
 
 
 def _vocabulary(model: dict[str, Any]) -> str:

@@ -575,6 +575,24 @@ def test_safetensors_are_written_a_tensor_at_a_time_and_read_back_by_safetensors
         assert f.metadata() == {"format": "pt", "classes": '["ant", "bee"]'}
 
 
+def test_export_says_which_outputs_are_the_classes_where_the_network_has_more(tmp_path, capsys):
+    """A user's network built with 5 outputs for a Dataset of 3 classes trains (the 2 beyond are never a
+    target); its export said "its outputs are the classes neg, pos, zero", wrong for 5 outputs."""
+    from launcher.host.export import main as export_main
+
+    for name, rows in (("five", 5), ("three", 3)):
+        weights = {"0.weight": torch.zeros(8, 4), "0.bias": torch.zeros(8), "2.weight": torch.zeros(rows, 8),
+                   "2.bias": torch.zeros(rows)}
+        checkpoint.save_atomic({"net_state_dict": weights, "epoch": 1, "history": [], "classes": ["neg", "pos", "zero"],
+                                "config": {"recipe": {"name": "mine"}, "optim": None}},
+                               tmp_path / name / "checkpoints" / "last.pt")
+        assert export_main([str(tmp_path / name), str(tmp_path / f"{name}.pt")]) == 0
+    five, three = capsys.readouterr().out.strip().splitlines()
+    assert five.endswith("; its last layer (2) gives 5 outputs for 3 classes (the 2 beyond them were never a "
+                         "target); its first 3 outputs are the classes neg, pos, zero, in that order"), five
+    assert three.endswith("; its outputs are the classes neg, pos, zero, in that order"), three
+
+
 EXPORT_PEAK = """
 import re, sys
 import torch, launcher.host.resume, launcher.integrity  # (imported first: torch's import alone is ~500 MB)
