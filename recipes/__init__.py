@@ -227,6 +227,11 @@ def recipe_class(name: str) -> type[Recipe]:
         with sigint_deferred():  # (the first import of torch in the launcher, through the recipe)
             module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name) and name.endswith(".py"):  # (a file, as script= takes)
+            module = name.removesuffix(".py").lstrip("./").replace("/", ".")
+            raise ConfigError("recipe", name, f"a recipe is named as a module, without .py: recipe={module} imports "
+                              f"{module.replace('.', '/')}.py from the folder launch runs in (or the path)",
+                              f"recipe={module}") from None
         if exc.name and module_name.startswith(exc.name):
             raise ConfigError("recipe", name, "choose one of " + ", ".join(sorted([*BUILTIN, "cifar10_fast"])) +
                               f", or a module on the path or in this directory (no module named {exc.name})",

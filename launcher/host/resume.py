@@ -380,8 +380,8 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
     strategy = STRATEGIES.get(type(cfg.strategy))
     if strategy is not None and strategy.sharded and not found.sharded:
         raise LaunchError(f"strategy={cfg.strategy.name} is not valid with resume={value}: a checkpoint of an "
-                          "unsharded run resumes under the strategy that wrote it (sharded runs' checkpoints resume "
-                          f"under any), e.g. launch strategy=ddp resume={value}")
+                          "unsharded run resumes under an unsharded strategy, ddp or single (sharded runs' checkpoints "
+                          f"resume under any), e.g. launch strategy=ddp resume={value}")
     if cfg.epochs <= epoch:
         raise LaunchError(f"epochs={cfg.epochs} is not valid with resume={value}: the checkpoint has trained {epoch} "
                           f"epoch{'s' if epoch != 1 else ''} already; give more (e.g. launch resume={value} "

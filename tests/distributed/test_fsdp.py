@@ -109,7 +109,7 @@ def test_an_unsharded_checkpoint_does_not_resume_under_fsdp(launch, fsdp_run, te
     result = launch(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2", "epochs=3",
                     f"resume={fsdp_run / 'ddp'}")
     assert result.returncode == 2, result.output
-    assert "resumes under the strategy that wrote it" in result.output and "Traceback" not in result.output
+    assert "resumes under an unsharded strategy, ddp or single" in result.output and "Traceback" not in result.output
 
 
 def test_meta_init_with_activation_checkpointing_trains(launch, text_root):
