@@ -522,6 +522,16 @@ MUTANTS = [
            "    _check_hf_config(spec)", "    pass",
            ("tests/unit/test_models_from_config.py::test_a_hugging_face_config_is_built_in_the_launcher_its_refusal_"
             "and_unknown_keys_one_line_each",)),
+    Mutant("a sweep refused before any run leaves its marked dir", "launcher/host/rundir.py",
+           "    if not entries <= HYDRA_FILES | {CLAIM, SWEEP_MARK}:", "    if not entries <= HYDRA_FILES | {CLAIM}:",
+           ("tests/distributed/test_hydra_plugins.py::test_a_bad_run_fails_the_sweep_before_any_run_starts",)),
+    Mutant("export says every output is a class", "launcher/host/export.py",
+           "    if rows is None or rows <= len(classes):", "    if True:",
+           ("tests/unit/test_checkpoint_and_env.py::test_export_says_which_outputs_are_the_classes_where_the_"
+            "network_has_more",)),
+    Mutant("recipe=NAME.py lists the built-ins", "recipes/__init__.py",
+           '        if exc.name and module_name.startswith(exc.name) and name.endswith(".py"):',
+           '        if False:', ("tests/cli/test_bad_input.py::test_one_clear_line_and_exit_2",)),
     Mutant("a resume's network of another shape left to the workers", "launcher/host/resume.py",
            "    why = in_child(_network_misfit, recipe, resume.shapes)", "    why = None",
            ("tests/distributed/test_fsdp.py::test_a_damaged_sharded_checkpoint_is_one_line_before_any_worker",)),
