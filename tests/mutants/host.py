@@ -390,7 +390,7 @@ MUTANTS = [
     Mutant("launch runs --limit is ignored", "launcher/host/runs.py",
            "runs = runs[:limit] if limit else runs", "runs = runs", (RUNS,)),
     Mutant("a sweep run's dir that a run wrote into is removed", "launcher/host/rundir.py",
-           "    if not entries <= HYDRA_FILES | {CLAIM}:\n        return", "    if False:\n        return",
+           "    if not entries <= HYDRA_FILES | {CLAIM, SWEEP_MARK}:\n        return", "    if False:\n        return",
            ("tests/unit/test_rundir.py::test_release_keeps_a_dir_something_ran_and_wrote_in",)),
     Mutant("another machine's claim is taken for a live launch here", "launcher/host/rundir.py",
            "if host != socket.gethostname() or not isinstance(pid, int):", "if not isinstance(pid, int):",
