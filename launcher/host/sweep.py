@@ -14,12 +14,13 @@ key against throughput and the objective (test accuracy, or the recipe's own fig
 from __future__ import annotations
 
 import csv
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launcher.config import Config, minimized
-from launcher.files import RESULTS, read_json
+from launcher.files import METRICS, RESULTS, read_json
 from launcher.host.outcome import RunFailed, effective_objective, objective_of
 
 
@@ -37,6 +38,7 @@ class SweepJob:
     exit_code: int | None = None  # None: submitted, not followed (backend.wait=false)
     error: str | None = None  # a failed run's one-line reason
     results: dict[str, Any] = field(default_factory=dict)  # its results.json, read once it has ended
+    logged: dict[str, Any] = field(default_factory=dict)  # without one (stopped, failed): its epochs' (`_logged`)
 
     def finished(self, exit_code: int, error: str | None = None, seconds: float | None = None) -> None:
         self.exit_code = exit_code
@@ -44,6 +46,7 @@ class SweepJob:
         if seconds is not None:
             self.seconds = seconds
         self.results = read_json(self.run_dir / RESULTS)
+        self.logged = {} if self.results else _logged(self.run_dir)
 
     @property
     def objective(self) -> float | None:
@@ -72,10 +75,11 @@ def summary_row(job: SweepJob) -> dict[str, Any]:
     """The job's row. `seconds`: the run's wall time here, or (a SLURM run, timed elsewhere) its worker
     time from results.json; none for a run not followed to its end."""
     results = job.results
-    final = results.get("final") or {}
+    shown = results or job.logged  # (a run stopped before its results.json: the epochs it logged)
+    final = shown.get("final") or {}
     seconds = job.seconds or results.get("worker_s") or 0.0
     return {"job": job.num, "overrides": " ".join(job.overrides), "exit_code": job.exit_code,
-            "test_acc": results.get("test_acc"), "best_test_acc": results.get("best_test_acc"),
+            "test_acc": shown.get("test_acc"), "best_test_acc": shown.get("best_test_acc"),
             "loss": final.get("loss"),
             "img_per_s": final.get("img_per_s", final.get("images_per_s")),  # (images: recipe=imagefolder's)
             "tokens_per_s": final.get("tokens_per_s"), "epochs": final.get("epoch"),
@@ -85,6 +89,28 @@ def summary_row(job: SweepJob) -> dict[str, Any]:
             "samples_per_s": final.get("samples_per_s"),
             "objective": effective_objective(results, job.cfg.sweep.objective),
             "objective_value": objective_of(results, job.cfg.sweep.objective)}
+
+
+def _logged(run_dir: Path) -> dict[str, Any]:
+    """What a run that ended without its results.json (stopped by Ctrl-C, failed) logged, for its row of the
+    summary: its last epoch's figures as `final`, its last and best test accuracy; {} where it logged no
+    epoch. Shown only: the sweep's objective and best line take finished runs' results alone."""
+    rows = []
+    try:
+        text = (run_dir / METRICS).read_text(errors="replace")
+    except OSError:
+        return {}
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # (a line cut short by the stop)
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    if not rows:
+        return {}
+    accs = [r["test_acc"] for r in rows if isinstance(r.get("test_acc"), (int, float))]
+    return {"final": rows[-1], "test_acc": rows[-1].get("test_acc"), "best_test_acc": max(accs) if accs else None}
 
 
 def swept_keys(jobs: list[SweepJob]) -> list[str]:

@@ -532,6 +532,10 @@ MUTANTS = [
     Mutant("recipe=NAME.py lists the built-ins", "recipes/__init__.py",
            '        if exc.name and module_name.startswith(exc.name) and name.endswith(".py"):',
            '        if False:', ("tests/cli/test_bad_input.py::test_one_clear_line_and_exit_2",)),
+    Mutant("a sweep run stopped before its results shows dashes", "launcher/host/sweep.py",
+           "        self.logged = {} if self.results else _logged(self.run_dir)", "        self.logged = {}",
+           ("tests/unit/test_sweep_packing.py::test_a_run_stopped_before_its_results_shows_the_epochs_it_logged_but_"
+            "is_never_the_best",)),
     Mutant("a resume's network of another shape left to the workers", "launcher/host/resume.py",
            "    why = in_child(_network_misfit, recipe, resume.shapes)", "    why = None",
            ("tests/distributed/test_fsdp.py::test_a_damaged_sharded_checkpoint_is_one_line_before_any_worker",)),

@@ -253,3 +253,24 @@ def test_the_summary_table_shows_what_each_run_was_given_that_the_others_were_no
     assert "gpus=[]" not in table and f"best: job 1 (lr=0.2), test_acc 70.00%: {tmp_path / '1'}" in table
     rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
     assert rows[1]["overrides"] == "recipe=digits gpus=[] epochs=2 lr=0.2 recipe.width=8"
+
+
+def test_a_run_stopped_before_its_results_shows_the_epochs_it_logged_but_is_never_the_best(tmp_path):
+    """A new user's trial: a sweep stopped by Ctrl-C showed its stopped run as `143 | - | -` (and the rate
+    column as img_per_s) though it had trained 3 epochs to 97.53%: its row now shows its last logged epoch;
+    the best line takes only runs that finished with their results."""
+    from launcher.host.sweep import write_summary
+
+    stopped = tmp_path / "1"
+    stopped.mkdir()
+    (stopped / "metrics.jsonl").write_text("".join(json.dumps(
+        {"epoch": e, "loss": 1.0 / e, "test_acc": acc, "samples_per_s": 900.0}) + "\n"
+        for e, acc in ((1, 0.9), (2, 0.9812), (3, 0.9753))) + '{"epoch": 4, "lo')  # (a line cut by the stop)
+    jobs = [_job(0, tmp_path, {"test_acc": 0.95, "final": {"loss": 0.5, "samples_per_s": 1000.0, "epoch": 2}}),
+            _job(1, tmp_path, exit_code=143)]
+    table = write_summary(jobs, tmp_path)
+    assert "| job | swept | exit_code | test_acc | loss | samples_per_s | seconds |" in table, table
+    assert "| 1 | lr=1 | 143 | 97.53% | 0.3333 |" in table, table
+    assert "best: job 0 (lr=0), test_acc 95.00%" in table  # (not the stopped run's 98.12%)
+    rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
+    assert (rows[1]["best_test_acc"], rows[1]["epochs"]) == ("0.9812", "3"), rows[1]
