@@ -132,9 +132,37 @@ def unknown_key(full_key: str, schema_name: str | None) -> str:
                 f"{'it' if len(owners) == 1 else 'one'} (e.g. launch {group}={owners[0]} {full_key}=...)")
     guess = ([TORCHRUN_NAMES[leaf]] if not prefix and leaf in TORCHRUN_NAMES
              else difflib.get_close_matches(leaf, known, n=1))
+    if not guess and not prefix:  # (a section's key typed without it: compile=false, width=64 of recipe=text)
+        owner = _section_with(leaf)
+        guess = [f"{owner}.{leaf}"] if owner else []
     hint = f"did you mean {prefix}{guess[0]}? " if guess else ""
     listing = ", ".join(prefix + k for k in known)
     return f"unknown key '{full_key}': {hint}known keys: {listing}"
+
+
+def _section_with(leaf: str) -> str | None:
+    """The section whose key `leaf` is, for a key typed without its section: a typed section of Config
+    (`compile` -> perf), else the recipe this command line names (or the default), its own schema
+    (`width` of recipe=text, `hidden` of a user's recipe); None where none holds it."""
+    import sys
+
+    for field in dataclasses.fields(config.Config):
+        node = _section(config.Config, field.name)
+        if dataclasses.is_dataclass(node) and leaf in {f.name for f in dataclasses.fields(node)}:
+            return field.name
+    named = [a.partition("=")[2] for a in sys.argv[1:] if a.partition("=")[0].lstrip("+") == "recipe"]
+    chosen = named[-1] if named and "," not in named[-1] else "digits"  # (conf/config.yaml's default)
+    schema = config.SCHEMAS.get(("recipe", chosen))
+    if schema is None:  # a user's recipe module (imported already: compose.register_user_recipe, before Hydra)
+        try:
+            from launcher.recipes import recipe_class
+
+            schema = recipe_class(chosen).Config
+        except Exception:  # noqa: BLE001 - not a recipe after all: no hint rather than another error
+            schema = None
+    if dataclasses.is_dataclass(schema) and leaf in {f.name for f in dataclasses.fields(schema)}:
+        return "recipe"
+    return None
 
 
 def _options_with_key(full_key: str) -> list[str]:

@@ -13,6 +13,8 @@ CASES = [
     ("recipe.modle=cnn", "did you mean recipe.model?"),
     ("recipe=imagenet", "recipe=imagenet is not valid: choose one of cifar10, cifar10_fast, digits"),
     ("recipe=digts", "(did you mean recipe=digits?)"),
+    ("compile=false", "unknown key 'compile': did you mean perf.compile?"),  # (a section's key without it)
+    ("recipe=text width=64", "unknown key 'width': did you mean recipe.width?"),
     ("recipe=my_recipe.py", "recipe=my_recipe.py is not valid: a recipe is named as a module, without .py: "
                             "recipe=my_recipe imports my_recipe.py"),
     ("optim=adamm", "optim=adamm is not valid: choose one of adamw, muon, sgd (did you mean optim=adamw?)"),

@@ -536,6 +536,9 @@ MUTANTS = [
            "        self.logged = {} if self.results else _logged(self.run_dir)", "        self.logged = {}",
            ("tests/unit/test_sweep_packing.py::test_a_run_stopped_before_its_results_shows_the_epochs_it_logged_but_"
             "is_never_the_best",)),
+    Mutant("a section's key typed without its section gets no hint", "launcher/host/hydra_errors.py",
+           '        guess = [f"{owner}.{leaf}"] if owner else []', "        guess = []",
+           ("tests/cli/test_bad_input.py::test_one_clear_line_and_exit_2",)),
     Mutant("a resume's network of another shape left to the workers", "launcher/host/resume.py",
            "    why = in_child(_network_misfit, recipe, resume.shapes)", "    why = None",
            ("tests/distributed/test_fsdp.py::test_a_damaged_sharded_checkpoint_is_one_line_before_any_worker",)),
