@@ -79,8 +79,9 @@ def run_script(path: Path, argv: list[str], run_dir: Path, nprocs: int, worker_e
         except NodeLost as lost:  # (several machines) the rendezvous vanished mid-run: ranks here stopped
             return Outcome(1, error=f"{lost}; this node's ranks of {path.name} were stopped; their output is in {logs}")
         except SignalException as sig:
-            return Outcome(128 + int(sig.sigval), error=f"stopped by signal {sig.sigval}: all ranks of {path.name} "
-                                                       f"ended; their output is in {logs}", stopped=True)
+            name = signal.Signals(int(sig.sigval)).name  # (as a recipe's stop says it: stopped by SIGINT)
+            return Outcome(128 + int(sig.sigval), error=f"stopped by {name}: all ranks of {path.name} ended; their "
+                                                       f"output is in {logs}", stopped=True)
     return Outcome(0)
 
 

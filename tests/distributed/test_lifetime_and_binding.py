@@ -171,6 +171,33 @@ def test_script_ranks_die_with_a_launcher_killed_outright(tmp_path):
         kill_tagged(tag)
 
 
+def test_ctrl_c_of_a_script_ends_its_ranks_and_says_so_as_a_recipes_stop_does(tmp_path):
+    """A new user's trial: a script's Ctrl-C said "stopped by signal 2", a recipe's "stopped by SIGINT"."""
+    (tmp_path / "train.py").write_text(
+        "import time, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "print('rank', dist.get_rank(), 'ready', flush=True)\n"
+        "time.sleep(300)\n")
+    tag = f"script-int-{os.getpid()}"
+    proc = subprocess.Popen(launch_command("script=train.py", "gpus=[]", "nprocs=2"), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=clean_env(LAUNCH_TEST_TAG=tag))
+    try:
+        ready = 0
+        for line in proc.stdout:
+            ready += "ready" in line
+            if ready == 2:
+                break
+        assert ready == 2
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130, out
+        assert "launch: stopped by SIGINT: all ranks of train.py ended" in out, out
+    finally:
+        stop_tree(proc.pid)
+        kill_tagged(tag)
+
+
 @pytest.mark.parametrize("mode", ["recipe", "script"])
 def test_a_local_launch_listens_on_loopback_only(tmp_path, mode):
     """The rendezvous store, the workers' store (MASTER_PORT) and gloo's sockets: none on `*:port`."""

@@ -539,6 +539,10 @@ MUTANTS = [
     Mutant("a section's key typed without its section gets no hint", "launcher/host/hydra_errors.py",
            '        guess = [f"{owner}.{leaf}"] if owner else []', "        guess = []",
            ("tests/cli/test_bad_input.py::test_one_clear_line_and_exit_2",)),
+    Mutant("a script's stop said by the signal's number", "launcher/host/script.py",
+           "            name = signal.Signals(int(sig.sigval)).name", "            name = f'signal {int(sig.sigval)}'",
+           ("tests/distributed/test_lifetime_and_binding.py::test_ctrl_c_of_a_script_ends_its_ranks_and_says_so_as_a_"
+            "recipes_stop_does",)),
     Mutant("a resume's network of another shape left to the workers", "launcher/host/resume.py",
            "    why = in_child(_network_misfit, recipe, resume.shapes)", "    why = None",
            ("tests/distributed/test_fsdp.py::test_a_damaged_sharded_checkpoint_is_one_line_before_any_worker",)),
