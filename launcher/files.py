@@ -171,6 +171,29 @@ def read_json(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def read_json_lines(path: Path) -> list[dict]:
+    """The JSON objects of a JSON-lines file a run appends to (metrics.jsonl), one a line; a line cut short by
+    a stopped writer, or not an object, is left out; [] when it is missing or not a regular file (a FIFO
+    would block the reader forever)."""
+    import json
+
+    try:
+        if not Path(path).is_file():
+            return []
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 def write_json(path: Path, data: object) -> None:
     import json
 

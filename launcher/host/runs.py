@@ -36,6 +36,7 @@ from launcher.files import (
     RESULTS,
     SWEEP_MARK,
     read_json,
+    read_json_lines,
 )
 from launcher.host.resume import latest
 from launcher.host.rundir import pid_alive, read_claim
@@ -67,15 +68,7 @@ def describe(run_dir: Path) -> dict[str, Any]:
     results = read_json(run_dir / RESULTS) or read_json(run_dir / EVAL)
     ended = read_json(run_dir / OUTCOME)
     values = _config_values(run_dir)
-    rows = []
-    if (run_dir / METRICS).is_file():  # (a FIFO would block; a folder, or no permission, raises: unreadable)
-        for line in (run_dir / METRICS).read_text(errors="replace").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
+    rows = read_json_lines(run_dir / METRICS)
     accs = [r["test_acc"] for r in rows if isinstance(r.get("test_acc"), (int, float))]
     best = results.get("best_test_acc") or results.get("test_acc") or (max(accs) if accs else None)
     # a recipe's own figure where it has no accuracy: its sweep.objective's best (minimized where an error)

@@ -14,13 +14,12 @@ key against throughput and the objective (test accuracy, or the recipe's own fig
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launcher.config import Config, minimized
-from launcher.files import METRICS, RESULTS, read_json
+from launcher.files import METRICS, RESULTS, read_json, read_json_lines
 from launcher.host.outcome import RunFailed, effective_objective, objective_of
 
 
@@ -95,18 +94,7 @@ def _logged(run_dir: Path) -> dict[str, Any]:
     """What a run that ended without its results.json (stopped by Ctrl-C, failed) logged, for its row of the
     summary: its last epoch's figures as `final`, its last and best test accuracy; {} where it logged no
     epoch. Shown only: the sweep's objective and best line take finished runs' results alone."""
-    rows = []
-    try:
-        text = (run_dir / METRICS).read_text(errors="replace")
-    except OSError:
-        return {}
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:  # (a line cut short by the stop)
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
+    rows = read_json_lines(run_dir / METRICS)
     if not rows:
         return {}
     accs = [r["test_acc"] for r in rows if isinstance(r.get("test_acc"), (int, float))]

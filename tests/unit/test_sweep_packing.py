@@ -274,3 +274,9 @@ def test_a_run_stopped_before_its_results_shows_the_epochs_it_logged_but_is_neve
     assert "best: job 0 (lr=0), test_acc 95.00%" in table  # (not the stopped run's 98.12%)
     rows = list(csv.DictReader(open(tmp_path / "summary.csv")))
     assert (rows[1]["best_test_acc"], rows[1]["epochs"]) == ("0.9812", "3"), rows[1]
+    # a metrics.jsonl that is not a regular file (a FIFO would block its reader forever) is not read
+    import os
+
+    (tmp_path / "2").mkdir()
+    os.mkfifo(tmp_path / "2" / "metrics.jsonl")
+    assert _job(2, tmp_path, exit_code=143).logged == {}
