@@ -1,5 +1,6 @@
 """Nothing outlives a launch, however it was started or killed; a local launch listens on loopback only."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -145,14 +146,15 @@ def test_a_sweep_under_another_launcher_killed_outright_leaves_no_run_or_worker(
         kill_tagged(tag)
 
 
-def test_script_ranks_die_with_a_launcher_killed_outright(tmp_path):
-    """elastic starts a script's ranks in sessions of their own; a kill -9 of the launcher must end them."""
+@contextlib.contextmanager
+def sleeping_script(tmp_path, tag: str):
+    """`launch script=train.py` on 2 CPU ranks that meet and then sleep, started cold and tagged `tag`; yields the
+    launch process once both ranks said they are ready, and ends whatever of it is left afterwards."""
     (tmp_path / "train.py").write_text(
         "import time, torch.distributed as dist\n"
         "dist.init_process_group('gloo')\n"
         "print('rank', dist.get_rank(), 'ready', flush=True)\n"
         "time.sleep(300)\n")
-    tag = f"script-{os.getpid()}"
     proc = subprocess.Popen(launch_command("script=train.py", "gpus=[]", "nprocs=2"), cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=clean_env(LAUNCH_TEST_TAG=tag))
@@ -163,39 +165,28 @@ def test_script_ranks_die_with_a_launcher_killed_outright(tmp_path):
             if ready == 2:
                 break
         assert ready == 2
-        ranks = tagged(tag) - {proc.pid}
-        assert len(ranks) >= 2, ranks
-        kill_and_expect_nothing_left(proc, tag, within=10)
+        yield proc
     finally:
         stop_tree(proc.pid)
         kill_tagged(tag)
+
+
+def test_script_ranks_die_with_a_launcher_killed_outright(tmp_path):
+    """elastic starts a script's ranks in sessions of their own; a kill -9 of the launcher must end them."""
+    tag = f"script-{os.getpid()}"
+    with sleeping_script(tmp_path, tag) as proc:
+        ranks = tagged(tag) - {proc.pid}
+        assert len(ranks) >= 2, ranks
+        kill_and_expect_nothing_left(proc, tag, within=10)
 
 
 def test_ctrl_c_of_a_script_ends_its_ranks_and_says_so_as_a_recipes_stop_does(tmp_path):
     """A new user's trial: a script's Ctrl-C said "stopped by signal 2", a recipe's "stopped by SIGINT"."""
-    (tmp_path / "train.py").write_text(
-        "import time, torch.distributed as dist\n"
-        "dist.init_process_group('gloo')\n"
-        "print('rank', dist.get_rank(), 'ready', flush=True)\n"
-        "time.sleep(300)\n")
-    tag = f"script-int-{os.getpid()}"
-    proc = subprocess.Popen(launch_command("script=train.py", "gpus=[]", "nprocs=2"), cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=clean_env(LAUNCH_TEST_TAG=tag))
-    try:
-        ready = 0
-        for line in proc.stdout:
-            ready += "ready" in line
-            if ready == 2:
-                break
-        assert ready == 2
+    with sleeping_script(tmp_path, f"script-int-{os.getpid()}") as proc:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 130, out
         assert "launch: stopped by SIGINT: all ranks of train.py ended" in out, out
-    finally:
-        stop_tree(proc.pid)
-        kill_tagged(tag)
 
 
 @pytest.mark.parametrize("mode", ["recipe", "script"])
