@@ -808,11 +808,14 @@ class SlurmBackendConfig(BackendConfig):
 # ---- the other sections -------------------------------------------------------------------------
 
 
+DEFAULT_DATA_ROOT = "~/.cache/launcher/data"  # data.root where LAUNCH_DATA_ROOT is not set (`launch doctor` reads it)
+
+
 @dataclass
 class DataConfig(Schema):
     """Where the data lives and how it reaches the device."""
 
-    root: str = "${oc.env:LAUNCH_DATA_ROOT,'~/.cache/launcher/data'}"
+    root: str = f"${{oc.env:LAUNCH_DATA_ROOT,'{DEFAULT_DATA_ROOT}'}}"
     """Where datasets are found or downloaded to (LAUNCH_DATA_ROOT, else ~/.cache/launcher/data)."""
     download: bool = True
     """Fetch a missing dataset (checksummed); offline, an error says where to put it."""

@@ -40,7 +40,9 @@ def cache_root(env: os._Environ | dict[str, str] = os.environ) -> Path:
 def default_data_root(env: os._Environ | dict[str, str] = os.environ) -> Path:
     """data.root's default (launcher/config.py DataConfig.root): LAUNCH_DATA_ROOT, else ~/.cache/launcher/data,
     where datasets are downloaded and recipe=text keeps its byte copies of text corpora (`text/`)."""
-    given = env.get("LAUNCH_DATA_ROOT") or "~/.cache/launcher/data"
+    from launcher.config import DEFAULT_DATA_ROOT
+
+    given = env.get("LAUNCH_DATA_ROOT") or DEFAULT_DATA_ROOT
     home = str(env.get("HOME") or Path.home())
     return Path(home + given[1:] if given == "~" or given.startswith("~/") else given)
 
