@@ -107,21 +107,29 @@ def run_in_this_process(path: Path, argv: list[str], worker_env: dict[str, str],
 def _describe(err: Any, path: Path, logs: Path) -> Outcome:
     rank, failure, message = _root_failure(err, logs)
     code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+    last = str(message).strip().splitlines()[-1] if message else None
+    if failure.exitcode == -signal.SIGABRT and last and not last.startswith("Signal "):
+        # it raised, then aborted at exit: a gloo/NCCL group still alive when the interpreter ends aborts
+        # it ("terminate called without an active exception"), and the signal hid what it raised
+        return Outcome(1, error=f"rank {rank} of {path.name} raised {last} (then aborted at exit: signal 6). "
+                                f"Output: {logs}")
     if failure.exitcode < 0:
         how = f"was killed by signal {-failure.exitcode}"
     else:
         how = f"exited with code {failure.exitcode}"
-    text = f"rank {rank} of {path.name} {how}; the other ranks were stopped. Output of every rank: {logs}"
-    if message:
-        text = f"rank {rank} of {path.name} {how}: {str(message).strip().splitlines()[-1]}. Output: {logs}"
-    return Outcome(code, error=text)
+    if last:
+        return Outcome(code, error=f"rank {rank} of {path.name} {how}: {last}. Output: {logs}")
+    return Outcome(code, error=f"rank {rank} of {path.name} {how}; the other ranks were stopped. Output of every "
+                               f"rank: {logs}")
 
 
 def _message(failure: Any, logs: Path) -> str | None:
     message = failure.message if isinstance(failure.message, str) else (failure.message or {}).get("message")
-    if not message or "To enable traceback" in str(message):
+    if not message or "To enable traceback" in str(message) or failure.exitcode == -signal.SIGABRT:
+        # (elastic's message for a rank that aborted is "Signal 6 (SIGABRT) received by PID N": what it
+        # raised before aborting, when it did, is in its stderr log)
         local = getattr(failure, "local_rank", None)
-        message = _raised(logs, local) if local is not None else None
+        message = (_raised(logs, local) if local is not None else None) or message
     return message
 
 

@@ -46,8 +46,36 @@ def test_a_rank_that_raises_is_named_with_its_error_not_the_echo_on_its_peers(la
     torch's @record leaves no error file), not "exited with code 1", nor the gloo error its peer got."""
     result = launch(f"script={SCRIPT}", *CPU2, "--", "--raise-rank", "1")
     assert result.returncode == 1, result.output
-    assert "launch: rank 1 of torchrun_style_script.py exited with code 1: ValueError: a bad batch on rank 1." \
-        in result.stderr, result.stderr
+    # (the rank exits 1, or, its gloo group alive at exit, aborts after the traceback: both say what it raised)
+    said = [line for line in result.stderr.splitlines() if line.startswith("launch: rank 1 of torchrun_style_script")]
+    assert said and ("exited with code 1: ValueError: a bad batch on rank 1." in said[0]
+                     or "raised ValueError: a bad batch on rank 1 (then aborted at exit" in said[0]), result.stderr
+
+
+def test_a_rank_that_raised_then_aborted_at_exit_is_named_with_what_it_raised(tmp_path):
+    """A script that raises leaves its gloo group alive; at exit that can abort the process (SIGABRT), and
+    elastic's record says only "Signal 6 (SIGABRT) received": the line said "killed by signal 6" (CI, 2026-11-30)."""
+    from types import SimpleNamespace
+
+    from launcher.host.script import _describe
+
+    logs = tmp_path / "logs"
+    folder = logs / "launch-x" / "attempt_0" / "1"
+    folder.mkdir(parents=True)
+    (folder / "stderr.log").write_text("[rank1]: Traceback (most recent call last):\n"
+                                       "[rank1]:   File \"train.py\", line 7, in <module>\n"
+                                       "[rank1]: ValueError: a bad batch\n"
+                                       "terminate called without an active exception\n")
+    failures = {1: SimpleNamespace(local_rank=1, timestamp=1700000000, exitcode=-6,
+                                   message="Signal 6 (SIGABRT) received by PID 11836")}
+    err = SimpleNamespace(failures=failures, get_first_failure=lambda: (1, failures[1]))
+    outcome = _describe(err, Path("train.py"), logs)
+    assert outcome.exit_code == 1 and outcome.error.startswith("rank 1 of train.py raised ValueError: a bad batch "
+                                                               "(then aborted at exit"), outcome
+    # an abort with no traceback before it is still said as the signal it was
+    (folder / "stderr.log").write_text("terminate called without an active exception\n")
+    assert _describe(err, Path("train.py"), logs).error.startswith("rank 1 of train.py was killed by signal 6: "
+                                                                    "Signal 6 (SIGABRT)")
 
 
 def test_of_ranks_failed_together_the_one_whose_error_is_its_own_is_named(tmp_path):
