@@ -7,7 +7,7 @@
 #   COMMIT=abc1234 bash bench/llama.sh 1b      # Llama 3.2 1B's shape, 2 x 8,192 a GPU: one GPU, then fsdp on two
 #   COMMIT=abc1234 bash bench/llama.sh fp8     # the 8b launch with perf.precision=fp8 (torchao carried in .whl)
 #   COMMIT=abc1234 bash bench/llama.sh reshard # Llama 3.2 1B's shape under fsdp on two GPUs, 2 x 8,192 a GPU, with
-#                                               # strategy.reshard_after_forward true, then false
+#                                               # strategy.reshard_after_forward true, false, then auto (the default: its choice in its log)
 #   COMMIT=abc1234 bash bench/llama.sh ckpt    # ONE GPU: Llama 3.2 1B's shape under fsdp, 3 epochs without
 #                                               # checkpoints, 2 with (each epoch's sharded save written while the
 #                                               # next trains), that run resumed for its third, and exported
@@ -68,7 +68,7 @@ case "$1" in
         data=/tmp/shards-1b
         python3 bench/make_token_shards.py $data --shards 1 --tokens-per-shard 2000000 --val-tokens 20000 \
             --vocab-size 128256 >/dev/null
-        for r in true false; do
+        for r in true false auto; do
             timeout 140 python3 -m launcher "${common[@]}" "recipe.corpus=$data/gen_*.bin" recipe.size=1b gpus=[0,1] \
                 strategy=fsdp strategy.meta_init=true strategy.reshard_after_forward=$r batch_size=4 epochs=2 \
                 hydra.run.dir=/tmp/run-1b-reshard-$r 2>&1 | tee -a "$log"

@@ -8,9 +8,9 @@ type cannot (ranges, combinations), before anything starts. Workers get the comp
 
 Each field's docstring (the string under it) says what the key does; conf/ holds the values, BENCHMARKS.md
 what the speed settings measured. The true | false | auto keys (perf.compile, perf.cuda_graph,
-perf.cudnn_benchmark) are one Enum, Toggle: YAML and the command line give true and false as bools, which
-OmegaConf's Enum nodes refuse, so the composed config holds them as typed and the schema turns them into
-Toggles when it is built (PerfConfig.__post_init__); a value that is none of the three is check's one line.
+perf.cudnn_benchmark, strategy.reshard_after_forward) are one Enum, Toggle: YAML and the command line give true
+and false as bools, which OmegaConf's Enum nodes refuse, so the composed config holds them as typed and the schema
+turns them into Toggles when it is built (`__post_init__`); a value that is none of the three is check's one line.
 
 Sections, by who reads them:
     recipe     what is trained: the recipe's name, its model and its own hyper-parameters
@@ -703,8 +703,9 @@ class FSDPConfig(StrategyConfig):
     """The process group's backend."""
     timeout_s: int = 600
     """A collective that waits longer than this ends the launch instead of hanging."""
-    reshard_after_forward: bool = True
-    """Free each unit's gathered weights after its forward (less memory, gathered again for the backward)."""
+    reshard_after_forward: ToggleKey = Toggle.auto
+    """Free each unit's gathered weights after its forward (less memory, gathered again for the backward): true,
+    false, or auto (false where the memory estimate has room for them all, else true). Never the last unit's."""
     min_unit_params: int = 100_000_000
     """The fewest parameters a shard unit holds: consecutive blocks gathered together (0: a unit per block)."""
     mixed_precision: bool = True
@@ -714,9 +715,19 @@ class FSDPConfig(StrategyConfig):
     meta_init: bool = False
     """Build on the meta device and materialize only each rank's shard (false: whole on the device, as ddp)."""
 
+    def __post_init__(self) -> None:
+        """reshard_after_forward as a Toggle, as PerfConfig reads its true | false | auto keys."""
+        setting = Toggle.read(self.reshard_after_forward)
+        if setting is not None:
+            self.reshard_after_forward = setting
+
     def check(self, at: str) -> None:
         check_int(f"{at}.timeout_s", self.timeout_s, 1, f"{at}.timeout_s=600")
         check_int(f"{at}.min_unit_params", self.min_unit_params, 0, f"{at}.min_unit_params=0")
+        if not isinstance(self.reshard_after_forward, Toggle):
+            raise ConfigError(f"{at}.reshard_after_forward", self.reshard_after_forward, "choose true, false or "
+                              "auto (false where the memory estimate has room for the gathered weights)",
+                              f"{at}.reshard_after_forward=auto")
 
 
 @dataclass

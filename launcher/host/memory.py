@@ -11,7 +11,9 @@ by one forward on the meta device (`Recipe.batch_to_size`; launcher/strategies/r
 under the run's perf.activation_checkpointing: where state and activations together outgrow the device, the
 line names the estimate and the checkpointing mode or the batch size that fits. Temporary buffers, the CUDA
 context and the allocator's slack come on top: an estimate that passes can still run out (the worker then says
-so: launcher/train/stops.py)."""
+so: launcher/train/stops.py). What the estimate leaves of the device (`Fit.spare_bytes`, less a margin for those)
+is told to the strategy (`Strategy.fit_memory`), which may spend it on speed: fsdp keeps each unit's gathered
+weights from its forward to its backward where they fit there."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import pickle
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from launcher.errors import LaunchError
@@ -34,6 +37,16 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 T = TypeVar("T")
+MARGIN = 0.15  # the share of a device kept out of `Fit.spare_bytes`: temporaries, the CUDA context, the allocator
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What the check found of a run that fits (a run that does not is refused: LaunchError)."""
+
+    line: str | None = None  # the estimate in a line (`launch ... dry_run=true` shows it); None where there is none
+    parameters: int = 0  # the model's, counted on the meta device (0: not counted)
+    spare_bytes: int | None = None  # a rank's device less the state, the activations and MARGIN; None: not estimated
 
 
 def training_state(model: nn.Module, plan: Plan) -> tuple[int, int]:
@@ -68,9 +81,9 @@ def capacity(plan: Plan) -> tuple[int, str] | None:
     return available // ranks, f"this machine has {available / GIB:.0f} GiB of memory available{share}"
 
 
-def check_fits(recipe: Recipe, plan: Plan) -> str | None:
+def check_fits(recipe: Recipe, plan: Plan) -> Fit:
     """Refuse (exit 2, one line) a run whose training state, or its state and activations, do not fit its
-    devices. Returns the estimate in a line (`launch ... dry_run=true` shows it), None where there is none."""
+    devices. Returns what was found of one that fits: its estimate in a line, and what it leaves spare."""
     return in_child(_check_fits, recipe, plan)
 
 
@@ -115,18 +128,20 @@ def in_child(check: Callable[..., T], *args: Any) -> T:
     return said
 
 
-def _check_fits(recipe: Recipe, plan: Plan) -> str | None:
+def _check_fits(recipe: Recipe, plan: Plan) -> Fit:
     from launcher.models import configured
 
     if configured(plan.config.model):  # (not the recipe's own: the launcher builds none of those, launcher/models.py)
-        return "not estimated: a network from config (model._target_) is built in the workers only"
+        return Fit("not estimated: a network from config (model._target_) is built in the workers only")
     model = recipe.model_to_size()
     room = capacity(plan) if model is not None else None
     if model is None or room is None:
-        return None
+        return Fit()
     (count, need), (holds, where) = training_state(model, plan), room
     if need <= holds:
-        return check_activations(recipe, model, plan, need, holds, where)
+        line, used = check_activations(recipe, model, plan, need, holds, where)
+        spare = None if used is None else int(holds * (1 - MARGIN)) - used
+        return Fit(line, count, spare)
     cfg = plan.config
     what = f"{count / 1e9:.2f}B parameters" if count >= 1e8 else f"{count / 1e6:.0f}M parameters"
     copies = cfg.optim.state_copies
@@ -171,23 +186,24 @@ def activations(recipe: Recipe, model: nn.Module, plan: Plan) -> tuple[Activatio
 
 
 def check_activations(recipe: Recipe, model: nn.Module, plan: Plan, state_bytes: int, holds: int,
-                      where: str) -> str:
+                      where: str) -> tuple[str, int | None]:
     """Refuse (exit 2, one line) a run whose training state and activations together outgrow its devices,
-    naming what fits: a checkpointing mode, else a smaller batch. Returns the estimate that fits, in a line."""
+    naming what fits: a checkpointing mode, else a smaller batch. Returns the estimate that fits, in a line,
+    and the bytes it comes to a rank (None where the activations could not be estimated)."""
     from launcher.config import Recompute
     from launcher.strategies.recompute import mode_of
 
     measured = activations(recipe, model, plan)
     state = f"~{state_bytes / GIB:.1f} GiB of weights, gradients and optimizer state"
     if measured is None:
-        return f"{state} a rank (activations not estimated); {where}"
+        return f"{state} a rank (activations not estimated); {where}", None
     estimate, micro = measured
     mode = mode_of(plan.config)
     if state_bytes + estimate.under(mode) <= holds:
         others = ", ".join(f"{m.value} ~{estimate.under(m) / GIB:.1f} GiB" for m in Recompute if m is not mode)
         return (f"~{(state_bytes + estimate.under(mode)) / GIB:.1f} GiB a rank: {state} + "
                 f"~{estimate.under(mode) / GIB:.1f} GiB of activations at a micro-batch of {micro} "
-                f"(perf.activation_checkpointing={mode.value}; {others}); {where}")
+                f"(perf.activation_checkpointing={mode.value}; {others}); {where}"), state_bytes + estimate.under(mode)
     cfg, strategy = plan.config, plan.strategy
     fixes = [f"perf.activation_checkpointing={m.value} (~{(state_bytes + estimate.under(m)) / GIB:.0f} GiB)"
              for m in (Recompute.selective, Recompute.full)

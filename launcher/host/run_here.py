@@ -95,7 +95,9 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
         evaluate, checked, classes = checkpoint_to_evaluate(cfg) if cfg.eval.checkpoint else (None, None, None)
         fits = None
         if recipe is not None and evaluate is None and (joined is None or joined.local_rank == 0):
-            fits = memory.check_fits(recipe(plan.config), plan)  # (training: once a host, before its data and workers)
+            fit = memory.check_fits(recipe(plan.config), plan)  # (training: once a host, before its data and workers)
+            chosen = plan.strategy.fit_memory(fit.spare_bytes, fit.parameters)  # (it travels to the workers)
+            fits = "; ".join(said for said in (fit.line, chosen) if said) or None
         if evaluate is None:  # (every tracker log=[...] picks works here, or goes with a warning)
             tracked, untracked = trackers.check(plan.config)
             plan = dataclasses.replace(plan, config=tracked, notes=(*plan.notes, *untracked))

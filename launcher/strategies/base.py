@@ -140,6 +140,12 @@ class Strategy:
         """A caution to print before the run starts (e.g. DataParallel's cost)."""
         return None
 
+    def fit_memory(self, spare_bytes: int | None, parameters: int) -> str | None:
+        """Told before the workers start (launcher/host/memory.py) what a rank's device has left beside the
+        run's estimated state and activations (None: not estimated) for a model of `parameters`: a strategy
+        with memory to trade for speed decides it here, for its workers, and says its choice in a line."""
+        return None
+
     @property
     def layout(self) -> str | None:
         """How `wrap` laid the model out over the ranks, in one line (fsdp's units), once it has run: the

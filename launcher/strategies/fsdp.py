@@ -1,8 +1,10 @@
 """strategy=fsdp: PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`), one process per GPU (or CPU rank).
 
 Each rank holds 1/world of every weight, gradient and optimizer moment; a unit's weights are gathered
-for its forward and backward (and freed again after the forward with `reshard_after_forward`), and its
-gradients reduce-scattered. The units (`shard_groups`): the model's blocks (its `shard_units()` if it
+for its forward and backward, and its gradients reduce-scattered. Between the two the gathered weights
+are freed (`reshard_after_forward`, less memory) or kept (one all-gather fewer a unit a step); auto keeps
+them where the memory estimate before the workers has room for them (`fit_memory`), and the ranks agree
+on it in `wrap`. The last unit is never freed: its backward comes first. The units (`shard_groups`): the model's blocks (its `shard_units()` if it
 has one, else the modules of its ModuleLists, a Transformer's blocks, else its direct children with
 parameters), consecutive blocks taken together until a unit holds `strategy.min_unit_params`
 parameters (1e8 by default, the threshold of torch's size-based wrapping policy); the blocks left
@@ -65,6 +67,7 @@ class FSDP(DDP):
     lockstep_eval = True
     _layout: str | None = None  # (wrap's units, said in one line: `layout`)
     _plain: tuple[Callable[[], nn.Module], Any] | None = None  # (meta_init: the model's build and the seed's state)
+    keep_gathered: bool | None = None  # (reshard_after_forward=auto: this host's verdict, `fit_memory`; None: none)
 
     @classmethod
     def adjust_perf(cls, perf: PerfConfig) -> tuple[PerfConfig, str | None]:
@@ -119,11 +122,17 @@ class FSDP(DDP):
         if device.type == "cuda" and o.mixed_precision:
             policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         groups = shard_groups(model, o.min_unit_params)
-        for unit in groups:
+        reshard = self._reshard_after_forward(device)
+        for i, unit in enumerate(groups):  # (the last unit's backward comes first: freeing it would only regather it)
             fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy,
-                        reshard_after_forward=o.reshard_after_forward)
+                        reshard_after_forward=reshard and i < len(groups) - 1)
         self._layout = describe_units(model, groups, o.min_unit_params)
-        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=o.reshard_after_forward)
+        if len(groups) > 1:
+            auto = ", by the memory estimate" if o.reshard_after_forward is Toggle.auto else ""
+            self._layout += (f"; reshard_after_forward={str(reshard).lower()}{auto}: " +
+                             ("each unit but the last gathered again for its backward" if reshard else
+                              "each unit's gathered weights kept from its forward to its backward"))
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         if any(p.is_meta for p in model.parameters()):
             model.to_empty(device=device)
             if not (device.type == "cpu" and self._plain is not None and copy_plain_build(model, *self._plain)):
@@ -133,6 +142,39 @@ class FSDP(DDP):
     @property
     def layout(self) -> str | None:
         return self._layout
+
+    def fit_memory(self, spare_bytes: int | None, parameters: int) -> str | None:
+        """reshard_after_forward=auto: keep the units' gathered weights (the whole model, in the dtype it
+        computes in) from each forward to its backward where they fit in what the estimate leaves spare;
+        that saves an all-gather a unit a step. Elsewhere, or without an estimate, free them."""
+        if self.options.reshard_after_forward is not Toggle.auto:
+            return None
+        gathered = parameters * (2 if self.devices.on_gpu and self.options.mixed_precision else 4)
+        self.keep_gathered = spare_bytes is not None and parameters > 0 and gathered <= spare_bytes
+        size = f"~{gathered / 2**30:.1f} GiB"
+        if self.keep_gathered:
+            return (f"strategy.reshard_after_forward=auto: false (the gathered weights, {size}, fit beside the "
+                    "estimate: kept from each unit's forward to its backward)")
+        why = "no estimate" if spare_bytes is None or not parameters else f"the gathered weights, {size}, do not fit " \
+                                                                            "beside the estimate"
+        return f"strategy.reshard_after_forward=auto: true ({why})"
+
+    def _reshard_after_forward(self, device: torch.device) -> bool:
+        """The setting, or under auto what the hosts' estimates say, agreed by every rank (a rank whose
+        units were not freed would skip the all-gathers its peers' backward waits in): kept gathered only
+        where a host judged it and none found it too big; a host that did not judge (torchrun's ranks
+        other than a node's first) has no say."""
+        import torch
+        import torch.distributed as dist
+
+        setting = self.options.reshard_after_forward
+        if setting is not Toggle.auto:
+            return setting is Toggle.true
+        votes = torch.tensor([self.keep_gathered is not None, self.keep_gathered is False], dtype=torch.int32,
+                             device=device)
+        dist.all_reduce(votes)
+        judged, against = votes.tolist()
+        return judged == 0 or against > 0
 
     @contextlib.contextmanager
     def no_sync(self, nets: Nets) -> Iterator[None]:

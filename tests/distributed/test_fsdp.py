@@ -59,15 +59,21 @@ def test_fsdp_and_ddp_on_two_ranks_follow_one_ranks_loss_curve_and_fsdp_shards_i
 
 @pytest.mark.parametrize("resumed_as", [("strategy=fsdp", "nprocs=1"),
                                         ("strategy=fsdp", "nprocs=2", "strategy.min_unit_params=0"),
+                                        ("strategy=fsdp", "nprocs=2", "strategy.min_unit_params=0",
+                                         "strategy.reshard_after_forward=true"),
                                         ("strategy=ddp", "nprocs=2"), ("strategy=single",)])
 def test_a_sharded_checkpoint_resumes_on_other_ranks_and_strategies(launch, fsdp_run, text_root, resumed_as):
     """Saved on 2 ranks (this small GPT one unit, the root); resumed on 1, on 2 with every block a unit of
-    its own, under ddp, and in one process without torch.distributed: the same third epoch, and no warning
+    its own (their gathered weights kept to the backward, as the memory estimate chooses on this machine, or
+    freed), under ddp, and in one process without torch.distributed: the same third epoch, and no warning
     from torch about reading shards in one process."""
     result = launch(*TOY, f"data.root={text_root}", *resumed_as, "epochs=3", f"resume={fsdp_run / 'fsdp'}",
                     "hydra.run.dir=resumed")
     assert result.returncode == 0, result.output
     assert "UserWarning" not in result.output and "assuming the intent" not in result.output, result.output
+    if "strategy.min_unit_params=0" in resumed_as:
+        chosen = "true:" if "strategy.reshard_after_forward=true" in resumed_as else "false, by the memory estimate:"
+        assert f"; reshard_after_forward={chosen}" in result.results()["sharding"], result.results()["sharding"]
     rows = _rows(result.cwd / "resumed")
     saved = _rows(fsdp_run / "fsdp")
     assert [r["epoch"] for r in rows] == [1, 2, 3] and rows[:2] == saved

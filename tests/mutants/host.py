@@ -22,7 +22,8 @@ SLURM_WAIT = "tests/unit/test_slurm_submission.py::test_backend_wait_follows_the
 MUTANTS = [
     # memory.py
     Mutant("activations not judged beside the state", "launcher/host/memory.py",
-           "        return check_activations(recipe, model, plan, need, holds, where)", "        return None", ACTIVATIONS),
+           "        line, used = check_activations(recipe, model, plan, need, holds, where)",
+           "        line, used = None, None", ACTIVATIONS),
     Mutant("the micro-batch taken as the global batch", "launcher/host/memory.py",
            "    micro = max(1, strategy.batch_per_process // max(1, strategy.accumulate))", "    micro = cfg.batch_size",
            ACTIVATIONS),

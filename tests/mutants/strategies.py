@@ -11,6 +11,11 @@ ESTIMATE = (RECOMPUTE + "::test_the_activation_estimate_grows_with_the_batch_and
 GRAPH_UNIT = "tests/unit/test_step_graph.py"
 FLAT_CPU = "tests/distributed/test_step_graph_cpu.py"
 
+RESHARD_FIT = (FSDP_UNIT + "::test_reshard_after_forward_auto_keeps_the_gathered_weights_where_the_estimate_has_room_"
+               "for_them",)
+RESHARD_VOTE = (FSDP_UNIT + "::test_the_ranks_agree_on_reshard_after_forward_and_the_last_unit_is_never_freed",)
+RESHARD_RUN = ("tests/distributed/test_fsdp.py::test_a_sharded_checkpoint_resumes_on_other_ranks_and_strategies",)
+
 MUTANTS = [
     # ---- __init__.py: choosing the strategy ----
     Mutant("gpus=auto under strategy=auto takes one GPU", "launcher/strategies/__init__.py",
@@ -166,4 +171,22 @@ MUTANTS = [
     Mutant("frozen parameters get flat gradients", "launcher/strategies/gradients.py",
            "trainable = [p for p in params if p.requires_grad][::-1]", "trainable = list(params)[::-1]",
            (GRAPH_UNIT + "::test_frozen_parameters_get_no_flat_gradient",)),
+    # ---- fsdp.py: reshard_after_forward ----
+    Mutant("reshard_after_forward=auto keeps weights gathered that do not fit", "launcher/strategies/fsdp.py",
+           "parameters > 0 and gathered <= spare_bytes", "parameters > 0", RESHARD_FIT),
+    Mutant("gathered weights counted in fp32 under bf16 compute", "launcher/strategies/fsdp.py",
+           "gathered = parameters * (2 if self.devices.on_gpu", "gathered = parameters * (4 if self.devices.on_gpu",
+           RESHARD_FIT),
+    Mutant("one host's 'too big' outvoted by the others", "launcher/strategies/fsdp.py",
+           "return judged == 0 or against > 0", "return judged == 0 or against > 1", RESHARD_VOTE),
+    Mutant("no host judged, and the weights are kept", "launcher/strategies/fsdp.py",
+           "return judged == 0 or against > 0", "return against > 0", RESHARD_VOTE),
+    Mutant("the last unit freed after its forward", "launcher/strategies/fsdp.py",
+           "reshard_after_forward=reshard and i < len(groups) - 1)", "reshard_after_forward=reshard)", RESHARD_VOTE),
+    Mutant("the host's verdict never told to the strategy", "launcher/host/run_here.py",
+           "            chosen = plan.strategy.fit_memory(fit.spare_bytes, fit.parameters)",
+           "            chosen = None", RESHARD_RUN),
+    Mutant("the estimate's margin left out of what is spare", "launcher/host/memory.py",
+           "        spare = None if used is None else int(holds * (1 - MARGIN)) - used",
+           "        spare = None if used is None else holds - used", RESHARD_FIT),
 ]

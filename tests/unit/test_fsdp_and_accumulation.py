@@ -30,7 +30,91 @@ def test_fsdp_is_one_process_per_gpu_or_cpu_rank_and_shards_checkpoints():
     assert s.sharded and not s.overlaps_epoch_ends and s.lockstep_eval
     cpu = choose(gpus=0, nprocs=2).strategy
     assert cpu.processes == 2 and cpu.process_group_backend == "gloo"
-    assert config_of("strategy=fsdp").strategy.reshard_after_forward is True
+    assert config_of("strategy=fsdp").strategy.reshard_after_forward is Toggle.auto
+    assert config_of("strategy=fsdp", "strategy.reshard_after_forward=false").strategy.reshard_after_forward \
+        is Toggle.false
+    with pytest.raises(ConfigError, match="choose true, false or auto"):
+        config_of("strategy=fsdp", "strategy.reshard_after_forward=sometimes")
+
+
+def test_reshard_after_forward_auto_keeps_the_gathered_weights_where_the_estimate_has_room_for_them(fits_on_h100s):
+    """Llama 3.2 1B at 2 x 8,192 tokens with full checkpointing on 2 80 GiB GPUs leaves ~40 GiB beside its
+    estimate: its 2.3 GiB of bf16 weights stay gathered from each unit's forward to its backward (1.9-2.1%
+    faster at 1B on 2 H200s, BENCHMARKS.md section 5). 8B's 15 GiB do not fit beside its ~77 GiB; without an
+    estimate, or with the key typed, nothing is decided here."""
+    shards = ("recipe.vocab_size=128256", "recipe.corpus=/shards/*.npy", "recipe.context=8192", "gpus=2",
+              "strategy=fsdp", "batch_size=4")
+    full = (*shards, "perf.activation_checkpointing=full")
+    said, strategy = fits_on_h100s(*full, "recipe.size=1b", count=2)
+    assert strategy.keep_gathered is True, said
+    assert said.endswith("; strategy.reshard_after_forward=auto: false (the gathered weights, ~2.3 GiB, fit beside "
+                         "the estimate: kept from each unit's forward to its backward)"), said
+    said, strategy = fits_on_h100s(*full, "recipe.size=8b", count=2)
+    assert strategy.keep_gathered is False and said.endswith("auto: true (the gathered weights, ~15.0 GiB, do not fit "
+                                                             "beside the estimate)"), said
+    said, strategy = fits_on_h100s(*full, "recipe.size=1b", "strategy.reshard_after_forward=true", count=2)
+    assert strategy.keep_gathered is None and "reshard_after_forward" not in said, said
+    # 3B with selective checkpointing: ~64 GiB and 6 GiB gathered would fit in 80 GiB, not beside a 15% margin
+    said, strategy = fits_on_h100s(*shards, "recipe.size=3b", "perf.activation_checkpointing=selective", count=2)
+    assert said.startswith("~64.4 GiB a rank") and strategy.keep_gathered is False, said
+    strategy = choose(gpus=2).strategy  # (a network the launcher cannot size: the recipe's own, or from config)
+    assert strategy.fit_memory(None, 0) == "strategy.reshard_after_forward=auto: true (no estimate)"
+    assert strategy.keep_gathered is False
+
+
+@pytest.fixture
+def fits_on_h100s(monkeypatch):
+    """fits(*overrides, count=N) -> (the memory line as a dry run shows it, the strategy told the estimate)
+    for recipe=text on N simulated 80 GiB H100s, as run_here tells it."""
+    from launcher.host import gpus, memory
+    from launcher.host.plan import make_plan
+    from launcher.recipes import recipe_class
+
+    monkeypatch.setattr(gpus, "gpu_loads", lambda visible: [gpus.GpuLoad(i, "H100", 79.0, 80.0, 0)
+                                                          for i in range(len(visible))])
+    monkeypatch.setattr("launcher.host.plan.torch_has_cuda", lambda: True)
+
+    def fits(*overrides: str, count: int):
+        plan = make_plan(config_of("recipe=text", *overrides), env={}, physical_count=count, loads=[])
+        fit = memory.check_fits(recipe_class("text")(plan.config), plan)
+        chosen = plan.strategy.fit_memory(fit.spare_bytes, fit.parameters)
+        return "; ".join(said for said in (fit.line, chosen) if said), plan.strategy
+
+    return fits
+
+
+@pytest.mark.parametrize("setting, verdict, expected", [("auto", None, True), ("auto", True, False),
+                                                        ("auto", False, True), ("true", True, True),
+                                                        ("false", None, False)])
+def test_the_ranks_agree_on_reshard_after_forward_and_the_last_unit_is_never_freed(tmp_path, monkeypatch, setting,
+                                                                                  verdict, expected):
+    """Under auto each rank brings its host's verdict to an all-reduce (a rank left unfreed would skip the
+    all-gathers its peers' backward waits in); none judged means free them. Either way the last unit is
+    kept gathered: its backward comes first, and freeing it would only gather it again."""
+    import torch.distributed as dist
+    import torch.distributed.fsdp as fsdp
+
+    from launcher.recipes.text_models import Llama
+
+    told = []
+    real = fsdp.fully_shard
+
+    def recording(module, **kwargs):
+        told.append(kwargs["reshard_after_forward"])
+        return real(module, **kwargs)
+
+    monkeypatch.setattr(fsdp, "fully_shard", recording)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        strategy = FSDP(FSDPConfig(min_unit_params=0, mixed_precision=False, reshard_after_forward=setting),
+                        Devices(()), processes=1, global_batch=2)
+        strategy.keep_gathered = verdict
+        strategy.wrap(Llama(64, 16, layers=3, width=32, heads=4, kv_heads=2), torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    assert told == [expected, expected, False, expected], told  # (3 blocks a unit each, then the root)
+    assert f"reshard_after_forward={str(expected).lower()}" in strategy.layout, strategy.layout
+    assert ("by the memory estimate" in strategy.layout) == (setting == "auto"), strategy.layout
 
 
 def test_fsdp_compiles_but_says_what_it_turns_off():

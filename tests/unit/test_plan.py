@@ -225,7 +225,7 @@ def fits_on_h100s(monkeypatch):
     def fits(*overrides: str, count: int) -> tuple[bool, str | None]:
         plan = make_plan(config_of("recipe=text", *overrides), env={}, physical_count=count, loads=[])
         try:
-            return True, memory.check_fits(recipe_class("text")(plan.config), plan)
+            return True, memory.check_fits(recipe_class("text")(plan.config), plan).line
         except LaunchError as err:
             return False, str(err)
 
@@ -328,7 +328,7 @@ def test_a_memory_check_child_that_cannot_answer_ends_there_and_never_runs_the_l
     def broken(verdict, out):
         raise BrokenPipeError("the parent is gone")
 
-    monkeypatch.setattr(memory, "_check_fits", lambda recipe, plan: "fits")
+    monkeypatch.setattr(memory, "_check_fits", lambda recipe, plan: memory.Fit("fits"))
     monkeypatch.setattr(memory.pickle, "dump", broken)
     me = os.getpid()
     try:

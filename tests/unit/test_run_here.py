@@ -126,7 +126,7 @@ def test_a_dry_run_names_the_network_from_config_and_says_its_memory_is_not_esti
 
     cfg = config_of("recipe=text", "gpus=[]", "model._target_=torch.nn.Identity")
     plan = make_plan(cfg, env={}, physical_count=0, loads=[])
-    fits = memory.check_fits(recipe_class("text")(plan.config), plan)
+    fits = memory.check_fits(recipe_class("text")(plan.config), plan).line
     said = describe_dry_run(plan, tmp_path, None, None, fits)
     assert said.startswith("dry run: nothing started. text (torch.nn.Identity): "), said
     assert "  memory        not estimated: a network from config (model._target_) is built in the workers only" \
