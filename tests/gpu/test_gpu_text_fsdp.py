@@ -92,7 +92,8 @@ def test_fsdp_follows_ddp_on_two_gpus_with_less_memory_per_gpu(launch, tmp_path)
     runs = {}
     for strategy in ("ddp", "fsdp"):
         result = launch(*WIDE, "gpus=[0,1]", f"strategy={strategy}", f"data.root={tmp_path / 'data'}",
-                        *(("strategy.mixed_precision=false", "strategy.min_unit_params=0") if strategy == "fsdp"
+                        *(("strategy.mixed_precision=false", "strategy.min_unit_params=0",
+                           "strategy.reshard_after_forward=true") if strategy == "fsdp"
                           else ("perf.cuda_graph=false",)),
                         f"hydra.run.dir={strategy}", timeout=600)
         assert result.returncode == 0, result.output
@@ -103,7 +104,8 @@ def test_fsdp_follows_ddp_on_two_gpus_with_less_memory_per_gpu(launch, tmp_path)
     # 0.72x measured on 2x H200 at d2da8c6 (1083.9 vs 1505.3 MB). Chunks now follow batch_size; the one-GPU
     # probe of a 2-rank world (bench/probe/fsdp_memory.py) then reads 606 MB against ddp's 1031 (0.59x;
     # ddp's rank 0 also stages its 581 MB checkpoint on the GPU, which this peak counts: ~0.43x).
-    # (sharded a block a unit: by default this 50M-parameter model would be one unit, gathered whole)
+    # (sharded a block a unit: by default this 50M-parameter model would be one unit, gathered whole; each
+    # unit freed after its forward, where auto would keep them all gathered: the H200 has room)
     assert fsdp["max_mem_allocated_mb"] <= 0.6 * ddp["max_mem_allocated_mb"], (ddp, fsdp)
 
 
@@ -137,6 +139,8 @@ def test_a_llama_trains_on_cuda_compiled_past_the_unigram_baseline(launch, tmp_p
     assert final["tokens_per_s"] > 0 and 0 < final["mfu"] < 1, final
     assert final["test_bpb"] < 0.8 * r["unigram_test_bpb"], (final, r["unigram_test_bpb"])
     assert (result.run_dir() / "sample.txt").read_text().startswith("def ")
+    if "strategy=fsdp" in how:  # (the GPU's memory, read by NVML, has room for the gathered weights)
+        assert "reshard_after_forward=false, by the memory estimate" in r["sharding"], r["sharding"]
 
 
 def test_fp8_trains_a_compiled_llama_on_cuda_as_its_bf16_run_does(launch, tmp_path):
