@@ -119,6 +119,15 @@ class Recompute(Choice):
     """Keep each block's matmul, attention and convolution outputs; recompute the rest, op by op."""
 
 
+class Decay(Choice):
+    """The learning rate's course after the warm-up (launcher/train/optim.py: warmup_then_decay)."""
+
+    linear = "linear"
+    """A straight line from lr down to its floor at the run's last step."""
+    cosine = "cosine"
+    """Half a cosine from lr down to its floor (nanoGPT's, Llama's and torchtitan's)."""
+
+
 class Precision(Choice):
     """The dtype the forward and backward passes compute in (autocast)."""
 
@@ -533,15 +542,19 @@ class TextConfig(RecipeConfig):
 
 @dataclass
 class OptimConfig(Schema):
-    """Every optimizer: `lr` (top level) is its rate, with a triangular schedule (a linear warm-up
-    over `warmup_epochs`, then a linear decay to 0 at the end of the run)."""
+    """Every optimizer: `lr` (top level) is its rate, with a schedule: a linear warm-up over
+    `warmup_epochs`, then a linear or cosine decay (`decay`) to lr x `min_lr_ratio` at the end of the run."""
 
     name: str = MISSING
     """The optimizer: sgd, adamw or muon."""
     weight_decay: float = 5e-4
     """L2 weight decay."""
     warmup_epochs: float = 1.0
-    """Epochs of the schedule's linear warm-up from 0 to lr."""
+    """Epochs of the schedule's linear warm-up from 0 to lr (fractions of an epoch too: 0.05)."""
+    decay: Decay = Decay.linear
+    """After the warm-up: linear or cosine, from lr down to lr x min_lr_ratio at the run's last step."""
+    min_lr_ratio: float = 0.0
+    """Where the decay ends, as a fraction of lr (nanoGPT and Llama 3: 0.1)."""
     clip_grad_norm: float = 0.0
     """Scale gradients down to this global L2 norm (all parameters and ranks) when larger, each step; 0: never."""
 
@@ -555,6 +568,10 @@ class OptimConfig(Schema):
         check_float(f"{at}.weight_decay", self.weight_decay, f"{at}.weight_decay=5e-4", positive=False)
         check_float(f"{at}.warmup_epochs", self.warmup_epochs, f"{at}.warmup_epochs=1", positive=False)
         check_float(f"{at}.clip_grad_norm", self.clip_grad_norm, f"{at}.clip_grad_norm=1.0", positive=False)
+        check_float(f"{at}.min_lr_ratio", self.min_lr_ratio, f"{at}.min_lr_ratio=0.1", positive=False)
+        if self.min_lr_ratio > 1:
+            raise ConfigError(f"{at}.min_lr_ratio", self.min_lr_ratio, "a fraction of lr from 0 to 1 (where the "
+                              "decay ends)", f"{at}.min_lr_ratio=0.1")
 
 
 @dataclass

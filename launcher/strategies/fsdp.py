@@ -4,12 +4,13 @@ Each rank holds 1/world of every weight, gradient and optimizer moment; a unit's
 for its forward and backward, and its gradients reduce-scattered. Between the two the gathered weights
 are freed (`reshard_after_forward`, less memory) or kept (one all-gather fewer a unit a step); auto keeps
 them where the memory estimate before the workers has room for them (`fit_memory`), and the ranks agree
-on it in `wrap`. The last unit is never freed: its backward comes first. The units (`shard_groups`): the model's blocks (its `shard_units()` if it
-has one, else the modules of its ModuleLists, a Transformer's blocks, else its direct children with
-parameters), consecutive blocks taken together until a unit holds `strategy.min_unit_params`
-parameters (1e8 by default, the threshold of torch's size-based wrapping policy); the blocks left
-over, all of a smaller model, are gathered with the root, which is sharded last. On GPUs a
-mixed-precision policy computes in bf16 and reduces gradients in fp32.
+on it in `wrap`. The last unit is never freed: its backward comes first.
+
+The units (`shard_groups`): the model's blocks (its `shard_units()` if it has one, else the modules of its
+ModuleLists, a Transformer's blocks, else its direct children with parameters), consecutive blocks taken
+together until a unit holds `strategy.min_unit_params` parameters (1e8 by default, the threshold of torch's
+size-based wrapping policy); the blocks left over, all of a smaller model, are gathered with the root, which
+is sharded last. On GPUs a mixed-precision policy computes in bf16 and reduces gradients in fp32.
 
 Why units of a size and not a block each: FSDP2's hooks cost the host work for every unit and every
 parameter in it, and at a block a unit a small model's step is the host's, not the GPU's. Measured on

@@ -1,6 +1,6 @@
 """Optimizers and learning-rate schedules the trainer builds from the `optim` group.
 
-- sgd / adamw: one optimizer over all parameters, triangular schedule (linear warm-up, linear decay).
+- sgd / adamw: one optimizer over all parameters, a linear warm-up, then a linear or cosine decay.
 - muon: Muon for the model's filter matrices (torch.optim.Muon's update, in the capturable form below),
   Nesterov SGD for everything else, as in Keller Jordan's CIFAR-10 speed records. The model says which
   parameters are which through `parameter_roles()` (see recipes/vision_models.py); each role gets its
@@ -29,22 +29,31 @@ from typing import Any
 import torch
 from torch import nn
 
-from launcher.config import AdamWConfig, MuonConfig, OptimConfig, SGDConfig
+from launcher.config import AdamWConfig, Decay, MuonConfig, OptimConfig, SGDConfig
 from launcher.errors import ConfigError
 
 Schedule = Callable[[int], float]
 
 
-def triangular_schedule(total_steps: int, warmup_steps: int) -> Schedule:
-    """LR multiplier: linear warm-up from ~0 to 1 over warmup_steps, then linear decay to 0 at the end."""
+def warmup_then_decay(total_steps: int, warmup_steps: int, decay: Decay = Decay.linear,
+                      floor: float = 0.0) -> Schedule:
+    """LR multiplier: a linear warm-up from ~0 to 1 over warmup_steps, then a linear or cosine decay to
+    `floor` at total_steps, where it stays."""
     warmup_steps = min(max(warmup_steps, 0), total_steps - 1)
 
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+        left = max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))  # 1 after the warm-up, 0 at the end
+        shape = left if decay is Decay.linear else 0.5 * (1 - math.cos(math.pi * left))
+        return floor + (1 - floor) * shape
 
     return factor
+
+
+def schedule_of(o: OptimConfig, total: int, steps_per_epoch: int) -> Schedule:
+    """The `optim` group's schedule for a run of `total` steps."""
+    return warmup_then_decay(total, round(o.warmup_epochs * steps_per_epoch), o.decay, o.min_lr_ratio)
 
 
 def linear_decay(total_steps: int) -> Schedule:
@@ -135,7 +144,7 @@ def capturable(optimizer: torch.optim.Optimizer) -> bool:
 def _sgd(o: SGDConfig, lr: float, total: int, model: nn.Module, steps_per_epoch: int, fused: bool) -> list[Stepper]:
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0,
                           weight_decay=o.weight_decay, fused=fused or None)
-    return [_stepper(opt, triangular_schedule(total, round(o.warmup_epochs * steps_per_epoch)))]
+    return [_stepper(opt, schedule_of(o, total, steps_per_epoch))]
 
 
 def _adamw(o: AdamWConfig, lr: float, total: int, model: nn.Module, steps_per_epoch: int,
@@ -146,7 +155,7 @@ def _adamw(o: AdamWConfig, lr: float, total: int, model: nn.Module, steps_per_ep
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     opt = torch.optim.AdamW(params, lr=lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
                             fused=fused or None)
-    return [_stepper(opt, triangular_schedule(total, round(o.warmup_epochs * steps_per_epoch)))]
+    return [_stepper(opt, schedule_of(o, total, steps_per_epoch))]
 
 
 ROLES = ("matrices", "biases", "stem_bias", "head")  # what muon's groups take (`_muon_and_sgd`)
@@ -192,7 +201,7 @@ def _muon_and_sgd(o: MuonConfig, lr: float, total: int, model: nn.Module, steps_
     The stem's bias trains only for `optim.stem_bias_epochs` epochs, then its LR is 0.
     """
     roles = parameter_roles(model)
-    schedule = triangular_schedule(total, round(o.warmup_epochs * steps_per_epoch))
+    schedule = schedule_of(o, total, steps_per_epoch)
     sgd_groups, schedules = [], []
     for role, group_lr in (("stem_bias", o.sgd_lr), ("biases", o.sgd_lr), ("head", o.head_lr)):
         if roles.get(role):

@@ -4,6 +4,7 @@ any worker starts, and a resumed run really starts after the checkpoint's epoch 
 deterministic too, so the tests look at what only a resume does)."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -46,21 +47,24 @@ def first(finished, tmp_path):
 
 def test_a_resume_trains_with_the_new_settings_and_records_them(launch, first, tmp_path):
     result = launch("gpus=[]", "epochs=4", "resume=first", "hydra.run.dir=second", "lr=0.005",
-                    "optim.weight_decay=0.1", "optim.momentum=0.5")
+                    "optim.weight_decay=0.1", "optim.momentum=0.5", "optim.decay=cosine", "optim.min_lr_ratio=0.1")
     assert result.returncode == 0, result.output
     second = tmp_path / "second"
     got = rows(second)
     assert [r["epoch"] for r in got] == [1, 2, 3, 4]
     assert got[:2] == rows(first)  # epochs 1-2 are the checkpoint's history, not trained again
-    # epoch 3 ends at step 3*STEPS of 4*STEPS, warm-up 1 epoch: this command's lr on this command's schedule
-    factor = (4 * STEPS - 3 * STEPS) / (4 * STEPS - STEPS)
-    assert got[2]["lr"] == pytest.approx(0.005 * factor)
+    # epoch 3 ends at step 3*STEPS of 4*STEPS, warm-up 1 epoch: this command's lr on this command's schedule,
+    # a cosine from 0.005 down to a tenth of it, a third of its way left there
+    left = (4 * STEPS - 3 * STEPS) / (4 * STEPS - STEPS)
+    assert got[2]["lr"] == pytest.approx(0.005 * (0.1 + 0.9 * 0.5 * (1 - math.cos(math.pi * left))))
+    assert got[3]["lr"] == pytest.approx(0.0005)  # (the run's end: the floor, not 0)
     state = torch.load(second / "checkpoints" / "last.pt", weights_only=True)
     group = state["optimizer_state_dicts"][0]["param_groups"][0]
     assert group["weight_decay"] == 0.1 and group["momentum"] == 0.5 and group["initial_lr"] == 0.005
     plan = json.loads((second / "plan.json").read_text())
     assert plan["resume"]["epoch"] == 2
     assert plan["resume"]["changed"] == {"optim.weight_decay": [0.0005, 0.1], "optim.momentum": [0.9, 0.5],
+                                         "optim.decay": ["linear", "cosine"], "optim.min_lr_ratio": [0.0, 0.1],
                                          "epochs": [2, 4], "lr": [0.05, 0.005]}
     assert "changed here: optim.weight_decay 0.0005 -> 0.1" in result.stdout
     assert json.loads((second / "results.json").read_text())["resumed_from"] == str(first / "checkpoints" / "last.pt")

@@ -1,9 +1,13 @@
 """Batch semantics: `batch_size` is global, and DDP ranks split each step's batch, not the epoch."""
 
+import math
+
+import pytest
 import torch
 
+from launcher.config import Decay
 from launcher.data.placement import eval_chunks, rank_order, warm_up_chunks
-from launcher.train.optim import linear_decay, triangular_schedule
+from launcher.train.optim import linear_decay, warmup_then_decay
 
 
 def test_ddp_ranks_together_see_exactly_the_single_process_batches():
@@ -47,10 +51,16 @@ def test_under_fsdp_every_rank_warms_evaluation_up_with_the_same_forwards():
     assert [len(c) for c in warm_up_chunks(eval_chunks(63, 16, 2, 1, True), 63, 16, 2, lockstep=False)] == [16, 15]
 
 
-def test_triangular_schedule_rises_then_falls_to_zero():
-    f = triangular_schedule(total_steps=100, warmup_steps=10)
+def test_the_schedule_rises_then_falls_to_zero_or_its_floor_in_a_line_or_a_cosine():
+    f = warmup_then_decay(total_steps=100, warmup_steps=10)
     assert f(0) == 0.1 and f(9) == 1.0
-    assert f(10) == 1.0 and 0 < f(50) < 1 and f(100) == 0.0
+    assert f(10) == 1.0 and f(55) == 0.5 and f(100) == 0.0
+    cosine = warmup_then_decay(100, 10, Decay.cosine, floor=0.1)  # (nanoGPT's: down to a tenth of lr)
+    assert cosine(0) == 0.1 and cosine(10) == 1.0 and cosine(100) == pytest.approx(0.1) == cosine(150)
+    assert cosine(55) == pytest.approx(0.55)  # (half-way: the floor plus half of what is above it)
+    quarter = warmup_then_decay(100, 0, Decay.cosine, floor=0.1)(25)  # a quarter in: above the line's 0.775
+    assert quarter == pytest.approx(0.1 + 0.9 * (0.5 + 0.5 * math.cos(math.pi / 4))) and quarter > 0.8
+    assert warmup_then_decay(100, 10, Decay.linear, floor=0.2)(55) == pytest.approx(0.6)
 
 
 def test_linear_decay_ends_at_zero_and_stays():
