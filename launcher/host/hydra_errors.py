@@ -143,7 +143,8 @@ def unknown_key(full_key: str, schema_name: str | None) -> str:
 def _section_with(leaf: str) -> str | None:
     """The section whose key `leaf` is, for a key typed without its section: a typed section of Config
     (`compile` -> perf), else the recipe this command line names (or the default), its own schema
-    (`width` of recipe=text, `hidden` of a user's recipe); None where none holds it."""
+    (`width` of recipe=text, `hidden` of a user's recipe), else a group whose option has it (`decay` ->
+    optim, `min_unit_params` -> strategy); None where none holds it."""
     import sys
 
     for field in dataclasses.fields(config.Config):
@@ -162,6 +163,9 @@ def _section_with(leaf: str) -> str | None:
             schema = None
     if dataclasses.is_dataclass(schema) and leaf in {f.name for f in dataclasses.fields(schema)}:
         return "recipe"
+    for (group, _), option in config.SCHEMAS.items():  # (an option's key of a group: optim.decay, strategy.timeout_s)
+        if group != "recipe" and leaf != "name" and leaf in {f.name for f in dataclasses.fields(option)}:
+            return group
     return None
 
 

@@ -15,6 +15,7 @@ CASES = [
     ("recipe=digts", "(did you mean recipe=digits?)"),
     ("compile=false", "unknown key 'compile': did you mean perf.compile?"),  # (a section's key without it)
     ("recipe=text width=64", "unknown key 'width': did you mean recipe.width?"),
+    ("decay=cosine", "unknown key 'decay': did you mean optim.decay?"),  # (a key of a group's options)
     ("recipe=my_recipe.py", "recipe=my_recipe.py is not valid: a recipe is named as a module, without .py: "
                             "recipe=my_recipe imports my_recipe.py"),
     ("optim=adamm", "optim=adamm is not valid: choose one of adamw, muon, sgd (did you mean optim=adamw?)"),
