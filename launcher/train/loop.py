@@ -338,9 +338,9 @@ class Trainer:
                                             self.cfg.model["_target_"])
             if short:
                 raise short
-        if self.is_main and self._classifies and configured(self.cfg.model):
-            surplus = misfit.surplus_outputs(model, self.data.num_classes, self.cfg.model["_target_"],
-                                             self.cfg.recipe.name)
+        if self.is_main and self._classifies:  # (a config network's, or the recipe's own)
+            target = self.cfg.model["_target_"] if configured(self.cfg.model) else None
+            surplus = misfit.surplus_outputs(model, self.data.num_classes, target, self.cfg.recipe.name)
             if surplus:
                 log.warning("%s", surplus)
         float8.check_device(self.device, self.cfg.perf.precision)

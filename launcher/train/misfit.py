@@ -153,10 +153,12 @@ def lazy_unreached(cfg: Any, builtin: bool, names: list[str]) -> ConfigError:
                        "(nn.Linear instead of nn.LazyLinear)", f"recipe={cfg.recipe.name}")
 
 
-def surplus_outputs(model: torch.nn.Module, classes: int | None, target: str, recipe: str) -> str | None:
-    """A config network (model._target_) whose last linear layer gives more outputs than the recipe has
-    classes (a constructor that did not take `num_classes`): it trains, but the outputs beyond the classes
-    are never a target. One warning's text, or None. (Fewer outputs fail at the first step: `does_not_take`.)"""
+def surplus_outputs(model: torch.nn.Module, classes: int | None, target: str | None, recipe: str) -> str | None:
+    """A network whose last linear layer gives more outputs than the recipe has classes: a config network
+    (model._target_ `target`) whose constructor did not take `num_classes`, or a recipe's own (`target`
+    None) whose build_model did not use the number it was given. It trains, but the outputs beyond the
+    classes are never a target. One warning's text, or None. (Fewer outputs fail at the first step:
+    `does_not_take`.)"""
     last = None
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
@@ -164,10 +166,12 @@ def surplus_outputs(model: torch.nn.Module, classes: int | None, target: str, re
     if not classes or last is None or last[1].out_features <= classes:
         return None
     name, layer = last
-    return (f"model._target_={target}: its last layer ({name}) gives {layer.out_features} outputs for the {classes} "
-            f"classes of recipe={recipe}; the {layer.out_features - classes} beyond them are never a target (they "
-            f"train and cost for nothing): build it with {classes} outputs (+model.num_classes={classes}, or its "
-            "constructor's own argument)")
+    who = f"model._target_={target}" if target else f"recipe={recipe}'s network"
+    fix = (f"(+model.num_classes={classes}, or its constructor's own argument)" if target else
+           f"(its build_model(num_classes) is given {classes}: build the last layer with it)")
+    return (f"{who}: its last layer ({name}) gives {layer.out_features} outputs for the {classes} classes of "
+            f"recipe={recipe}; the {layer.out_features - classes} beyond them are never a target (they train and cost "
+            f"for nothing): build it with {classes} outputs {fix}")
 
 
 def short_vocabulary(model: torch.nn.Module, vocab: int | None, target: str) -> ConfigError | None:

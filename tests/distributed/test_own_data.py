@@ -231,6 +231,7 @@ def test_a_classifier_finds_its_classes_through_random_split_or_names_what_to_gi
     result = launch("recipe=points", "gpus=[]", "epochs=1", "data.workers=0")
     assert result.returncode == 0, result.output
     assert result.results()["test_acc"] > 0.34  # (three classes: above chance)
+    assert "never a target" not in result.output  # (its network has the 3 outputs it was asked for)
     evaluated = launch("eval", str(result.run_dir()), "gpus=[]", "data.workers=0")
     assert evaluated.returncode == 0, evaluated.output
     assert re.search(r"test accuracy \S+% on 120 samples \(loss", evaluated.output), evaluated.output  # (not images)
@@ -241,6 +242,17 @@ def test_a_classifier_finds_its_classes_through_random_split_or_names_what_to_gi
             "build_model was given num_classes=0, since its training Dataset (Subset) names no `classes`: give that "
             "Dataset a `classes` list, or define num_classes(self, train) in the recipe") in bare.stderr
     assert "epoch 1/1" not in bare.output
+
+
+def test_a_recipes_own_network_with_more_outputs_than_classes_is_said(launch, project):
+    """A build_model that ignores the num_classes it is given (5 outputs for 3 classes) trains, the 2 outputs
+    beyond the classes never a target: a warning says so, as for a network from config (a user's trial)."""
+    (project / "wide.py").write_text(CLASSIFIER.replace("nn.Linear(16, num_classes)", "nn.Linear(16, 5)"))
+    result = launch("recipe=wide", "gpus=[]", "epochs=1", "data.workers=0")
+    assert result.returncode == 0, result.output
+    assert ("recipe=wide's network: its last layer (2) gives 5 outputs for the 3 classes of recipe=wide; the 2 "
+            "beyond them are never a target") in result.output, result.output
+    assert "its build_model(num_classes) is given 3" in result.output, result.output
 
 
 def test_a_users_step_that_raises_shows_the_users_frame(launch, project):

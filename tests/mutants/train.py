@@ -121,6 +121,10 @@ MUTANTS = [
            "options.attempt in (-1, world.restart_count)", "options.attempt in (-1, world.restart_count, 0)",
            ("tests/distributed/test_supervision.py",)),
     # misfit.py
+    Mutant("a recipe's own network with more outputs than classes not said", "launcher/train/loop.py",
+           "        if self.is_main and self._classifies:  # (a config network's, or the recipe's own)",
+           "        if self.is_main and self._classifies and configured(self.cfg.model):",
+           ("tests/distributed/test_own_data.py::test_a_recipes_own_network_with_more_outputs_than_classes_is_said",)),
     Mutant("a config model's embedding shorter than the data's vocabulary let through", "launcher/train/misfit.py",
            "    if not vocab or rows is None or rows >= vocab:", "    if True:",
            ("tests/unit/test_misfit.py",)),

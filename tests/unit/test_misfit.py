@@ -59,6 +59,8 @@ def test_a_config_network_with_more_outputs_than_classes_is_said():
     assert "+model.num_classes=3" in said
     assert surplus_outputs(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3)), 3, "t", "r") is None
     assert surplus_outputs(nn.Conv2d(3, 8, 3), 3, "t", "r") is None  # (no linear layer: nothing to say)
+    own = surplus_outputs(wide, 3, None, "my_recipe")  # (the recipe's own network: no model._target_)
+    assert own.startswith("recipe=my_recipe's network: its last layer (2) gives 1000 outputs") and "+model" not in own
 
 
 def test_the_default_hooks_name_the_hook_to_write_for_batches_that_are_not_pairs():
