@@ -958,7 +958,7 @@ class FaultConfig(Schema):
     rank: int | None = None
     """The rank that fails (null: none does)."""
     step: int = 0
-    """The global step it fails at."""
+    """The global step it fails at, counted from 0 (30: the run's 31st step)."""
     kind: str = "raise"
     """raise, exit, hang, kill, nan (the loss from then on), oom, damage (last.pt's bytes overwritten, then raise)."""
     attempt: int = 0

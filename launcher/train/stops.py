@@ -29,16 +29,17 @@ class OutOfMemory(ExplainedStop):
 
 def non_finite_loss(cfg: Config, run_dir: Path, epoch: int, loss: float, bad_step: int,
                     steps: int) -> NonFiniteLoss:
-    """The training loss became `loss` at global step `bad_step` of `epoch`: where, and the way on (the last
-    good checkpoint, a lower lr)."""
+    """The training loss became `loss` at global step `bad_step` (from 0) of `epoch`: where, counted from 1 as
+    the epoch lines count, and the way on (the last good checkpoint, a lower lr)."""
     last = last_checkpoint(run_dir)
     if epoch > 0 and last.exists() and cfg.saves:
         good = (f"the last good checkpoint is {last} (after epoch {epoch}); resume from it with "
                 f"resume={run_dir} and a lower lr (now {cfg.lr})")
     else:
         good = f"no checkpoint precedes it; try a lower lr (now {cfg.lr})"
-    return NonFiniteLoss(f"the training loss became {loss} at step {bad_step} (epoch {epoch + 1}, step "
-                         f"{bad_step - epoch * steps + 1} of {steps}); training stopped on every rank and "
+    return NonFiniteLoss(f"the training loss became {loss} in epoch {epoch + 1} "
+                         f"at step {bad_step - epoch * steps + 1} "
+                         f"of {steps} (the run's step {bad_step + 1}); training stopped on every rank and "
                          f"epoch {epoch + 1} was not saved; {good}")
 
 

@@ -28,11 +28,11 @@ def test_tensorboard_scalars_and_the_curves_png(launch):
 
 
 def test_a_nan_loss_stops_every_rank_and_names_the_step_and_the_last_good_checkpoint(launch):
-    # 22 steps per epoch: step 30 is in epoch 2, so the last good checkpoint is epoch 1's
+    # 22 steps per epoch: fault.step=30 (from 0) is in epoch 2, so the last good checkpoint is epoch 1's
     result = launch(*DDP_CPU, "fault.rank=1", "fault.step=30", "fault.kind=nan")
     assert result.returncode == 1, result.output
     err = result.stderr
-    assert "the training loss became nan at step 30 (epoch 2, step 9 of 22)" in err
+    assert "the training loss became nan in epoch 2 at step 9 of 22 (the run's step 31)" in err
     assert "last good checkpoint is" in err and "(after epoch 1)" in err and "Traceback" not in err
     run_dir = result.run_dir()
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 1

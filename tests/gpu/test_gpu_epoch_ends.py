@@ -23,7 +23,7 @@ def test_a_nan_found_while_the_next_epoch_runs_stops_every_rank_before_anything_
     result = launch(*DIGITS, "epochs=4", "fault.rank=1", "fault.step=30", "fault.kind=nan", timeout=600)
     assert result.returncode == 1, result.output
     err = result.stderr
-    assert "the training loss became nan at step 30 (epoch 2, step 9 of 22)" in err, err
+    assert "the training loss became nan in epoch 2 at step 9 of 22 (the run's step 31)" in err, err
     assert "(after epoch 1)" in err and "Traceback" not in err
     run_dir = result.run_dir()
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["epoch"] == 1

@@ -78,10 +78,10 @@ def test_a_nan_loss_names_the_step_of_its_epoch_and_the_last_good_checkpoint(tmp
     last.write_bytes(b"")
     # global step 30 of 22-step epochs: the 9th step of the second epoch
     message = str(non_finite_loss(cfg, tmp_path, 1, math.nan, 30, 22))
-    assert "became nan at step 30 (epoch 2, step 9 of 22)" in message
+    assert "became nan in epoch 2 at step 9 of 22 (the run's step 31)" in message
     assert f"the last good checkpoint is {last} (after epoch 1)" in message
     first = str(non_finite_loss(cfg, tmp_path, 0, math.inf, 0, 22))
-    assert "(epoch 1, step 1 of 22)" in first and "no checkpoint precedes it" in first
+    assert "in epoch 1 at step 1 of 22 (the run's step 1)" in first and "no checkpoint precedes it" in first
 
 
 
