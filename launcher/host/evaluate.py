@@ -200,16 +200,17 @@ def _link_files(folder: Path, into: Path) -> None:
 def summarize(results: dict[str, Any] | None, run_dir: Path, elapsed: float) -> None:
     results = results or {}
     acc, images = results.get("test_acc"), results.get("test_images")
-    if "per_class_acc" not in results and "test_bpb" not in results:  # a recipe's own figures (regression...)
+    language = "test_bpb" in results or "test_ppl" in results  # (recipe=text: on bytes, or on token ids)
+    if "per_class_acc" not in results and not language:  # a recipe's own figures (regression...)
         figures = {k: v for k, v in results.items() if k.startswith("test_") and isinstance(v, (int, float))}
         shown = ", ".join(f"{k.removeprefix('test_')} {v:.4g}" for k, v in figures.items()) or "no figures"
         log.info("evaluated %s in %.1fs: %s. %s", results.get("evaluated"), elapsed, shown, run_dir / EVAL)
         return
     if "per_class_acc" not in results:  # not a classifier (a language model)
-        bpb = results.get("test_bpb")
+        bpb, ppl = results.get("test_bpb"), results.get("test_ppl")
+        per = f" ({bpb:.3f} bits/byte)" if bpb else f" (perplexity {ppl:.1f})" if ppl else ""
         log.info("evaluated %s in %.1fs: test loss %.4f%s, next-token accuracy %.2f%%. %s", results.get("evaluated"),
-                 elapsed, results.get("test_loss") or 0.0, f" ({bpb:.3f} bits/byte)" if bpb else "",
-                 100 * (acc or 0.0), run_dir / EVAL)
+                 elapsed, results.get("test_loss") or 0.0, per, 100 * (acc or 0.0), run_dir / EVAL)
         return
     per_class = {k: v for k, v in (results.get("per_class_acc") or {}).items() if v is not None}
     worst = sorted(per_class.items(), key=lambda kv: kv[1])[:3]

@@ -4,6 +4,7 @@ frequencies alone give, perplexity is reported, the sample is token ids, nothing
 shards, and a bad corpus is one line before any worker starts."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -80,6 +81,11 @@ def test_a_tiny_gpt_learns_llmc_shards_on_one_rank(launch, shards, tmp_path_fact
     assert len(list((root / "text" / "token-ids").glob("*.json"))) == 5  # each shard's check, remembered
     assert "checking the token ids" in result.stderr
     assert results["parameters"] < 2_000_000
+    # `launch eval` says a token model's figures as a byte-level one's: its loss, perplexity for bits per byte
+    evaluated = launch("eval", str(result.run_dir()), "gpus=[]", f"data.root={root}")
+    assert evaluated.returncode == 0, evaluated.output
+    assert re.search(r"evaluated \S+ in \S+s: test loss \d+\.\d{4} \(perplexity \d+\.\d\), next-token accuracy "
+                     r"\d+\.\d\d%", evaluated.output), evaluated.output
 
 
 def test_two_gloo_ranks_train_the_same_shards(launch, shards, tmp_path_factory):
