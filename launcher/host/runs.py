@@ -17,6 +17,7 @@ The launch's own record of how it ended is outcome.json (exit code, signal, its 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -84,6 +85,9 @@ def describe(run_dir: Path) -> dict[str, Any]:
             seen = [r[objective] for r in rows if isinstance(r.get(objective), (int, float))]
             figure = (min if minimized(objective) else max)(seen) if seen else None
     best_figure = {"name": objective, "value": figure} if isinstance(figure, (int, float)) else None
+    if best_figure and objective == "test_loss":  # (recipe=text: in nats; its epoch lines say bpb or perplexity)
+        said = {k for r in rows for k in r} | set(results) | set(results.get("final") or {})
+        best_figure["per"] = "bpb" if "test_bpb" in said else "ppl" if "test_ppl" in said else None
     if claim and pid_alive(claim.get("pid"), claim.get("host")):
         state = "running"
     elif (results and ended.get("exit_code") in (None, 0)) or ended.get("exit_code") == 0:  # (not: failed to record)
@@ -213,6 +217,10 @@ def _best(run: dict[str, Any]) -> str:
     """The best of the figure the run was judged by (sweep.objective: test_loss 2.029, test_rmse 0.4354),
     else its best accuracy."""
     figure = run.get("best_figure")
+    if figure and figure.get("per") == "bpb":  # (a loss in nats per byte, as bits per byte too)
+        return f"{figure['name']} {figure['value']:.4g} ({figure['value'] / math.log(2):.3f} bpb)"
+    if figure and figure.get("per") == "ppl":
+        return f"{figure['name']} {figure['value']:.4g} (ppl {math.exp(figure['value']):.4g})"
     if figure:
         return f"{figure['name']} {figure['value']:.4g}"
     if isinstance(run.get("best_test_acc"), (int, float)):

@@ -1,6 +1,7 @@
 """`launch runs`: the recent runs here, newest first, with their state, as a table or JSON."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -171,11 +172,18 @@ def test_a_language_model_is_judged_by_its_held_out_loss_in_the_runs_table_and_i
     stopped = _fake_run(tmp_path, "lm-stopped", dead.pid, "2026-11-01 12:00:00",
                         {"outcome.json": json.dumps({"exit_code": 130, "stopped_by": "SIGINT"})})
     (stopped / "config.yaml").write_text((evaluated / "config.yaml").read_text())
-    (stopped / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, "test_acc": a, "test_loss": v}) + "\n"
+    (stopped / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, "test_acc": a, "test_loss": v,
+                                                               "test_bpb": v / math.log(2)}) + "\n"
                                                    for e, a, v in ((1, 0.3, 2.9), (2, 0.34, 2.561), (3, 0.33, 2.7))))
     assert runs.main(["--limit", "1"], root=tmp_path) == 0
     [row] = [line for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("lm-stopped")]
     assert "test_loss 2.561" in row and "34.00%" not in row and "stopped (SIGINT)" in row
+    assert "test_loss 2.561 (3.695 bpb)" in row, row  # (bytes: the loss in nats, and in bits as its epochs said it)
+    # on token shards the epochs said perplexity
+    (stopped / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "test_loss": 2.0, "test_ppl": math.exp(2.0)}) + "\n")
+    assert runs.main(["--limit", "1"], root=tmp_path) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("lm-stopped")]
+    assert "test_loss 2 (ppl 7.389)" in row, row
     (tmp_path / "kept").mkdir()
     kept = launch("recipe=text", "gpus=[]", "recipe.layers=1", "recipe.width=32", "recipe.heads=2", "recipe.context=32",
                   "recipe.max_bytes=20000", "recipe.sample_bytes=0", "batch_size=32", "epochs=2",

@@ -20,6 +20,11 @@ KILLED_UNDER_ANOTHER = ("tests/distributed/test_lifetime_and_binding.py::"
 SLURM_WAIT = "tests/unit/test_slurm_submission.py::test_backend_wait_follows_the_job_and_its_failure_is_the_launchs"
 
 MUTANTS = [
+    Mutant("launch runs says a byte model's best loss in nats only", "launcher/host/runs.py",
+           '        best_figure["per"] = "bpb" if "test_bpb" in said else "ppl" if "test_ppl" in said else None',
+           '        best_figure["per"] = "ppl" if "test_ppl" in said else None',
+           ("tests/cli/test_runs_command.py::test_a_language_model_is_judged_by_its_held_out_loss_in_the_runs_table_"
+            "and_its_kept_checkpoints",)),
     # memory.py
     Mutant("activations not judged beside the state", "launcher/host/memory.py",
            "        line, used = check_activations(recipe, model, plan, need, holds, where)",
