@@ -43,6 +43,7 @@ from launcher.files import (
     METRICS,
     PREVIOUS_CHECKPOINT,
     last_checkpoint,
+    read_json_lines,
 )
 
 # Settings a resumed run may differ in without it meaning anything for the training (not reported).
@@ -266,13 +267,8 @@ def _where_it_ran(run_dir: Path) -> list[str]:
 
 def _last_logged_epoch(run_dir: Path) -> int | None:
     """The last epoch metrics.jsonl records (rank 0 appends a row per epoch as it logs its line)."""
-    import json
-
-    try:
-        rows = (run_dir / METRICS).read_text().splitlines()
-        epoch = json.loads(rows[-1]).get("epoch") if rows else None
-    except (OSError, ValueError, AttributeError):
-        return None
+    rows = read_json_lines(run_dir / METRICS)
+    epoch = rows[-1].get("epoch") if rows else None
     return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
 
 
