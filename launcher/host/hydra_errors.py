@@ -14,6 +14,18 @@ from launcher.errors import LaunchError
 
 # torchrun's names for launch's keys (`nproc_per_node=2`, `--nproc-per-node=2`: nprocs)
 TORCHRUN_NAMES = {"nproc_per_node": "nprocs", "nnodes": "nodes", "rdzv_endpoint": "rdzv"}
+# What torchrun's and nanoGPT's users type, and launch's key for it (the hint of `unknown_key`).
+OTHER_NAMES = {
+    **TORCHRUN_NAMES,
+    "n_layer": "recipe.layers", "n_head": "recipe.heads", "n_embd": "recipe.width", "n_kv_head": "recipe.kv_heads",
+    "block_size": "recipe.context", "learning_rate": "lr", "gradient_accumulation_steps": "accumulate",
+    "grad_clip": "optim.clip_grad_norm", "decay_lr": "optim.decay", "min_lr": "optim.min_lr_ratio (a fraction of lr)",
+    "warmup_iters": "optim.warmup_epochs (epochs, fractions too: 0.05)",
+    "lr_decay_iters": "optim.decay (the decay ends with the run)",
+    "max_iters": "epochs (launch counts epochs, not iterations)", "device": "gpus (gpus=[] for the CPU)",
+    "dtype": "perf.precision", "init_from": "resume (resume=RUN_DIR)", "out_dir": "hydra.run.dir",
+    "eval_interval": "eval.every",
+}
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -130,12 +142,17 @@ def unknown_key(full_key: str, schema_name: str | None) -> str:
         this = f"{group}={chosen}" if chosen else f"this run's {group}"
         return (f"unknown key '{full_key}': it is an option of {choices}, not of {this}; choose "
                 f"{'it' if len(owners) == 1 else 'one'} (e.g. launch {group}={owners[0]} {full_key}=...)")
-    guess = ([TORCHRUN_NAMES[leaf]] if not prefix and leaf in TORCHRUN_NAMES
-             else difflib.get_close_matches(leaf, known, n=1))
-    if not guess and not prefix:  # (a section's key typed without it: compile=false, width=64 of recipe=text)
-        owner = _section_with(leaf)
-        guess = [f"{owner}.{leaf}"] if owner else []
-    hint = f"did you mean {prefix}{guess[0]}? " if guess else ""
+    top = {f.name for f in dataclasses.fields(config.Config)}
+    owner = _section_with(leaf) if not prefix else None  # (a section's key typed without it: compile=false)
+    if leaf in OTHER_NAMES:  # (torchrun's and nanoGPT's names: n_layer, max_iters)
+        guess = [OTHER_NAMES[leaf]]
+    elif prefix and leaf in top:  # (a top-level key under a section: optim.lr)
+        guess = [leaf]
+    elif owner:  # (its exact name in a section comes before a look-alike here: layers=2 is not args)
+        guess = [f"{owner}.{leaf}"]
+    else:
+        guess = [prefix + k for k in difflib.get_close_matches(leaf, known, n=1)]
+    hint = f"did you mean {guess[0]}? " if guess else ""
     listing = ", ".join(prefix + k for k in known)
     return f"unknown key '{full_key}': {hint}known keys: {listing}"
 
@@ -266,6 +283,14 @@ def describe_hydra_error(exc: BaseException) -> str:
         schema = re.search(r"not in '(\w+)'", text)
         if key:
             return unknown_key(key, schema.group(1) if schema else None)
+    if full_key == "model" and "Cannot assign" in text:  # (model=llama: the recipe's own network is recipe.model)
+        import sys
+
+        given = next((a.partition("=")[2] for a in sys.argv[1:] if a.lstrip("+~").partition("=")[0] == "model"),
+                     "...")
+        return (f"model={given} is not valid: `model` is a network from config, its keys under it (e.g. launch "
+                f"model._target_=torchvision.models.resnet18); the recipe's own network is recipe.model (did you "
+                f"mean recipe.model={given}?)")
     if full_key and "ValidationError" in names:
         choice = re.search(r"Invalid value '([^']*)', expected one of \[([^\]]*)\]", text)
         if choice:

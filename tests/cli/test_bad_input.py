@@ -16,6 +16,16 @@ CASES = [
     ("compile=false", "unknown key 'compile': did you mean perf.compile?"),  # (a section's key without it)
     ("recipe=text width=64", "unknown key 'width': did you mean recipe.width?"),
     ("decay=cosine", "unknown key 'decay': did you mean optim.decay?"),  # (a key of a group's options)
+    # a section's exact key comes before a top-level look-alike (it said args, gpus, batch_size, epochs)
+    ("recipe=text layers=2", "unknown key 'layers': did you mean recipe.layers?"),
+    ("recipe=text vocab_size=100", "unknown key 'vocab_size': did you mean recipe.vocab_size?"),
+    ("warmup_epochs=1", "unknown key 'warmup_epochs': did you mean optim.warmup_epochs?"),
+    ("optim.lr=0.1", "unknown key 'optim.lr': did you mean lr?"),  # (a top-level key under a section)
+    ("recipe=text n_layer=2", "unknown key 'n_layer': did you mean recipe.layers?"),  # (nanoGPT's names)
+    ("recipe=text model=llama", "model=llama is not valid: `model` is a network from config, its keys under it "
+                                "(e.g. launch model._target_=torchvision.models.resnet18); the recipe's own network is "
+                                "recipe.model (did you mean recipe.model=llama?)"),
+    ("max_iters=5000", "unknown key 'max_iters': did you mean epochs (launch counts epochs, not iterations)?"),
     ("recipe=my_recipe.py", "recipe=my_recipe.py is not valid: a recipe is named as a module, without .py: "
                             "recipe=my_recipe imports my_recipe.py"),
     ("optim=adamm", "optim=adamm is not valid: choose one of adamw, muon, sgd (did you mean optim=adamw?)"),
