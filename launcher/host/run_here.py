@@ -350,5 +350,5 @@ def summarize(results: dict | None, run_dir: Path, elapsed: float) -> None:
              run_dir / RESULTS, run_dir / CHECKPOINTS, run_dir / LOG,
              f"  curves: {curves}" if curves.exists() else "",
              f"  tensorboard --logdir {run_dir}" if (run_dir / TENSORBOARD).is_dir() else "")
-    if results and not results.get("ranks_agree", True):
+    if results and results.get("ranks_agree") is False:
         log.warning("the ranks ended with different weights: see weights_sha256 in results.json")

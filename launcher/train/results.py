@@ -180,7 +180,9 @@ def write(run_dir: Path, record: RunRecord, history: list[dict[str, Any]]) -> di
         "resumed_from": record.resumed_from,
         "restarts": record.restarts,
         "weights_sha256": digests,
-        "ranks_agree": len(set(digests)) == 1,
+        # (replicas hold the same weights; sharded ranks hold different parts, and each reports one digest of
+        # all the parts: null, as nothing is compared)
+        "ranks_agree": len(set(digests)) == 1 if record.sharding is None else None,
         "torch": torch.__version__,
     }
     write_results(run_dir, results)

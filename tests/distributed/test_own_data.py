@@ -287,7 +287,8 @@ def test_a_network_with_lazy_layers_trains_on_two_ranks_alike(launch, project):
         result = launch("model._target_=nets.LazyNet", "gpus=[]", "epochs=1", f"strategy={strategy}", "nprocs=2")
         assert result.returncode == 0, result.output
         runs[strategy] = _results(result)
-        assert runs[strategy]["ranks_agree"] and runs[strategy]["world_size"] == 2
+        assert runs[strategy]["ranks_agree"] is (True if strategy == "ddp" else None)  # (fsdp: nothing compared)
+        assert runs[strategy]["world_size"] == 2
     # (the training loss: evaluation reads the BatchNorm statistics, rank 0's under ddp, averaged under fsdp)
     assert runs["ddp"]["final"]["loss"] == pytest.approx(runs["fsdp"]["final"]["loss"], rel=1e-4)
 

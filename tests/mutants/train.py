@@ -506,9 +506,13 @@ MUTANTS = [
            ("tests/unit/test_run_reports.py::test_results_json_has_the_best_epochs_figure_every_skipped_sample_and_"
             "whether_the_ranks_agree",)),
     Mutant("results.json says ranks agree when their weights differ", "launcher/train/results.py",
-           '"ranks_agree": len(set(digests)) == 1,', '"ranks_agree": len(set(digests)) >= 1,',
+           '"ranks_agree": len(set(digests)) == 1 if', '"ranks_agree": len(set(digests)) >= 1 if',
            ("tests/unit/test_run_reports.py::test_results_json_has_the_best_epochs_figure_every_skipped_sample_and_"
             "whether_the_ranks_agree",)),
+    Mutant("fsdp's ranks said to agree, with nothing compared", "launcher/train/results.py",
+           "len(set(digests)) == 1 if record.sharding is None else None,", "len(set(digests)) == 1,",
+           ("tests/distributed/test_fsdp.py::test_fsdp_and_ddp_on_two_ranks_follow_one_ranks_loss_curve_and_fsdp_"
+            "shards_its_checkpoint",)),
     Mutant("the epoch line's test accuracy is the training one", "launcher/train/results.py",
            'parts.append(f"test {100 * row[\'test_acc\']:.2f}%")',
            'parts.append(f"test {100 * row[\'train_acc\']:.2f}%")',
