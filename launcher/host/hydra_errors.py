@@ -305,6 +305,13 @@ def describe_hydra_error(exc: BaseException) -> str:
         if m2:
             value, _, target = m2.groups()
             kind = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false"}.get(target, target)
+            try:
+                whole = target == "Integer" and float(value).is_integer() and abs(float(value)) < 1e18
+            except ValueError:
+                whole = False
+            if whole:  # (1e8: the command line reads it as a float)
+                return (f"{full_key}={value} is not valid: must be an integer, written whole (e.g. launch "
+                        f"{full_key}={int(float(value))})")
             return f"{full_key}={value} is not valid: must be {kind}"
         m4 = re.search(r"Value '([^']*)' is not a valid bool", text)
         if m4:

@@ -152,6 +152,8 @@ class Trainer:
         self.nets = self._build_model()
         self.steppers = optim.build(self.cfg.optim, self.cfg.lr, self.cfg.epochs, self.nets.module,
                                     self.steps_per_epoch, fused=self.device.type == "cuda", graphed=self.captures)
+        if self.is_main:
+            log.info("%s", optim.describe(self.cfg.optim, self.cfg.lr, self.cfg.epochs, self.steps_per_epoch))
         self.step = self._build_step()
         start = restart.resume(self.spec, self.world, self.run_dir, self.dirs.shared, self.strategy, self.device,
                                self.step, self.steps_per_epoch)

@@ -51,6 +51,16 @@ def warmup_then_decay(total_steps: int, warmup_steps: int, decay: Decay = Decay.
     return factor
 
 
+def describe(o: OptimConfig, lr: float, epochs: int, steps_per_epoch: int) -> str:
+    """The optimizer and its schedule in one line, in steps (the worker logs it: the metrics hold the
+    learning rate at each epoch's end only)."""
+    total = epochs * steps_per_epoch
+    warmup = min(max(round(o.warmup_epochs * steps_per_epoch), 0), total - 1)
+    rise = f"a linear warm-up over {warmup} steps, then " if warmup > 0 else ""
+    return (f"optim: {o.name}, lr {lr:g}: {rise}a {o.decay.value} decay to {lr * o.min_lr_ratio:g} at step {total} "
+            f"({epochs} epochs of {steps_per_epoch} steps)")
+
+
 def schedule_of(o: OptimConfig, total: int, steps_per_epoch: int) -> Schedule:
     """The `optim` group's schedule for a run of `total` steps."""
     return warmup_then_decay(total, round(o.warmup_epochs * steps_per_epoch), o.decay, o.min_lr_ratio)

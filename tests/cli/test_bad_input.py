@@ -6,6 +6,9 @@ import pytest
 CASES = [
     ("epochs=0", "epochs=0 is not valid: must be an integer >= 1"),
     ("epochs=abc", "epochs=abc is not valid: must be an integer"),
+    ("strategy=fsdp strategy.min_unit_params=1e8", "strategy.min_unit_params=100000000.0 is not valid: must be an "
+                                                  "integer, written whole (e.g. launch strategy.min_unit_params="
+                                                  "100000000)"),
     ("epoch=3", "unknown key 'epoch': did you mean epochs?"),
     # a leading + on a key no schema has: Hydra takes it, the typed config would drop it and train the defaults
     ("+epoch=3", "+epoch=... is not valid: there is no key epoch to add (did you mean epochs?"),

@@ -58,6 +58,8 @@ def test_a_resume_trains_with_the_new_settings_and_records_them(launch, first, t
     left = (4 * STEPS - 3 * STEPS) / (4 * STEPS - STEPS)
     assert got[2]["lr"] == pytest.approx(0.005 * (0.1 + 0.9 * 0.5 * (1 - math.cos(math.pi * left))))
     assert got[3]["lr"] == pytest.approx(0.0005)  # (the run's end: the floor, not 0)
+    assert (f"optim: sgd, lr 0.005: a linear warm-up over {STEPS} steps, then a cosine decay to 0.0005 at step "
+            f"{4 * STEPS} (4 epochs of {STEPS} steps)") in result.output, result.output
     state = torch.load(second / "checkpoints" / "last.pt", weights_only=True)
     group = state["optimizer_state_dicts"][0]["param_groups"][0]
     assert group["weight_decay"] == 0.1 and group["momentum"] == 0.5 and group["initial_lr"] == 0.005
