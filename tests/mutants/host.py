@@ -555,7 +555,7 @@ MUTANTS = [
            ("tests/unit/test_sweep_packing.py::test_a_run_stopped_before_its_results_shows_the_epochs_it_logged_but_"
             "is_never_the_best",)),
     Mutant("a section's key typed without its section gets no hint", "launcher/host/hydra_errors.py",
-           '        guess = [f"{owner}.{leaf}"] if owner else []', "        guess = []",
+           "    owner = _section_with(leaf) if not prefix else None", "    owner = None",
            ("tests/cli/test_bad_input.py::test_one_clear_line_and_exit_2",)),
     Mutant("a script's stop said by the signal's number", "launcher/host/script.py",
            "            name = signal.Signals(int(sig.sigval)).name", "            name = f'signal {int(sig.sigval)}'",
