@@ -86,11 +86,12 @@ def test_two_ranks_with_dataloader_workers_end_without_waiting_for_them(launch, 
     assert result.finished_at - (last["started_unix"] + last["epoch_s"]) < 10
 
 
-def _steps(run_cwd: Path, ranks: int) -> list[list[int]]:
-    """Each global step's samples, every rank's share together, in the order trained."""
+def _steps(run_cwd: Path, ranks: int, whole: bool = True) -> list[list[int]]:
+    """Each global step's samples, every rank's share together, in the order trained (`whole=False`: up to the
+    step every rank logged, where a failure stopped them at different ones)."""
     per_rank = [[json.loads(line) for line in (run_cwd / f"indices-{r}.jsonl").read_text().splitlines()]
                 for r in range(ranks)]
-    return [sorted(i for share in step for i in share) for step in zip(*per_rank, strict=True)]
+    return [sorted(i for share in step for i in share) for step in zip(*per_rank, strict=whole)]
 
 
 def test_a_restart_inside_an_epoch_continues_the_global_order(launch, project, tmp_path_factory):
@@ -121,30 +122,39 @@ def test_a_restart_inside_an_epoch_continues_the_global_order(launch, project, t
         assert mine[:18] == whole_rank[:18] and mine[-8:] == whole_rank[16:]
 
 
-def test_a_checkpoint_inside_an_epoch_resumes_on_one_rank_in_the_same_order(launch, project, tmp_path_factory):
-    two = launch("recipe=indexed", "gpus=[]", "epochs=2", "batch_size=8", "strategy=ddp", "nprocs=2",
-                 "checkpoint_every_steps=3", "fault.rank=0", "fault.step=8", "data.workers=0")
-    assert two.returncode == 1
+def stopped_and_resumed_elsewhere(launch, project: Path, elsewhere: Path, first: tuple[str, ...], ranks: int,
+                                  resumes: list[tuple[tuple[str, ...], int]], alone: tuple[str, ...]) -> None:
+    """recipe=indexed on `ranks` ranks (`first`'s placement), saved 6 steps into its first epoch and stopped at
+    step 8, then resumed from that checkpoint on each of `resumes` (placement, ranks): every resume trains the
+    samples that one rank (`alone`, in `elsewhere`) trains uninterrupted from step 6 on, step by step, in its
+    order. (tests/gpu runs it on GPUs.)"""
     import torch
 
-    state = torch.load(_run_dir(two) / "checkpoints" / "last.pt", weights_only=True)
+    common = ("recipe=indexed", "epochs=2", "batch_size=8", "data.workers=0")
+    stopped = launch(*common, *first, "checkpoint_every_steps=3", f"fault.rank={ranks - 1}", "fault.step=8")
+    assert stopped.returncode == 1, stopped.output
+    state = torch.load(_run_dir(stopped) / "checkpoints" / "last.pt", weights_only=True)
     assert (state["epoch"], state["step_in_epoch"]) == (0, 6)
-    before = [json.loads(x) for x in (project / "indices-1.jsonl").read_text().splitlines()]
-    before = [sorted(a + b) for a, b in zip((json.loads(x) for x in (project / "indices-0.jsonl").read_text()
-                                             .splitlines()), before, strict=False)]
-    for f in project.glob("indices-*.jsonl"):
-        f.unlink()
-    one = launch("recipe=indexed", f"resume={_run_dir(two)}", "gpus=[]", "data.workers=0")
-    assert one.returncode == 0, one.output
-    after = [sorted(s) for s in (json.loads(line) for line in (project / "indices-0.jsonl").read_text().splitlines())]
-    whole_dir = tmp_path_factory.mktemp("whole")
+    before = _steps(project, ranks, whole=False)
     for f in [*EXAMPLES.glob("*.py"), *OWN.glob("*.py")]:
-        shutil.copy(f, whole_dir / f.name)
-    whole = launch("recipe=indexed", "gpus=[]", "epochs=2", "batch_size=8", "data.workers=0", cwd=whole_dir)
+        shutil.copy(f, elsewhere / f.name)
+    whole = launch(*common, *alone, cwd=elsewhere)
     assert whole.returncode == 0, whole.output
-    uninterrupted = _steps(whole_dir, 1)
-    assert before[:6] == uninterrupted[:6]
-    assert after == uninterrupted[6:]
+    uninterrupted = _steps(elsewhere, 1)
+    assert len(uninterrupted) == 24 and before[:6] == uninterrupted[:6]
+    for placement, count in resumes:
+        for f in project.glob("indices-*.jsonl"):
+            f.unlink()
+        again = launch("recipe=indexed", f"resume={_run_dir(stopped)}", *placement, "data.workers=0")
+        assert again.returncode == 0, again.output
+        assert _steps(project, count) == uninterrupted[6:], placement
+
+
+def test_a_checkpoint_inside_an_epoch_of_four_ranks_resumes_on_two_and_on_one_in_the_same_order(launch, project,
+                                                                                                 tmp_path_factory):
+    stopped_and_resumed_elsewhere(launch, project, tmp_path_factory.mktemp("whole"),
+                                  ("gpus=[]", "strategy=ddp", "nprocs=4"), 4,
+                                  [(("gpus=[]", "strategy=ddp", "nprocs=2"), 2), (("gpus=[]",), 1)], ("gpus=[]",))
 
 
 def test_a_network_from_config_with_its_arguments(launch, project):

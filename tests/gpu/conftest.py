@@ -1,7 +1,7 @@
 """GPU tests: run on the device machine (`python -m pytest -m gpu tests/gpu -v`), skipped without CUDA.
 
 Every test in this folder is marked `gpu` and skipped where torch sees no CUDA device; tests marked
-`two_gpus` also need a second GPU.
+`two_gpus` also need a second GPU, and those marked `four_gpus` four.
 """
 
 from pathlib import Path
@@ -23,6 +23,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs CUDA"))
         elif item.get_closest_marker("two_gpus") and count < 2:
             item.add_marker(pytest.mark.skip(reason="needs 2 GPUs"))
+        elif item.get_closest_marker("four_gpus") and count < 4:
+            item.add_marker(pytest.mark.skip(reason="needs 4 GPUs"))
 
 
 @pytest.fixture(autouse=True)

@@ -334,8 +334,8 @@ MUTANTS = [
            ("tests/unit/test_step_graph.py::test_the_warm_up_leaves_no_trace_but_its_time",)),
     Mutant("a checkpoint inside an epoch records the step before", "launcher/train/saving.py",
            "snapshot.add(epoch=epoch, step_in_epoch=done,", "snapshot.add(epoch=epoch, step_in_epoch=done - 1,",
-           ("tests/distributed/test_own_data.py::test_a_checkpoint_inside_an_epoch_resumes_on_one_rank_in_the_same_"
-            "order",)),
+           ("tests/distributed/test_own_data.py::test_a_checkpoint_inside_an_epoch_of_four_ranks_resumes_on_two_and_"
+            "on_one_in_the_same_order",)),
     Mutant("an epoch's checkpoint names the epoch before", "launcher/train/saving.py",
            "snapshot.add(epoch=epochs, history=", "snapshot.add(epoch=epochs - 1, history=",
            ("tests/distributed/test_reporting.py::test_a_nan_loss_stops_every_rank_and_names_the_step_and_the_last_"
