@@ -324,13 +324,16 @@ def summarize(results: dict | None, run_dir: Path, elapsed: float) -> None:
         acc_text = ", ".join(f"{k} {figures[k]:.4g}" for k in order[:4])
     elif not isinstance(acc, float) and final:
         acc_text = f"training loss {final.get('loss', float('nan')):.4g} (no evaluation)"
-    bpb = (results.get("final") or {}).get("test_bpb")
-    if isinstance(bpb, float):  # a language model: bits per byte, and what predicting byte frequencies gives
-        acc_text = f"held-out {bpb:.3f} bits/byte (unigram baseline {results.get('unigram_test_bpb', 0.0):.3f})"
-    ppl = (results.get("final") or {}).get("test_ppl")
-    if isinstance(ppl, float):  # one on token shards: perplexity (bits per byte would need the tokenizer)
-        acc_text = (f"held-out loss {results['final'].get('test_loss', 0.0):.3f}, perplexity {ppl:.1f} (unigram "
-                    f"baseline {results.get('unigram_test_ppl', 0.0):.1f})")
+    bpb, ppl = final.get("test_bpb"), final.get("test_ppl")
+    # (a language model: what predicting the training tokens' frequencies alone gives, a model must beat it)
+    unigram = results.get("unigram_test_bpb" if isinstance(bpb, float) else "unigram_test_ppl")
+    short = (" - not past it yet: more epochs, data or a higher lr" if isinstance(unigram, float)
+             and (bpb if isinstance(bpb, float) else ppl) >= unigram else "")
+    if isinstance(bpb, float):  # on bytes: bits per byte
+        acc_text = f"held-out {bpb:.3f} bits/byte (unigram baseline {unigram or 0.0:.3f}{short})"
+    if isinstance(ppl, float):  # on token shards: perplexity (bits per byte would need the tokenizer)
+        acc_text = (f"held-out loss {final.get('test_loss', 0.0):.3f}, perplexity {ppl:.1f} (unigram baseline "
+                    f"{unigram or 0.0:.1f}{short})")
     timed = results.get("timed") or {}
     if timed.get("train_eval_s"):
         acc_text += f", training + evaluation {timed['train_eval_s']:.2f}s ({timed['clock']})"

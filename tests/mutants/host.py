@@ -20,6 +20,9 @@ KILLED_UNDER_ANOTHER = ("tests/distributed/test_lifetime_and_binding.py::"
 SLURM_WAIT = "tests/unit/test_slurm_submission.py::test_backend_wait_follows_the_job_and_its_failure_is_the_launchs"
 
 MUTANTS = [
+    Mutant("a language model worse than its unigram baseline ends as if it had learned", "launcher/host/run_here.py",
+           "and (bpb if isinstance(bpb, float) else ppl) >= unigram else", "and False else",
+           (HERE + "::test_a_language_model_not_past_its_unigram_baseline_is_said_so_in_the_last_line",)),
     Mutant("launch runs says a byte model's best loss in nats only", "launcher/host/runs.py",
            '        best_figure["per"] = "bpb" if "test_bpb" in said else "ppl" if "test_ppl" in said else None',
            '        best_figure["per"] = "ppl" if "test_ppl" in said else None',

@@ -42,6 +42,20 @@ def test_the_last_line_gives_accuracy_in_percent_and_a_recipes_own_objective_fir
     assert "done in 1.0s: test_rmse 0.25, test_mae 0.5." in second
 
 
+def test_a_language_model_not_past_its_unigram_baseline_is_said_so_in_the_last_line(tmp_path, caplog):
+    """A short run can end worse than predicting the training tokens' frequencies: the line said the two
+    figures and left the comparison to the user (a new user's trial)."""
+    with caplog.at_level(logging.INFO, logger="launcher"):
+        run_here.summarize({"final": {"test_bpb": 5.17, "test_loss": 3.58}, "unigram_test_bpb": 4.726}, tmp_path, 1.0)
+        run_here.summarize({"final": {"test_bpb": 3.87}, "unigram_test_bpb": 4.631}, tmp_path, 1.0)
+        run_here.summarize({"final": {"test_ppl": 30.0, "test_loss": 3.4}, "unigram_test_ppl": 24.5}, tmp_path, 1.0)
+    short, past, tokens = [r.getMessage() for r in caplog.records]
+    assert "held-out 5.170 bits/byte (unigram baseline 4.726 - not past it yet: more epochs, data or a higher lr)" \
+        in short, short
+    assert "held-out 3.870 bits/byte (unigram baseline 4.631)." in past, past
+    assert "perplexity 30.0 (unigram baseline 24.5 - not past it yet" in tokens, tokens
+
+
 def test_a_launch_stopped_by_a_signal_is_recorded_so_and_runs_lists_it_stopped(tmp_path):
     from launcher.host.runs import describe
 
