@@ -148,6 +148,7 @@ class Text(Recipe):
             print(f"launch: warning: {piece} holds {piece.tokens} tokens, fewer than a window of recipe.context="
                   f"{hp.context} + 1; it is left out", file=sys.stderr, flush=True)
         check_token_ids(shards, hp.vocab_size, corpus.checked)
+        print(f"launch: {shards.describe()}", file=sys.stderr, flush=True)
         windows = sum(p.tokens - 1 for p in shards.train) // hp.context
         if self.cfg.batch_size > windows:
             raise ConfigError("batch_size", self.cfg.batch_size, f"larger than the {windows} windows of {hp.context} "

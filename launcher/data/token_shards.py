@@ -256,6 +256,21 @@ class TokenCorpus:
                                   f"recipe.context={max(2, longest // 4)}")
         return corpus
 
+    def describe(self) -> str:
+        """The split in one line (the launcher says it before any worker): the training shards and what is held
+        out, the shards named val or the tail of the last shard."""
+        def count(pieces: list[Piece]) -> str:
+            return f"{sum(p.tokens for p in pieces):,} tokens"
+
+        names = sorted({p.shard.path.name for p in self.val})
+        if all((p.start, p.stop) == (0, p.shard.tokens) for p in self.val):
+            held = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        else:
+            held = f"the last 1/{HELD_OUT} of {names[0]} (no shard's name says val)"
+        shards = len({p.shard.path for p in self.train})
+        return (f"recipe.corpus={self.spec}: {shards} training shard{'s' if shards != 1 else ''} "
+                f"({count(self.train)}); held out: {held} ({count(self.val)})")
+
     def opened(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The training and held-out pieces, memory-mapped."""
         return [p.open() for p in self.train], [p.open() for p in self.val]

@@ -80,6 +80,8 @@ def test_a_tiny_gpt_learns_llmc_shards_on_one_rank(launch, shards, tmp_path_fact
     assert "perplexity" in result.output
     assert len(list((root / "text" / "token-ids").glob("*.json"))) == 5  # each shard's check, remembered
     assert "checking the token ids" in result.stderr
+    assert re.search(r"launch: recipe.corpus=\S+: 3 training shards \([\d,]+ tokens\); held out: toy_val_000000.bin",
+                     result.stderr), result.stderr  # (the split, said: toy_train_000009.bin is too short)
     assert results["parameters"] < 2_000_000
     # `launch eval` says a token model's figures as a byte-level one's: its loss, perplexity for bits per byte
     evaluated = launch("eval", str(result.run_dir()), "gpus=[]", f"data.root={root}")

@@ -123,6 +123,8 @@ def test_shards_named_val_are_held_out(tmp_path):
     assert [p.shard.path.name for p in corpus.train] == ["fineweb_train_000001.bin", "fineweb_train_000002.bin",
                                                          "interval_3.bin"]
     assert all((p.start, p.stop) == (0, p.shard.tokens) for p in corpus.train + corpus.val)  # whole shards
+    assert corpus.describe() == ("recipe.corpus=x: 3 training shards (253 tokens); held out: fineweb_val_000000.bin "
+                                 "(100 tokens)")  # (said before any worker)
     with pytest.raises(ConfigError, match=r"recipe.corpus=x is not valid: every one of its 1 token files is held "
                                           r"out .*recipe.corpus="):
         TokenCorpus.read("x", files[:1], context=8)
@@ -136,6 +138,8 @@ def test_without_a_val_shard_the_tail_of_the_last_one_is_held_out(tmp_path):
     assert last.shard is val.shard and (last.start, last.stop, val.start, val.stop) == (0, 950, 950, 1000)
     train, held = corpus.opened()
     assert np.array_equal(np.concatenate([train[1], held[0]]), np.arange(1000) + 1)
+    assert corpus.describe() == ("recipe.corpus=x: 2 training shards (1,950 tokens); held out: the last 1/20 of "
+                                 "s1.bin (no shard's name says val) (50 tokens)")
 
 
 def test_shards_shorter_than_a_window_are_left_out_and_if_none_fits_one_line(tmp_path):
