@@ -196,6 +196,23 @@ def launch(tmp_path, warm_launcher):
 
 
 @pytest.fixture
+def plan_on_h100s(monkeypatch):
+    """plan(*overrides, count=N) -> the Plan of recipe=text with `overrides` on N simulated 80 GiB H100s (NVML's
+    reading and torch's CUDA build faked): what the memory check before any worker judges."""
+    from launcher.host import gpus
+    from launcher.host.plan import make_plan
+
+    monkeypatch.setattr(gpus, "gpu_loads", lambda visible: [gpus.GpuLoad(i, "H100", 79.0, 80.0, 0)
+                                                          for i in range(len(visible))])
+    monkeypatch.setattr("launcher.host.plan.torch_has_cuda", lambda: True)
+
+    def plan(*overrides: str, count: int):
+        return make_plan(config_of("recipe=text", *overrides), env={}, physical_count=count, loads=[])
+
+    return plan
+
+
+@pytest.fixture
 def cold_launch(tmp_path):
     """launch(*overrides, timeout=..., env=...) -> Launch as a fresh `python -m launcher` process: for what a
     fork of a warm process cannot show (the forkserver, start-up, a first import)."""

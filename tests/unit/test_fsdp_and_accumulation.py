@@ -63,19 +63,14 @@ def test_reshard_after_forward_auto_keeps_the_gathered_weights_where_the_estimat
 
 
 @pytest.fixture
-def fits_on_h100s(monkeypatch):
+def fits_on_h100s(plan_on_h100s):
     """fits(*overrides, count=N) -> (the memory line as a dry run shows it, the strategy told the estimate)
     for recipe=text on N simulated 80 GiB H100s, as run_here tells it."""
-    from launcher.host import gpus, memory
-    from launcher.host.plan import make_plan
+    from launcher.host import memory
     from launcher.recipes import recipe_class
 
-    monkeypatch.setattr(gpus, "gpu_loads", lambda visible: [gpus.GpuLoad(i, "H100", 79.0, 80.0, 0)
-                                                          for i in range(len(visible))])
-    monkeypatch.setattr("launcher.host.plan.torch_has_cuda", lambda: True)
-
     def fits(*overrides: str, count: int):
-        plan = make_plan(config_of("recipe=text", *overrides), env={}, physical_count=count, loads=[])
+        plan = plan_on_h100s(*overrides, count=count)
         fit = memory.check_fits(recipe_class("text")(plan.config), plan)
         chosen = plan.strategy.fit_memory(fit.spare_bytes, fit.parameters)
         return "; ".join(said for said in (fit.line, chosen) if said), plan.strategy

@@ -210,20 +210,15 @@ def test_a_gpu_with_little_free_memory_is_busy_even_when_idle_by_utilization():
 
 
 @pytest.fixture
-def fits_on_h100s(monkeypatch):
+def fits_on_h100s(plan_on_h100s):
     """fits(*overrides, count=N) -> what memory.check_fits says of recipe=text with `overrides` on N simulated
     80 GiB H100s: the refusal's line (LaunchError), or the estimate that passed."""
     from launcher.errors import LaunchError
-    from launcher.host import gpus, memory
-    from launcher.host.plan import make_plan
+    from launcher.host import memory
     from launcher.recipes import recipe_class
 
-    monkeypatch.setattr(gpus, "gpu_loads", lambda visible: [gpus.GpuLoad(i, "H100", 79.0, 80.0, 0)
-                                                          for i in range(len(visible))])
-    monkeypatch.setattr("launcher.host.plan.torch_has_cuda", lambda: True)
-
     def fits(*overrides: str, count: int) -> tuple[bool, str | None]:
-        plan = make_plan(config_of("recipe=text", *overrides), env={}, physical_count=count, loads=[])
+        plan = plan_on_h100s(*overrides, count=count)
         try:
             return True, memory.check_fits(recipe_class("text")(plan.config), plan).line
         except LaunchError as err:
