@@ -722,7 +722,8 @@ class FSDPConfig(StrategyConfig):
     """A collective that waits longer than this ends the launch instead of hanging."""
     reshard_after_forward: ToggleKey = Toggle.auto
     """Free each unit's gathered weights after its forward (less memory, gathered again for the backward): true,
-    false, or auto (false where the memory estimate has room for them all, else true). Never the last unit's."""
+    false, or auto (false where the memory estimate has room for them all, else true). Never the last unit's or
+    the root's (their backward comes first)."""
     min_unit_params: int = 100_000_000
     """The fewest parameters a shard unit holds: consecutive blocks gathered together (0: a unit per block)."""
     mixed_precision: bool = True

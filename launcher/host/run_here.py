@@ -327,8 +327,9 @@ def summarize(results: dict | None, run_dir: Path, elapsed: float) -> None:
     bpb, ppl = final.get("test_bpb"), final.get("test_ppl")
     # (a language model: what predicting the training tokens' frequencies alone gives, a model must beat it)
     unigram = results.get("unigram_test_bpb" if isinstance(bpb, float) else "unigram_test_ppl")
+    figure = bpb if isinstance(bpb, float) else ppl  # (neither, where the last epoch was not evaluated)
     short = (" - not past it yet: more epochs, data or a higher lr" if isinstance(unigram, float)
-             and (bpb if isinstance(bpb, float) else ppl) >= unigram else "")
+             and isinstance(figure, float) and figure >= unigram else "")
     if isinstance(bpb, float):  # on bytes: bits per byte
         acc_text = f"held-out {bpb:.3f} bits/byte (unigram baseline {unigram or 0.0:.3f}{short})"
     if isinstance(ppl, float):  # on token shards: perplexity (bits per byte would need the tokenizer)

@@ -220,7 +220,7 @@ def _best(run: dict[str, Any]) -> str:
     if figure and figure.get("per") == "bpb":  # (a loss in nats per byte, as bits per byte too)
         return f"{figure['name']} {figure['value']:.4g} ({figure['value'] / math.log(2):.3f} bpb)"
     if figure and figure.get("per") == "ppl":
-        return f"{figure['name']} {figure['value']:.4g} (ppl {math.exp(figure['value']):.4g})"
+        return f"{figure['name']} {figure['value']:.4g} (ppl {math.exp(min(figure['value'], 700.0)):.4g})"
     if figure:
         return f"{figure['name']} {figure['value']:.4g}"
     if isinstance(run.get("best_test_acc"), (int, float)):

@@ -129,7 +129,9 @@ def _message(failure: Any, logs: Path) -> str | None:
         # (elastic's message for a rank that aborted is "Signal 6 (SIGABRT) received by PID N": what it
         # raised before aborting, when it did, is in its stderr log)
         local = getattr(failure, "local_rank", None)
-        message = (_raised(logs, local) if local is not None else None) or message
+        aborted = failure.exitcode == -signal.SIGABRT  # (what it raised last, not an error it handled long before)
+        message = (_raised(logs, local, tail=ABORT_TAIL if aborted else None) if local is not None else None) \
+            or message
     return message
 
 
@@ -163,11 +165,15 @@ def _root_failure(err: Any, logs: Path) -> tuple[int, Any, str | None]:
 _TRACEBACK_END = re.compile(r"^(?:\[rank\d+\]:\s?)?([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Warning)\b.*)$")
 
 
-def _raised(logs: Path, local_rank: int) -> str | None:
+ABORT_TAIL = 12  # lines after a traceback's last that an abort at exit may add ("terminate called ...", a stack)
+
+
+def _raised(logs: Path, local_rank: int, tail: int | None = None) -> str | None:
     """What a script's rank raised, from the last line of the traceback in its newest stderr.log (elastic's
     tee: logs/RUN_ID/attempt_N/LOCAL_RANK/stderr.log): a script without torch's @record leaves no error file,
     and the line said only "exited with code 1" while the console showed the other ranks' tracebacks after
-    the one that caused them."""
+    the one that caused them. `tail`: only a traceback among the log's last lines counts (a rank that aborted:
+    what it raised at its end, not an error it printed and went on from)."""
     found = sorted(logs.glob(f"*/attempt_*/{local_rank}/stderr.log"), key=lambda f: f.stat().st_mtime)
     if not found:
         return None
@@ -176,6 +182,8 @@ def _raised(logs: Path, local_rank: int) -> str | None:
         lines = f.read().decode(errors="replace").splitlines()
     if not any("Traceback (most recent call last)" in line for line in lines):
         return None
+    if tail is not None:  # (only a traceback that ends the log, less what an abort adds after it)
+        lines = [line for line in lines if line.strip()][-tail:]
     for line in reversed(lines):
         match = _TRACEBACK_END.match(line.strip())
         if match:

@@ -4,7 +4,7 @@ Each rank holds 1/world of every weight, gradient and optimizer moment; a unit's
 for its forward and backward, and its gradients reduce-scattered. Between the two the gathered weights
 are freed (`reshard_after_forward`, less memory) or kept (one all-gather fewer a unit a step); auto keeps
 them where the memory estimate before the workers has room for them (`fit_memory`), and the ranks agree
-on it in `wrap`. The last unit is never freed: its backward comes first.
+on it in `wrap`. The last unit and the root are never freed: their backward comes first.
 
 The units (`shard_groups`): the model's blocks (its `shard_units()` if it has one, else the modules of its
 ModuleLists, a Transformer's blocks, else its direct children with parameters), consecutive blocks taken
@@ -131,9 +131,11 @@ class FSDP(DDP):
         if len(groups) > 1:
             auto = ", by the memory estimate" if o.reshard_after_forward is Toggle.auto else ""
             self._layout += (f"; reshard_after_forward={str(reshard).lower()}{auto}: " +
-                             ("each unit but the last gathered again for its backward" if reshard else
+                             ("each unit but the last and the root gathered again for its backward" if reshard else
                               "each unit's gathered weights kept from its forward to its backward"))
-        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+        # (the root never: its head's backward comes first; torch keeps it so only where the value is left out,
+        # and an explicit true freed it)
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
         if any(p.is_meta for p in model.parameters()):
             model.to_empty(device=device)
             if not (device.type == "cpu" and self._plain is not None and copy_plain_build(model, *self._plain)):

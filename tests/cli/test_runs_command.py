@@ -184,6 +184,11 @@ def test_a_language_model_is_judged_by_its_held_out_loss_in_the_runs_table_and_i
     assert runs.main(["--limit", "1"], root=tmp_path) == 0
     [row] = [line for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("lm-stopped")]
     assert "test_loss 2 (ppl 7.389)" in row, row
+    # a diverged run's huge loss is listed, not an OverflowError that takes the listing down
+    (stopped / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "test_loss": 1000.0, "test_ppl": 1e300}) + "\n")
+    assert runs.main(["--limit", "1"], root=tmp_path) == 0
+    [row] = [line for line in capsys.readouterr().out.splitlines() if line.rstrip().endswith("lm-stopped")]
+    assert "test_loss 1000 (ppl 1.014e+304)" in row, row
     (tmp_path / "kept").mkdir()
     kept = launch("recipe=text", "gpus=[]", "recipe.layers=1", "recipe.width=32", "recipe.heads=2", "recipe.context=32",
                   "recipe.max_bytes=20000", "recipe.sample_bytes=0", "batch_size=32", "epochs=2",

@@ -72,6 +72,12 @@ def test_a_rank_that_raised_then_aborted_at_exit_is_named_with_what_it_raised(tm
     outcome = _describe(err, Path("train.py"), logs)
     assert outcome.exit_code == 1 and outcome.error.startswith("rank 1 of train.py raised ValueError: a bad batch "
                                                                "(then aborted at exit"), outcome
+    # an abort long after an error the script printed and went on from is not blamed on that error
+    (folder / "stderr.log").write_text("[rank1]: Traceback (most recent call last):\n[rank1]: KeyError: 'x'\n"
+                                       + "".join(f"[rank1]: step {i}\n" for i in range(30))
+                                       + "terminate called without an active exception\n")
+    assert _describe(err, Path("train.py"), logs).error.startswith("rank 1 of train.py was killed by signal 6"), \
+        _describe(err, Path("train.py"), logs)
     # an abort with no traceback before it is still said as the signal it was
     (folder / "stderr.log").write_text("terminate called without an active exception\n")
     assert _describe(err, Path("train.py"), logs).error.startswith("rank 1 of train.py was killed by signal 6: "

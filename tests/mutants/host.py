@@ -21,7 +21,7 @@ SLURM_WAIT = "tests/unit/test_slurm_submission.py::test_backend_wait_follows_the
 
 MUTANTS = [
     Mutant("a language model worse than its unigram baseline ends as if it had learned", "launcher/host/run_here.py",
-           "and (bpb if isinstance(bpb, float) else ppl) >= unigram else", "and False else",
+           "and isinstance(figure, float) and figure >= unigram else", "and False else",
            (HERE + "::test_a_language_model_not_past_its_unigram_baseline_is_said_so_in_the_last_line",)),
     Mutant("launch runs says a byte model's best loss in nats only", "launcher/host/runs.py",
            '        best_figure["per"] = "bpb" if "test_bpb" in said else "ppl" if "test_ppl" in said else None',
@@ -560,6 +560,10 @@ MUTANTS = [
     Mutant("a section's key typed without its section gets no hint", "launcher/host/hydra_errors.py",
            "    owner = _section_with(leaf) if not prefix else None", "    owner = None",
            ("tests/cli/test_bad_input.py::test_one_clear_line_and_exit_2",)),
+    Mutant("an abort blamed on an error the script went on from", "launcher/host/script.py",
+           "tail=ABORT_TAIL if aborted else None", "tail=None",
+           ("tests/distributed/test_script.py::test_a_rank_that_raised_then_aborted_at_exit_is_named_with_what_it_"
+            "raised",)),
     Mutant("a script's stop said by the signal's number", "launcher/host/script.py",
            "            name = signal.Signals(int(sig.sigval)).name", "            name = f'signal {int(sig.sigval)}'",
            ("tests/distributed/test_lifetime_and_binding.py::test_ctrl_c_of_a_script_ends_its_ranks_and_says_so_as_a_"

@@ -84,8 +84,9 @@ def fits_on_h100s(plan_on_h100s):
 def test_the_ranks_agree_on_reshard_after_forward_and_the_last_unit_is_never_freed(tmp_path, monkeypatch, setting,
                                                                                   verdict, expected):
     """Under auto each rank brings its host's verdict to an all-reduce (a rank left unfreed would skip the
-    all-gathers its peers' backward waits in); none judged means free them. Either way the last unit is
-    kept gathered: its backward comes first, and freeing it would only gather it again."""
+    all-gathers its peers' backward waits in); none judged means free them. Either way the last unit and the
+    root are kept gathered: their backward comes first, and freeing them would only gather them again (torch
+    keeps the root so only where the value is left out: an explicit true freed it)."""
     import torch.distributed as dist
     import torch.distributed.fsdp as fsdp
 
@@ -104,10 +105,18 @@ def test_the_ranks_agree_on_reshard_after_forward_and_the_last_unit_is_never_fre
         strategy = FSDP(FSDPConfig(min_unit_params=0, mixed_precision=False, reshard_after_forward=setting),
                         Devices(()), processes=1, global_batch=2)
         strategy.keep_gathered = verdict
-        strategy.wrap(Llama(64, 16, layers=3, width=32, heads=4, kv_heads=2), torch.device("cpu"))
+        model = Llama(64, 16, layers=3, width=32, heads=4, kv_heads=2)
+        strategy.wrap(model, torch.device("cpu"))
+        model(torch.randint(0, 64, (2, 16)))
+        # after the forward: a freed unit's weights are its shards again (DTensors); kept ones stay gathered
+        from torch.distributed.tensor import DTensor
+
+        freed = [isinstance(m.weight, DTensor) for m in (model.blocks[0].q, model.blocks[1].q, model.blocks[2].q,
+                                                         model.tokens)]
     finally:
         dist.destroy_process_group()
-    assert told == [expected, expected, False, expected], told  # (3 blocks a unit each, then the root)
+    assert told == [expected, expected, False, False], told  # (3 blocks a unit each, then the root: never freed)
+    assert freed == [expected, expected, False, False], freed
     assert f"reshard_after_forward={str(expected).lower()}" in strategy.layout, strategy.layout
     assert ("by the memory estimate" in strategy.layout) == (setting == "auto"), strategy.layout
 

@@ -49,7 +49,10 @@ def test_a_language_model_not_past_its_unigram_baseline_is_said_so_in_the_last_l
         run_here.summarize({"final": {"test_bpb": 5.17, "test_loss": 3.58}, "unigram_test_bpb": 4.726}, tmp_path, 1.0)
         run_here.summarize({"final": {"test_bpb": 3.87}, "unigram_test_bpb": 4.631}, tmp_path, 1.0)
         run_here.summarize({"final": {"test_ppl": 30.0, "test_loss": 3.4}, "unigram_test_ppl": 24.5}, tmp_path, 1.0)
-    short, past, tokens = [r.getMessage() for r in caplog.records]
+        # (a token run stopped early where its last epoch was not evaluated: no figure to compare)
+        run_here.summarize({"final": {"loss": 3.1}, "unigram_test_ppl": 900.0}, tmp_path, 1.0)
+    short, past, tokens, unevaluated = [r.getMessage() for r in caplog.records]
+    assert "training loss 3.1 (no evaluation)" in unevaluated, unevaluated
     assert "held-out 5.170 bits/byte (unigram baseline 4.726 - not past it yet: more epochs, data or a higher lr)" \
         in short, short
     assert "held-out 3.870 bits/byte (unigram baseline 4.631)." in past, past
