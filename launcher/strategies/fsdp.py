@@ -133,9 +133,9 @@ class FSDP(DDP):
             self._layout += (f"; reshard_after_forward={str(reshard).lower()}{auto}: " +
                              ("each unit but the last and the root gathered again for its backward" if reshard else
                               "each unit's gathered weights kept from its forward to its backward"))
-        # (the root never: its head's backward comes first; torch keeps it so only where the value is left out,
-        # and an explicit true freed it)
-        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+        # (the root never: its head's backward comes first. None is torch's own choice, which keeps the root
+        # gathered; an explicit true freed it, and an explicit false aborted gloo ranks at exit now and then)
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=None)
         if any(p.is_meta for p in model.parameters()):
             model.to_empty(device=device)
             if not (device.type == "cpu" and self._plain is not None and copy_plain_build(model, *self._plain)):

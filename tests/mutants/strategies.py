@@ -182,7 +182,7 @@ MUTANTS = [
     Mutant("no host judged, and the weights are kept", "launcher/strategies/fsdp.py",
            "return judged == 0 or against > 0", "return against > 0", RESHARD_VOTE),
     Mutant("the root freed after its forward", "launcher/strategies/fsdp.py",
-           "        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)",
+           "        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=None)",
            "        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)", RESHARD_VOTE),
     Mutant("the last unit freed after its forward", "launcher/strategies/fsdp.py",
            "reshard_after_forward=reshard and i < len(groups) - 1)", "reshard_after_forward=reshard)", RESHARD_VOTE),
