@@ -35,11 +35,16 @@ from launcher.errors import ConfigError
 Schedule = Callable[[int], float]
 
 
+def warmup_length(total_steps: int, warmup_steps: int) -> int:
+    """The warm-up's steps as the schedule takes them: none below 0, and at least one step left to decay."""
+    return min(max(warmup_steps, 0), total_steps - 1)
+
+
 def warmup_then_decay(total_steps: int, warmup_steps: int, decay: Decay = Decay.linear,
                       floor: float = 0.0) -> Schedule:
     """LR multiplier: a linear warm-up from ~0 to 1 over warmup_steps, then a linear or cosine decay to
     `floor` at total_steps, where it stays."""
-    warmup_steps = min(max(warmup_steps, 0), total_steps - 1)
+    warmup_steps = warmup_length(total_steps, warmup_steps)
 
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -55,7 +60,7 @@ def describe(o: OptimConfig, lr: float, epochs: int, steps_per_epoch: int) -> st
     """The optimizer and its schedule in one line, in steps (the worker logs it: the metrics hold the
     learning rate at each epoch's end only)."""
     total = epochs * steps_per_epoch
-    warmup = min(max(round(o.warmup_epochs * steps_per_epoch), 0), total - 1)
+    warmup = warmup_length(total, round(o.warmup_epochs * steps_per_epoch))
     rise = f"a linear warm-up over {warmup} steps, then " if warmup > 0 else ""
     return (f"optim: {o.name}, lr {lr:g}: {rise}a {o.decay.value} decay to {lr * o.min_lr_ratio:g} at step {total} "
             f"({epochs} epochs of {steps_per_epoch} steps)")
