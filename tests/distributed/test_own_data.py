@@ -124,30 +124,32 @@ def test_a_restart_inside_an_epoch_continues_the_global_order(launch, project, t
 
 def stopped_and_resumed_elsewhere(launch, project: Path, elsewhere: Path, first: tuple[str, ...], ranks: int,
                                   resumes: list[tuple[tuple[str, ...], int]], alone: tuple[str, ...]) -> None:
-    """recipe=indexed on `ranks` ranks (`first`'s placement), saved 6 steps into its first epoch and stopped at
-    step 8, then resumed from that checkpoint on each of `resumes` (placement, ranks): every resume trains the
-    samples that one rank (`alone`, in `elsewhere`) trains uninterrupted from step 6 on, step by step, in its
-    order. (tests/gpu runs it on GPUs.)"""
+    """recipe=indexed on `ranks` ranks (`first`'s placement), saved every 3 steps of its first epoch and stopped
+    at step 8, then resumed from its checkpoint on each of `resumes` (placement, ranks): every resume trains the
+    samples that one rank (`alone`, in `elsewhere`) trains uninterrupted from the checkpoint's step on, step by
+    step, in its order. (tests/gpu runs it on GPUs.) The checkpoint is step 6's, or step 3's where the stop
+    came while step 6's was still being written (4 ranks on 2 busy cores: CI)."""
     import torch
 
     common = ("recipe=indexed", "epochs=2", "batch_size=8", "data.workers=0")
     stopped = launch(*common, *first, "checkpoint_every_steps=3", f"fault.rank={ranks - 1}", "fault.step=8")
     assert stopped.returncode == 1, stopped.output
     state = torch.load(_run_dir(stopped) / "checkpoints" / "last.pt", weights_only=True)
-    assert (state["epoch"], state["step_in_epoch"]) == (0, 6)
+    assert state["epoch"] == 0 and state["step_in_epoch"] in (3, 6), state["step_in_epoch"]
+    saved = state["step_in_epoch"]
     before = _steps(project, ranks, whole=False)
     for f in [*EXAMPLES.glob("*.py"), *OWN.glob("*.py")]:
         shutil.copy(f, elsewhere / f.name)
     whole = launch(*common, *alone, cwd=elsewhere)
     assert whole.returncode == 0, whole.output
     uninterrupted = _steps(elsewhere, 1)
-    assert len(uninterrupted) == 24 and before[:6] == uninterrupted[:6]
+    assert len(uninterrupted) == 24 and before[:saved] == uninterrupted[:saved]
     for placement, count in resumes:
         for f in project.glob("indices-*.jsonl"):
             f.unlink()
         again = launch("recipe=indexed", f"resume={_run_dir(stopped)}", *placement, "data.workers=0")
         assert again.returncode == 0, again.output
-        assert _steps(project, count) == uninterrupted[6:], placement
+        assert _steps(project, count) == uninterrupted[saved:], placement
 
 
 def test_a_checkpoint_inside_an_epoch_of_four_ranks_resumes_on_two_and_on_one_in_the_same_order(launch, project,
