@@ -13,12 +13,11 @@ size-based wrapping policy); the blocks left over, all of a smaller model, are g
 is sharded last. On GPUs a mixed-precision policy computes in bf16 and reduces gradients in fp32.
 
 Why units of a size and not a block each: FSDP2's hooks cost the host work for every unit and every
-parameter in it, and at a block a unit a small model's step is the host's, not the GPU's. Measured on
-2 H200s, torch 2.11 (BENCHMARKS.md section 5), GPT-2 124M at 16 x 1024 tokens a GPU: a block a unit
-(`strategy.min_unit_params=0`) 373,172 tokens/s, the model one unit 706,417 in the same call (8.9 GB a
-GPU either way); one GPU 382,286. A unit gathered whole costs memory only while it is gathered (its
-bf16 weights and gradients and the fp32 gradients reduced, ~8 bytes a parameter: 0.8 GB for 1e8), so a
-model big enough to need sharding still gathers a block or a few at a time.
+parameter in it, and at a block a unit a small model's step is the host's, not the GPU's (GPT-2 124M ran at
+about half the speed of the model as one unit; BENCHMARKS.md section 5). A unit gathered whole costs memory
+only while it is gathered (its bf16 weights and gradients and the fp32 gradients reduced, ~8 bytes a
+parameter: 0.8 GB for 1e8), so a model big enough to need sharding still gathers a block or a few at a
+time.
 
 With `meta_init` the model is built on the meta device and each rank materializes only its shards,
 initialized by the model's `init_weights()` (or every submodule's `reset_parameters()`), so a model
@@ -31,16 +30,15 @@ launcher/train/shard_writer.py), and a resume reads them into whatever sharding 
 (another number of ranks or units, or ddp/single). Epoch ends are not overlapped with the next epoch
 (the loop asks `overlaps_epoch_ends`).
 
-Compiling (`compile`): each block in a unit of its own or with others has its forward compiled in
-place, as torchtitan compiles per block, FSDP2's gathers and reduce-scatters running in the units'
-hooks outside the compiled code; the root's forward is compiled around them (dynamo stops at each
-unit's hooks and resumes after them, so the embeddings, the head and the loss are compiled where the
-model calls its blocks from a method of their own, recipe=text's GPT.trunk). Blocks gathered with the
-root have no hooks: the root's forward is then one graph. perf.compile=auto decides after the first
-epoch as under the other strategies: compiled paid, 706,417-771,717 tokens/s against 568,425 eager
-(2 H200s, GPT-2 124M as one unit, across calls), and a block a unit 364,474 against 321,936.
-CUDA-graph capture is off (perf.cuda_graph, and the compile modes that make CUDA graphs): a replayed
-graph cannot follow the weights FSDP2 gathers and frees.
+Compiling (`compile`): each block in a unit of its own or with others has its forward compiled in place, as
+torchtitan compiles per block, FSDP2's gathers and reduce-scatters running in the units' hooks outside the
+compiled code; the root's forward is compiled around them (dynamo stops at each unit's hooks and resumes
+after them, so the embeddings, the head and the loss are compiled where the model calls its blocks from a
+method of their own, recipe=text's GPT.trunk). Blocks gathered with the root have no hooks: the root's
+forward is then one graph. perf.compile=auto decides after the first epoch as under the other strategies
+(compiling paid both with a block a unit and with the model one unit: BENCHMARKS.md section 5). CUDA-graph
+capture is off (perf.cuda_graph, and the compile modes that make CUDA graphs): a replayed graph cannot
+follow the weights FSDP2 gathers and frees.
 """
 
 from __future__ import annotations
