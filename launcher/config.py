@@ -1057,6 +1057,10 @@ class CheckpointConfig(Schema):
     """Write checkpoints/last.pt every epoch (atomically)."""
     keep_best: int = 0
     """Also keep the best this many epochs' checkpoints (checkpoints/best.pt, best-epoch-N.pt)."""
+    keep_previous: bool = True
+    """Keep the checkpoint before the last (previous.pt; a sharded run's shard folder too) until the next is
+    written, for a resume to fall back on where last.pt is damaged. false: one checkpoint fewer on disk (a
+    sharded run's at most 2 at once, not 3), for a model whose checkpoints are large beside its disk."""
     metric: str | None = None
     """The figure that ranks them (null: early_stop.metric, else sweep.objective where set, else test_acc or the
     first test_NAME)."""

@@ -47,6 +47,14 @@ class Fit:
     line: str | None = None  # the estimate in a line (`launch ... dry_run=true` shows it); None where there is none
     parameters: int = 0  # the model's, counted on the meta device (0: not counted)
     spare_bytes: int | None = None  # a rank's device less the state, the activations and MARGIN; None: not estimated
+    stored: tuple[int, int] = (0, 0)  # the elements of its state_dict: a tied weight once, and under each name
+
+
+def stored_elements(model: nn.Module) -> tuple[int, int]:
+    """(the elements of `model`'s state_dict with a tied weight counted once, as torch.save stores it; with each
+    name counted, as torch.distributed.checkpoint writes a sharded checkpoint): what a checkpoint's weights hold."""
+    tensors = [t for t in model.state_dict(keep_vars=True).values() if t.is_floating_point()]
+    return sum({id(t): t.numel() for t in tensors}.values()), sum(t.numel() for t in tensors)
 
 
 def training_state(model: nn.Module, plan: Plan) -> tuple[int, int]:
@@ -134,14 +142,18 @@ def _check_fits(recipe: Recipe, plan: Plan) -> Fit:
     if configured(plan.config.model):  # (not the recipe's own: the launcher builds none of those, launcher/models.py)
         return Fit("not estimated: a network from config (model._target_) is built in the workers only")
     model = recipe.model_to_size()
-    room = capacity(plan) if model is not None else None
-    if model is None or room is None:
+    if model is None:
         return Fit()
-    (count, need), (holds, where) = training_state(model, plan), room
+    count, need = training_state(model, plan)
+    stored = stored_elements(model)
+    room = capacity(plan)
+    if room is None:
+        return Fit(parameters=count, stored=stored)
+    holds, where = room
     if need <= holds:
         line, used = check_activations(recipe, model, plan, need, holds, where)
         spare = None if used is None else int(holds * (1 - MARGIN)) - used
-        return Fit(line, count, spare)
+        return Fit(line, count, spare, stored)
     cfg = plan.config
     what = f"{count / 1e9:.2f}B parameters" if count >= 1e8 else f"{count / 1e6:.0f}M parameters"
     copies = cfg.optim.state_copies

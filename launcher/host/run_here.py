@@ -39,7 +39,7 @@ from launcher.files import (
     read_json,
     write_json,
 )
-from launcher.host import memory, script, trackers
+from launcher.host import disk, memory, script, trackers
 from launcher.host.compose import to_yaml
 from launcher.host.evaluate import checkpoint_to_evaluate, pin, unpin
 from launcher.host.evaluate import summarize as summarize_evaluation
@@ -93,7 +93,7 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
         recipe = check_runnable(cfg)
         float8.check(plan)  # (perf.precision=fp8: GPUs that have float8 matmuls, and torchao)
         evaluate, checked, classes = checkpoint_to_evaluate(cfg) if cfg.eval.checkpoint else (None, None, None)
-        fits = None
+        fits, fit = None, None
         if recipe is not None and evaluate is None and (joined is None or joined.local_rank == 0):
             fit = memory.check_fits(recipe(plan.config), plan)  # (training: once a host, before its data and workers)
             chosen = plan.strategy.fit_memory(fit.spare_bytes, fit.parameters)  # (it travels to the workers)
@@ -109,8 +109,11 @@ def run_here(cfg: Config, run_dir: Path, context: LaunchContext) -> Outcome:
             check_network(recipe(plan.config), resume, str(cfg.resume))  # (its weights fit this config's network)
         resume_from = str(resume.path) if resume else (str(resolve_resume(cfg.resume).resolve()) if cfg.resume
                                                        else None)
+        room = None
+        if fit is not None and not requeued:  # (a requeued run's own checkpoints hold their room already)
+            room = disk.check_room(plan, run_dir, fit, cfg.epochs - (resume.epoch if resume else 0))
         if cfg.dry_run:
-            print(describe_dry_run(plan, run_dir, resume, evaluate, fits))
+            print(describe_dry_run(plan, run_dir, resume, evaluate, fits, room))
             return Outcome(0)
         if recipe is not None and (joined is None or joined.local_rank == 0):
             prepared = recipe(plan.config)
@@ -277,7 +280,7 @@ def _write_run_files(plan: Plan, run_dir: Path, resume: Resume | None, context: 
 
 
 def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None, evaluate: Path | None = None,
-                     fits: str | None = None) -> str:
+                     fits: str | None = None, room: str | None = None) -> str:
     cfg, s = plan.config, plan.strategy
     how = "torch.distributed.elastic, c10d rendezvous on localhost:0" if plan.joined is None else "already started"
     if plan.network is not None:
@@ -298,6 +301,8 @@ def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None, evaluate:
         lines.append(f"  evaluate      {evaluate} (no training)")
     if fits:
         lines.append(f"  memory        {fits}")
+    if room:
+        lines.append(f"  checkpoints   {room}")
     lines += [f"  note          {note}" for note in plan.notes]
     return "\n".join(lines)
 

@@ -159,11 +159,12 @@ def _dcp_state(nets: Nets, steppers: list[Stepper]) -> dict[str, Any]:
 
 def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: torch.device, path: Path,
                  epoch: int, plain: dict[str, Any], writer: BackgroundWriter,
-                 then: Callable[[Path, str | None], None] | None = None) -> None:
+                 then: Callable[[Path, str | None], None] | None = None, previous: bool = True) -> None:
     """Every rank writes its shards to checkpoints/epoch-<epoch>.dcp (torch.distributed.checkpoint); then
     rank 0 writes `path` (last.pt: the schedules, RNG, epoch, history and config, and which folder holds
-    the tensors) atomically and removes the folders of earlier epochs but the one previous.pt names. A
-    crash at any point leaves last.pt naming a complete folder.
+    the tensors) atomically and removes the folders of earlier epochs but the one previous.pt names (none
+    with `previous` false: checkpoint.keep_previous). A crash at any point leaves last.pt naming a complete
+    folder.
 
     The save is asynchronous (launcher/train/shard_writer.py, tracked by `writer`): the shards are copied
     to a host copy kept for the run by copies queued now, and written to disk with dcp.save by a process
@@ -181,8 +182,8 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
     def finish() -> None:
         if state is None:
             return
-        before = _sharded_folder(path)  # (the folder last.pt names now: previous.pt will name it)
-        save_atomic(state, path, folder)
+        before = _sharded_folder(path) if previous else None  # (the folder last.pt names: previous.pt's next)
+        save_atomic(state, path, folder, previous)
         keep = {folder.name, before} | best.kept_folders(path.parent)  # (and those the best checkpoints name)
         for old in path.parent.glob("epoch-*.dcp"):
             if old.name not in keep:
@@ -266,15 +267,20 @@ def misfit(exc: BaseException) -> BaseException | None:
     return exc if isinstance(exc, (RuntimeError, ValueError, AssertionError, KeyError)) else None
 
 
-def save_atomic(state: dict[str, Any], path: Path, folder: Path | None = None) -> None:
+def save_atomic(state: dict[str, Any], path: Path, folder: Path | None = None, previous: bool = True) -> None:
     """torch.save to a temporary file beside `path`, fsync, rename: a crash never leaves half a checkpoint.
     Sealed first (launcher/integrity.py): the digest of its contents (and of `folder`'s files: a sharded
-    checkpoint's shards), and, in a run dir's checkpoints/, the run's name."""
+    checkpoint's shards), and, in a run dir's checkpoints/, the run's name. A run's last.pt keeps the one
+    it replaces as previous.pt, unless `previous` is false (checkpoint.keep_previous): then previous.pt
+    goes, and with it the blocks of the checkpoint before."""
     path.parent.mkdir(parents=True, exist_ok=True)
     run = integrity.run_id(path.parent.parent, create=True) if path.parent.name == CHECKPOINTS else None
     integrity.seal(state, run, folder)
     if run is not None and path.name == LAST_CHECKPOINT:
-        keep_previous(path)
+        if previous:
+            keep_previous(path)
+        else:
+            path.with_name(PREVIOUS_CHECKPOINT).unlink(missing_ok=True)
     write_atomic(path, lambda f: torch.save(state, f), durable=True)
 
 
@@ -577,8 +583,8 @@ class Stager:
         return host, self._layout, [self._read]
 
 
-def save_snapshot(snapshot: HostSnapshot, path: Path) -> None:
-    save_atomic(snapshot.state(), path)
+def save_snapshot(snapshot: HostSnapshot, path: Path, previous: bool = True) -> None:
+    save_atomic(snapshot.state(), path, previous=previous)
 
 
 class BackgroundWriter:
@@ -601,6 +607,7 @@ class BackgroundWriter:
         self.world = world  # (sharded saves: the rank's place, where its writer process meets the others')
         self.shards: ShardWriter | None = None  # sharded saves' writer, made at the first
         self.last_write_s: float | None = None  # how long the last finished write took (the copy from the GPU too)
+        self.keep_previous = True  # last.pt keeps the one it replaces as previous.pt (checkpoint.keep_previous)
         lifetime.finish_first_on_sigterm(self.finish_in_flight)  # (a peer's failure must not lose the write)
 
     def make_room(self) -> float:
@@ -622,7 +629,7 @@ class BackgroundWriter:
         import time
 
         t = time.perf_counter()
-        save_snapshot(snapshot, path)
+        save_snapshot(snapshot, path, self.keep_previous)
         self.last_write_s = time.perf_counter() - t
         if then is not None:
             then(path, None)

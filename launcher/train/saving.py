@@ -42,6 +42,7 @@ class Saves:
         self.cfg, self.strategy, self.device, self.run_dir = cfg, strategy, device, run_dir
         self.plain: dict[str, Any] = {"config": to_plain(cfg), **({"classes": list(classes)} if classes else {})}
         self.writer = writer
+        writer.keep_previous = cfg.checkpoint.keep_previous
         self.step = step
         self.is_main = strategy.is_main
         self.stager: checkpoint.Stager | None = None  # rank 0 on a GPU: checkpoint copies staged on the device
@@ -111,7 +112,7 @@ class Saves:
             step = self.step
             checkpoint.save_sharded(self.strategy, step.nets, step.steppers, self.device, last_checkpoint(self.run_dir),
                                     epochs, {"epoch": epochs, "history": list(history), **self.plain},
-                                    writer=self.writer, then=then)
+                                    writer=self.writer, then=then, previous=cfg.checkpoint.keep_previous)
 
     def _best_after(self, row: dict[str, Any]) -> Callable[[Path, str | None], None] | None:
         """checkpoint.keep_best on rank 0: where this epoch is among the best so far by checkpoint.metric,

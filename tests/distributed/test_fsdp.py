@@ -30,7 +30,9 @@ def fsdp_run(tmp_path_factory, text_root, warm_launcher):
     from tests.conftest import clean_env
 
     cwd = tmp_path_factory.mktemp("fsdp-runs")
-    for name, how in (("fsdp", ("strategy=fsdp", "nprocs=2")), ("ddp", ("strategy=ddp", "nprocs=2")),
+    # (fsdp and ddp keep no checkpoint before the last: test_a_rank_that_dies_... sees a kept one)
+    for name, how in (("fsdp", ("strategy=fsdp", "nprocs=2", "checkpoint.keep_previous=false")),
+                      ("ddp", ("strategy=ddp", "nprocs=2", "checkpoint.keep_previous=false")),
                       ("single", ("strategy=single",))):
         argv = [*TOY, f"data.root={text_root}", *how, "epochs=2", f"hydra.run.dir={name}"]
         code, out, err = warm_launcher.run(argv, cwd, clean_env(), 300)
@@ -54,9 +56,41 @@ def test_fsdp_and_ddp_on_two_ranks_follow_one_ranks_loss_curve_and_fsdp_shards_i
     assert results["ranks_agree"] is None and len(set(results["weights_sha256"])) == 1
     assert json.loads((fsdp_run / "ddp" / "results.json").read_text())["ranks_agree"] is True
     folders = sorted(p.name for p in (fsdp_run / "fsdp" / "checkpoints").iterdir())
-    # (epoch 1's folder is previous.pt's: kept until the next save is complete)
-    assert folders == ["epoch-1.dcp", "epoch-2.dcp", "last.pt", "previous.pt"]
+    # (checkpoint.keep_previous=false: epoch 1's folder went with the save after it, and no previous.pt was made)
+    assert folders == ["epoch-2.dcp", "last.pt"]
     assert (fsdp_run / "fsdp" / "checkpoints" / "epoch-2.dcp" / ".metadata").is_file()
+    assert sorted(p.name for p in (fsdp_run / "ddp" / "checkpoints").iterdir()) == ["last.pt"]
+    assert sorted(p.name for p in (fsdp_run / "single" / "checkpoints").iterdir()) == ["last.pt", "previous.pt"]
+
+
+def test_the_checkpoint_size_the_launch_judges_the_disk_by_is_what_a_run_writes(fsdp_run, text_root):
+    """launcher/host/disk.py counts a checkpoint as the fp32 weights of the model's state_dict and AdamW's two
+    moments, from the model counted on the meta device before any worker: ddp's last.pt holds that (its tied
+    head once) and the pickled rest, and the shard folder fsdp's ranks wrote holds those tensors (the tied head
+    under both names) in files that add a little for each (about 1.4 kB a tensor a rank: megabytes at 8B,
+    where the tensors are ~96 GB)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from launcher.host import memory
+    from launcher.host.disk import checkpoint_bytes
+    from launcher.host.plan import make_plan
+    from launcher.recipes import recipe_class
+    from tests.conftest import config_of
+
+    plan = make_plan(config_of(*TOY, f"data.root={text_root}", "strategy=fsdp", "nprocs=2"), env={}, physical_count=0,
+                     loads=[])
+    fit = memory.check_fits(recipe_class("text")(plan.config), plan)
+    assert fit.parameters == json.loads((fsdp_run / "fsdp" / "results.json").read_text())["parameters"]
+    whole = (fsdp_run / "ddp" / "checkpoints" / "last.pt").stat().st_size
+    estimate = checkpoint_bytes(fit, 2, sharded=False)
+    assert estimate < whole < estimate * 1.15, (whole, estimate)
+    folder = fsdp_run / "fsdp" / "checkpoints" / "epoch-2.dcp"
+    entries = FileSystemReader(folder).read_metadata().state_dict_metadata.values()
+    tensors = sum(math.prod(e.size) * e.properties.dtype.itemsize for e in entries if hasattr(e, "size"))
+    estimate = checkpoint_bytes(fit, 2, sharded=True)
+    assert estimate <= tensors < estimate * 1.005, (tensors, estimate)  # (AdamW's step counts: a number a tensor)
+    files = sum(f.stat().st_size for f in folder.iterdir())
+    assert files < tensors + 4_000 * 2 * len(entries), (files, tensors, len(entries))
 
 
 @pytest.mark.parametrize("resumed_as", [("strategy=fsdp", "nprocs=1"),

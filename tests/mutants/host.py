@@ -6,6 +6,7 @@ SWEEP = "tests/unit/test_sweep_packing.py"
 COMMAND = "tests/unit/test_launch_command.py"
 CONFIG = "tests/unit/test_config.py"
 HERE = "tests/unit/test_run_here.py"
+DISK = "tests/unit/test_disk_room.py"
 FITS = ("tests/unit/test_plan.py::test_a_model_whose_training_state_outgrows_its_gpu_is_refused_before_any_worker_"
         "with_a_setting_that_fits",)
 PLAN = UNIT_PLAN
@@ -583,4 +584,20 @@ MUTANTS = [
     Mutant("an export's safetensors without its classes", "launcher/host/export.py",
            '                write_safetensors(model, f, {"classes": json.dumps(list(classes))} if classes else None)',
            "                write_safetensors(model, f)", (CKPT,)),
+    Mutant("the disk check forgets a sharded run's checkpoint before the last", "launcher/host/disk.py",
+           "    count = min(epochs_left * (2 if within else 1), 2 + previous + best)",
+           "    count = min(epochs_left * (2 if within else 1), 2 + best)", (DISK,)),
+    Mutant("the disk check counts more checkpoints than the run saves", "launcher/host/disk.py",
+           "    count = min(epochs_left * (2 if within else 1), 2 + previous + best)",
+           "    count = 2 + previous + best", (DISK,)),
+    Mutant("the disk check counts a sharded checkpoint's tied weight once", "launcher/host/disk.py",
+           "    return 4 * (by_name if sharded else whole) + 4 * state_copies * fit.parameters",
+           "    return 4 * whole + 4 * state_copies * fit.parameters",
+           (DISK, "tests/distributed/test_fsdp.py::test_the_checkpoint_size_the_launch_judges_the_disk_by_is_what_a_"
+            "run_writes")),
+    Mutant("every host of several counts all of a sharded checkpoint", "launcher/host/disk.py",
+           "        return s.processes / s.world_size", "        return 1.0", (DISK,)),
+    Mutant("the launch never judges the disk", "launcher/host/run_here.py",
+           "            room = disk.check_room(plan, run_dir, fit, cfg.epochs - (resume.epoch if resume else 0))",
+           "            room = None", (DISK,)),
 ]

@@ -2,6 +2,9 @@
 
 from tests.mutants import UNIT_CKPT, UNIT_COMPILE, Mutant
 
+FSDP_FOLLOWS = ("tests/distributed/test_fsdp.py::test_fsdp_and_ddp_on_two_ranks_follow_one_ranks_loss_curve_and_fsdp_"
+                "shards_its_checkpoint",)
+
 MUTANTS = [
     Mutant("a head of no outputs trains on to the loss's traceback", "launcher/train/misfit.py",
            "    if empty is None:\n        return None", "    if empty is not None:\n        return None",
@@ -614,4 +617,11 @@ MUTANTS = [
     Mutant("a falling loss drawn on a linear axis", "launcher/train/reporting.py",
            "    if losses and min(losses) > 0 and max(losses) > 10 * min(losses):", "    if False:",
            ("tests/unit/test_run_reports.py",)),
+    Mutant("checkpoint.keep_previous=false keeps a sharded run's folder before the last", "launcher/train/saving.py",
+           "writer=self.writer, then=then, previous=cfg.checkpoint.keep_previous)", "writer=self.writer, then=then)",
+           FSDP_FOLLOWS),
+    Mutant("checkpoint.keep_previous=false keeps previous.pt", "launcher/train/saving.py",
+           "        writer.keep_previous = cfg.checkpoint.keep_previous", "        pass", FSDP_FOLLOWS),
+    Mutant("checkpoint.keep_previous=false leaves an earlier previous.pt", "launcher/train/checkpoint.py",
+           "            path.with_name(PREVIOUS_CHECKPOINT).unlink(missing_ok=True)", "            pass", (UNIT_CKPT,)),
 ]

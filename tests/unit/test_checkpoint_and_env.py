@@ -724,6 +724,17 @@ def test_a_new_last_checkpoint_keeps_the_one_before_it_as_previous(tmp_path):
     assert [p.name for p in sorted(path.parent.iterdir())] == ["last.pt", "previous.pt"]  # (no temporary left)
 
 
+def test_checkpoint_keep_previous_false_leaves_no_checkpoint_before_the_last(tmp_path):
+    """checkpoint.keep_previous=false: no previous.pt is made, and one left by an earlier save of the run (a
+    restart in its run dir under the new setting) goes, with the blocks only it held."""
+    path = _sealed_run(tmp_path, "run", 1.0)
+    checkpoint.save_atomic({"net_state_dict": {"w": torch.full((1000,), 2.0)}, "epoch": 3}, path)
+    assert path.with_name("previous.pt").is_file()
+    checkpoint.save_atomic({"net_state_dict": {"w": torch.full((1000,), 3.0)}, "epoch": 4}, path, previous=False)
+    assert [p.name for p in sorted(path.parent.iterdir())] == ["last.pt"]
+    assert float(checkpoint.load(path)["net_state_dict"]["w"][0]) == 3.0
+
+
 def test_a_restart_goes_on_from_the_previous_checkpoint_when_the_last_is_damaged(tmp_path, caplog):
     path = _sealed_run(tmp_path, "run", 1.0)
     checkpoint.save_atomic({"net_state_dict": {"w": torch.full((1000,), 2.0)}, "epoch": 3}, path)
