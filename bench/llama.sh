@@ -8,6 +8,11 @@
 #   COMMIT=abc1234 bash bench/llama.sh fp8     # the 8b launch with perf.precision=fp8 (torchao carried in .whl)
 #   COMMIT=abc1234 bash bench/llama.sh reshard # Llama 3.2 1B's shape under fsdp on two GPUs, 2 x 8,192 a GPU, with
 #                                               # strategy.reshard_after_forward true, false, then auto (the default: its choice in its log)
+#   COMMIT=abc1234 bash bench/llama.sh ckpt8b  # 8B's shape on 2 GPUs with sharded checkpoints: 2 epochs without
+#                                               # checkpoints, 2 with (checkpoint.keep_previous=false: at most 2 of
+#                                               # ~96 GB on disk, so a 235 GB disk: nvidia-h200-x4, GPUs 0-1), that run
+#                                               # resumed for a third epoch, and exported to safetensors; OPTIM=sgd
+#                                               # (no momentum: ~32 GB a checkpoint) fits the 2-GPU kind's 128 GB disk
 #   COMMIT=abc1234 bash bench/llama.sh ckpt    # ONE GPU: Llama 3.2 1B's shape under fsdp, 3 epochs without
 #                                               # checkpoints, 2 with (each epoch's sharded save written while the
 #                                               # next trains), that run resumed for its third, and exported
@@ -18,7 +23,7 @@
 set -uo pipefail
 source bench/device_env.sh
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-log=$OUT/llama-$1-$([ "$1" = ckpt ] && echo 1xh200 || echo 2xh200)-$commit.txt
+log=$OUT/llama-$1-$([ "$1" = ckpt ] && echo 1xh200 || echo 2xh200)$([ "${OPTIM:-}" = sgd ] && echo -sgd)-$commit.txt
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$log"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$log"
 common=(recipe=text recipe.vocab_size=128256 recipe.context=8192 recipe.sample_bytes=0 checkpoint=false
@@ -74,6 +79,31 @@ case "$1" in
                 hydra.run.dir=/tmp/run-1b-reshard-$r 2>&1 | tee -a "$log"
             keep "llama1b-reshard-$r-$commit" /tmp/run-1b-reshard-$r
         done
+        ;;
+    ckpt8b)
+        data=/tmp/shards-8b  # 40 windows of 8,192: 10 steps an epoch at 2 x 2 windows
+        python3 bench/make_token_shards.py $data --shards 1 --tokens-per-shard 330000 --val-tokens 20000 \
+            --vocab-size 128256 >/dev/null
+        optim=$([ "${OPTIM:-adamw}" = sgd ] && echo "optim=sgd optim.momentum=0" || echo "optim=adamw")
+        eight=("${common[@]}" "recipe.corpus=$data/gen_*.bin" recipe.size=8b gpus=[0,1] strategy=fsdp
+               strategy.meta_init=true perf.activation_checkpointing=selective batch_size=4 $optim)
+        df -h /tmp | tee -a "$log"
+        timeout 170 python3 -m launcher "${eight[@]}" epochs=2 hydra.run.dir=/tmp/ck8-none 2>&1 | tee -a "$log"
+        keep "llama8b-ckpt-none-$commit" /tmp/ck8-none
+        timeout 200 python3 -m launcher "${eight[@]/checkpoint=false/checkpoint.keep_previous=false}" epochs=2 \
+            hydra.run.dir=/tmp/ck8-saved 2>&1 | tee -a "$log"
+        keep "llama8b-ckpt-saved-$commit" /tmp/ck8-saved
+        du -sh /tmp/ck8-saved/checkpoints/* 2>&1 | tee -a "$log"
+        timeout 200 python3 -m launcher "${eight[@]/checkpoint=false/checkpoint.keep_previous=false}" \
+            resume=/tmp/ck8-saved epochs=3 hydra.run.dir=/tmp/ck8-resumed 2>&1 | tee -a "$log"
+        keep "llama8b-ckpt-resumed-$commit" /tmp/ck8-resumed
+        rm -rf /tmp/ck8-resumed/checkpoints  # (room for the export beside the saved run's)
+        timeout 300 python3 -c "import resource, subprocess, sys, time
+t = time.time(); done = subprocess.run(sys.argv[1:])
+print('export: exit', done.returncode, 'wall_s', round(time.time() - t, 1), 'max_rss_gib',
+      round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 2))" \
+            python3 -m launcher export /tmp/ck8-saved /tmp/ck8.safetensors 2>&1 | tee -a "$log"
+        ls -la /tmp/ck8.safetensors 2>&1 | tee -a "$log"
         ;;
     ckpt)
         data=/tmp/shards-ck  # 85 windows of 8,192: 42 steps an epoch at 2 windows
