@@ -3,9 +3,9 @@
 Python compiles every module it imports unless a `.pyc` of it can be read. Installers that skip
 compiling (uv without --compile-bytecode, pip --no-compile) combined with PYTHONDONTWRITEBYTECODE=1
 (set in many container images) leave torch with no bytecode at all, so every process compiles it
-again: on the H200 hosts `import torch` took 4.4-4.7 s that way and 2.3 s from a cache, `import torch,
-torch._dynamo` 10.5-10.8 s and 3.6-4.4 s (bench/results/bytecode-*.jsonl). A launch pays that in the
-launcher, in the process the workers fork from, and in every SLURM task.
+again: on the H200 hosts `import torch`, and more so `import torch, torch._dynamo`, took far longer that
+way than from a cache (measured: BENCHMARKS.md section 4). A launch pays that in the launcher, in the
+process the workers fork from, and in every SLURM task.
 
 In that case (and only then) `launch` keeps bytecode under its own cache directory through Python's
 PYTHONPYCACHEPREFIX, never beside the sources, so the intent of PYTHONDONTWRITEBYTECODE (read-only

@@ -77,7 +77,8 @@ def state_digest(state: dict[str, Any]) -> str:
     """SHA-256 of a checkpoint's contents (its seal's run, epoch and files included): each value by its
     path in the nesting, tensors by dtype, shape and the SHA-256 of each 32 MB piece of their raw bytes
     (read where they lie: memory-mapped ones are read once, not copied). The pieces are hashed on
-    HASH_THREADS threads: on 2 cores a 1 GB checkpoint's digest took 0.6 s on one thread."""
+    HASH_THREADS threads, sooner than on one (a 1 GB checkpoint's digest on 2 cores; measured: BENCHMARKS.md
+    sections 7 and 12)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import torch

@@ -136,7 +136,8 @@ def available_cores(env: Mapping[str, str]) -> int:
 
     os.cpu_count() counts the whole host; two runs sharing it, each sizing its threads to all of it,
     crawled (a 3-run digits job array on the 2-core test cluster: the two runs side by side, 2 threads
-    each, at 110 and 116 img/s, the third alone at 11,477; seen once, before this function existed).
+    each, far slower than the third alone; seen once, before this function existed; measured: BENCHMARKS.md
+    section 12).
     """
     if env.get("SLURM_CPUS_ON_NODE", "").isdigit():  # the job's CPUs on this node, all its tasks together
         return int(env["SLURM_CPUS_ON_NODE"])

@@ -88,8 +88,9 @@ class ImageFolder(Recipe):
 
     def batch_slots(self) -> PinnedSlots | None:
         """Shared, page-locked buffers for the training batches of Regions (launcher/data/slots.py), each slot
-        twice a batch of decoded crops (a batch of Regions averaged 0.9x that on the generated ImageNet-like
-        folder); None without workers, or where that memory cannot be had."""
+        twice a batch of decoded crops (a batch of Regions averaged a little under that on the generated
+        ImageNet-like folder; measured: BENCHMARKS.md section 12); None without workers, or where that memory
+        cannot be had."""
         nbytes = 2 * int(self.cfg.batch_size) * self.hp.image_size ** 2 * 3
         return batch_slots(rank_workers(self.cfg.data), int(self.cfg.data.worker_prefetch), nbytes)
 
@@ -106,8 +107,8 @@ class ImageFolder(Recipe):
         if self.decode == "auto" and gpu_share < 1.0:
             # The first epoch's batches do not pace the run: they span compiling (perf.compile=auto decides at
             # its end), the warm-up, the workers' start (on two H200s the first epoch ran at a third of the
-            # others' speed, and the workers alone timed there came out at 136 ms a step for 39). So the
-            # trial times the second epoch's.
+            # others' speed, and the workers alone timed there came out far slower than the steps; measured:
+            # BENCHMARKS.md section 12). So the trial times the second epoch's.
             later = self.cfg.epochs > 1
             self.trial = DecodeTrial(splits, start_after=len(splits[0]) // max(1, int(self.cfg.batch_size))
                                      if later else 0)

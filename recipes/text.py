@@ -206,7 +206,7 @@ class Text(Recipe):
     def training_step(self, model: nn.Module, batch: Any) -> Any:
         """The GPT computes its own loss inside its (compiled) forward. At GPT-2's vocabulary the logits and
         the loss are a quarter of the step: returning logits and taking an eager float32 loss after them ran
-        at 0.78x (BENCHMARKS.md)."""
+        slower (measured: BENCHMARKS.md sections 5 and 12)."""
         if not self.loss_in_forward:
             return super().training_step(model, batch)
         x, y = batch[0], batch[1]

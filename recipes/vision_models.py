@@ -64,7 +64,8 @@ class AirbenchNet(nn.Module):
         # The global max with its indices (the backward puts each gradient at the max's index), not
         # torch.amax: compiled under bf16 autocast, amax's backward made every gradient below the head
         # NaN at the first step (inductor, CPU and GPU, torch 2.11 and 2.13), as if it found no element
-        # equal to the max it had rounded. adaptive_max_pool2d trains too, 1-4% slower (BENCHMARKS.md).
+        # equal to the max it had rounded. adaptive_max_pool2d trains too, a little slower (measured:
+        # BENCHMARKS.md section 2).
         x = x.flatten(2).max(dim=2).values
         return self.head(x) * self.scale
 

@@ -136,14 +136,14 @@ class DecodeTrial:
     - the steps: the median of the last MEASURE steps' own times on the GPU's clock (the launcher's
       StepPace: from the batch being ready to the step's end, input waits left out), the GPU's decoding
       beside them included. Not the gaps between batches reaching the prefetch thread: the host runs ahead
-      of the GPU and catches up in bursts (on two H200s the gaps' median said 22.9 to 70.7 ms for 38 ms
-      steps, and a split was tried where the workers kept up). The gaps' median stands in only where the
-      loader gave it no StepPace (the trial driven by hand);
+      of the GPU and catches up in bursts (on two H200s the gaps' median said far less and far more than the
+      steps took, and a split was tried where the workers kept up; measured: BENCHMARKS.md section 6). The
+      gaps' median stands in only where the loader gave it no StepPace (the trial driven by hand);
     - the workers: the time they need to make a batch, from what each one made and the seconds it spent
       making it (SharedDecode.work: each of them working at once, as they do). Their stock of batches
       made ahead (up to their prefetch_factor each) hides for a while that they cannot keep up, so the
-      steps alone would not tell (on one H200 host the steps said 37.8 ms for the workers alone where the
-      epochs then took 48-59 ms a batch);
+      steps alone would not tell (on one H200 host the epochs then took longer a batch than the steps said
+      for the workers alone; measured: BENCHMARKS.md section 12);
     - the prefetch thread: the median time on_after_batch_transfer held it (the GPU decoder returns once
       its images are decoded), the one thread every batch passes through.
 
@@ -151,8 +151,8 @@ class DecodeTrial:
     alone win a tie within TIE (GPU decoding beside training also costs the step's host and GPU time).
     Which samples go to which decoder changes the pixels only by the two decoders' rounding: the crops,
     flips, order and resume are the same whatever is kept. (The split used to come from decoding rates
-    measured apart, on other machines: 74% on the GPU for 15 workers, where the host's own workers needed
-    about a quarter. BENCHMARKS.md.)"""
+    measured apart, on other machines: far more on the GPU than the host's own workers needed; measured:
+    BENCHMARKS.md section 6.)"""
 
     MEASURE = 24
     SETTLE = 8  # a candidate's first batches, untimed (the warm-up's, the pipeline filling)

@@ -156,7 +156,8 @@ class Folder:
 
 def scan(root: Path) -> dict[str, Folder]:
     """Both splits of `root`, checked: a ConfigError naming data.root and the problem, one line each. Reads
-    directory entries only (os.scandir; no image is opened): ~2.5 s per 10^6 files on a local disk."""
+    directory entries only (os.scandir; no image is opened): quick even for a large folder on a local disk
+    (measured: BENCHMARKS.md section 12)."""
     key = "data.root"
     if not root.is_dir():
         what = "is a file, not a folder" if root.exists() else "no such folder"

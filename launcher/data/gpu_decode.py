@@ -32,8 +32,8 @@ class HardwareDecoder:
     extra), on the GPU's hardware JPEG engines where it has them (A100, H100, H200: NVJPG, beside the SMs,
     so decoding takes nothing from training), else on its CUDA decoder. A batch is split between PARTS
     decoders, each called from its own thread (the call returns once its images are decoded, with the GIL
-    released meanwhile): on an H100 one decoder took a batch of 256 at 13,400 img/s, two at 21,200, four at
-    15,800 (bench/probe/imagefolder_contention.py). The images are ready on the current stream; their
+    released meanwhile): on an H100 two decoders decoded a batch of 256 faster than one, and four slower than
+    two (measured: BENCHMARKS.md section 12). The images are ready on the current stream; their
     memory belongs to nvImageCodec, so each batch's images (and its bytes) are kept until an event after
     their last use (`release_after`) has passed."""
 

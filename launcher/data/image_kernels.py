@@ -12,10 +12,10 @@ The arithmetic is torchvision's `roi_align(aligned=True, sampling_ratio=0)` per 
 ceil(box/S)^2 bilinear samples: an antialiased downscale), with reads clamped at the image's edges, then
 (x - mean) / std.
 
-Why one kernel: the same work in torch ops costs ~8 small copies and views per image (a batch of 256 images:
-~30 ms of the host's time and ~25 ms of the GPU's, measured on an H100, bench/probe/imagefolder_contention.py),
-and that host time is the Python thread's that feeds the GPU, holding the GIL the training step needs.
-Here the host builds two small tables and launches one Triton kernel.
+Why one kernel: the same work in torch ops costs ~8 small copies and views per image (for a batch of 256
+images, much of the host's time and of the GPU's, on an H100; measured: BENCHMARKS.md section 6), and that
+host time is the Python thread's that feeds the GPU, holding the GIL the training step needs. Here the host
+builds two small tables and launches one Triton kernel.
 
 Where Triton cannot run (no CUDA, no triton), `crop_resize` (torch ops, the reference) does the work.
 """

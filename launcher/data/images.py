@@ -5,8 +5,8 @@ one split of a folder that folders.py scanned. Where the images are decoded is `
   cpu   the worker decodes with PIL (JPEGs at reduced size via `draft` when the crop allows), converts any
         mode to RGB, crops (training: RandomResizedCrop(image_size, scale=(min_scale, 1)) + a random
         horizontal flip; evaluation: the shorter side resized to eval_resize, then a center crop; resized
-        by torch's antialiased uint8 kernel, PIL's filter at about half its cost), and hands over uint8 CHW
-        crops. The GPU only normalizes them.
+        by torch's antialiased uint8 kernel, PIL's filter at less cost; measured: BENCHMARKS.md section 12),
+        and hands over uint8 CHW crops. The GPU only normalizes them.
   gpu   the worker reads the file's bytes and the JPEG's header (its size) and draws the crop box (an
         `Encoded` sample); the GPU decodes the batch's JPEGs and crops, resizes, flips and normalizes them
         (gpu_decode.py). Files nvJPEG cannot or should not take (PNG, BMP, WebP, grey, CMYK and progressive
@@ -14,7 +14,8 @@ one split of a folder that folders.py scanned. Where the images are decoded is `
         kinds. On CUDA (where image_kernels runs) the worker does not resize what it decodes: it hands over
         the pixels around the crop box (at draft's reduced size) as a Region, the batch's Regions one after
         another in one buffer (a PinnedSlots slot for training batches: slots.py), and the same kernel
-        resizes them on the GPU. The resize was a third of a sample's host time (0.6 of 1.8 ms).
+        resizes them on the GPU. The resize was a third of a sample's host time (measured: BENCHMARKS.md
+        section 12).
   auto  on CUDA, measured in the run: the workers alone, or each batch split between them and the GPU's
         decoder (decode_trial.py). Without CUDA: cpu.
 
@@ -191,7 +192,7 @@ def decode_region(img: Image.Image, box: tuple[float, float, float, float], size
     """The pixels under `box` (x0, y0, x1, y1, pixel edges of the original), decoded but not resized: uint8
     HWC, the whole pixels around the box (at the reduced size `draft` allows, as decode_train_crop has it),
     and the box in them. The GPU resizes it (image_kernels), which spares the worker about a third of a
-    sample's work (the resize: 0.6 of 1.8 ms on a Xeon core, bench/probe/cpu_decode.py)."""
+    sample's work (the resize, on a Xeon core; measured: BENCHMARKS.md section 12)."""
     width, height = img.size
     x0, y0, x1, y1 = box
     if draft:
@@ -213,7 +214,8 @@ def _hwc(img: Image.Image) -> torch.Tensor:
 
 def _resize(hwc: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """uint8 HWC pixels resized to height x width, bilinear and antialiased (PIL's filter, in torch's
-    vectorized uint8 kernel: about 2x faster than PIL's own on one core): uint8 CHW, contiguous."""
+    vectorized uint8 kernel: faster than PIL's own on one core; measured: BENCHMARKS.md section 12): uint8
+    CHW, contiguous."""
     chw = hwc.permute(2, 0, 1).unsqueeze(0)  # (a channels-last view: what that kernel reads fastest)
     if chw.shape[-2:] == (height, width):
         return chw[0].contiguous()

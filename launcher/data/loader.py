@@ -19,11 +19,11 @@ One pass of the DataLoader serves every training epoch: its batch sampler goes o
 row to the next epoch's first (the loop's order for it, asked when reached), so the workers read the next
 epoch's first batches while this epoch's last ones train. Restarting the DataLoader at each epoch would
 leave the GPU idle at every epoch's start until a worker had read a whole batch (ResNet-50 on one H100,
-20,000 JPEGs: about 0.4 s of each 5 s epoch). The epoch travels with each batch's indices, and a Dataset
-with `set_epoch` is told the epoch in the process that reads the batch, before its first batch of that
-epoch (each worker process has its own copy of the Dataset): augmentation drawn per (epoch, sample)
-stays exact however far ahead the workers read. An evaluation, a warm-up, a resumed epoch's remainder
-or an epoch that was left early starts a pass of its own.
+20,000 JPEGs: a noticeable part of each epoch; measured: BENCHMARKS.md section 12). The epoch travels with
+each batch's indices, and a Dataset with `set_epoch` is told the epoch in the process that reads the
+batch, before its first batch of that epoch (each worker process has its own copy of the Dataset):
+augmentation drawn per (epoch, sample) stays exact however far ahead the workers read. An evaluation, a
+warm-up, a resumed epoch's remainder or an epoch that was left early starts a pass of its own.
 
 A sample the Dataset returns as None (a bad file it chose to skip) is left out of its batch and
 counted (`skipped`, on the host: no device sync). An IterableDataset has no indices to order: each

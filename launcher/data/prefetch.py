@@ -17,8 +17,8 @@ compute stream may still be reading it.
 With `threaded=True` the copies and `after` are issued by a thread of their own, `depth` batches ahead:
 the training loop's thread never waits for them. That matters when `after` blocks its thread (a GPU
 image decoder that returns only once its images are decoded): in the loop's thread the GPU would idle
-meanwhile, and a step would cost the decode plus the training (measured with ResNet-50 on an H100:
-training at 5,600 img/s and decoding alone at 7,400 gave 3,000 img/s together). The thread's batches
+meanwhile, and a step would cost the decode plus the training (with ResNet-50 on an H100 the two
+together ran far slower than either alone; measured: BENCHMARKS.md section 12). The thread's batches
 come out in order; an exception raised there (a bad file, the recipe's own error) is raised in the loop's
 thread with its traceback; leaving the loop early stops the thread and waits for it, so the next epoch
 can use the same DataLoader.

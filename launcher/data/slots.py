@@ -9,9 +9,9 @@
 
 Why: a DataLoader hands a worker's batch over in a new shared-memory file each time; the training process's
 pin-memory thread then maps it (a page fault every 4 KB), copies it into page-locked memory, and frees it.
-For recipe=imagefolder's crops handed over unresized (about 67 MB a batch of 256) that one thread ran at
-90-100% of a core on each of two H200s' ranks and fed them at 6,000-7,500 img/s where the workers made
-13,800 (bench/results/regions-why-stacks-d0035ae.txt). Here the memory is shared once, before the workers
+For recipe=imagefolder's crops handed over unresized (about 67 MB a batch of 256) that one thread kept a
+core busy on each of two H200s' ranks and fed them far less than the workers made (measured: BENCHMARKS.md
+section 6; bench/results/regions-why-stacks-d0035ae.txt). Here the memory is shared once, before the workers
 fork, and registered with CUDA once (cudaHostRegister): a worker writes its batch into one of its own slots
 (each worker has `per_worker` of them, so no two processes ever claim the same one), the training process
 copies it to the GPU by DMA without touching it, and frees the slot once that copy has run (an event).

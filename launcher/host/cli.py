@@ -289,8 +289,9 @@ def entry() -> None:
     What a launch needs done at its exit is done first (the atexit handlers: the forkserver stopped,
     temporary folders removed, logs flushed), then the console is flushed and the process ends with
     os._exit and main's exit code. The interpreter's own teardown of the modules torch and Hydra loaded,
-    which changes nothing on disk and took one to two seconds after the last line on a 2-core machine, is
-    skipped. Where a thread that Python would wait for still runs, the exit is Python's own."""
+    which changes nothing on disk and took a noticeable time after the last line on a 2-core machine
+    (measured: BENCHMARKS.md section 12), is skipped. Where a thread that Python would wait for still runs,
+    the exit is Python's own."""
     import atexit
     import threading
 

@@ -100,9 +100,9 @@ def _auto_graph(cls: type[Strategy], perf: PerfConfig, on_gpu: bool, accumulate:
     Under ddp the trial's two ways both average the gradients in flat buckets (CapturedDDP): DDP's
     reducer runs host code each step that a replay would skip. Both ways all-reduce a compiled step's
     gradients after its backward pass, where DDP's reducer, its graph split at the buckets, overlaps them
-    with it: cheap over one machine's NVLink (GPT-2 124M's 0.5 GB in 1.7 ms, BENCHMARKS.md), not over a
-    network. So several nodes keep DDP's reducer, as does a ddp run that sets its options
-    (strategy.find_unused_parameters, strategy.static_graph)."""
+    with it: cheap over one machine's NVLink (GPT-2 124M's 0.5 GB of gradients; measured: BENCHMARKS.md
+    section 5), not over a network. So several nodes keep DDP's reducer, as does a ddp run that sets its
+    options (strategy.find_unused_parameters, strategy.static_graph)."""
     if perf.cuda_graph is not Toggle.auto:
         return derive(perf)
     graphs_itself = perf.compile is not Toggle.false and perf.compile_makes_graphs

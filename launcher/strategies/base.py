@@ -265,8 +265,8 @@ class Strategy:
 def bucket_mb(chosen: int, model: torch.nn.Module) -> int:
     """The gradient buckets' size in MB: `chosen` (strategy.bucket_cap_mb), or where that is 0, a fifth of
     the model's gradients, no less than torch's 25 and no more than 100. Small models keep torch's
-    default; GPT-2 124M (498 MB of fp32 gradients) gets 100: on 2x H200 the nanoGPT-style script ran at
-    822,872 tokens/s with 25 MB buckets and 856,627 with 100 (300: 855,852), BENCHMARKS.md issue 36.
+    default; GPT-2 124M (498 MB of fp32 gradients) gets 100: on 2x H200 the nanoGPT-style script ran faster
+    with 100 MB buckets than with 25, and no faster with 300 (measured: BENCHMARKS.md section 5).
     Why was not measured apart (fewer buckets are fewer pieces where dynamo splits a compiled model, and
     fewer all-reduces); the cap keeps the last bucket, which nothing overlaps, at most 100 MB."""
     if chosen:

@@ -44,7 +44,7 @@ class DataParallel(Strategy):
         # DataParallel re-replicates the model every step, which neither a compiled graph nor a captured
         # step survives; and it runs each replica in a new thread every step, where cuDNN's autotuning
         # results do not carry over, so with benchmark on it re-tunes every step (on 2x H200 the fast
-        # net ran at 2.5k img/s under dp with it on, 63.7k with it off; BENCHMARKS.md).
+        # net ran many times slower under dp with it on than with it off; measured: BENCHMARKS.md section 3).
         note = None
         if perf.compile is Toggle.true or perf.cuda_graph is not Toggle.false:
             note = ("perf.compile / perf.cuda_graph are off under strategy=dp (DataParallel re-replicates the "

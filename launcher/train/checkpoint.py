@@ -358,12 +358,12 @@ class HostSnapshot:
     buffer to the host by one copy on a side stream while training goes on; without one, each on the
     current stream, which the next step then waits for. The host's work at an epoch's end is then a
     handful of calls whatever the model's tensor count: one per tensor (a pinned allocation and a copy
-    each, ~500 for ResNet-50's weights and momentum) held rank 0 of 2 H200s 0.28-0.31 s at each epoch's
-    end, in which every rank waited (BENCHMARKS.md). `state()` waits for the copies and gives each tensor
-    memory of its own, names that held one tensor (a tied weight) one copy (launcher/train/nested.py): the
-    file stores each tensor by itself and a tied one once, as torch.save of the live state_dict would;
-    the writer thread calls it, and the page-locked buffer goes back to torch's caching host allocator,
-    whose blocks later epochs reuse.
+    each, ~500 for ResNet-50's weights and momentum) held rank 0 of 2 H200s at each epoch's end, in which
+    every rank waited (measured: BENCHMARKS.md section 6). `state()` waits for the copies and gives each
+    tensor memory of its own, names that held one tensor (a tied weight) one copy (launcher/train/nested.py):
+    the file stores each tensor by itself and a tied one once, as torch.save of the live state_dict would; the
+    writer thread calls it, and the page-locked buffer goes back to torch's caching host allocator, whose
+    blocks later epochs reuse.
     """
 
     def __init__(self, state: dict[str, Any], stager: Stager | None = None) -> None:
@@ -443,12 +443,12 @@ def _dense_strides(t: torch.Tensor) -> tuple[int, ...]:
 def warm_pinned_memory(state: dict[str, Any], copies: int, share: float = 0.25) -> int:
     """Have torch's caching host allocator hold pinned blocks for `copies` host copies of `state`'s GPU
     tensors (one block each, as HostSnapshot takes them), so that epochs' snapshots reuse them instead of
-    allocating pinned memory on the training thread at the ends of the first epochs (cudaHostAlloc: ~65 ms
-    for ResNet-18's 90 MB; 1.1-1.9 s for GPT-2 124M's 1.5 GB of weights and AdamW moments, on an H200
-    host, where under ddp every rank waited for it: 2 GPUs ran at 0.73x the speed they have without
-    checkpoints, BENCHMARKS.md). The allocator keeps those blocks for the run whatever happens here, so
-    this only moves their cost off the training thread. As many copies as fit in `share` of the machine's
-    memory; none where pinning fails. Returns the copies warmed."""
+    allocating pinned memory on the training thread at the ends of the first epochs (cudaHostAlloc, slow for
+    ResNet-18's 90 MB and far slower for GPT-2 124M's 1.5 GB of weights and AdamW moments, on an H200 host,
+    where under ddp every rank waited for it: 2 GPUs ran well below the speed they have without checkpoints;
+    measured: BENCHMARKS.md sections 7 and 12). The allocator keeps those blocks for the run whatever happens
+    here, so this only moves their cost off the training thread. As many copies as fit in `share` of the
+    machine's memory; none where pinning fails. Returns the copies warmed."""
     tensors = [t for t in nested.tensors_in(state) if t.device.type == "cuda"]
     nbytes = _Layout(tensors).nbytes
     if not nbytes:
@@ -506,14 +506,14 @@ def _host_buffer(nbytes: int) -> torch.Tensor:
 
 class Stager:
     """Device-side staging for a `HostSnapshot`: the GPU tensors copied into one buffer kept on the same GPU
-    (`_foreach_copy_`: a few kernels, ~0.1 ms for ResNet-18's 90 MB on an H200), then that buffer to pinned
-    host memory by one copy on a side stream while the next steps run, instead of the next step waiting for
-    a ~2-4 ms copy over PCIe (on rank 0, and so under ddp for every rank). Costs one more copy of the state
-    on the GPU, kept for the run, so only states up to `share` of the GPU's memory are staged, and only
-    while the steps leave room for it: a run whose batch was sized to fill the GPU in its first epoch would
-    otherwise run out of memory in its second (GPT-2 124M's state is 1.5 GB). Where there is no room, or
-    the buffer cannot be had, the state is copied directly (the next step waits for that copy) and a buffer
-    kept from before is let go."""
+    (`_foreach_copy_`: a few kernels, far quicker for ResNet-18's 90 MB on an H200 than the copy over PCIe),
+    then that buffer to pinned host memory by one copy on a side stream while the next steps run, instead of
+    the next step waiting for the copy over PCIe (on rank 0, and so under ddp for every rank; measured:
+    BENCHMARKS.md section 12). Costs one more copy of the state on the GPU, kept for the run, so only states
+    up to `share` of the GPU's memory are staged, and only while the steps leave room for it: a run whose
+    batch was sized to fill the GPU in its first epoch would otherwise run out of memory in its second (GPT-2
+    124M's state is 1.5 GB). Where there is no room, or the buffer cannot be had, the state is copied directly
+    (the next step waits for that copy) and a buffer kept from before is let go."""
 
     HEADROOM = 0.9  # of the memory this process can have: what the epoch's peak and the kept buffer may fill
 
@@ -590,10 +590,10 @@ def save_snapshot(snapshot: HostSnapshot, path: Path, previous: bool = True) -> 
 class BackgroundWriter:
     """Writes checkpoints on a thread, so that rank 0's disk write does not hold up training (under ddp
     every other rank waits for rank 0 at its first all-reduce: a synchronous write of ResNet-18's state
-    cost the 2-GPU run ~0.12 s of every 0.46 s epoch on the H200 host). Writes happen one at a time, in
-    order; one more may wait behind the one being written (a write of ResNet-18's 90 MB with fsync can
-    take about an epoch), and a third `submit` waits for the oldest. An error in a write is raised at
-    the next `submit` or at `wait`."""
+    cost the 2-GPU run a large share of every epoch on the H200 host; measured: BENCHMARKS.md section 12).
+    Writes happen one at a time, in order; one more may wait behind the one being written (a write of
+    ResNet-18's 90 MB with fsync can take about an epoch), and a third `submit` waits for the oldest. An
+    error in a write is raised at the next `submit` or at `wait`."""
 
     QUEUED = 2  # writes in flight (writing or waiting to) before `submit` waits
 

@@ -7,10 +7,10 @@ graph (`compile_for_training`) and captured into the step's CUDA graph with the 
 all-reduce; the image augmentation and normalization are compiled as a second function (its random
 numbers drawn eagerly before it), the loss stays eager inside the graph. Evaluation runs the
 eager forward (a small share of a run, and compiling it would compile again for eval-mode BatchNorm
-and each evaluation batch shape). Measured on 2x H200 and an H100, torch 2.11 (BENCHMARKS.md, issue
-15): one graph beat block-by-block compiles by 6-7% on ResNet-18 and by 25% on the fast net (fusion
-outweighs letting each bucket's all-reduce start early). Normalization + network + loss as one graph,
-with the augmentation compiled too, was slower for ResNet-18. Without a captured step the module that
+and each evaluation batch shape). Measured on 2x H200 and an H100, torch 2.11 (BENCHMARKS.md section 2):
+one graph beat block-by-block compiles on ResNet-18 and by more on the fast net (fusion outweighs
+letting each bucket's all-reduce start early). Normalization + network + loss as one graph, with the
+augmentation compiled too, was slower for ResNet-18. Without a captured step the module that
 trains is compiled as one would by hand (the DDP module, which dynamo splits at DDP's buckets).
 
 Whether (perf.compile=auto): compiling costs time, most of it the first time a configuration is
@@ -18,10 +18,11 @@ compiled on a machine, less once inductor's caches hold its kernels. A short run
 back, so `auto` trains the first epoch uncompiled (no compile before the first step), measures it,
 and compiles at the end of it only if the rest of the run would take long enough for compiling to
 pay (`after_first_epoch`); the compile and capture then happen once, between epochs 1 and 2. The
-bound (perf.compile_auto_min_s, 60 s) suits both CIFAR networks, whose compiled steps are 20-25%
-shorter: a cold compile of 15-25 s is earned back after about a minute of uncompiled training. Both
-sides measured (BENCHMARKS.md, bench/auto_rule.py): on an H100, ResNet-18 for 20 epochs ended 7 s
-sooner uncompiled, as auto chose, and for 100 epochs 6 s sooner compiled after epoch 1, as auto chose.
+bound (perf.compile_auto_min_s, 60 s) suits both CIFAR networks, whose compiled steps are shorter: a
+cold compile is earned back after about a minute of uncompiled training (measured: BENCHMARKS.md
+section 12). Both sides measured (bench/auto_rule.py): on an H100, ResNet-18 for 20 epochs ended sooner
+uncompiled, as auto chose, and for 100 epochs sooner compiled after epoch 1, as auto chose (measured:
+BENCHMARKS.md section 4).
 
 The caches: inductor's FX-graph and AOT-autograd caches (and Triton's kernels) go to
 ~/.cache/launcher/inductor unless TORCHINDUCTOR_CACHE_DIR is set, so they outlive /tmp and are shared
@@ -71,9 +72,9 @@ def decide(setting: Toggle, device_type: str) -> Decision:
 
 def after_first_epoch(epoch_s: float, epochs_left: int, min_seconds: float) -> Decision:
     """perf.compile=auto once the first epoch took `epoch_s`: compile when the epochs left would take
-    at least `min_seconds` (perf.compile_auto_min_s) uncompiled. Compiling saved 4-25% of a step on
-    the CIFAR networks and cost ~10-20 s the first time a configuration was compiled on a machine
-    (less from a warm cache), so about a minute of training is where it starts to pay."""
+    at least `min_seconds` (perf.compile_auto_min_s) uncompiled. Compiling shortened the CIFAR networks'
+    steps and took a while the first time a configuration was compiled on a machine (less from a warm
+    cache; measured: BENCHMARKS.md section 12), so about a minute of training is where it starts to pay."""
     left_s = epoch_s * epochs_left
     if left_s >= min_seconds:
         return Decision(True, f"perf.compile=auto: the {epochs_left} epochs left would take ~{left_s:.0f}s "
@@ -84,9 +85,9 @@ def after_first_epoch(epoch_s: float, epochs_left: int, min_seconds: float) -> D
 
 def autotunes(setting: Toggle, decision: Decision) -> bool:
     """Whether cuDNN autotunes (perf.cudnn_benchmark): true and false as said; auto when the run compiles.
-    Autotuning shortened the CIFAR networks' steps by ~3.5% and delayed the first step by 4-7 s (an
-    H100, torch 2.11: BENCHMARKS.md), the same trade as compiling on a smaller scale, so it follows the
-    compile decision (with perf.compile=auto, from the second epoch of a run long enough to compile)."""
+    Autotuning shortened the CIFAR networks' steps a little and delayed the first step (an H100, torch
+    2.11; measured: BENCHMARKS.md section 4), the same trade as compiling on a smaller scale, so it follows
+    the compile decision (with perf.compile=auto, from the second epoch of a run long enough to compile)."""
     return decision.compile if setting is Toggle.auto else setting is Toggle.true
 
 
@@ -109,11 +110,11 @@ def compiled_mode(value: str) -> str | None:
 
 def settle_heap() -> None:
     """After compiling: collect the garbage once, then freeze what lives (launcher/heap.py), so that no full
-    collection walks the compiled code's objects again. Compiling leaves hundreds of thousands of them
-    (a compiled ResNet-18: ~640,000, walked in 0.1-0.4 s); without this a full collection, let loose by
-    those new objects, can fall inside an early epoch and hold up a step the host is issuing, where the
-    host sets the pace (a small network's compiled step). Reference counting frees frozen objects as
-    ever; only cyclic garbage among them stays, until heap.release at the run's end."""
+    collection walks the compiled code's objects again. Compiling leaves hundreds of thousands of them (a
+    compiled ResNet-18: ~640,000, a walk the host notices; measured: BENCHMARKS.md section 12); without this a
+    full collection, let loose by those new objects, can fall inside an early epoch and hold up a step the
+    host is issuing, where the host sets the pace (a small network's compiled step). Reference counting frees
+    frozen objects as ever; only cyclic garbage among them stays, until heap.release at the run's end."""
     from launcher import heap
 
     heap.freeze()

@@ -12,7 +12,7 @@ trainer wraps every optimizer in a LambdaLR so schedules are checkpointed with t
 
 On a GPU every optimizer here runs its fused implementation (one kernel over all parameters, where the
 default foreach one makes several passes over weights, gradients and state: for a GPT of 86M parameters
-on an H100 that was ~7% of the step, bench/results/gpt-compare-*).
+on an H100 that was a noticeable part of the step; measured: BENCHMARKS.md section 12).
 
 Every optimizer here can also be captured in a CUDA graph with the step (`capturable`; launcher/train/
 step.py): no host sync in its step, and a learning rate that may be a device tensor, which the step
@@ -301,7 +301,8 @@ class Muon(torch.optim.Optimizer):
             if decay:
                 torch._foreach_mul_(params, 1 - lr * decay)
             # (padding pays on a GPU, where the small matmuls' launches cost more than their work; on the
-            # CPU the work dominates: 2 cores took 8.9 s padded against 5.2 s by shape, in bf16)
+            # CPU the work dominates: 2 cores took longer padded than by shape, in bf16; measured:
+            # BENCHMARKS.md section 12)
             waste = 2.0 if params[0].is_cuda else 1.0
             for members, size in _batches([p.shape for p in params], waste):
                 ortho = _orthogonalized([updates[i] for i in members], size, group).float().mul_(-lr)
@@ -339,8 +340,8 @@ def _batches(shapes: list[torch.Size], waste: float = 2.0) -> list[tuple[list[in
 
 def ns_dtype(device: torch.device) -> torch.dtype:
     """Newton-Schulz runs in bf16 on GPUs, as torch.optim.Muon runs it; in float32 on the CPU, where bf16
-    matmuls are ~30x slower (2 cores: 4.5 s against 0.15 s for airbench94's three largest matrices)
-    and the iteration is no worse for the extra precision."""
+    matmuls are many times slower (2 cores, airbench94's three largest matrices; measured: BENCHMARKS.md
+    section 12) and the iteration is no worse for the extra precision."""
     return torch.float32 if device.type == "cpu" else torch.bfloat16
 
 

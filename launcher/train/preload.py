@@ -4,9 +4,10 @@ and those its starter names in LAUNCH_FORKSERVER_ALSO (a local sweep's runs: lau
 
 torch imports some of its heaviest parts lazily, on first use inside a worker: the first optimizer
 call and DDP's constructor import torch._dynamo (and with it sympy and the inductor's modules),
-which took ~4 s of each worker's start-up on the H200 hosts (0.6 s on 2 CPU cores). Imported here,
-in the forkserver that `launch` starts in parallel with composing its config, the workers inherit
-them already loaded. Nothing here touches CUDA (the forkserver must never initialize it).
+which took seconds of each worker's start-up on the H200 hosts, less on 2 CPU cores (measured:
+BENCHMARKS.md section 12). Imported here, in the forkserver that `launch` starts in parallel with
+composing its config, the workers inherit them already loaded. Nothing here touches CUDA (the forkserver
+must never initialize it).
 """
 
 import gc
@@ -67,7 +68,7 @@ for _module in filter(None, os.environ.get("LAUNCH_FORKSERVER_ALSO", "").split("
 signal.signal(signal.SIGINT, _SIGINT)
 
 # What was imported above is frozen (gc.freeze): no collection in a worker walks these few hundred thousand
-# objects again (a full one took ~0.2 s of each rank's start and end on 2 CPU cores), and a collection does
-# not write into the pages the workers share with this process. launcher/heap.py's release leaves it
-# frozen.
+# objects again (a full one was a noticeable part of each rank's start and end on 2 CPU cores; measured:
+# BENCHMARKS.md section 12), and a collection does not write into the pages the workers share with this
+# process. launcher/heap.py's release leaves it frozen.
 gc.freeze()

@@ -2,10 +2,9 @@
 
 Writing a checkpoint with torch.distributed.checkpoint is mostly Python (planning, serializing each
 tensor, its collectives), and on a thread of the training process it takes the GIL from the thread that
-issues the steps. Measured on 2 H200s (GPT-2 124M under fsdp, 13-15 s epochs, a checkpoint after
-each; BENCHMARKS.md): dcp.async_save as is, 636k tokens/s; staged into a kept page-locked copy, the
-writer still a thread, 666k-700k; the writer a process, 744k-772k, as fast as no checkpoints at all
-(740k) in the same calls.
+issues the steps. Measured on 2 H200s (GPT-2 124M under fsdp, a checkpoint after each epoch): staging
+into a kept page-locked copy was faster than dcp.async_save as is, and the writer a process, not a thread,
+was as fast as no checkpoints at all in the same calls (measured: BENCHMARKS.md section 5).
 
     ShardWriter.save(state, folder)   on the training thread: the state's tensors copied into one host
                                       copy kept for the run (page-locked shared memory; made at the first

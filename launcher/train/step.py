@@ -275,9 +275,9 @@ class TrainStep:
         """For a captured step: compile the network's training forward as one graph
         (launcher/train/compiling.py; the CUDA graph already removed the launch costs, this fuses
         kernels), and the image augmentation with the normalization as another (a dozen passes over
-        the batch become one or two: airbench94's step at batch 2000 went from 6.48 to 6.14 ms of GPU
-        time on an H100, bench/probe/fast_parts.py). Eval mode runs the eager forward: evaluation would
-        otherwise compile again for eval-mode BatchNorm and each batch shape."""
+        the batch become one or two: airbench94's step at batch 2000 took less GPU time on an H100;
+        measured: BENCHMARKS.md section 1). Eval mode runs the eager forward: evaluation would otherwise
+        compile again for eval-mode BatchNorm and each batch shape."""
         from launcher.data.augment import ImageAugmentation
         from launcher.train.compiling import compile_for_training, compiled
 
@@ -400,9 +400,9 @@ def clip_gradients(module: torch.nn.Module, max_norm: float) -> torch.Tensor:
     times max_norm / (norm + 1e-6), at most 1); returns their norm before. Every rank's gradients are
     whole after ddp's all-reduce. Under fsdp each rank holds shards of them (DTensors, Shard(0) on one
     mesh dimension): the norm is taken over each rank's own shards as plain tensors, their squares
-    summed over the ranks in one all-reduce, and the shards scaled in place: 2.9 ms of host time a step
-    for GPT-2 124M on 2 H200s, where DTensor's dispatch took 4.7-5.5 ms (bench/probe/fsdp_step.py; the
-    fsdp step there is bound by the host). No host sync: a captured step holds it."""
+    summed over the ranks in one all-reduce, and the shards scaled in place: less host time a step for
+    GPT-2 124M on 2 H200s than DTensor's dispatch took (bench/probe/fsdp_step.py; the fsdp step there is
+    bound by the host; measured: BENCHMARKS.md section 5). No host sync: a captured step holds it."""
     params = [p for p in module.parameters() if p.grad is not None]
     if not params:
         return torch.zeros(())

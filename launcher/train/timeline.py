@@ -15,8 +15,9 @@
                      warms up at the first evaluation instead, outside its clock)
     first_step       the first training step finished on the device (cuDNN autotuning included)
 
-Rank 0's timeline goes into results.json (`startup`) and one log line, so the 15-20 s a multi-GPU
-launch can take before its first step is itemized rather than guessed at.
+Rank 0's timeline goes into results.json (`startup`) and one log line, so the seconds a multi-GPU
+launch can take before its first step (measured: BENCHMARKS.md section 4) are itemized rather than
+guessed at.
 """
 
 from __future__ import annotations

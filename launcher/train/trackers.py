@@ -351,7 +351,8 @@ class Trackers:
 
     def wait_started(self) -> None:
         """Until every tracker has started (its package imported, its run made): called before the first
-        epoch, so that the imports (mlflow's: ~1.3 s of CPU) overlap the warm-up, never a timed epoch."""
+        epoch, so that the imports (mlflow's is slow; measured: BENCHMARKS.md section 12) overlap the warm-up,
+        never a timed epoch."""
         if self._started is not None:
             self._started.wait()
             self._started = None
