@@ -1061,6 +1061,10 @@ class CheckpointConfig(Schema):
     """Keep the checkpoint before the last (previous.pt; a sharded run's shard folder too) until the next is
     written, for a resume to fall back on where last.pt is damaged. false: one checkpoint fewer on disk (a
     sharded run's at most 2 at once, not 3), for a model whose checkpoints are large beside its disk."""
+    check_disk: bool = True
+    """Refuse, before any worker, a run whose checkpoints would outgrow the free space where its run dir goes
+    (launcher/host/disk.py). false: start anyway (a file system whose free space reads wrong, or one you will
+    free room on); a full disk is then said at the save it stops."""
     metric: str | None = None
     """The figure that ranks them (null: early_stop.metric, else sweep.objective where set, else test_acc or the
     first test_NAME)."""

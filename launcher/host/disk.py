@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.errors import LaunchError
-from launcher.files import free_bytes
+from launcher.files import CHECKPOINTS, free_bytes
 
 if TYPE_CHECKING:
     from launcher.host.memory import Fit
@@ -45,16 +45,16 @@ def checkpoint_bytes(fit: Fit, state_copies: int, sharded: bool) -> int:
 
 def copies_at_once(plan: Plan, epochs_left: int, keep_best: int | None = None,
                    keep_previous: bool | None = None) -> tuple[int, str]:
-    """(the most checkpoints of the run on disk at once, which they are), never more than the saves the run makes
-    (checkpoint_every_steps: at least two an epoch): the one being written and the last; under a sharded strategy
-    also the one before the last, unless checkpoint.keep_previous=false (a whole last.pt becomes previous.pt's
-    second name before the next is written, so the one before it is gone by then); and checkpoint.keep_best's.
-    `keep_best` and `keep_previous` in place of the config's."""
+    """(the most checkpoints of the run on disk at once, which they are), never more than the epoch ends it saves
+    at (checkpoint_every_steps may save more, inside epochs of a length the data decides, unknown here: not
+    counted, so that nothing is refused that could fit): the one being written and the last; under a sharded
+    strategy also the one before the last, unless checkpoint.keep_previous=false (a whole last.pt becomes
+    previous.pt's second name before the next is written, so the one before it is gone by then); and
+    checkpoint.keep_best's. `keep_best` and `keep_previous` in place of the config's."""
     cfg, sharded = plan.config, plan.strategy.sharded
     best = cfg.checkpoint.keep_best if keep_best is None else keep_best
     previous = sharded and (cfg.checkpoint.keep_previous if keep_previous is None else keep_previous)
-    within = cfg.checkpoint_every_steps and not sharded  # (sharded runs save at epoch ends only)
-    count = min(epochs_left * (2 if within else 1), 2 + previous + best)
+    count = min(epochs_left, 2 + previous + best)
     kept = ["the one being written", "the last", "the one before it"][:min(count, 2 + previous)]
     if count > 2 + previous:
         kept.append(f"up to {count - 2 - previous} best")
@@ -73,9 +73,24 @@ def this_hosts_share(plan: Plan) -> float:
     return 1.0 if first else 0.0
 
 
+def held_by(folder: Path) -> int:
+    """The bytes of the files under `folder` (each file once, however many names it has): a restarted run's
+    own checkpoints, whose room its next saves take over."""
+    seen: dict[tuple[int, int], int] = {}
+    for path in folder.rglob("*") if folder.is_dir() else ():
+        try:
+            info = path.lstat()
+        except OSError:
+            continue
+        if path.is_file() and not path.is_symlink():
+            seen[(info.st_dev, info.st_ino)] = info.st_size
+    return sum(seen.values())
+
+
 def check_room(plan: Plan, run_dir: Path, fit: Fit, epochs_left: int) -> str | None:
-    """Refuse (exit 2, one line) a run whose checkpoints outgrow the free space where its run dir will be.
-    Returns the estimate in a line (`launch ... dry_run=true` shows it); None where nothing was judged."""
+    """Refuse (exit 2, one line) a run whose checkpoints outgrow the free space where its run dir will be (with
+    the room its own checkpoints there hold: a restart's). Returns the estimate in a line (`launch ...
+    dry_run=true` shows it); None where nothing was judged."""
     cfg = plan.config
     share = this_hosts_share(plan)
     parameters = fit.parameters
@@ -85,24 +100,35 @@ def check_room(plan: Plan, run_dir: Path, fit: Fit, epochs_left: int) -> str | N
     free = free_bytes(where) if where is not None else None
     if free is None:
         return None
+    own = held_by(run_dir / CHECKPOINTS)
     copies = cfg.optim.state_copies
     one = checkpoint_bytes(fit, copies, plan.strategy.sharded) * share
     count, which = copies_at_once(plan, epochs_left)
     what = f"{parameters / 1e9:.2f}B" if parameters >= 1e8 else f"{parameters / 1e6:.0f}M"
     held = f"{what} parameters: fp32 weights and {cfg.optim.name}'s {copies} state tensor{'s' if copies != 1 else ''}"
     part = "" if share == 1 else f" (this host's {share:.0%} of each)"
-    room = f"{_said(free)} free where the run dir goes ({where})"
-    if one * count <= free:
-        at_once = f"up to {count} on disk at once ({which}): ~{_said(one * count)}" if count > 1 else "one save"
-        return f"~{_said(one)} each{part} ({held}), {at_once}; {room}"
+    mine = f" and {_said(own)} in its own checkpoints" if own else ""
+    room = free + own
+    at_once = f"up to {count} on disk at once ({which}): ~{_said(one * count)}" if count > 1 else "one save"
+    if one * count <= room:
+        return (f"~{_said(one)} each{part} ({held}), {at_once}; {_said(free)} free{mine} where the run dir goes "
+                f"({where})")
+    if not cfg.checkpoint.check_disk:
+        return (f"~{_said(one)} each{part} ({held}), {at_once}; only {_said(free)} free{mine} where the run dir goes "
+                f"({where}): not refused (checkpoint.check_disk=false)")
     fixes = []
-    if cfg.checkpoint.keep_best and one * copies_at_once(plan, epochs_left, keep_best=0)[0] <= free:
-        fixes.append("checkpoint.keep_best=0")
+    no_best = copies_at_once(plan, epochs_left, keep_best=0)[0]
     fewer = copies_at_once(plan, epochs_left, keep_previous=False)[0]
-    if fewer < count and one * fewer <= free:
+    both = copies_at_once(plan, epochs_left, keep_best=0, keep_previous=False)[0]
+    if cfg.checkpoint.keep_best and one * no_best <= room:
+        fixes.append("checkpoint.keep_best=0")
+    if fewer < count and one * fewer <= room:
         fixes.append(f"checkpoint.keep_previous=false (~{_said(one * fewer)}: one fewer at once)")
-    fixes += ["a run dir on a disk with room (hydra.run.dir=/a/bigger/disk/run)", "checkpoint=false"]
+    if not fixes and both < count and one * both <= room:
+        fixes.append(f"checkpoint.keep_best=0 checkpoint.keep_previous=false (~{_said(one * both)})")
+    fixes += ["a run dir on a disk with room (hydra.run.dir=/a/bigger/disk/run; a sweep's hydra.sweep.dir)",
+              "checkpoint=false", "checkpoint.check_disk=false to start anyway"]
     need = f"up to {count} are on disk at once ({which}): ~{_said(one * count)}" if count > 1 else \
         "the run saves one"
     raise LaunchError(f"checkpoints of this run hold ~{_said(one)} each{part} ({held}); {need}, and the run dir's "
-                      f"file system has {_said(free)} free ({where}): {', or '.join(fixes)}")
+                      f"file system has {_said(free)} free{mine} ({where}): {', or '.join(fixes)}")

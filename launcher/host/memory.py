@@ -53,7 +53,10 @@ class Fit:
 def stored_elements(model: nn.Module) -> tuple[int, int]:
     """(the elements of `model`'s state_dict with a tied weight counted once, as torch.save stores it; with each
     name counted, as torch.distributed.checkpoint writes a sharded checkpoint): what a checkpoint's weights hold."""
-    tensors = [t for t in model.state_dict(keep_vars=True).values() if t.is_floating_point()]
+    import torch
+
+    tensors = [t for t in model.state_dict(keep_vars=True).values()
+               if isinstance(t, torch.Tensor) and t.is_floating_point()]
     return sum({id(t): t.numel() for t in tensors}.values()), sum(t.numel() for t in tensors)
 
 

@@ -38,7 +38,8 @@ def test_an_8b_fsdp_run_without_room_for_three_sharded_checkpoints_is_refused_an
     assert "up to 3 are on disk at once (the one being written, the last and the one before it): ~289.1 GB" in said
     assert "250.0 GB free" in said and str(tmp_path) in said, said
     assert said.endswith(": checkpoint.keep_previous=false (~192.7 GB: one fewer at once), or a run dir on a disk "
-                         "with room (hydra.run.dir=/a/bigger/disk/run), or checkpoint=false"), said
+                         "with room (hydra.run.dir=/a/bigger/disk/run; a sweep's hydra.sweep.dir), or "
+                         "checkpoint=false, or checkpoint.check_disk=false to start anyway"), said
     fewer = plan_on_h100s("recipe.size=8b", "strategy=fsdp", "gpus=[0,1]", "epochs=3", "checkpoint.keep_previous=false",
                           count=2)
     line = disk.check_room(fewer, tmp_path / "run", EIGHT_B, 3)
@@ -67,9 +68,38 @@ def test_the_copies_counted_are_the_saves_the_run_makes_and_the_best_it_keeps(pl
     assert "up to 5 are on disk at once (the one being written, the last, the one before it and up to 2 best)" in said
     assert ": checkpoint.keep_best=0, or a run dir" in said, said
     assert judged("strategy=fsdp", "gpus=[0,1]", "checkpoint=false", epochs_left=9, room=1) is None
-    # (checkpoint_every_steps saves inside the epochs too: a run of one epoch holds two at once)
+    # (neither alone fits, both together do)
+    said = judged("strategy=fsdp", "gpus=[0,1]", "checkpoint.keep_best=1", epochs_left=9, room=200 * GB)
+    assert ": checkpoint.keep_best=0 checkpoint.keep_previous=false (~192.7 GB), or a run dir" in said, said
+    # (checkpoint_every_steps's saves inside an epoch are not counted: the epoch's length is the data's, unknown
+    # before the workers, and a run whose interval is past it saves once an epoch; nothing that fits is refused)
     said = judged("strategy=ddp", "gpus=[0,1]", "checkpoint_every_steps=100", epochs_left=1, room=150 * GB)
-    assert "up to 2 are on disk at once" in said, said
+    assert "one save" in said, said
+
+
+def test_a_restarted_run_counts_the_room_its_own_checkpoints_hold(plan_on_h100s, free, tmp_path):
+    """A run restarted in its run dir (torchrun's --max-restarts, an srun requeue) saves over its own checkpoints:
+    their room is its (each file once, however many names: previous.pt is a second name of a last.pt)."""
+    plan = plan_on_h100s("recipe.size=8b", "strategy=ddp", "gpus=[0,1]", count=2)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    with open(checkpoints / "last.pt", "wb") as f:
+        f.truncate(60 * GB)  # (sparse: no real room taken)
+    (checkpoints / "previous.pt").hardlink_to(checkpoints / "last.pt")
+    free(150 * GB)
+    line = disk.check_room(plan, tmp_path / "run", EIGHT_B, 5)
+    assert "150.0 GB free and 60.0 GB in its own checkpoints where the run dir goes" in line, line
+    free(130 * GB)
+    with pytest.raises(LaunchError, match="130.0 GB free and 60.0 GB in its own checkpoints"):
+        disk.check_room(plan, tmp_path / "run", EIGHT_B, 5)
+
+
+def test_checkpoint_check_disk_false_starts_anyway_and_says_so(plan_on_h100s, free, tmp_path):
+    plan = plan_on_h100s("recipe.size=8b", "strategy=fsdp", "gpus=[0,1]", "checkpoint.check_disk=false", count=2)
+    free(100 * GB)
+    line = disk.check_room(plan, tmp_path, EIGHT_B, 3)
+    assert line.endswith("only 100.0 GB free where the run dir goes (%s): not refused (checkpoint.check_disk=false)"
+                         % tmp_path), line
 
 
 def test_a_host_of_several_counts_what_it_writes():
