@@ -184,12 +184,12 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
             return
         before = _sharded_folder(path) if previous else None  # (the folder last.pt names: previous.pt's next)
         save_atomic(state, path, folder, previous)
+        if then is not None:  # (first: a best checkpoint this one displaces lets its folder go now, not later)
+            then(path, folder.name)
         keep = {folder.name, before} | best.kept_folders(path.parent)  # (and those the best checkpoints name)
         for old in path.parent.glob("epoch-*.dcp"):
             if old.name not in keep:
                 shutil.rmtree(old, ignore_errors=True)
-        if then is not None:
-            then(path, folder.name)
 
     def failed(exc: BaseException) -> BaseException:
         """What to raise for a save that failed on some rank (every rank hears of it, after every rank's

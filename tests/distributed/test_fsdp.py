@@ -30,8 +30,9 @@ def fsdp_run(tmp_path_factory, text_root, warm_launcher):
     from tests.conftest import clean_env
 
     cwd = tmp_path_factory.mktemp("fsdp-runs")
-    # (fsdp and ddp keep no checkpoint before the last: test_a_rank_that_dies_... sees a kept one)
-    for name, how in (("fsdp", ("strategy=fsdp", "nprocs=2", "checkpoint.keep_previous=false")),
+    # (fsdp and ddp keep no checkpoint before the last: test_a_rank_that_dies_... sees a kept one; fsdp its best)
+    for name, how in (("fsdp", ("strategy=fsdp", "nprocs=2", "checkpoint.keep_previous=false",
+                                "checkpoint.keep_best=1")),
                       ("ddp", ("strategy=ddp", "nprocs=2", "checkpoint.keep_previous=false")),
                       ("single", ("strategy=single",))):
         argv = [*TOY, f"data.root={text_root}", *how, "epochs=2", f"hydra.run.dir={name}"]
@@ -56,8 +57,11 @@ def test_fsdp_and_ddp_on_two_ranks_follow_one_ranks_loss_curve_and_fsdp_shards_i
     assert results["ranks_agree"] is None and len(set(results["weights_sha256"])) == 1
     assert json.loads((fsdp_run / "ddp" / "results.json").read_text())["ranks_agree"] is True
     folders = sorted(p.name for p in (fsdp_run / "fsdp" / "checkpoints").iterdir())
-    # (checkpoint.keep_previous=false: epoch 1's folder went with the save after it, and no previous.pt was made)
-    assert folders == ["epoch-2.dcp", "last.pt"]
+    # (checkpoint.keep_previous=false: epoch 1's folder, the best until epoch 2, went with the save after it,
+    # and no previous.pt was made)
+    rows = _rows(fsdp_run / "fsdp")
+    assert rows[1]["test_loss"] < rows[0]["test_loss"], rows  # (so epoch 2 is the one best checkpoint kept)
+    assert folders == ["best-epoch-0002.pt", "best.json", "best.pt", "epoch-2.dcp", "last.pt"]
     assert (fsdp_run / "fsdp" / "checkpoints" / "epoch-2.dcp" / ".metadata").is_file()
     assert sorted(p.name for p in (fsdp_run / "ddp" / "checkpoints").iterdir()) == ["last.pt"]
     assert sorted(p.name for p in (fsdp_run / "single" / "checkpoints").iterdir()) == ["last.pt", "previous.pt"]
