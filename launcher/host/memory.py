@@ -175,18 +175,19 @@ def _check_fits(recipe: Recipe, plan: Plan) -> Fit:
                       f"{held}{shard}, before any activation; {where}: {fix}")
 
 
-def activations(recipe: Recipe, model: nn.Module, plan: Plan) -> tuple[Activations, int] | None:
-    """(the activations one rank keeps, under each checkpointing mode; the micro-batch they are for), measured
-    by a forward of `model` (the recipe's, on the meta device) in the dtype the run computes in; None where the
-    recipe cannot give a batch before its data, or the forward cannot run on the meta device (the run is then
-    not judged by it)."""
+def activations(recipe: Recipe, model: nn.Module, plan: Plan,
+                micro: int | None = None) -> tuple[Activations, int] | None:
+    """(the activations one rank keeps, under each checkpointing mode; the micro-batch they are for: the run's,
+    or `micro`), measured by a forward of `model` (the recipe's, on the meta device) in the dtype the run
+    computes in; None where the recipe cannot give a batch before its data, or the forward cannot run on the
+    meta device (the run is then not judged by it)."""
     import torch
 
     from launcher.config import Precision
     from launcher.strategies.recompute import activation_bytes
 
     cfg, strategy = plan.config, plan.strategy
-    micro = max(1, strategy.batch_per_process // max(1, strategy.accumulate))
+    micro = micro or max(1, strategy.batch_per_process // max(1, strategy.accumulate))
     try:
         batch = recipe.batch_to_size(micro)
         if batch is None:
@@ -223,8 +224,14 @@ def check_activations(recipe: Recipe, model: nn.Module, plan: Plan, state_bytes:
     fixes = [f"perf.activation_checkpointing={m.value} (~{(state_bytes + estimate.under(m)) / GIB:.0f} GiB)"
              for m in (Recompute.selective, Recompute.full)
              if estimate.under(m) < estimate.under(mode) and state_bytes + estimate.under(m) <= holds][:1]
-    per_sample = estimate.under(mode) / micro
-    fitting = int((holds - state_bytes) // per_sample) if holds > state_bytes else 0
+    # What grows with the micro-batch, from a second forward at a micro-batch of 1: some of what is kept does not
+    # (on the CPU in fp32 the weights the backward reads), so the batch named is one this check passes.
+    per_sample, fixed = estimate.under(mode) / micro, 0.0
+    if micro > 1 and (single := activations(recipe, model, plan, micro=1)) is not None:
+        per_sample = max(1.0, (estimate.under(mode) - single[0].under(mode)) / (micro - 1))
+        fixed = max(0.0, single[0].under(mode) - per_sample)
+    room = holds - state_bytes - fixed
+    fitting = min(micro - 1, int(room // per_sample)) if room > 0 else 0
     if fitting >= 1:
         fixes.append(f"batch_size={fitting * strategy.world_size * strategy.accumulate} (a micro-batch of {fitting} "
                      "a rank)")

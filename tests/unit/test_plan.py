@@ -336,3 +336,36 @@ def test_a_memory_check_child_that_cannot_answer_ends_there_and_never_runs_the_l
         os._exit(0)
     assert isinstance(told, RuntimeError) and "ended without a verdict" in str(told), told
     assert not list(tmp_path.iterdir())  # (the parent waited for the child, so a mark would be there now)
+
+
+def test_the_batch_size_an_activation_refusal_names_is_one_the_check_accepts(monkeypatch):
+    """The activations a run keeps are not all in proportion to its micro-batch (on the CPU in fp32 the weights
+    the backward reads are counted at any batch): the batch_size a refusal names must pass the same check, not
+    lead to another refusal naming a smaller one (a new user's trial: 8 -> 4 -> 2 -> refused), and none is named
+    where no batch fits."""
+    import re
+
+    from launcher.errors import LaunchError
+    from launcher.host import memory
+    from launcher.host.plan import make_plan
+    from launcher.recipes import recipe_class
+    from tests.conftest import config_of
+
+    monkeypatch.setattr(memory, "capacity", lambda plan: (11 * 2**30, "each of this machine's 2 ranks has 11 GiB"))
+
+    def said(batch: int) -> str | None:
+        plan = make_plan(config_of("recipe=text", "recipe.size=1b", "gpus=[]", "strategy=fsdp", "nprocs=2",
+                                   f"batch_size={batch}"), env={}, physical_count=0, loads=[])
+        try:
+            memory.check_fits(recipe_class("text")(plan.config), plan)
+            return None
+        except LaunchError as err:
+            return str(err)
+
+    line = said(64)
+    assert line is not None and "perf.activation_checkpointing=full" in line, line
+    named = re.search(r"batch_size=(\d+) \(a micro-batch", line)
+    if named:
+        assert said(int(named.group(1))) is None, (line, said(int(named.group(1))))
+    smallest = said(2)  # (a micro-batch of 1 a rank: no smaller batch to name)
+    assert smallest is not None and not re.search(r"batch_size=\d+ \(a micro-batch", smallest), smallest
