@@ -47,7 +47,7 @@ from launcher.files import (
 )
 
 # Settings a resumed run may differ in without it meaning anything for the training (not reported).
-_NOT_SETTINGS = {"resume", "dry_run", "progress", "tensorboard", "profile", "fault", "log"}
+_NOT_SETTINGS = {"resume", "dry_run", "progress", "tensorboard", "profile", "fault", "log", "checkpoint"}
 
 # Keys (and sections) a resume takes from this command line or the defaults, never from the checkpoint:
 # where the run runs (the machine may be another one; batch_size is global, so the training is the same
@@ -87,8 +87,8 @@ class Resume:
     def describe(self) -> str:
         if not self.changed:
             return f"resuming {self.path} {self.where}, every setting as it was"
-        def said(value: Any) -> Any:  # (nprocs 2 -> (not set): Python's None means nothing to a user)
-            return "(not set)" if value is None else value
+        def said(value: Any) -> Any:  # (nprocs 2 -> (not set): Python's None and False mean nothing to a user)
+            return "(not set)" if value is None else str(value).lower() if isinstance(value, bool) else value
 
         shown = ", ".join(f"{k} {said(old)} -> {said(new)}" for k, (old, new) in self.changed.items())
         return f"resuming {self.path} {self.where} with its settings; changed here: {shown}"

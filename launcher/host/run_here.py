@@ -301,8 +301,8 @@ def describe_dry_run(plan: Plan, run_dir: Path, resume: Resume | None, evaluate:
         lines.append(f"  evaluate      {evaluate} (no training)")
     if fits:
         lines.append(f"  memory        {fits}")
-    if room:
-        lines.append(f"  checkpoints   {room}")
+    if room or not cfg.saves:
+        lines.append(f"  checkpoints   {room or 'none (checkpoint=false)'}")
     lines += [f"  note          {note}" for note in plan.notes]
     return "\n".join(lines)
 
@@ -355,8 +355,9 @@ def summarize(results: dict | None, run_dir: Path, elapsed: float) -> None:
     if offline:  # (log=[wandb], offline: nothing was sent)
         acc_text += f"; W&B offline: wandb sync {offline[-1]}"
     curves = run_dir / CURVES
-    log.info("done in %.1fs: %s. results: %s  checkpoints: %s  log: %s%s%s", elapsed, acc_text,
-             run_dir / RESULTS, run_dir / CHECKPOINTS, run_dir / LOG,
+    checkpoints = run_dir / CHECKPOINTS
+    log.info("done in %.1fs: %s. results: %s  %slog: %s%s%s", elapsed, acc_text, run_dir / RESULTS,
+             f"checkpoints: {checkpoints}  " if checkpoints.is_dir() else "", run_dir / LOG,
              f"  curves: {curves}" if curves.exists() else "",
              f"  tensorboard --logdir {run_dir}" if (run_dir / TENSORBOARD).is_dir() else "")
     if results and results.get("ranks_agree") is False:

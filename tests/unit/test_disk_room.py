@@ -129,3 +129,21 @@ def test_the_launch_refuses_in_one_line_before_any_worker_and_the_dry_run_says_t
     out = capsys.readouterr().out
     assert "\n  checkpoints   ~39 MB each (3M parameters: fp32 weights and adamw's 2 state tensors), up to 2 on disk " \
            "at once (the one being written and the last): ~77 MB; 1.00 TB free where the run dir goes" in out, out
+    outcome = run_here.run_here(config_of(*args, "dry_run=true", "checkpoint=false"), tmp_path / "run",
+                                LaunchContext(started=0.0))
+    assert outcome.exit_code == 0 and "\n  checkpoints   none (checkpoint=false)" in capsys.readouterr().out
+
+
+def test_a_resume_says_what_changed_in_the_users_words_and_not_how_checkpoints_are_kept():
+    """A resume's line names the settings that differ from the checkpoint's: true/false as typed, not Python's;
+    checkpoint.* (which checkpoints the new run keeps) changes nothing of the training and is not listed."""
+    from pathlib import Path
+
+    from launcher.host.resume import Resume, _differences
+
+    saved = {"lr": 0.1, "checkpoint.keep_previous": False, "perf.compile": False, "epochs": 3}
+    now = {"lr": 0.1, "checkpoint.keep_previous": True, "perf.compile": True, "epochs": 4}
+    changed = _differences(saved, now)
+    assert changed == {"perf.compile": (False, True), "epochs": (3, 4)}, changed
+    said = Resume(Path("run/checkpoints/last.pt"), 3, changed).describe()
+    assert said.endswith("changed here: perf.compile false -> true, epochs 3 -> 4"), said

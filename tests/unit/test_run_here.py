@@ -37,9 +37,13 @@ def test_the_last_line_gives_accuracy_in_percent_and_a_recipes_own_objective_fir
     with caplog.at_level(logging.INFO, logger="launcher"):
         run_here.summarize({"test_acc": 0.9123, "final": {"loss": 0.3}}, tmp_path, 1.0)
         run_here.summarize({"objective": "test_rmse", "final": {"test_mae": 0.5, "test_rmse": 0.25}}, tmp_path, 1.0)
-    first, second = [r.getMessage() for r in caplog.records]
+        (tmp_path / "checkpoints").mkdir()
+        run_here.summarize({"test_acc": 0.5}, tmp_path, 1.0)
+    first, second, saved = [r.getMessage() for r in caplog.records]
     assert "test accuracy 91.23%" in first
     assert "done in 1.0s: test_rmse 0.25, test_mae 0.5." in second
+    # (a run without checkpoints, checkpoint=false, names no checkpoints folder: there is none)
+    assert "checkpoints:" not in first and f"checkpoints: {tmp_path / 'checkpoints'}  log:" in saved, (first, saved)
 
 
 def test_a_language_model_not_past_its_unigram_baseline_is_said_so_in_the_last_line(tmp_path, caplog):
