@@ -602,4 +602,7 @@ MUTANTS = [
            "    room = free + own", "    room = free", (DISK,)),
     Mutant("checkpoint.check_disk=false still refuses", "launcher/host/disk.py",
            "    if not cfg.checkpoint.check_disk:", "    if False:", (DISK,)),
+    Mutant("the batch an activation refusal names counts what does not grow with it", "launcher/host/memory.py",
+           "        fixed = max(0.0, single[0].under(mode) - per_sample)", "        fixed = 0.0",
+           ("tests/unit/test_plan.py::test_the_batch_size_an_activation_refusal_names_is_one_the_check_accepts",)),
 ]
