@@ -2,17 +2,19 @@
 
 A checkpoint holds the weights in fp32 and the optimizer's state (4 bytes a parameter each: AdamW's two moments,
 SGD's momentum), whether one file (last.pt) or a sharded folder beside it (which holds a tied weight under each of
-its names): an 8B model's comes to ~96 GB. While
-one is written the last is still on disk (a sharded run's one before it too, unless checkpoint.keep_previous=
-false), and each of checkpoint.keep_best's may hold one more. A run whose disk lacks that room would train until
-a save failed for want of space (said then in one line: launcher/files.py DiskFull), hours into an 8B run; so
-where the model's parameters were counted before the workers (launcher/host/memory.py), the launch is refused in
-one line naming the need, the room and what fits, instead.
+its names): an 8B model's comes to ~96 GB. While one is written the last is still on disk (a sharded run's one
+before it too, unless checkpoint.keep_previous=false), and each of checkpoint.keep_best's may hold one more. A run
+whose disk lacks that room would train until a save failed for want of space (said then in one line:
+launcher/files.py DiskFull), hours into an 8B run; so where the model's parameters were counted before the
+workers (launcher/host/memory.py), the launch is refused in one line naming the need, the room and what fits,
+instead (checkpoint.check_disk=false starts it anyway).
 
-Not judged: a run without checkpoints, a requeued run's restart (its own checkpoints already take their room), a
-host of a several-host run that writes no checkpoint, and a recipe whose model is not counted before its workers.
-On several hosts a sharded checkpoint is counted as this host's ranks' share: each host's room is judged, and a
-shared file system is judged by the share of the first, so the check never refuses what could fit.
+A run restarted in its run dir (torchrun's --max-restarts, an srun requeue) counts the room its own checkpoints
+there hold; the launcher's own SLURM requeue is not judged again. Nothing is refused that could fit, so some
+needs go uncounted: checkpoint_every_steps's saves inside an epoch (its length is the data's, unknown here), the
+other runs of a sweep on the same disk, and a host of a several-host run that writes no checkpoint or does not
+know its node's rank yet. On several hosts a sharded checkpoint is counted as this host's ranks' share (the
+first host's share, where the file system is shared).
 """
 
 from __future__ import annotations
