@@ -34,7 +34,7 @@ GB = 1e9
 
 def _said(nbytes: float) -> str:
     return f"{nbytes / 1e12:.2f} TB" if nbytes >= 1e12 else f"{nbytes / GB:.1f} GB" if nbytes >= GB \
-        else f"{nbytes / 1e6:.0f} MB"
+        else f"{nbytes / 1e6:.0f} MB" if nbytes >= 1e6 else f"{nbytes / 1e3:.0f} kB"
 
 
 def checkpoint_bytes(fit: Fit, state_copies: int, sharded: bool) -> int:
@@ -106,7 +106,8 @@ def check_room(plan: Plan, run_dir: Path, fit: Fit, epochs_left: int) -> str | N
     copies = cfg.optim.state_copies
     one = checkpoint_bytes(fit, copies, plan.strategy.sharded) * share
     count, which = copies_at_once(plan, epochs_left)
-    what = f"{parameters / 1e9:.2f}B" if parameters >= 1e8 else f"{parameters / 1e6:.0f}M"
+    what = f"{parameters / 1e9:.2f}B" if parameters >= 1e8 else f"{parameters / 1e6:.0f}M" if parameters >= 1e6 \
+        else f"{parameters / 1e3:.0f}k"
     held = f"{what} parameters: fp32 weights and {cfg.optim.name}'s {copies} state tensor{'s' if copies != 1 else ''}"
     part = "" if share == 1 else f" (this host's {share:.0%} of each)"
     mine = f" and {_said(own)} in its own checkpoints" if own else ""

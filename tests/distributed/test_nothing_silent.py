@@ -43,12 +43,19 @@ def test_a_full_disk_is_named_and_leaves_no_temporary_file(launch, tiny_disk):
 def test_a_full_disk_under_a_sharded_checkpoint_is_named_and_its_partial_folder_removed(launch, tiny_disk,
                                                                                          tmp_path):
     """strategy=fsdp writes each epoch's shards to checkpoints/epoch-N.dcp (torch.distributed.checkpoint):
-    a disk that fills mid-save gets the same one line as a plain checkpoint, and the half-written folder
+    a disk without room for them is refused before any worker (launcher/host/disk.py), in one line; started
+    anyway, a disk that fills mid-save gets the same one line as a plain checkpoint, and the half-written folder
     (which last.pt never named) is removed, giving its space back."""
     from tests.distributed.test_fsdp import TOY
 
-    result = launch(*TOY, f"data.root={tmp_path / 'text-data'}", "strategy=fsdp", "nprocs=2", "epochs=2",
-                    f"hydra.run.dir={tiny_disk}/run")
+    args = (*TOY, f"data.root={tmp_path / 'text-data'}", "strategy=fsdp", "nprocs=2", "epochs=2")
+    refused = launch(*args, f"hydra.run.dir={tiny_disk}/refused")
+    assert refused.returncode == 2, refused.output
+    [line] = [x for x in refused.stderr.splitlines() if x.startswith("launch:")]
+    assert line.startswith("launch: checkpoints of this run hold ~449 kB each (35k parameters: fp32 weights and "
+                           "adamw's 2 state tensors); up to 2 are on disk at once"), line
+    assert not (tiny_disk / "refused").exists() and "Traceback" not in refused.stderr
+    result = launch(*args, "checkpoint.check_disk=false", f"hydra.run.dir={tiny_disk}/run")
     assert result.returncode == 1, result.output
     [line] = [x for x in result.stderr.splitlines() if x.startswith("launch:") and "No space" in x]
     assert "No space left on device: writing" in line and "epoch-1.dcp" in line, result.stderr

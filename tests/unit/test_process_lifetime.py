@@ -185,9 +185,9 @@ finish_on_sigterm()  # as worker_main does
 slow = checkpoint.save_snapshot
 
 
-def save_slowly(snapshot, path):  # a write that takes a second (a large state, a slow disk)
+def save_slowly(snapshot, path, *rest):  # a write that takes a second (a large state, a slow disk)
     time.sleep(1.0)
-    slow(snapshot, path)
+    slow(snapshot, path, *rest)
 
 
 checkpoint.save_snapshot = save_slowly
