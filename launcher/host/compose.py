@@ -260,6 +260,7 @@ def settled(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> DictConf
     recipe.layers=2` trained 2 layers): it applies again only where this command line names a preset."""
     from launcher.host.resume import carry_settings, typed_keys
 
+    whole_and_parts(overrides, "checkpoint")
     carried = carry_settings(cfg, overrides)
     resumed, cfg = carried is not cfg, carried
     recipe = cfg.get("recipe") if isinstance(cfg, DictConfig) else None
@@ -280,6 +281,21 @@ def settled(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> DictConf
             if f"recipe.{key}" not in given:  # (`recipe=text` chooses the recipe: it sets no key of it)
                 OmegaConf.update(cfg, f"recipe.{key}", value, merge=False)
     return cfg
+
+
+def whole_and_parts(overrides: list[str] | tuple[str, ...], section: str) -> None:
+    """Refuse (LaunchError, one line) `section=VALUE` beside `section.KEY=...` on one command line: the first
+    stands for the whole section (checkpoint=false), so whichever comes last would undo the other, silently
+    where the section comes last (`checkpoint.keep_best=2 checkpoint=false` dropped keep_best)."""
+    from launcher.host.resume import typed_keys
+
+    whole = [o for o in overrides if o.partition("=")[0].strip().lstrip("+") == section]
+    parts = [o for o in overrides if o.partition("=")[0].strip().lstrip("+").startswith(f"{section}.")]
+    if whole and parts and section in typed_keys(whole):
+        key = parts[0].partition("=")[0].strip().lstrip("+")
+        raise LaunchError(f"{whole[-1]} and {parts[0]} on one command line: {section}=true/false stands for the "
+                          f"whole section, so the later would undo the earlier; write {section}.enabled="
+                          f"{whole[-1].partition('=')[2].strip() or 'false'} beside {key} instead, or leave one out")
 
 
 def compose(overrides: list[str]) -> DictConfig:

@@ -132,7 +132,7 @@ def unknown_key(full_key: str, schema_name: str | None) -> str:
     prefix = full_key.rsplit(".", 1)[0] + "." if "." in full_key else ""
     if full_key.startswith("checkpoint.") and leaf in known:  # (`checkpoint=false` left no section to set it in)
         return (f"{full_key} is not valid beside checkpoint=true/false, which stands for the whole section: write "
-                f"checkpoint.enabled=false (or true) instead (e.g. launch checkpoint.keep_best=3)")
+                f"checkpoint.enabled=false (or true) beside {full_key} instead")
     owners = _options_with_key(full_key)
     if owners:  # (another option of the group has it: strategy.min_unit_params without strategy=fsdp)
         group = full_key.split(".")[0]

@@ -606,4 +606,8 @@ MUTANTS = [
     Mutant("the batch an activation refusal names counts what does not grow with it", "launcher/host/memory.py",
            "        fixed = max(0.0, single[0].under(mode) - per_sample)", "        fixed = 0.0",
            ("tests/unit/test_plan.py::test_the_batch_size_an_activation_refusal_names_is_one_the_check_accepts",)),
+    Mutant("checkpoint=false after a checkpoint key drops it silently", "launcher/host/compose.py",
+           '    whole_and_parts(overrides, "checkpoint")', "    pass",
+           ("tests/unit/test_config.py::test_checkpoint_true_or_false_beside_a_checkpoint_key_is_refused_in_either_"
+            "order",)),
 ]

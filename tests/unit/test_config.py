@@ -329,3 +329,21 @@ def test_a_section_switched_off_by_true_or_false_says_how_to_set_its_keys():
 def test_a_misspelt_section_is_suggested_only_where_the_key_exists_there():
     assert said_for("evl.every=2").startswith("unknown key 'evl.every': did you mean eval.every?")
     assert "did you mean" not in said_for("evl.nothing=2")
+
+
+def test_checkpoint_true_or_false_beside_a_checkpoint_key_is_refused_in_either_order():
+    """`checkpoint=false` stands for the whole section: after `checkpoint.keep_best=2` it dropped keep_best without
+    a word (before it, Hydra refused); either order is now one line naming both and what to write (a new user's
+    trial)."""
+    from launcher.errors import LaunchError
+    from launcher.host.compose import config_for
+
+    with pytest.raises(LaunchError) as refused:
+        config_for("recipe=digits", "checkpoint.keep_best=2", "checkpoint=false")
+    assert str(refused.value) == ("checkpoint=false and checkpoint.keep_best=2 on one command line: checkpoint=true/"
+                                  "false stands for the whole section, so the later would undo the earlier; write "
+                                  "checkpoint.enabled=false beside checkpoint.keep_best instead, or leave one out")
+    with pytest.raises((LaunchError, ConfigCompositionException)):
+        config_for("recipe=digits", "checkpoint=false", "checkpoint.keep_best=2")
+    assert config_for("recipe=digits", "checkpoint.enabled=false").checkpoint.enabled is False
+    assert config_for("recipe=digits", "checkpoint=false").checkpoint.enabled is False
