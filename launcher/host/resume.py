@@ -366,9 +366,10 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
     found = named_checkpoint(value, search_root)
     epoch = found.epoch
     now = choices(cfg)
+    which = f"the checkpoint ({found.path})" if value == "latest" else "the checkpoint"  # (latest: which run's)
     for key, was in saved_choices(found.config).items():
         if was not in (None, now[key]):
-            raise LaunchError(f"{key}={now[key]} is not valid with resume={value}: the checkpoint was trained with "
+            raise LaunchError(f"{key}={now[key]} is not valid with resume={value}: {which} was trained with "
                               f"{key}={was}, and its weights and optimizer state only continue under it (e.g. "
                               f"launch {key}={was} resume={value})")
     from launcher.strategies import STRATEGIES
@@ -379,7 +380,7 @@ def inspect(value: str, cfg: Config, search_root: Path = Path("outputs")) -> Res
                           "unsharded run resumes under an unsharded strategy, ddp or single (sharded runs' checkpoints "
                           f"resume under any), e.g. launch strategy=ddp resume={value}")
     if cfg.epochs <= epoch:
-        raise LaunchError(f"epochs={cfg.epochs} is not valid with resume={value}: the checkpoint has trained {epoch} "
+        raise LaunchError(f"epochs={cfg.epochs} is not valid with resume={value}: {which} has trained {epoch} "
                           f"epoch{'s' if epoch != 1 else ''} already; give more (e.g. launch resume={value} "
                           f"epochs={epoch + max(1, epoch)}), or evaluate it: launch eval {value}")
     changed = _differences(flat_keys(found.config), flat_keys(to_plain(cfg)))

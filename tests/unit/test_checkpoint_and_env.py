@@ -1018,3 +1018,18 @@ def test_a_resume_records_only_the_settings_this_launch_changed(tmp_path, monkey
     resume = inspect("ck.pt", config_of("resume=ck.pt", "epochs=8", "gpus=[]"))
     assert resume.changed == {"epochs": (5, 8)}
     assert "changed here: epochs 5 -> 8" in resume.describe()
+
+
+def test_a_refused_resume_latest_names_the_checkpoint_latest_found(tmp_path):
+    """resume=latest takes the newest run that has a checkpoint (a newer one run with checkpoint=false has none):
+    a refusal names which checkpoint that was, which `latest` alone does not (a new user's trial)."""
+    from launcher.errors import LaunchError
+    from launcher.host.resume import inspect
+    from tests.conftest import config_of
+
+    path = _sealed_run(tmp_path / "outputs", "2026-11-30/10-00-00-digits-aaaa", 1.0)
+    (tmp_path / "outputs" / "2026-11-30" / "11-00-00-digits-bbbb").mkdir()  # (newer, no checkpoint)
+    with pytest.raises(LaunchError) as refused:
+        inspect("latest", config_of("recipe=digits", "gpus=[]", "epochs=2"), tmp_path / "outputs")
+    assert str(refused.value).startswith(f"epochs=2 is not valid with resume=latest: the checkpoint ({path}) has "
+                                         "trained 2 epochs already"), refused.value
