@@ -289,13 +289,14 @@ def whole_and_parts(overrides: list[str] | tuple[str, ...], section: str) -> Non
     where the section comes last (`checkpoint.keep_best=2 checkpoint=false` dropped keep_best)."""
     from launcher.host.resume import typed_keys
 
-    whole = [o for o in overrides if o.partition("=")[0].strip().lstrip("+") == section]
-    parts = [o for o in overrides if o.partition("=")[0].strip().lstrip("+").startswith(f"{section}.")]
-    if whole and parts and section in typed_keys(whole):
-        key = parts[0].partition("=")[0].strip().lstrip("+")
-        raise LaunchError(f"{whole[-1]} and {parts[0]} on one command line: {section}=true/false stands for the "
-                          f"whole section, so the later would undo the earlier; write {section}.enabled="
-                          f"{whole[-1].partition('=')[2].strip() or 'false'} beside {key} instead, or leave one out")
+    keys = [(override, next(iter(typed_keys([override])), "")) for override in overrides]
+    whole = [override for override, key in keys if key == section]
+    parts = [(override, key) for override, key in keys if key.startswith(f"{section}.")]
+    if whole and parts:
+        (part, key), value = parts[0], whole[-1].partition("=")[2].strip() or "false"
+        raise LaunchError(f"{whole[-1]} and {part} on one command line: {section}=true/false stands for the whole "
+                          f"section, so the later would undo the earlier; write {section}.enabled={value} beside "
+                          f"{key} instead, or leave one out")
 
 
 def compose(overrides: list[str]) -> DictConfig:
