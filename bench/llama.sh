@@ -12,7 +12,8 @@
 #                                               # checkpoints, 2 with (checkpoint.keep_previous=false: at most 2 of
 #                                               # ~96 GB on disk, so a 235 GB disk: nvidia-h200-x4, GPUs 0-1), that run
 #                                               # resumed for a third epoch, and exported to safetensors; OPTIM=sgd
-#                                               # (no momentum: ~32 GB a checkpoint) fits the 2-GPU kind's 128 GB disk
+#                                               # (no momentum: ~32 GB a checkpoint) fits the 2-GPU kind's 128 GB disk;
+#                                               # PART=a then PART=b splits it over two calls
 #   COMMIT=abc1234 bash bench/llama.sh ckpt    # ONE GPU: Llama 3.2 1B's shape under fsdp, 3 epochs without
 #                                               # checkpoints, 2 with (each epoch's sharded save written while the
 #                                               # next trains), that run resumed for its third, and exported
@@ -87,23 +88,31 @@ case "$1" in
         optim=$([ "${OPTIM:-adamw}" = sgd ] && echo "optim=sgd optim.momentum=0" || echo "optim=adamw")
         eight=("${common[@]}" "recipe.corpus=$data/gen_*.bin" recipe.size=8b gpus=[0,1] strategy=fsdp
                strategy.meta_init=true perf.activation_checkpointing=selective batch_size=4 $optim)
-        df -h /tmp | tee -a "$log"
-        timeout 170 python3 -m launcher "${eight[@]}" epochs=2 hydra.run.dir=/tmp/ck8-none 2>&1 | tee -a "$log"
-        keep "llama8b-ckpt-none-$commit" /tmp/ck8-none
-        timeout 200 python3 -m launcher "${eight[@]/checkpoint=false/checkpoint.keep_previous=false}" epochs=2 \
-            hydra.run.dir=/tmp/ck8-saved 2>&1 | tee -a "$log"
-        keep "llama8b-ckpt-saved-$commit" /tmp/ck8-saved
-        du -sh /tmp/ck8-saved/checkpoints/* 2>&1 | tee -a "$log"
-        timeout 200 python3 -m launcher "${eight[@]/checkpoint=false/checkpoint.keep_previous=false}" \
-            resume=/tmp/ck8-saved epochs=3 hydra.run.dir=/tmp/ck8-resumed 2>&1 | tee -a "$log"
-        keep "llama8b-ckpt-resumed-$commit" /tmp/ck8-resumed
-        rm -rf /tmp/ck8-resumed/checkpoints  # (room for the export beside the saved run's)
-        timeout 300 python3 -c "import resource, subprocess, sys, time
+        # PART=a: the runs without and with checkpoints; PART=b (the next call, the machine still warm): the
+        # resume and the export. Unset: both, which can pass one call's 600 s.
+        if [ "${PART:-a}" = a ]; then
+            df -h /tmp | tee -a "$log"
+            timeout 170 python3 -m launcher "${eight[@]}" epochs=2 hydra.run.dir=/tmp/ck8-none 2>&1 | tee -a "$log"
+            keep "llama8b-ckpt-none-$commit" /tmp/ck8-none
+            timeout 200 python3 -m launcher "${eight[@]/checkpoint=false/checkpoint.keep_previous=false}" epochs=2 \
+                hydra.run.dir=/tmp/ck8-saved 2>&1 | tee -a "$log"
+            keep "llama8b-ckpt-saved-$commit" /tmp/ck8-saved
+            du -sh /tmp/ck8-saved/checkpoints/* 2>&1 | tee -a "$log"
+        fi
+        if [ "${PART:-b}" = b ]; then
+            timeout 200 python3 -m launcher "${eight[@]/checkpoint=false/checkpoint.keep_previous=false}" \
+                resume=/tmp/ck8-saved epochs=3 hydra.run.dir=/tmp/ck8-resumed 2>&1 | tee -a "$log"
+            keep "llama8b-ckpt-resumed-$commit" /tmp/ck8-resumed
+            du -sh /tmp/ck8-resumed/checkpoints/* 2>&1 | tee -a "$log"
+            rm -rf /tmp/ck8-resumed/checkpoints  # (room for the export beside the saved run's)
+            timeout 300 python3 -c "import resource, subprocess, sys, time
 t = time.time(); done = subprocess.run(sys.argv[1:])
 print('export: exit', done.returncode, 'wall_s', round(time.time() - t, 1), 'max_rss_gib',
       round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 2))" \
-            python3 -m launcher export /tmp/ck8-saved /tmp/ck8.safetensors 2>&1 | tee -a "$log"
-        ls -la /tmp/ck8.safetensors 2>&1 | tee -a "$log"
+                python3 -m launcher export /tmp/ck8-saved /tmp/ck8.safetensors 2>&1 | tee -a "$log"
+            ls -la /tmp/ck8.safetensors 2>&1 | tee -a "$log"
+            df -h /tmp | tee -a "$log"
+        fi
         ;;
     ckpt)
         data=/tmp/shards-ck  # 85 windows of 8,192: 42 steps an epoch at 2 windows
