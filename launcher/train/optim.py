@@ -12,7 +12,8 @@ trainer wraps every optimizer in a LambdaLR so schedules are checkpointed with t
 
 On a GPU every optimizer here runs its fused implementation (one kernel over all parameters, where the
 default foreach one makes several passes over weights, gradients and state: for a GPT of 86M parameters
-on an H100 that was a noticeable part of the step; measured: BENCHMARKS.md section 12).
+on an H100 that was a noticeable part of the step; measured: BENCHMARKS.md section 12), except SGD over
+fsdp's sharded parameters, which torch cannot fuse (`sgd_can_fuse`).
 
 Every optimizer here can also be captured in a CUDA graph with the step (`capturable`; launcher/train/
 step.py): no host sync in its step, and a learning rate that may be a device tensor, which the step
@@ -156,9 +157,19 @@ def capturable(optimizer: torch.optim.Optimizer) -> bool:
     return False
 
 
+def sgd_can_fuse(params: Any) -> bool:
+    """Whether fused SGD can step these parameters: not where any is a DTensor (fsdp's shards), for which
+    torch's DTensor has no rule for the fused kernel (its step raises NotImplementedError); there SGD runs
+    its foreach implementation. (Fused AdamW has one.)"""
+    from torch.distributed.tensor import DTensor
+    groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+    return not any(isinstance(p, DTensor) for g in groups for p in g["params"])
+
+
 def _sgd(o: SGDConfig, lr: float, total: int, model: nn.Module, steps_per_epoch: int, fused: bool) -> list[Stepper]:
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0,
-                          weight_decay=o.weight_decay, fused=fused or None)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0,
+                          weight_decay=o.weight_decay, fused=(fused and sgd_can_fuse(params)) or None)
     return [_stepper(opt, schedule_of(o, total, steps_per_epoch))]
 
 
@@ -223,7 +234,8 @@ def _muon_and_sgd(o: MuonConfig, lr: float, total: int, model: nn.Module, steps_
             sgd_groups.append({"params": roles[role], "lr": group_lr, "weight_decay": o.weight_decay / group_lr})
             schedules.append(linear_decay(round(o.stem_bias_epochs * steps_per_epoch)) if role == "stem_bias"
                              else schedule)
-    sgd = torch.optim.SGD(sgd_groups, momentum=o.momentum, nesterov=True, fused=fused)
+    sgd = torch.optim.SGD(sgd_groups, momentum=o.momentum, nesterov=True,
+                          fused=(fused and sgd_can_fuse(sgd_groups)) or None)
     muon = Muon(roles["matrices"], lr=lr, momentum=o.muon_momentum, nesterov=True, weight_decay=0.0)
     keep_unit_rms(muon, roles["matrices"])
     return [_stepper(muon, schedule), _stepper(sgd, schedules)]  # the first one's LR is the one logged
