@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from launcher.strategies import Nets, Strategy
     from launcher.train.optim import Stepper
     from launcher.train.shard_writer import ShardWriter
+    from launcher.train.threads import Asides
     from launcher.world import WorldInfo
 
 
@@ -204,14 +205,15 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
         return stop
 
     writer.wait_sharded()
-    if writer.shards is None:
-        from launcher.train.shard_writer import ShardWriter
-        from launcher.world import WorldInfo
-
-        writer.shards = ShardWriter(writer.world or WorldInfo.from_env(), device,
-                                    getattr(strategy.options, "timeout_s", 600))
-    future = writer.shards.save(_dcp_state(nets, steppers), folder)
+    future = writer.shard_writer(strategy, device).save(_dcp_state(nets, steppers), folder)
     writer.track_sharded(future, finish, failed)
+
+
+def make_shards_host_copy(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: torch.device,
+                          writer: BackgroundWriter, asides: Asides) -> None:
+    """The host copy that this rank's sharded saves copy into, made on a thread (`asides`, waited for at
+    the first epoch's end) for the state as it is now, after the first step (the optimizers' state made)."""
+    asides.start(device, writer.shard_writer(strategy, device).make_host_copy, _dcp_state(nets, steppers))
 
 
 def restore_sharded(state: dict[str, Any], source: Path, nets: Nets, steppers: list[Stepper],
@@ -609,6 +611,16 @@ class BackgroundWriter:
         self.last_write_s: float | None = None  # how long the last finished write took (the copy from the GPU too)
         self.keep_previous = True  # last.pt keeps the one it replaces as previous.pt (checkpoint.keep_previous)
         lifetime.finish_first_on_sigterm(self.finish_in_flight)  # (a peer's failure must not lose the write)
+
+    def shard_writer(self, strategy: Strategy, device: torch.device) -> ShardWriter:
+        """Sharded saves' writer (launcher/train/shard_writer.py), made at the first use."""
+        if self.shards is None:
+            from launcher.train.shard_writer import ShardWriter
+            from launcher.world import WorldInfo
+
+            self.shards = ShardWriter(self.world or WorldInfo.from_env(), device,
+                                      getattr(strategy.options, "timeout_s", 600))
+        return self.shards
 
     def make_room(self) -> float:
         """Wait until one more write may be queued; the seconds waited (training's time, on rank 0)."""

@@ -51,8 +51,12 @@ class Saves:
 
     def warm_pinned_memory(self, asides: Asides) -> None:
         """Page-locked memory for the checkpoints in flight (the one being copied and those the writer
-        holds), allocated on a thread at the first step rather than at the first epoch's end."""
-        if self.is_main and self.cfg.saves and self.device.type == "cuda" and not self.strategy.sharded:
+        holds), allocated on a thread at the first step rather than at the first epoch's end; under a
+        sharded strategy, every rank's host copy of its shards (made on the CPU too: shared memory)."""
+        if self.strategy.sharded and self.cfg.saves:
+            checkpoint.make_shards_host_copy(self.strategy, self.step.nets, self.step.steppers, self.device,
+                                             self.writer, asides)
+        elif self.is_main and self.cfg.saves and self.device.type == "cuda":
             state = checkpoint.capture(self.strategy, self.step.nets, self.step.steppers, self.device)
             asides.start(self.device, checkpoint.warm_pinned_memory, state,
                          copies=checkpoint.BackgroundWriter.QUEUED + 1)

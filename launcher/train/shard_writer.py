@@ -6,10 +6,11 @@ issues the steps. Measured on 2 H200s (GPT-2 124M under fsdp, a checkpoint after
 into a kept page-locked copy was faster than dcp.async_save as is, and the writer a process, not a thread,
 was as fast as no checkpoints at all in the same calls (measured: BENCHMARKS.md section 5).
 
-    ShardWriter.save(state, folder)   on the training thread: the state's tensors copied into one host
-                                      copy kept for the run (page-locked shared memory; made at the first
-                                      save), by copies queued behind the last step: nothing waits. Returns
-                                      a future, done when every rank's shards are on disk.
+    ShardWriter.make_host_copy(state) on a thread while the first epoch trains (Saves.warm_pinned_memory):
+                                      the host copy kept for the run (page-locked shared memory)
+    ShardWriter.save(state, folder)   on the training thread: the state's tensors copied into that copy by
+                                      copies queued behind the last step: nothing waits. Returns a future,
+                                      done when every rank's shards are on disk.
     (the writer thread)               waits for those copies, hands the copy to the process (its shared
                                       memory: nothing is copied again) and waits for its answer
     (the process, `_serve`)           dcp.save over a gloo group of the writer processes of every rank,
@@ -54,30 +55,51 @@ class ShardWriter:
     def __init__(self, world: WorldInfo, device: torch.device, timeout_s: float) -> None:
         self.world, self.device, self.timeout_s = world, device, timeout_s
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launcher-shards")
-        self._host: dict[str, Any] | None = None
+        self._host: tuple[tuple, dict[str, Any]] | None = None  # (the layout it was made for, the copy)
         self._process: Any = None
         self._conn: Any = None
         self._started: Future | None = None  # the process has met the others' (its gloo group is up)
         self._piped = False  # /dev/shm could not hold the host copy: each save is sent through the pipe, pickled
 
-    def save(self, state: dict[str, Any], folder: Path) -> Future:
-        """Write `state` (as torch.distributed.checkpoint.get_state_dict gives it: this rank's shards) to
-        `folder`; the future is done when every rank's writer has written its part, or has the error."""
+    def make_host_copy(self, state: dict[str, Any]) -> None:
+        """The host copy that each save copies this rank's shards into, made for `state`'s tensors (as
+        torch.distributed.checkpoint.get_state_dict gives them): page-locked shared memory on a GPU (the
+        copies into it are queued, not waited for; the writer process reads it where it is). Making it is
+        the slow part of a save (torch copies each shard into ordinary memory first, then into shared
+        memory, then pins it; ~12 bytes a parameter / ranks with AdamW), so Saves.warm_pinned_memory has it
+        made on a thread while the first epoch trains: made at the first save's call, every step after
+        the epoch waited for it (measured: BENCHMARKS.md section 5). Its copies from the GPU go on a stream
+        of their own, beside the steps' (what they copy is overwritten at each save)."""
+        import contextlib
+
         import torch
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+        from torch.distributed._state_dict_utils import _create_cpu_state_dict
 
         gpu = self.device.type == "cuda"
-        if self._host is None:  # (once: allocating and pinning it is the slow part, ~12 bytes a parameter / ranks)
+        with torch.cuda.stream(torch.cuda.Stream(self.device)) if gpu else contextlib.nullcontext():
             try:
-                self._host = _create_cpu_state_dict(state, pin_memory=gpu, share_memory=True)
+                host = _create_cpu_state_dict(state, pin_memory=gpu, share_memory=True)
             except RuntimeError as exc:
                 if "shared memory" not in str(exc):
                     raise
                 log.warning(_short_of_shared_memory(state),  # (the console hears it once: from rank 0)
                             extra={"file_only": True} if self.world.rank else {})
                 self._piped = True
-                self._host = _create_cpu_state_dict(state, pin_memory=gpu)
-        staged = _copy_state_dict(state, self._host, non_blocking=gpu)
+                host = _create_cpu_state_dict(state, pin_memory=gpu)
+        self._host = (_layout(state), host)
+
+    def save(self, state: dict[str, Any], folder: Path) -> Future:
+        """Write `state` (as torch.distributed.checkpoint.get_state_dict gives it: this rank's shards) to
+        `folder`; the future is done when every rank's writer has written its part, or has the error."""
+        import torch
+        from torch.distributed._state_dict_utils import _copy_state_dict
+
+        gpu = self.device.type == "cuda"
+        if self._host is None or self._host[0] != _layout(state):  # (none made ahead, or not for this state)
+            self._host = None  # (an old copy let go before the new one is made)
+            self.make_host_copy(state)
+        assert self._host is not None
+        staged = _copy_state_dict(state, self._host[1], non_blocking=gpu)
         copied = torch.cuda.current_stream(self.device).record_event() if gpu else None
         if self._process is None:
             self._start()  # (here, on the training thread, which lives as long as the rank: the process's
@@ -178,6 +200,19 @@ def _start_process(method: str, args: tuple) -> tuple[Any, Any]:
             signal.signal(signal.SIGINT, before)
     theirs.close()  # (the process's end: a recv here then fails when the process dies)
     return process, ours
+
+
+def _layout(obj: Any) -> tuple:
+    """What a host copy made for `obj` must match to take its values: its keys, nesting, and each tensor's
+    shape and dtype as this rank holds it."""
+    if isinstance(obj, dict):
+        return ("dict", tuple((k, _layout(v)) for k, v in obj.items()))
+    if isinstance(obj, (list, tuple)):
+        return ("seq", tuple(_layout(v) for v in obj))
+    local = obj.to_local() if hasattr(obj, "to_local") else obj
+    if hasattr(local, "shape") and hasattr(local, "dtype"):
+        return (tuple(local.shape), local.dtype)
+    return ()
 
 
 def _short_of_shared_memory(state: dict[str, Any]) -> str:

@@ -441,9 +441,20 @@ MUTANTS = [
            ("tests/unit/test_read_ahead.py::test_a_training_stream_without_a_length_is_one_line_and_an_evaluation_"
             "stream_needs_none",)),
     Mutant("a sharded checkpoint holds the host copy's first contents, not the state", "launcher/train/shard_writer.py",
-           "        staged = _copy_state_dict(state, self._host, non_blocking=gpu)", "        staged = self._host",
+           "        staged = _copy_state_dict(state, self._host[1], non_blocking=gpu)", "        staged = self._host[1]",
            ("tests/unit/test_checkpoint_and_env.py::test_the_shard_writer_process_writes_each_saves_own_values_and_"
             "hands_back_its_error",)),
+    Mutant("fsdp's host copy for the checkpoints is made by the first save, on the training thread",
+           "launcher/train/checkpoint.py",
+           "    asides.start(device, writer.shard_writer(strategy, device).make_host_copy, _dcp_state(nets, steppers))",
+           "    writer.shard_writer(strategy, device).make_host_copy(_dcp_state(nets, steppers))",
+           ("tests/unit/test_checkpoint_and_env.py::test_the_host_copy_of_a_ranks_shards_is_made_beside_the_first_"
+            "epoch_and_each_save_writes_its_own_values",)),
+    Mutant("a host copy made for another layout of the state is used for it", "launcher/train/shard_writer.py",
+           "        if self._host is None or self._host[0] != _layout(state):",
+           "        if self._host is None:",
+           ("tests/unit/test_checkpoint_and_env.py::test_the_host_copy_of_a_ranks_shards_is_made_beside_the_first_"
+            "epoch_and_each_save_writes_its_own_values",)),
     Mutant("a sharded checkpoint whose write failed passes as written", "launcher/train/shard_writer.py",
            "        if isinstance(reply, BaseException):\n            raise reply",
            "        if isinstance(reply, BaseException):\n            pass",

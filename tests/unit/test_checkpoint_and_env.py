@@ -933,6 +933,73 @@ def test_the_shard_writer_process_writes_each_saves_own_values_and_hands_back_it
         writer.close()
 
 
+def test_the_host_copy_of_a_ranks_shards_is_made_beside_the_first_epoch_and_each_save_writes_its_own_values(
+        tmp_path, monkeypatch):
+    """Making the host copy that fsdp's saves copy the shards into is the slow part of a save (on 2 H200s an
+    8B model's first save held every step for ~30 s). It is made on a thread after the first step
+    (Saves.warm_pinned_memory), not by the first save on the training thread; the saves after it write
+    the values of their own time into it; a state of another layout gets a copy of its own."""
+    import threading
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+    import torch.distributed._state_dict_utils as state_dict_utils
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import fully_shard
+
+    from launcher.train.saving import Saves
+    from launcher.train.threads import Asides
+    from tests.conftest import config_of
+
+    made_on = []
+    make = state_dict_utils._create_cpu_state_dict
+
+    def recorded(*args, **kwargs):
+        made_on.append(threading.current_thread().name)
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(state_dict_utils, "_create_cpu_state_dict", recorded)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    world = WorldInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, master_addr="127.0.0.1", master_port=0)
+    writer = checkpoint.BackgroundWriter(world)
+    try:
+        model = fully_shard(torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 3)))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+        nets, steppers = SimpleNamespace(module=model), [SimpleNamespace(optimizer=optimizer)]
+        strategy = SimpleNamespace(options=None, sharded=True, is_main=True, name="fsdp")
+        cpu = torch.device("cpu")
+        saves = Saves(config_of("recipe=digits", "strategy=fsdp"), strategy, cpu, tmp_path, writer,
+                      SimpleNamespace(nets=nets, steppers=steppers, scaler=None))
+
+        def train_step():
+            model(torch.ones(4, 6)).square().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        train_step()  # (the first step: the optimizer's state made)
+        asides = Asides()
+        saves.warm_pinned_memory(asides)  # (train/loop.py: after the first step)
+        asides.wait()  # (train/epoch_end.py: at the first epoch's end, before its save)
+        assert made_on and threading.main_thread().name not in made_on
+        for epoch in (1, 2):
+            train_step()
+            folder = tmp_path / f"epoch-{epoch}.dcp"
+            writer.shard_writer(strategy, cpu).save(checkpoint._dcp_state(nets, steppers), folder).result(timeout=300)
+            want = {k: v.full_tensor() for k, v in model.state_dict().items()}
+            back = {k: torch.zeros_like(v) for k, v in want.items()}
+            dcp.load({"model": back}, checkpoint_id=folder)
+            assert all(torch.equal(back[k], want[k]) for k in want), epoch
+        assert len(made_on) == 1  # (made once, for the run)
+        writer.shards.save({"w": torch.arange(3.0)}, tmp_path / "other.dcp").result(timeout=300)
+        assert len(made_on) == 2 and made_on[-1] == threading.main_thread().name
+        back = {"w": torch.zeros(3)}
+        dcp.load(back, checkpoint_id=tmp_path / "other.dcp")
+        assert torch.equal(back["w"], torch.arange(3.0))
+    finally:
+        writer.close()
+        dist.destroy_process_group()
+
+
 def test_a_dev_shm_too_small_for_the_shards_is_said_with_their_size():
     from launcher.train.shard_writer import _short_of_shared_memory
 
