@@ -35,6 +35,15 @@ keep() {  # keep NAME RUN_DIR: its results.json and metrics.jsonl under $OUT
     cp "$2/metrics.jsonl" "$OUT/$1-metrics.jsonl" 2>/dev/null
 }
 
+held() {  # held RUN_DIR...: how long each run's steps stood between epochs (an epoch's start after the last
+          # one's start and length: what an epoch end held the steps for, a checkpoint's included), a JSON line
+    python3 -c "import json, sys
+for run in sys.argv[1:]:
+    rows = [json.loads(line) for line in open(run + '/metrics.jsonl')]
+    print(json.dumps({'run': run, 'held_s': [round(b['started_unix'] - a['started_unix'] - a['epoch_s'], 2)
+                                             for a, b in zip(rows, rows[1:])]}))" "$@"
+}
+
 case "$1" in
     8b)
         data=/tmp/shards-8b  # 40 windows of 8,192: 10 steps an epoch at 2 x 2 windows
@@ -94,18 +103,19 @@ case "$1" in
             df -h /tmp | tee -a "$log"
             timeout 170 python3 -m launcher "${eight[@]}" epochs=2 hydra.run.dir=/tmp/ck8-none 2>&1 | tee -a "$log"
             keep "llama8b-ckpt-none-$commit" /tmp/ck8-none
-            timeout 200 python3 -m launcher "${eight[@]/checkpoint=false/checkpoint.keep_previous=false}" epochs=2 \
+            timeout 300 python3 -m launcher "${eight[@]/checkpoint=false/checkpoint.keep_previous=false}" epochs=2 \
                 hydra.run.dir=/tmp/ck8-saved 2>&1 | tee -a "$log"
             keep "llama8b-ckpt-saved-$commit" /tmp/ck8-saved
             du -sh /tmp/ck8-saved/checkpoints/* 2>&1 | tee -a "$log"
+            held /tmp/ck8-none /tmp/ck8-saved | tee -a "$log"
         fi
         if [ "${PART:-b}" = b ]; then
-            timeout 200 python3 -m launcher "${eight[@]/checkpoint=false/checkpoint.keep_previous=false}" \
+            timeout 250 python3 -m launcher "${eight[@]/checkpoint=false/checkpoint.keep_previous=false}" \
                 resume=/tmp/ck8-saved epochs=3 hydra.run.dir=/tmp/ck8-resumed 2>&1 | tee -a "$log"
             keep "llama8b-ckpt-resumed-$commit" /tmp/ck8-resumed
             du -sh /tmp/ck8-resumed/checkpoints/* 2>&1 | tee -a "$log"
             rm -rf /tmp/ck8-resumed/checkpoints  # (room for the export beside the saved run's)
-            timeout 300 python3 -c "import resource, subprocess, sys, time
+            timeout 280 python3 -c "import resource, subprocess, sys, time
 t = time.time(); done = subprocess.run(sys.argv[1:])
 print('export: exit', done.returncode, 'wall_s', round(time.time() - t, 1), 'max_rss_gib',
       round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20, 2))" \
@@ -127,6 +137,7 @@ print('export: exit', done.returncode, 'wall_s', round(time.time() - t, 1), 'max
         timeout 150 python3 -m launcher "${one[@]}" epochs=2 hydra.run.dir=/tmp/ck-saved 2>&1 | tee -a "$log"
         keep "llama1b-ckpt-saved-$commit" /tmp/ck-saved
         du -sh /tmp/ck-saved/checkpoints/* 2>&1 | tee -a "$log"
+        held /tmp/ck-none /tmp/ck-saved | tee -a "$log"
         timeout 120 python3 -m launcher "${one[@]}" resume=/tmp/ck-saved epochs=3 hydra.run.dir=/tmp/ck-resumed 2>&1 \
             | tee -a "$log"
         keep "llama1b-ckpt-resumed-$commit" /tmp/ck-resumed
