@@ -160,7 +160,8 @@ def _dcp_state(nets: Nets, steppers: list[Stepper]) -> dict[str, Any]:
 
 def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: torch.device, path: Path,
                  epoch: int, plain: dict[str, Any], writer: BackgroundWriter,
-                 then: Callable[[Path, str | None], None] | None = None, previous: bool = True) -> None:
+                 then: Callable[[Path, str | None], None] | None = None, previous: bool = True,
+                 row: dict[str, Any] | None = None) -> None:
     """Every rank writes its shards to checkpoints/epoch-<epoch>.dcp (torch.distributed.checkpoint); then
     rank 0 writes `path` (last.pt: the schedules, RNG, epoch, history and config, and which folder holds
     the tensors) atomically and removes the folders of earlier epochs but the one previous.pt names (none
@@ -172,7 +173,12 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
     beside each rank (its collectives on a gloo group of those processes, so they never meet the
     training's); rank 0 writes last.pt as soon as every rank's part is on disk (the save's completion),
     and the next save, or `writer.wait()` (the end of the run, a preemption, a NaN stop), waits for that.
-    One save at a time."""
+    One save at a time. `row` (the epoch's, which last.pt's history holds) gets checkpoint_wait_s: what this
+    call held the steps for (the last save waited for, the shards' copies queued), set before last.pt can
+    be written."""
+    import time
+
+    started = time.perf_counter()
     folder = path.parent / f"epoch-{epoch}.dcp"
     state = None
     if strategy.is_main:  # (taken now: the RNG and schedules as they are at the end of this epoch)
@@ -206,7 +212,9 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
 
     writer.wait_sharded()
     future = writer.shard_writer(strategy, device).save(_dcp_state(nets, steppers), folder)
-    writer.track_sharded(future, finish, failed)
+    if row is not None:
+        row["checkpoint_wait_s"] = round(time.perf_counter() - started, 4)
+    writer.track_sharded(future, finish, failed)  # (finish, which writes last.pt, runs after this)
 
 
 def make_shards_host_copy(strategy: Strategy, nets: Nets, steppers: list[Stepper], device: torch.device,

@@ -116,7 +116,7 @@ class Saves:
             step = self.step
             checkpoint.save_sharded(self.strategy, step.nets, step.steppers, self.device, last_checkpoint(self.run_dir),
                                     epochs, {"epoch": epochs, "history": list(history), **self.plain},
-                                    writer=self.writer, then=then, previous=cfg.checkpoint.keep_previous)
+                                    writer=self.writer, then=then, previous=cfg.checkpoint.keep_previous, row=row)
 
     def _best_after(self, row: dict[str, Any]) -> Callable[[Path, str | None], None] | None:
         """checkpoint.keep_best on rank 0: where this epoch is among the best so far by checkpoint.metric,

@@ -61,6 +61,8 @@ def test_fsdp_and_ddp_on_two_ranks_follow_one_ranks_loss_curve_and_fsdp_shards_i
     # and no previous.pt was made)
     rows = _rows(fsdp_run / "fsdp")
     assert rows[1]["test_loss"] < rows[0]["test_loss"], rows  # (so epoch 2 is the one best checkpoint kept)
+    # (what each epoch's save held the steps for, as a whole checkpoint's is said: the GPU test of it bounds it)
+    assert all(0 <= r["checkpoint_wait_s"] < 30 for r in rows), rows
     assert folders == ["best-epoch-0002.pt", "best.json", "best.pt", "epoch-2.dcp", "last.pt"]
     assert (fsdp_run / "fsdp" / "checkpoints" / "epoch-2.dcp" / ".metadata").is_file()
     assert sorted(p.name for p in (fsdp_run / "ddp" / "checkpoints").iterdir()) == ["last.pt"]

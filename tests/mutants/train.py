@@ -335,6 +335,10 @@ MUTANTS = [
     Mutant("the evaluation keeps its warm-up from before a compile", "launcher/train/warmup.py",
            "        self.evaluation.warm = False\n", "",
            ("tests/unit/test_step_graph.py::test_the_warm_up_leaves_no_trace_but_its_time",)),
+    Mutant("a sharded save's hold on the steps goes unsaid", "launcher/train/checkpoint.py",
+           '        row["checkpoint_wait_s"] = round(time.perf_counter() - started, 4)', "        pass",
+           ("tests/distributed/test_fsdp.py::test_fsdp_and_ddp_on_two_ranks_follow_one_ranks_loss_curve_and_fsdp_"
+            "shards_its_checkpoint",)),
     Mutant("a checkpoint inside an epoch records the step before", "launcher/train/saving.py",
            "snapshot.add(epoch=epoch, step_in_epoch=done,", "snapshot.add(epoch=epoch, step_in_epoch=done - 1,",
            ("tests/distributed/test_own_data.py::test_a_checkpoint_inside_an_epoch_of_four_ranks_resumes_on_two_and_"
@@ -629,7 +633,8 @@ MUTANTS = [
            "    if losses and min(losses) > 0 and max(losses) > 10 * min(losses):", "    if False:",
            ("tests/unit/test_run_reports.py",)),
     Mutant("checkpoint.keep_previous=false keeps a sharded run's folder before the last", "launcher/train/saving.py",
-           "writer=self.writer, then=then, previous=cfg.checkpoint.keep_previous)", "writer=self.writer, then=then)",
+           "writer=self.writer, then=then, previous=cfg.checkpoint.keep_previous, row=row)",
+           "writer=self.writer, then=then, row=row)",
            FSDP_FOLLOWS),
     Mutant("checkpoint.keep_previous=false keeps previous.pt", "launcher/train/saving.py",
            "        writer.keep_previous = cfg.checkpoint.keep_previous", "        pass", FSDP_FOLLOWS),
