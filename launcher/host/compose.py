@@ -261,6 +261,7 @@ def settled(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> DictConf
     from launcher.host.resume import carry_settings, typed_keys
 
     whole_and_parts(overrides, "checkpoint")
+    spelled_as_booleans(cfg, overrides)
     carried = carry_settings(cfg, overrides)
     resumed, cfg = carried is not cfg, carried
     recipe = cfg.get("recipe") if isinstance(cfg, DictConfig) else None
@@ -297,6 +298,29 @@ def whole_and_parts(overrides: list[str] | tuple[str, ...], section: str) -> Non
         raise LaunchError(f"{whole[-1]} and {part} on one command line: {section}=true/false stands for the whole "
                           f"section, so the later would undo the earlier; write {section}.enabled={value} beside "
                           f"{key} instead, or leave one out")
+
+
+BOOLEAN_WORDS = ("true", "false", "1", "0")  # (any case: what a true | false | auto key takes, but auto)
+
+
+def spelled_as_booleans(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> None:
+    """Refuse (LaunchError, one line) a true/false key given anything but true, false, 1 or 0 on the command
+    line, as a true | false | auto key is: OmegaConf reads any other number, and yes, on or y, as true
+    (`checkpoint.keep_previous=2` kept previous.pt), so what the user meant may not be what runs. A sweep's
+    list (`a=true,false`) is checked run by run, as each sweep run is composed before any starts."""
+    from omegaconf.nodes import BooleanNode
+
+    for override in overrides:
+        key, given, value = override.partition("=")
+        key, value = key.strip().lstrip("+~").partition("@")[0], value.strip().strip("'\"").strip()
+        if not given or not key or key.startswith("hydra") or any(c in value for c in ",()[]{}*"):
+            continue
+        parent, _, leaf = key.rpartition(".")
+        section = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+        node = section._get_node(leaf) if isinstance(section, DictConfig) and leaf in section else None
+        if isinstance(node, BooleanNode) and value.lower() not in BOOLEAN_WORDS:
+            raise LaunchError(f"{key}={value} is not valid: must be true or false (or 1 or 0; OmegaConf would "
+                              f"read {value} as true) (e.g. launch {key}=true)")
 
 
 def compose(overrides: list[str]) -> DictConfig:

@@ -217,6 +217,11 @@ MUTANTS = [
            (KILLED_UNDER_ANOTHER,)),
     Mutant("an orphaned joblib worker waits for its next run", "launcher/host/cli.py",
            "            self._exit_orphan(outcome.exit_code)", "            pass", (KILLED_UNDER_ANOTHER,)),
+    Mutant("a true/false key given 2 is read as true", "launcher/host/compose.py",
+           "        if isinstance(node, BooleanNode) and value.lower() not in BOOLEAN_WORDS:",
+           "        if isinstance(node, BooleanNode) and value.lower() in BOOLEAN_WORDS:",
+           ("tests/unit/test_config.py::test_a_true_false_key_given_another_number_or_word_is_one_line_not_read_as_"
+            "true",)),
     Mutant("a resumed run's named size applied again over its checkpoint's shape", "launcher/host/compose.py",
            "        if resumed and f\"recipe.{key}\" not in given:", "        if False:",
            ("tests/unit/test_text_recipe.py::test_a_resumed_run_keeps_the_shape_it_trained_with_where_a_size_and_its_"

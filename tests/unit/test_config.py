@@ -161,6 +161,19 @@ def test_a_bad_true_false_auto_value_is_one_line_naming_the_three(key, value, sa
     assert str(err.value).endswith(f"(e.g. launch {key}=auto)") and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("value", ["2", "-1", "yes", "on", "y"])
+def test_a_true_false_key_given_another_number_or_word_is_one_line_not_read_as_true(value):
+    """OmegaConf reads any number but 0, and yes, on or y, as true: `checkpoint.keep_previous=2` kept
+    previous.pt. A true/false key takes what a true | false | auto key takes, but auto; a sweep's runs alike."""
+    with pytest.raises(schema_errors.LaunchError) as err:
+        config_of("checkpoint.keep_previous=" + value)
+    assert str(err.value) == (f"checkpoint.keep_previous={value} is not valid: must be true or false (or 1 or 0; "
+                              f"OmegaConf would read {value} as true) (e.g. launch checkpoint.keep_previous=true)")
+    for fine, meant in (("TRUE", True), ("False", False), ("1", True), ("0", False)):
+        assert config_of(f"checkpoint.keep_previous={fine}").checkpoint.keep_previous is meant
+    assert config_of("recipe=text", "checkpoint.keep_previous=false", "recipe.sample_bytes=2").recipe.sample_bytes == 2
+
+
 def test_a_checkpoint_written_with_bools_resumes_and_compares_its_settings_as_before(tmp_path, monkeypatch):
     """Checkpoints hold the true | false | auto keys as True, False and "auto" (to_plain): a resume reads them and
     names what this launch changes, and nothing where it types the same."""
