@@ -305,8 +305,9 @@ BOOLEAN_WORDS = ("true", "false", "1", "0")  # (any case: what a true | false | 
 
 def spelled_as_booleans(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> None:
     """Refuse (LaunchError, one line) a true/false key given anything but true, false, 1 or 0 on the command
-    line, as a true | false | auto key is: OmegaConf reads any other number, and yes, on or y, as true
-    (`checkpoint.keep_previous=2` kept previous.pt), so what the user meant may not be what runs. A sweep's
+    line, as a true | false | auto key is: OmegaConf reads any other number, and yes, on or y, as true, and
+    no, off or n as false (`checkpoint.keep_previous=2` kept previous.pt), so what the user meant may not be
+    what runs; the line says what it would have read. A sweep's
     list (`a=true,false`) is checked run by run, as each sweep run is composed before any starts."""
     from omegaconf.nodes import BooleanNode
 
@@ -319,8 +320,9 @@ def spelled_as_booleans(cfg: DictConfig, overrides: list[str] | tuple[str, ...])
         section = OmegaConf.select(cfg, parent, default=None) if parent else cfg
         node = section._get_node(leaf) if isinstance(section, DictConfig) and leaf in section else None
         if isinstance(node, BooleanNode) and value.lower() not in BOOLEAN_WORDS:
+            read = str(node._value()).lower()  # (what OmegaConf made of it)
             raise LaunchError(f"{key}={value} is not valid: must be true or false (or 1 or 0; OmegaConf would "
-                              f"read {value} as true) (e.g. launch {key}=true)")
+                              f"read {value} as {read}) (e.g. launch {key}={read})")
 
 
 def compose(overrides: list[str]) -> DictConfig:

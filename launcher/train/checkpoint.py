@@ -174,8 +174,9 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
     training's); rank 0 writes last.pt as soon as every rank's part is on disk (the save's completion),
     and the next save, or `writer.wait()` (the end of the run, a preemption, a NaN stop), waits for that.
     One save at a time. `row` (the epoch's, which last.pt's history holds) gets checkpoint_wait_s: what this
-    call held the steps for (the last save waited for, the shards' copies queued), set before last.pt can
-    be written."""
+    call held the steps for (the last save waited for, the shards' copies queued), added to what the epoch's
+    end waited for the host copy made beside the first epoch (EpochEnds.queue); set before last.pt can be
+    written."""
     import time
 
     started = time.perf_counter()
@@ -213,7 +214,7 @@ def save_sharded(strategy: Strategy, nets: Nets, steppers: list[Stepper], device
     writer.wait_sharded()
     future = writer.shard_writer(strategy, device).save(_dcp_state(nets, steppers), folder)
     if row is not None:
-        row["checkpoint_wait_s"] = round(time.perf_counter() - started, 4)
+        row["checkpoint_wait_s"] = round(row.get("checkpoint_wait_s", 0.0) + time.perf_counter() - started, 4)
     writer.track_sharded(future, finish, failed)  # (finish, which writes last.pt, runs after this)
 
 

@@ -189,7 +189,10 @@ class EpochEnds:
         """The epoch's end as device work, queued behind its steps without waiting for them: buffers
         averaged, the evaluation (`warmed`: the run compiles or captures, so the first one warms up first),
         the sums and (rank 0) the checkpoint's tensors copied to host memory."""
+        setup_start = time.perf_counter()
         self.asides.wait()  # (TensorBoard's writer; the pinned memory the snapshot below takes)
+        if self.cfg.saves:  # (the first epoch's end: what the checkpoints' memory, made beside it, still held)
+            row["checkpoint_wait_s"] = round(time.perf_counter() - setup_start, 4)
         nets = self.step.nets
         self.strategy.average_buffers(nets.module)
         evaluation = self.evaluation.queue(nets, self.data, warmed) if self.evaluation.after(epoch) else None

@@ -95,10 +95,11 @@ class Saves:
 
     def make_room(self, row: dict[str, Any], snapshot_s: float) -> None:
         """What the epoch's checkpoint cost training on rank 0 (under ddp every rank waits for it at its next
-        all-reduce): queuing the copies (`snapshot_s`) and waiting for earlier writes; and how long a write
-        takes. Both go into the epoch's row."""
+        all-reduce): queuing the copies (`snapshot_s`) and waiting for earlier writes, added to what the
+        epoch's end waited for the memory they take (EpochEnds.queue); and how long a write takes. Both go
+        into the epoch's row."""
         waited = self.writer.make_room()
-        row["checkpoint_wait_s"] = round(snapshot_s + waited, 4)
+        row["checkpoint_wait_s"] = round(row.get("checkpoint_wait_s", 0.0) + snapshot_s + waited, 4)
         if self.writer.last_write_s is not None:
             row["checkpoint_write_s"] = round(self.writer.last_write_s, 3)
 

@@ -78,12 +78,13 @@ class ShardWriter:
         gpu = self.device.type == "cuda"
         with torch.cuda.stream(torch.cuda.Stream(self.device)) if gpu else contextlib.nullcontext():
             try:
-                host = _create_cpu_state_dict(state, pin_memory=gpu, share_memory=True)
+                host, self._piped = _create_cpu_state_dict(state, pin_memory=gpu, share_memory=True), False
             except RuntimeError as exc:
                 if "shared memory" not in str(exc):
                     raise
-                log.warning(_short_of_shared_memory(state),  # (the console hears it once: from rank 0)
-                            extra={"file_only": True} if self.world.rank else {})
+                if not self._piped:  # (said once, not again for a copy made again)
+                    log.warning(_short_of_shared_memory(state),  # (the console hears it once: from rank 0)
+                                extra={"file_only": True} if self.world.rank else {})
                 self._piped = True
                 host = _create_cpu_state_dict(state, pin_memory=gpu)
         self._host = (_layout(state), host)
@@ -96,6 +97,9 @@ class ShardWriter:
 
         gpu = self.device.type == "cuda"
         if self._host is None or self._host[0] != _layout(state):  # (none made ahead, or not for this state)
+            if self._host is not None:  # (an optimizer's state for a parameter that had no gradient before)
+                log.info("checkpoint: this rank's state changed its tensors since the first step, so its host "
+                         "copy is made again here, on the training thread", extra={"file_only": bool(self.world.rank)})
             self._host = None  # (an old copy let go before the new one is made)
             self.make_host_copy(state)
         assert self._host is not None

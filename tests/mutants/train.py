@@ -336,7 +336,8 @@ MUTANTS = [
            "        self.evaluation.warm = False\n", "",
            ("tests/unit/test_step_graph.py::test_the_warm_up_leaves_no_trace_but_its_time",)),
     Mutant("a sharded save's hold on the steps goes unsaid", "launcher/train/checkpoint.py",
-           '        row["checkpoint_wait_s"] = round(time.perf_counter() - started, 4)', "        pass",
+           '        row["checkpoint_wait_s"] = round(row.get("checkpoint_wait_s", 0.0) + time.perf_counter() - started, 4)',
+           "        pass",
            ("tests/distributed/test_fsdp.py::test_fsdp_and_ddp_on_two_ranks_follow_one_ranks_loss_curve_and_fsdp_"
             "shards_its_checkpoint",)),
     Mutant("a checkpoint inside an epoch records the step before", "launcher/train/saving.py",
@@ -448,6 +449,11 @@ MUTANTS = [
            "        staged = _copy_state_dict(state, self._host[1], non_blocking=gpu)", "        staged = self._host[1]",
            ("tests/unit/test_checkpoint_and_env.py::test_the_shard_writer_process_writes_each_saves_own_values_and_"
             "hands_back_its_error",)),
+    Mutant("the wait for the checkpoints' host memory at an epoch's end goes unsaid", "launcher/train/epoch_end.py",
+           "        if self.cfg.saves:  # (the first epoch's end: what the checkpoints' memory, made beside it, still held)",
+           "        if False:",
+           ("tests/unit/test_checkpoint_and_env.py::test_an_epoch_end_that_waits_for_the_checkpoints_host_memory_"
+            "counts_it_in_the_rows_wait",)),
     Mutant("fsdp's host copy for the checkpoints is made by the first save, on the training thread",
            "launcher/train/checkpoint.py",
            "    asides.start(device, writer.shard_writer(strategy, device).make_host_copy, _dcp_state(nets, steppers))",

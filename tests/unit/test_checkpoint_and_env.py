@@ -934,7 +934,7 @@ def test_the_shard_writer_process_writes_each_saves_own_values_and_hands_back_it
 
 
 def test_the_host_copy_of_a_ranks_shards_is_made_beside_the_first_epoch_and_each_save_writes_its_own_values(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, caplog):
     """Making the host copy that fsdp's saves copy the shards into is the slow part of a save (on 2 H200s an
     8B model's first save held every step for ~30 s). It is made on a thread after the first step
     (Saves.warm_pinned_memory), not by the first save on the training thread; the saves after it write
@@ -965,7 +965,8 @@ def test_the_host_copy_of_a_ranks_shards_is_made_beside_the_first_epoch_and_each
     try:
         model = fully_shard(torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Linear(6, 3)))
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
-        nets, steppers = SimpleNamespace(module=model), [SimpleNamespace(optimizer=optimizer)]
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        nets, steppers = SimpleNamespace(module=model), [SimpleNamespace(optimizer=optimizer, scheduler=scheduler)]
         strategy = SimpleNamespace(options=None, sharded=True, is_main=True, name="fsdp")
         cpu = torch.device("cpu")
         saves = Saves(config_of("recipe=digits", "strategy=fsdp"), strategy, cpu, tmp_path, writer,
@@ -990,14 +991,52 @@ def test_the_host_copy_of_a_ranks_shards_is_made_beside_the_first_epoch_and_each
             dcp.load({"model": back}, checkpoint_id=folder)
             assert all(torch.equal(back[k], want[k]) for k in want), epoch
         assert len(made_on) == 1  # (made once, for the run)
-        writer.shards.save({"w": torch.arange(3.0)}, tmp_path / "other.dcp").result(timeout=300)
+        # an epoch's save through the run's path: its wait added to what the epoch's end waited already
+        row = {"epoch": 3, "checkpoint_wait_s": 5.0}
+        checkpoint.save_sharded(strategy, nets, steppers, cpu, tmp_path / "checkpoints" / "last.pt", 3,
+                                {"epoch": 3, "history": [row]}, writer, row=row)
+        writer.wait()
+        assert 5.0 < row["checkpoint_wait_s"] < 60 and len(made_on) == 1
+        assert checkpoint.load(tmp_path / "checkpoints" / "last.pt")["history"] == [row]
+        with caplog.at_level("INFO", logger="launcher.train"):
+            writer.shards.save({"w": torch.arange(3.0)}, tmp_path / "other.dcp").result(timeout=300)
         assert len(made_on) == 2 and made_on[-1] == threading.main_thread().name
+        assert "its host copy is made again here, on the training thread" in caplog.text
         back = {"w": torch.zeros(3)}
         dcp.load(back, checkpoint_id=tmp_path / "other.dcp")
         assert torch.equal(back["w"], torch.arange(3.0))
     finally:
         writer.close()
         dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("saves", [True, False])
+def test_an_epoch_end_that_waits_for_the_checkpoints_host_memory_counts_it_in_the_rows_wait(saves):
+    """The checkpoints' host memory is made on a thread beside the first epoch; where it is not ready at the
+    epoch's end, the steps wait for it there, and the row's checkpoint_wait_s (to which the save adds its own
+    wait) says so. A run without checkpoints has no such figure."""
+    from types import SimpleNamespace
+
+    from launcher.train.epoch_end import EpochEnds
+    from launcher.train.threads import Asides
+
+    asides = Asides()
+    asides.start(None, time.sleep, 0.3)  # (a host copy still being made)
+    sums = SimpleNamespace(finite_steps=torch.tensor(4.0), overflowed=torch.tensor(0.0),
+                           figures=SimpleNamespace(tensors=lambda: [torch.tensor(2.0)], names=["loss"]))
+    scheduler = SimpleNamespace(get_last_lr=lambda: [0.1])
+    ends = SimpleNamespace(asides=asides, cfg=SimpleNamespace(saves=saves), device=torch.device("cpu"),
+                           step=SimpleNamespace(nets=SimpleNamespace(module=None), sums=sums,
+                                                steppers=[SimpleNamespace(scheduler=scheduler)]),
+                           strategy=SimpleNamespace(average_buffers=lambda module: None),
+                           evaluation=SimpleNamespace(after=lambda epoch: False),
+                           saves=SimpleNamespace(snapshot=lambda: None), _local_memory_mb=lambda: [-1.0, -1.0])
+    row = {"epoch": 1}
+    EpochEnds.queue(ends, 0, row, None, 0.0, 4, 0, 0, None, False)
+    if saves:
+        assert 0.25 < row["checkpoint_wait_s"] < 5, row
+    else:
+        assert "checkpoint_wait_s" not in row
 
 
 def test_a_dev_shm_too_small_for_the_shards_is_said_with_their_size():

@@ -161,14 +161,15 @@ def test_a_bad_true_false_auto_value_is_one_line_naming_the_three(key, value, sa
     assert str(err.value).endswith(f"(e.g. launch {key}=auto)") and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("value", ["2", "-1", "yes", "on", "y"])
-def test_a_true_false_key_given_another_number_or_word_is_one_line_not_read_as_true(value):
+@pytest.mark.parametrize("value, read", [("2", "true"), ("-1", "true"), ("yes", "true"), ("on", "true"),
+                                         ("y", "true"), ("no", "false"), ("off", "false")])
+def test_a_true_false_key_given_another_number_or_word_is_one_line_not_read_as_true(value, read):
     """OmegaConf reads any number but 0, and yes, on or y, as true: `checkpoint.keep_previous=2` kept
     previous.pt. A true/false key takes what a true | false | auto key takes, but auto; a sweep's runs alike."""
     with pytest.raises(schema_errors.LaunchError) as err:
         config_of("checkpoint.keep_previous=" + value)
     assert str(err.value) == (f"checkpoint.keep_previous={value} is not valid: must be true or false (or 1 or 0; "
-                              f"OmegaConf would read {value} as true) (e.g. launch checkpoint.keep_previous=true)")
+                              f"OmegaConf would read {value} as {read}) (e.g. launch checkpoint.keep_previous={read})")
     for fine, meant in (("TRUE", True), ("False", False), ("1", True), ("0", False)):
         assert config_of(f"checkpoint.keep_previous={fine}").checkpoint.keep_previous is meant
     assert config_of("recipe=text", "checkpoint.keep_previous=false", "recipe.sample_bytes=2").recipe.sample_bytes == 2
