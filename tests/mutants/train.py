@@ -338,8 +338,8 @@ MUTANTS = [
     Mutant("a sharded save's hold on the steps goes unsaid", "launcher/train/checkpoint.py",
            '        row["checkpoint_wait_s"] = round(row.get("checkpoint_wait_s", 0.0) + time.perf_counter() - started, 4)',
            "        pass",
-           ("tests/distributed/test_fsdp.py::test_fsdp_and_ddp_on_two_ranks_follow_one_ranks_loss_curve_and_fsdp_"
-            "shards_its_checkpoint",)),
+           ("tests/unit/test_checkpoint_and_env.py::test_the_host_copy_of_a_ranks_shards_is_made_beside_the_first_"
+            "epoch_and_each_save_writes_its_own_values",)),
     Mutant("a checkpoint inside an epoch records the step before", "launcher/train/saving.py",
            "snapshot.add(epoch=epoch, step_in_epoch=done,", "snapshot.add(epoch=epoch, step_in_epoch=done - 1,",
            ("tests/distributed/test_own_data.py::test_a_checkpoint_inside_an_epoch_of_four_ranks_resumes_on_two_and_"
