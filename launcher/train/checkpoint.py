@@ -618,7 +618,6 @@ class BackgroundWriter:
         self.world = world  # (sharded saves: the rank's place, where its writer process meets the others')
         self.shards: ShardWriter | None = None  # sharded saves' writer, made at the first
         self.last_write_s: float | None = None  # how long the last finished write took (the copy from the GPU too)
-        self.keep_previous = True  # last.pt keeps the one it replaces as previous.pt (checkpoint.keep_previous)
         lifetime.finish_first_on_sigterm(self.finish_in_flight)  # (a peer's failure must not lose the write)
 
     def shard_writer(self, strategy: Strategy, device: torch.device) -> ShardWriter:
@@ -640,17 +639,19 @@ class BackgroundWriter:
             self._pending.popleft().result()  # (raises a failed write's error)
         return time.perf_counter() - t
 
-    def submit(self, snapshot: HostSnapshot, path: Path,
-               then: Callable[[Path, str | None], None] | None = None) -> None:
-        """Write `snapshot` to `path`; then, on the same thread, `then(path, None)` (the best checkpoints)."""
+    def submit(self, snapshot: HostSnapshot, path: Path, then: Callable[[Path, str | None], None] | None = None,
+               previous: bool = True) -> None:
+        """Write `snapshot` to `path` (keeping the one it replaces as previous.pt unless `previous` is false:
+        checkpoint.keep_previous); then, on the same thread, `then(path, None)` (the best checkpoints)."""
         self.make_room()
-        self._pending.append(self._pool.submit(self._write, snapshot, path, then))
+        self._pending.append(self._pool.submit(self._write, snapshot, path, then, previous))
 
-    def _write(self, snapshot: HostSnapshot, path: Path, then: Callable[[Path, str | None], None] | None) -> None:
+    def _write(self, snapshot: HostSnapshot, path: Path, then: Callable[[Path, str | None], None] | None,
+               previous: bool) -> None:
         import time
 
         t = time.perf_counter()
-        save_snapshot(snapshot, path, self.keep_previous)
+        save_snapshot(snapshot, path, previous)
         self.last_write_s = time.perf_counter() - t
         if then is not None:
             then(path, None)

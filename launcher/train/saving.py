@@ -42,7 +42,6 @@ class Saves:
         self.cfg, self.strategy, self.device, self.run_dir = cfg, strategy, device, run_dir
         self.plain: dict[str, Any] = {"config": to_plain(cfg), **({"classes": list(classes)} if classes else {})}
         self.writer = writer
-        writer.keep_previous = cfg.checkpoint.keep_previous
         self.step = step
         self.is_main = strategy.is_main
         self.stager: checkpoint.Stager | None = None  # rank 0 on a GPU: checkpoint copies staged on the device
@@ -91,7 +90,7 @@ class Saves:
         snapshot = self._snapshot()
         snapshot.add(epoch=epoch, step_in_epoch=done, batch_size=self.cfg.batch_size,
                      generator=generator.get_state(), history=list(history), **self.plain)
-        self.writer.submit(snapshot, last_checkpoint(self.run_dir))
+        self.writer.submit(snapshot, last_checkpoint(self.run_dir), previous=self.cfg.checkpoint.keep_previous)
 
     def make_room(self, row: dict[str, Any], snapshot_s: float) -> None:
         """What the epoch's checkpoint cost training on rank 0 (under ddp every rank waits for it at its next
@@ -112,7 +111,8 @@ class Saves:
         then = self._best_after(row)  # (checkpoint.keep_best: this epoch is among the best)
         if snapshot is not None:
             snapshot.add(epoch=epochs, history=list(history), **self.plain)
-            self.writer.submit(snapshot, last_checkpoint(self.run_dir), then=then)
+            self.writer.submit(snapshot, last_checkpoint(self.run_dir),
+                               then=then, previous=cfg.checkpoint.keep_previous)
         elif self.strategy.sharded and cfg.saves:
             step = self.step
             checkpoint.save_sharded(self.strategy, step.nets, step.steppers, self.device, last_checkpoint(self.run_dir),

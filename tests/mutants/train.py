@@ -643,7 +643,7 @@ MUTANTS = [
            "writer=self.writer, then=then, row=row)",
            FSDP_FOLLOWS),
     Mutant("checkpoint.keep_previous=false keeps previous.pt", "launcher/train/saving.py",
-           "        writer.keep_previous = cfg.checkpoint.keep_previous", "        pass", FSDP_FOLLOWS),
+           "then=then, previous=cfg.checkpoint.keep_previous)", "then=then)", FSDP_FOLLOWS),
     Mutant("checkpoint.keep_previous=false leaves an earlier previous.pt", "launcher/train/checkpoint.py",
            "            path.with_name(PREVIOUS_CHECKPOINT).unlink(missing_ok=True)", "            pass", (UNIT_CKPT,)),
 ]
