@@ -65,28 +65,20 @@ class ShardWriter:
         """The host copy that each save copies this rank's shards into, made for `state`'s tensors (as
         torch.distributed.checkpoint.get_state_dict gives them): page-locked shared memory on a GPU (the
         copies into it are queued, not waited for; the writer process reads it where it is). Making it is
-        the slow part of a save (torch copies each shard into ordinary memory first, then into shared
-        memory, then pins it; ~12 bytes a parameter / ranks with AdamW), so Saves.warm_pinned_memory has it
-        made on a thread while the first epoch trains: made at the first save's call, every step after
-        the epoch waited for it (measured: BENCHMARKS.md section 5). Its copies from the GPU go on a stream
-        of their own, beside the steps' (what they copy is overwritten at each save)."""
-        import contextlib
-
-        import torch
-        from torch.distributed._state_dict_utils import _create_cpu_state_dict
-
-        gpu = self.device.type == "cuda"
-        with torch.cuda.stream(torch.cuda.Stream(self.device)) if gpu else contextlib.nullcontext():
-            try:
-                host, self._piped = _create_cpu_state_dict(state, pin_memory=gpu, share_memory=True), False
-            except RuntimeError as exc:
-                if "shared memory" not in str(exc):
-                    raise
-                if not self._piped:  # (said once, not again for a copy made again)
-                    log.warning(_short_of_shared_memory(state),  # (the console hears it once: from rank 0)
-                                extra={"file_only": True} if self.world.rank else {})
-                self._piped = True
-                host = _create_cpu_state_dict(state, pin_memory=gpu)
+        the slow part of a save (~12 bytes a parameter / ranks with AdamW, each page of it allocated, then
+        locked), so Saves.warm_pinned_memory has it made on a thread while the first epoch trains: made at
+        the first save's call, every step after the epoch waited for it (measured: BENCHMARKS.md section
+        5). Nothing is copied into it here: each save writes its own values (`host_copy_of`)."""
+        try:
+            host, self._piped = host_copy_of(state, pin=self.device.type == "cuda", shared=True), False
+        except RuntimeError as exc:
+            if "shared memory" not in str(exc):
+                raise
+            if not self._piped:  # (said once, not again for a copy made again)
+                log.warning(_short_of_shared_memory(state),  # (the console hears it once: from rank 0)
+                            extra={"file_only": True} if self.world.rank else {})
+            self._piped = True
+            host = host_copy_of(state, pin=self.device.type == "cuda", shared=False)
         self._host = (_layout(state), host)
 
     def save(self, state: dict[str, Any], folder: Path) -> Future:
@@ -204,6 +196,48 @@ def _start_process(method: str, args: tuple) -> tuple[Any, Any]:
             signal.signal(signal.SIGINT, before)
     theirs.close()  # (the process's end: a recv here then fails when the process dies)
     return process, ours
+
+
+def host_copy_of(state: Any, pin: bool, shared: bool) -> Any:
+    """`state` (as get_state_dict gives it: dicts and lists of tensors, DTensors and plain values) with each
+    tensor replaced by an uninitialised one of its shape and dtype in host memory, where a save copies its
+    values: shared memory (`shared`: the writer process maps it, nothing is sent) and page-locked (`pin`:
+    the copies into it are queued on the GPU, not waited for). A DTensor's copy keeps its spec (mesh,
+    placements, global shape) and holds this rank's local shard.
+
+    torch's `_create_cpu_state_dict` makes the same layout, but first copies each shard from the GPU into
+    ordinary memory and then each new tensor into shared memory: two passes over the whole state whose
+    values are thrown away, two thirds of its time for an 8B model's shards (bench/host_copy.py;
+    BENCHMARKS.md section 5). Here the shared memory is made at its size and only locked."""
+    import weakref
+
+    import torch
+    from torch.cuda import _pin_memory_utils as pins
+    from torch.distributed.tensor import DTensor
+
+    def tensor(like: torch.Tensor) -> torch.Tensor:
+        nbytes = like.numel() * like.element_size()
+        if not shared or nbytes == 0 or like.dim() == 0:  # (a step count, or nothing: no pages to lock)
+            made = torch.empty(like.shape, dtype=like.dtype, pin_memory=pin and nbytes > 0 and not shared)
+            return made.share_memory_() if shared else made
+        storage = torch.UntypedStorage._new_shared(nbytes)  # (its pages allocated, nothing written into them)
+        made = torch.empty(0, dtype=like.dtype).set_(storage, 0, like.shape)
+        if pin:
+            pins.pin_memory(made.data_ptr(), nbytes)
+            weakref.finalize(made, pins.unpin_memory, made.data_ptr())
+        return made
+
+    def copy(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {key: copy(value) for key, value in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            made = [copy(value) for value in obj]
+            return tuple(made) if isinstance(obj, tuple) else made
+        if isinstance(obj, DTensor):
+            return DTensor(tensor(obj._local_tensor), obj._spec, requires_grad=False)
+        return tensor(obj) if isinstance(obj, torch.Tensor) else obj
+
+    return copy(state)
 
 
 def _layout(obj: Any) -> tuple:

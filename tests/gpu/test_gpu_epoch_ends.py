@@ -59,7 +59,7 @@ def test_a_large_models_checkpoints_do_not_hold_up_its_epochs(launch):
     assert rows[-1]["checkpoint_write_s"] > 0
 
 
-def test_a_sharded_models_first_checkpoint_does_not_hold_up_its_steps(launch):
+def test_a_sharded_models_first_checkpoint_does_not_hold_up_its_steps(launch, tmp_path):
     """Under fsdp each rank copies its shards into a host copy kept for the run (~1 GB of weights and AdamW
     moments here, a GPT of 12 x 768). That copy is made on a thread after the first step, not by the first
     save on the training thread (an 8B model's, 16 GB a rank, held the steps of 2 H200s ~32 s): the first
@@ -74,3 +74,10 @@ def test_a_sharded_models_first_checkpoint_does_not_hold_up_its_steps(launch):
     assert waits[0] < 0.5, waits  # (the first save: no save before it to wait for)
     held = [b["started_unix"] - a["started_unix"] - a["epoch_s"] for a, b in zip(rows, rows[1:], strict=False)]
     assert held[0] < 0.5 + waits[0], (held, waits)
+    # what the last save copied into the host copy (page-locked, written by queued copies) is the weights
+    # the run ended with: its checkpoint, evaluated, scores as the run's own last evaluation did
+    evaluated = launch("eval", str(result.run_dir()), "gpus=[0]", timeout=600)
+    assert evaluated.returncode == 0, evaluated.output
+    [report] = [json.loads(p.read_text()) for p in tmp_path.glob("outputs/*/*/eval.json")]
+    assert report["device_type"] == "cuda", report
+    assert report["test_loss"] == pytest.approx(result.results()["test_loss"], abs=1e-3), report

@@ -465,6 +465,15 @@ MUTANTS = [
            "        if self._host is None:",
            ("tests/unit/test_checkpoint_and_env.py::test_the_host_copy_of_a_ranks_shards_is_made_beside_the_first_"
             "epoch_and_each_save_writes_its_own_values",)),
+    Mutant("fsdp's host copy of a DTensor shard drops its mesh and placements", "launcher/train/shard_writer.py",
+           "            return DTensor(tensor(obj._local_tensor), obj._spec, requires_grad=False)",
+           "            return tensor(obj._local_tensor)",
+           ("tests/unit/test_checkpoint_and_env.py::test_the_host_copy_of_a_ranks_shards_is_shared_memory_of_its_"
+            "layout_with_nothing_read_from_the_shards",)),
+    Mutant("fsdp's host copy is ordinary memory, which the writer process cannot map", "launcher/train/shard_writer.py",
+           "            return made.share_memory_() if shared else made", "            return made",
+           ("tests/unit/test_checkpoint_and_env.py::test_the_host_copy_of_a_ranks_shards_is_shared_memory_of_its_"
+            "layout_with_nothing_read_from_the_shards",)),
     Mutant("a sharded checkpoint whose write failed passes as written", "launcher/train/shard_writer.py",
            "        if isinstance(reply, BaseException):\n            raise reply",
            "        if isinstance(reply, BaseException):\n            pass",

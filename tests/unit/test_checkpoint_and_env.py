@@ -933,6 +933,42 @@ def test_the_shard_writer_process_writes_each_saves_own_values_and_hands_back_it
         writer.close()
 
 
+def test_the_host_copy_of_a_ranks_shards_is_shared_memory_of_its_layout_with_nothing_read_from_the_shards(tmp_path):
+    """The host copy keeps each tensor's shape and dtype (a DTensor's spec too: mesh, placements, global
+    shape) in shared memory of exactly its size, and reads nothing from the state it copies: torch's own
+    maker first copied every shard into ordinary memory and then into shared memory (two thirds of its
+    time for an 8B model's shards), which a meta tensor, having no values, cannot do."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
+
+    from launcher.train.shard_writer import host_copy_of
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        weight = distribute_tensor(torch.arange(12.0).reshape(4, 3), mesh, [Shard(0)])
+        state = {"model": {"w": weight, "b": torch.empty(5, 2, device="meta", dtype=torch.bfloat16)},
+                 "optim": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(4, 3)}},
+                           "param_groups": [{"lr": 0.1, "params": ["w"]}]},
+                 "pair": (torch.zeros(0), 7)}
+        host = host_copy_of(state, pin=False, shared=True)
+        w = host["model"]["w"]
+        assert isinstance(w, DTensor) and w.placements == weight.placements and w.shape == weight.shape
+        assert w.device_mesh == mesh and w._local_tensor.shape == weight._local_tensor.shape
+        b = host["model"]["b"]
+        assert b.device.type == "cpu" and b.shape == (5, 2) and b.dtype == torch.bfloat16
+        tensors = [w._local_tensor, b, *host["optim"]["state"][0].values(), host["pair"][0]]
+        assert all(t.is_shared() for t in tensors)
+        assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in tensors)
+        assert w._local_tensor.data_ptr() != weight._local_tensor.data_ptr()
+        assert host["optim"]["param_groups"] == [{"lr": 0.1, "params": ["w"]}]
+        assert isinstance(host["pair"], tuple) and host["pair"][1] == 7
+        assert host["optim"]["state"][0]["step"].shape == ()
+        assert not host_copy_of(state, pin=False, shared=False)["model"]["b"].is_shared()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_the_host_copy_of_a_ranks_shards_is_made_beside_the_first_epoch_and_each_save_writes_its_own_values(
         tmp_path, monkeypatch, caplog):
     """Making the host copy that fsdp's saves copy the shards into is the slow part of a save (on 2 H200s an
@@ -943,22 +979,22 @@ def test_the_host_copy_of_a_ranks_shards_is_made_beside_the_first_epoch_and_each
     from types import SimpleNamespace
 
     import torch.distributed as dist
-    import torch.distributed._state_dict_utils as state_dict_utils
     import torch.distributed.checkpoint as dcp
     from torch.distributed.fsdp import fully_shard
 
+    from launcher.train import shard_writer
     from launcher.train.saving import Saves
     from launcher.train.threads import Asides
     from tests.conftest import config_of
 
     made_on = []
-    make = state_dict_utils._create_cpu_state_dict
+    make = shard_writer.host_copy_of
 
     def recorded(*args, **kwargs):
         made_on.append(threading.current_thread().name)
         return make(*args, **kwargs)
 
-    monkeypatch.setattr(state_dict_utils, "_create_cpu_state_dict", recorded)
+    monkeypatch.setattr(shard_writer, "host_copy_of", recorded)
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     world = WorldInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, master_addr="127.0.0.1", master_port=0)
     writer = checkpoint.BackgroundWriter(world)
