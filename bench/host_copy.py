@@ -76,7 +76,7 @@ def main() -> None:
 
     def stage(seconds: dict, waits: dict, host: list) -> None:
         def copy():
-            for h, t in zip(host, state):
+            for h, t in zip(host, state, strict=True):
                 h.copy_(t, non_blocking=True)
             torch.cuda.synchronize()
         timed(seconds, waits, "staged_copy", copy)
