@@ -163,16 +163,26 @@ def _check_fits(recipe: Recipe, plan: Plan) -> Fit:
     held = (f"weights, gradients and {cfg.optim.name}'s {copies} state tensor{'s' if copies != 1 else ''} in fp32 "
             f"({4 * (2 + copies)} bytes a parameter)")
     shard = f", divided over {plan.strategy.world_size} ranks by {plan.strategy.name}" if plan.strategy.sharded else ""
+    raise LaunchError(f"recipe={cfg.recipe.name}: the model's {what} need ~{need / GIB:.0f} GiB a rank for their "
+                      f"{held}{shard}, before any activation; {where}: {_what_fits(plan, need, holds)}")
+
+
+def _what_fits(plan: Plan, need: int, holds: int) -> str:
+    """What to type where the training state (`need` bytes a rank) outgrows what a rank `holds`: fsdp over
+    enough GPUs; on the CPU, fsdp over the ranks already asked for where their memory together holds the
+    state (ddp and single keep all of it in each rank); else a smaller model."""
+    smaller = "a smaller model (a smaller recipe.size, fewer recipe.layers or a smaller recipe.width)"
+    ranks = plan.strategy.processes
     if plan.gpu_ids and not plan.strategy.sharded:
         gpus = max(2, math.ceil(need / (0.6 * holds)))
-        fix = (f"shard them: strategy=fsdp strategy.meta_init=true gpus={gpus} (~{need / gpus / GIB:.0f} GiB each), "
-               "or a smaller model")
-    elif plan.gpu_ids:
-        fix = "more GPUs (fsdp divides the state by their number), or a smaller model"
-    else:
-        fix = "a smaller model (recipe.size=1b, or fewer recipe.layers / a smaller recipe.width), or GPUs"
-    raise LaunchError(f"recipe={cfg.recipe.name}: the model's {what} need ~{need / GIB:.0f} GiB a rank for their "
-                      f"{held}{shard}, before any activation; {where}: {fix}")
+        return (f"shard them: strategy=fsdp strategy.meta_init=true gpus={gpus} (~{need / gpus / GIB:.0f} GiB each), "
+                f"or {smaller}")
+    if plan.gpu_ids:
+        return f"more GPUs (fsdp divides the state by their number), or {smaller}"
+    if not plan.strategy.sharded and ranks > 1 and need / ranks <= 0.8 * holds:
+        return (f"shard them over the {ranks} ranks: strategy=fsdp strategy.meta_init=true (~{need / ranks / GIB:.0f} "
+                f"GiB each), or {smaller}, or GPUs")
+    return f"{smaller}, or GPUs"
 
 
 def activations(recipe: Recipe, model: nn.Module, plan: Plan,

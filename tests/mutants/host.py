@@ -39,6 +39,10 @@ MUTANTS = [
            ACTIVATIONS),
     Mutant("the optimizer's state left out of the estimate", "launcher/host/memory.py",
            "    per_param = 4 * (2 + plan.config.optim.state_copies)", "    per_param = 4 * 2", FITS),
+    Mutant("a CPU ddp run's refusal leaves fsdp over its ranks unsaid", "launcher/host/memory.py",
+           "    if not plan.strategy.sharded and ranks > 1 and need / ranks <= 0.8 * holds:", "    if False:",
+           ("tests/unit/test_plan.py::test_a_cpu_run_whose_state_outgrows_each_ddp_rank_is_told_to_shard_over_its_"
+            "ranks_not_to_pick_its_own_size",)),
     Mutant("a run whose state outgrows its GPU let through", "launcher/host/memory.py",
            "    if need <= holds:", "    if True:", FITS),
     Mutant("the memory check runs the model in the launch process", "launcher/host/memory.py",

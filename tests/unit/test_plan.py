@@ -251,6 +251,23 @@ def test_a_model_whose_training_state_outgrows_its_gpu_is_refused_before_any_wor
                    count=1) is None
 
 
+def test_a_cpu_run_whose_state_outgrows_each_ddp_rank_is_told_to_shard_over_its_ranks_not_to_pick_its_own_size(
+        plan_on_h100s):
+    """On the CPU the ranks share the machine's memory, so ddp keeps the whole state once a rank where fsdp
+    over the same ranks divides it: the refusal names fsdp where that fits, and never a size by name (it told
+    a user of recipe.size=1b to choose recipe.size=1b)."""
+    from launcher.host.memory import GIB, _what_fits
+
+    ddp = plan_on_h100s("recipe=text", "gpus=[]", "strategy=ddp", "nprocs=2", count=0)
+    said = _what_fits(ddp, need=15 * GIB, holds=11 * GIB)
+    assert said.startswith("shard them over the 2 ranks: strategy=fsdp strategy.meta_init=true (~8 GiB each)"), said
+    assert "recipe.size=1b" not in said
+    said = _what_fits(ddp, need=30 * GIB, holds=11 * GIB)  # (15 GiB a rank sharded: no more room than that)
+    assert "strategy=fsdp" not in said and said.startswith("a smaller model"), said
+    single = plan_on_h100s("recipe=text", "gpus=[]", count=0)
+    assert "strategy=fsdp" not in _what_fits(single, need=15 * GIB, holds=11 * GIB)
+
+
 def test_activations_that_outgrow_the_gpu_beside_the_state_are_refused_naming_the_checkpointing_or_batch_that_fits(
         fits_on_h100s):
     """Llama 3.2 1B's shape at 8 windows of 8,192 tokens on one 80 GiB GPU: ~18 GiB of training state fits, but
