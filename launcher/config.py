@@ -1314,6 +1314,12 @@ class Config(Schema):
         if self.eval.checkpoint is not None and (self.resume is not None or self.script):
             raise ConfigError("eval.checkpoint", self.eval.checkpoint, "evaluates a saved model; it does not go "
                               "with resume or script", f"eval.checkpoint={self.eval.checkpoint}")
+        mode = self.perf.activation_checkpointing
+        if getattr(self.strategy, "activation_checkpointing", False) is True and mode == Recompute.selective:
+            raise ConfigError("strategy.activation_checkpointing", "true", "it is the older spelling of "
+                              "perf.activation_checkpointing=full, which perf.activation_checkpointing=selective "
+                              "contradicts: give perf.activation_checkpointing alone",
+                              "strategy=fsdp perf.activation_checkpointing=selective")
         if self.script is not None and not str(self.script).strip():
             raise ConfigError("script", self.script, "give the path of your script, or leave script out to train "
                               "a recipe", "script=train.py gpus=[0,1]")

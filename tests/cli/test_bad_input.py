@@ -128,6 +128,10 @@ CASES = [
      "imagefolder, text, or a module"),
     # a figure the recipe cannot have: refused before any worker (was found after the first epoch had trained)
     ("early_stop.metric=test_mse", "early_stop.metric=test_mse is not valid: names no figure of this run's epochs"),
+    # fsdp's older key for full checkpointing beside a mode that is not full (it ran selective, unsaid)
+    ("recipe=text strategy=fsdp strategy.activation_checkpointing=true perf.activation_checkpointing=selective",
+     "strategy.activation_checkpointing=true is not valid: it is the older spelling of "
+     "perf.activation_checkpointing=full, which perf.activation_checkpointing=selective contradicts"),
     # a model whose weights, gradients and AdamW state alone outgrow the machine: refused before any worker
     ("recipe=text recipe.size=8b recipe.layers=320 gpus=[]", "recipe=text: the model's 69.80B parameters need "
      "~1040 GiB a rank for their weights, gradients and adamw's 2 state tensors in fp32 (16 bytes a parameter), "
