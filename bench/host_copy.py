@@ -86,36 +86,32 @@ def main() -> None:
             pins.unpin_memory(h.data_ptr())
         host.clear()
 
-    # torch's way: a copy of each shard in ordinary memory (DTensor.to("cpu")), a new shared tensor, pinned
+    def pinned_and_said(way: str, seconds: dict, waits: dict, host: list) -> None:
+        """`host` pinned (timed), the step totals, a save's copies into it timed, freed, one JSON line."""
+        timed(seconds, waits, "pin", lambda: [pins.pin_memory(h.data_ptr(), h.numel() * h.element_size())
+                                              for h in host])
+        seconds["total"] = round(sum(seconds.values()), 2)
+        stage(seconds, waits, host)
+        release(host)
+        print(json.dumps({"way": way, "gb": gb, "seconds": seconds, "longest_gil_wait_s": waits}), flush=True)
+
+    def new_shared():
+        out = []
+        for t in state:
+            storage = torch.UntypedStorage._new_shared(t.numel() * t.element_size())
+            out.append(torch.empty(0, dtype=t.dtype).set_(storage, 0, t.shape))
+        return out
+
     with torch.cuda.stream(torch.cuda.Stream()):
+        # torch's way: a copy of each shard in ordinary memory (DTensor.to("cpu")), a new shared tensor, pinned
         seconds, waits = {}, {}
         timed(seconds, waits, "to_cpu", lambda: [t.to("cpu") for t in state])
         host = timed(seconds, waits, "share_memory", lambda: [torch.empty(t.shape).share_memory_() for t in state])
-        timed(seconds, waits, "pin", lambda: [pins.pin_memory(h.data_ptr(), h.numel() * h.element_size())
-                                              for h in host])
-        seconds["total"] = round(sum(seconds.values()), 2)
-        stage(seconds, waits, host)
-        release(host)
-        print(json.dumps({"way": "torch _create_cpu_state_dict", "gb": gb, "seconds": seconds,
-                          "longest_gil_wait_s": waits}), flush=True)
-
-        # shared memory of each shard's size, nothing copied into it, then pinned
+        pinned_and_said("torch _create_cpu_state_dict", seconds, waits, host)
+        # shared memory of each shard's size, nothing copied into it, then pinned (shard_writer.host_copy_of)
         seconds, waits = {}, {}
-
-        def new_shared():
-            out = []
-            for t in state:
-                storage = torch.UntypedStorage._new_shared(t.numel() * t.element_size())
-                out.append(torch.empty(0, dtype=t.dtype).set_(storage, 0, t.shape))
-            return out
         host = timed(seconds, waits, "new_shared", new_shared)
-        timed(seconds, waits, "pin", lambda: [pins.pin_memory(h.data_ptr(), h.numel() * h.element_size())
-                                              for h in host])
-        seconds["total"] = round(sum(seconds.values()), 2)
-        stage(seconds, waits, host)
-        release(host)
-        print(json.dumps({"way": "new shared, pinned", "gb": gb, "seconds": seconds,
-                          "longest_gil_wait_s": waits}), flush=True)
+        pinned_and_said("new shared, pinned", seconds, waits, host)
     ticker.stop()
 
 
